@@ -1,0 +1,64 @@
+# Run `make help` for the targets. Settings pass through: `make train GPUS=0,1 EPOCHS=3`.
+.DEFAULT_GOAL := help
+SHELL := bash
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+EXTRAS ?= dev# add ",gpu" on a GPU machine: make setup EXTRAS=dev,gpu
+SETTINGS := GPUS MEMORY_GROWTH GPU_MEMORY_LIMIT_MB STRATEGY CPU_DEVICES DATASET TFDS_DATA_DIR TRAIN_SPLIT \
+	EVAL_SPLIT FEATURE_KEY LABEL_KEY BATCH_SIZE EPOCHS STEPS_PER_EPOCH STEPS_PER_CALL LEARNING_RATE SEED \
+	OUTPUT_DIR CHECKPOINT_EVERY KEEP_CHECKPOINTS LOG_EVERY RESUME
+# A setting given to make (or already in the environment) reaches python as an environment variable.
+export $(foreach name,$(SETTINGS),$(if $(filter undefined,$(origin $(name))),,$(name)))
+
+.PHONY: help setup train devices evaluate test test-fast test-gpu lint format tensorboard lock clean
+
+help: ## Show this help
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
+
+$(BIN)/.installed: pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[$(EXTRAS)]"
+	touch $@
+
+setup: $(BIN)/.installed ## Create .venv and install the pinned dependencies
+
+train: setup ## Train (or resume) with the settings from flags, environment and .env
+	$(BIN)/python -m train fit
+
+devices: setup ## Show the devices TensorFlow sees and what the settings resolve to
+	$(BIN)/python -m train devices
+
+evaluate: setup ## Evaluate the latest checkpoint on EVAL_SPLIT
+	$(BIN)/python -m train evaluate
+
+test: setup ## Run every test on CPU (slow end-to-end runs included)
+	$(BIN)/python -m pytest
+
+test-fast: setup ## Run the tests without the slow end-to-end runs
+	$(BIN)/python -m pytest -m "not slow"
+
+test-gpu: setup ## Run the GPU tests (they skip where TensorFlow sees no GPU)
+	$(BIN)/python -m pytest -m gpu
+
+lint: setup ## Check lint and formatting with ruff
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup ## Fix lint and formatting with ruff
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+tensorboard: setup ## Serve TensorBoard for OUTPUT_DIR's parent on 127.0.0.1 only
+	$(BIN)/tensorboard --logdir "$(dir $(or $(OUTPUT_DIR),runs/default))" --host 127.0.0.1
+
+lock: ## Re-resolve requirements.lock from the pins in pyproject.toml
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install --quiet ".[dev]"
+	.lock-venv/bin/python -m pip freeze --exclude tf-train-template > requirements.lock
+	rm -rf .lock-venv build *.egg-info
+
+clean: ## Remove .venv, caches and runs/ (checkpoints included)
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info runs

@@ -1,0 +1,51 @@
+"""Shared fixtures. Tests that run TensorFlow do it in a fresh process: devices are fixed per process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from train.settings import FIELDS
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def clean_env(**settings: object) -> dict[str, str]:
+    """The process environment without any setting of the user's, plus the given ones."""
+    env = {name: value for name, value in os.environ.items() if name not in {f.env for f in FIELDS}}
+    env.update({name: str(value) for name, value in settings.items()})
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def run_train(*args: str, cwd: Path, timeout: float = 300, **settings: object) -> subprocess.CompletedProcess:
+    """`python -m train ARGS` as a user types it, in `cwd` (so no stray .env is read)."""
+    return subprocess.run(
+        [sys.executable, "-m", "train", *args],
+        cwd=cwd,
+        env=clean_env(**settings),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def read_summary(output_dir: Path) -> dict:
+    return json.loads((output_dir / "summary.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def tfds_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A TFDS data dir with the default dataset generated once, offline."""
+    data_dir = tmp_path_factory.mktemp("tensorflow_datasets")
+    script = (
+        "import sys, tensorflow_datasets as tfds, train.synthetic_clusters\n"
+        "tfds.builder('synthetic_clusters', data_dir=sys.argv[1]).download_and_prepare()\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(data_dir)], check=True, env=clean_env(), capture_output=True)
+    return data_dir

@@ -1,0 +1,103 @@
+"""The CLI wiring, through typer's CliRunner and as a real subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.conftest import clean_env
+from train.cli import app
+from train.settings import FIELDS
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def fake_training(monkeypatch):
+    """Fakes `train.training` (the TensorFlow library the commands call) to capture what they pass it."""
+    calls = {}
+
+    class TrainingError(RuntimeError):
+        pass
+
+    def fit(settings):
+        calls["fit"] = settings
+        return {"interrupted": calls.get("interrupt", False)}
+
+    module = types.SimpleNamespace(fit=fit, EXIT_PREEMPTED=42, TrainingError=TrainingError)
+    monkeypatch.setitem(sys.modules, "train.training", module)
+    return calls
+
+
+def invoke(args, env=None, tmp_path=None, monkeypatch=None):
+    if monkeypatch is not None:
+        monkeypatch.chdir(tmp_path)  # no stray .env
+        for field in FIELDS:
+            monkeypatch.delenv(field.env, raising=False)
+    return runner.invoke(app, args, env={"COLUMNS": "200", **(env or {})})
+
+
+def test_fit_help_shows_every_flag_with_its_environment_variable():
+    result = runner.invoke(app, ["fit", "--help"], env={"COLUMNS": "240"})
+    assert result.exit_code == 0
+    for field in FIELDS:
+        assert field.flag in result.output
+        assert f"env: {field.env}" in result.output
+
+
+def test_fit_gets_settings_resolved_from_flag_environment_and_dotenv(fake_training, tmp_path, monkeypatch):
+    (tmp_path / ".env").write_text("SEED=7\nEPOCHS=9\n")
+    result = invoke(["fit", "--epochs", "3", "--gpus", "none"], {"BATCH_SIZE": "16"}, tmp_path, monkeypatch)
+    assert result.exit_code == 0, result.output
+    settings = fake_training["fit"]
+    assert (settings.epochs, settings.gpus, settings.batch_size, settings.seed) == (3, "none", 16, 7)
+
+
+def test_bad_flag_is_one_line_exit_2_and_training_never_starts(fake_training, tmp_path, monkeypatch):
+    result = invoke(["fit", "--batch-size", "0"], None, tmp_path, monkeypatch)
+    assert result.exit_code == 2
+    assert result.output.strip() == "error: BATCH_SIZE='0' is not allowed: use a whole number of 1 or more"
+    assert "fit" not in fake_training
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_interrupted_run_exits_with_the_restart_code(fake_training, tmp_path, monkeypatch):
+    fake_training["interrupt"] = True
+    result = invoke(["fit"], None, tmp_path, monkeypatch)
+    assert result.exit_code == 42
+
+
+def test_help_and_validation_do_not_import_tensorflow(tmp_path):
+    script = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from train.cli import app\n"
+        "CliRunner().invoke(app, ['fit', '--help'])\n"
+        "result = CliRunner().invoke(app, ['fit', '--epochs', 'x'])\n"
+        "assert result.exit_code == 2, result.output\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'tensorflow_datasets')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=clean_env(), capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_bad_environment_value_in_a_real_process_is_one_line_without_traceback(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "train", "fit"],
+        cwd=tmp_path,
+        env=clean_env(GPUS="0,0", OUTPUT_DIR=str(tmp_path / "run")),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: GPUS='0,0' names a GPU twice: use all, none, or distinct GPU indices without spaces, like 0 or 0,1"
+    ]
+    assert not (tmp_path / "run").exists()

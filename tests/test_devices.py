@@ -1,0 +1,122 @@
+"""Device configuration through the GPU seam, with fake GPUs: no test machine has one.
+
+`FakeDevices` stands in for `train.gpus.TensorFlowDevices`, the only object that makes
+tf.config calls; it records what `configure_devices` applied.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from train.runtime import choose_strategy, configure_devices
+from train.settings import SettingsError, load_settings
+
+
+class FakeDevices:
+    def __init__(self, gpu_count: int, initialised: bool = False) -> None:
+        self.gpus = [f"GPU:{i}" for i in range(gpu_count)]
+        self.initialised = initialised
+        self.visible: list[str] | None = None
+        self.growth: dict[str, bool] = {}
+        self.limits: dict[str, int] = {}
+        self.cpu_split: int | None = None
+
+    def physical_gpus(self):
+        return list(self.gpus)
+
+    def set_visible_gpus(self, gpus):
+        if self.initialised:
+            raise RuntimeError("Visible devices cannot be modified after being initialized")
+        self.visible = list(gpus)
+
+    def set_memory_growth(self, gpu, enabled):
+        self.growth[gpu] = enabled
+
+    def set_memory_limit(self, gpu, megabytes):
+        self.limits[gpu] = megabytes
+
+    def split_cpu(self, count):
+        self.cpu_split = count
+
+
+def settings(**environ):
+    return load_settings({}, environ, "/nonexistent/.env")
+
+
+def test_all_gpus_visible_with_memory_growth_on_each():
+    fake = FakeDevices(2)
+    plan = configure_devices(settings(), fake)
+    assert fake.visible == ["GPU:0", "GPU:1"]
+    assert fake.growth == {"GPU:0": True, "GPU:1": True}
+    assert fake.limits == {}
+    assert plan.training_devices == ("/gpu:0", "/gpu:1")
+
+
+def test_chosen_indices_only_and_growth_off_when_asked():
+    fake = FakeDevices(4)
+    plan = configure_devices(settings(GPUS="3,1", MEMORY_GROWTH="false"), fake)
+    assert fake.visible == ["GPU:3", "GPU:1"]
+    assert fake.growth == {"GPU:3": False, "GPU:1": False}
+    assert plan.visible_gpus == (3, 1)
+    assert plan.training_devices == ("/gpu:0", "/gpu:1")  # TensorFlow renumbers the visible ones
+
+
+def test_memory_cap_instead_of_growth():
+    fake = FakeDevices(2)
+    plan = configure_devices(settings(GPUS="1", MEMORY_GROWTH="false", GPU_MEMORY_LIMIT_MB="2048"), fake)
+    assert fake.visible == ["GPU:1"]
+    assert fake.limits == {"GPU:1": 2048}
+    assert fake.growth == {}
+    assert plan.memory_limit_mb == 2048
+
+
+def test_gpus_none_hides_every_gpu():
+    fake = FakeDevices(2)
+    plan = configure_devices(settings(GPUS="none"), fake)
+    assert fake.visible == []
+    assert fake.growth == {}
+    assert plan.training_devices == ("/cpu:0",)
+
+
+def test_missing_gpu_index_is_an_error_not_a_cpu_run():
+    fake = FakeDevices(2)
+    with pytest.raises(
+        SettingsError, match=r"^GPUS=0,7 asks for GPU 7, but TensorFlow sees 2 GPU\(s\) \(indices 0-1\)"
+    ):
+        configure_devices(settings(GPUS="0,7"), fake)
+    assert fake.visible is None  # nothing applied
+
+
+def test_any_index_without_gpus_is_an_error():
+    with pytest.raises(SettingsError, match=r"asks for GPU 0, but TensorFlow sees 0 GPU\(s\) \(none\)"):
+        configure_devices(settings(GPUS="0"), FakeDevices(0))
+
+
+def test_all_without_gpus_trains_on_cpu_and_says_so():
+    fake = FakeDevices(0)
+    plan = configure_devices(settings(CPU_DEVICES="2"), fake)
+    assert plan.notes == ("No GPU found: training on CPU.",)
+    assert fake.cpu_split == 2
+    assert plan.training_devices == ("/cpu:0", "/cpu:1")
+
+
+def test_devices_already_initialised_is_a_clear_error():
+    with pytest.raises(SettingsError, match="configure them before TensorFlow runs anything"):
+        configure_devices(settings(), FakeDevices(1, initialised=True))
+
+
+@pytest.mark.parametrize(
+    ("requested", "devices", "expected", "said"),
+    [
+        ("auto", 1, "one_device", False),
+        ("auto", 2, "mirrored", False),
+        ("auto", 8, "mirrored", False),
+        ("mirrored", 1, "mirrored", True),
+        ("one_device", 2, "one_device", True),
+        ("one_device", 1, "one_device", False),
+    ],
+)
+def test_strategy_choice(requested, devices, expected, said):
+    name, notes = choose_strategy(requested, devices)
+    assert name == expected
+    assert bool(notes) == said

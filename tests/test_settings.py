@@ -1,0 +1,127 @@
+"""Settings: precedence, parsing and the one-line errors. No TensorFlow here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from train.settings import FIELDS, SettingsError, load_settings, read_dotenv
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load(flags=None, environ=None, dotenv_text=None, tmp_path: Path | None = None, warn=None):
+    dotenv = Path("/nonexistent/.env")
+    if dotenv_text is not None:
+        dotenv = tmp_path / ".env"
+        dotenv.write_text(dotenv_text)
+    return load_settings(flags or {}, environ or {}, dotenv, warn=warn)
+
+
+def test_defaults_when_nothing_is_set():
+    settings = load()
+    assert settings.gpus == "all"
+    assert settings.memory_growth is True
+    assert settings.gpu_memory_limit_mb is None
+    assert settings.strategy == "auto"
+    assert settings.dataset == "synthetic_clusters"
+    assert settings.steps_per_epoch is None
+    assert settings.output_dir == Path("runs/default")
+
+
+def test_flag_beats_environment_beats_dotenv_beats_default(tmp_path):
+    settings = load(
+        flags={"EPOCHS": "4"},
+        environ={"EPOCHS": "3", "BATCH_SIZE": "32"},
+        dotenv_text="EPOCHS=2\nBATCH_SIZE=16\nSEED=7\n",
+        tmp_path=tmp_path,
+    )
+    assert settings.epochs == 4  # flag
+    assert settings.batch_size == 32  # environment over .env
+    assert settings.seed == 7  # .env over default
+    assert settings.learning_rate == 0.001  # default
+
+
+def test_empty_flag_value_is_not_the_same_as_unset():
+    assert load(flags={"GPUS": None}).gpus == "all"
+    with pytest.raises(SettingsError, match=r"^GPUS=''"):
+        load(flags={"GPUS": ""})
+
+
+def test_gpus_forms():
+    assert load(environ={"GPUS": "none"}).gpus == "none"
+    assert load(environ={"GPUS": "1"}).gpus == (1,)
+    assert load(environ={"GPUS": "0,2"}).gpus == (0, 2)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "allowed"),
+    [
+        ("GPUS", "0,0", "names a GPU twice"),
+        ("GPUS", "-1", "distinct GPU indices"),
+        ("GPUS", "a", "distinct GPU indices"),
+        ("GPUS", "", "distinct GPU indices"),
+        ("GPUS", "0, 1", "without spaces"),
+        ("GPUS", " ", "distinct GPU indices"),
+        ("MEMORY_GROWTH", "maybe", "true or false"),
+        ("BATCH_SIZE", "0", "1 or more"),
+        ("BATCH_SIZE", "-8", "1 or more"),
+        ("BATCH_SIZE", "many", "1 or more"),
+        ("EPOCHS", "1.5", "1 or more"),
+        ("STEPS_PER_EPOCH", "0", "1 or more"),
+        ("CHECKPOINT_EVERY", "x", "1 or more"),
+        ("KEEP_CHECKPOINTS", "0", "1 or more"),
+        ("CPU_DEVICES", "0", "1 or more"),
+        ("LEARNING_RATE", "0", "greater than 0"),
+        ("LEARNING_RATE", "-0.1", "greater than 0"),
+        ("LEARNING_RATE", "nan", "greater than 0"),
+        ("STRATEGY", "tpu", "auto, one_device, mirrored"),
+        ("RESUME", "always", "auto, never"),
+        ("DATASET", "MNIST!", "TFDS dataset name"),
+        ("SEED", "-1", "0 or more"),
+        ("OUTPUT_DIR", "", "non-empty"),
+    ],
+)
+def test_bad_value_is_one_line_naming_setting_value_and_what_is_allowed(name, value, allowed):
+    with pytest.raises(SettingsError) as caught:
+        load(environ={name: value})
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"{name}={value!r}")
+    assert allowed in message
+
+
+def test_memory_cap_with_memory_growth_is_an_error():
+    with pytest.raises(SettingsError, match="GPU_MEMORY_LIMIT_MB=4096 cannot be combined with MEMORY_GROWTH=true"):
+        load(environ={"GPU_MEMORY_LIMIT_MB": "4096"})
+    settings = load(environ={"GPU_MEMORY_LIMIT_MB": "4096", "MEMORY_GROWTH": "false"})
+    assert settings.gpu_memory_limit_mb == 4096
+
+
+def test_malformed_dotenv_line_is_refused_with_file_and_line(tmp_path):
+    with pytest.raises(SettingsError, match=r"\.env:2: cannot read 'BATCH_SIZE 64'"):
+        load(dotenv_text="EPOCHS=2\nBATCH_SIZE 64\n", tmp_path=tmp_path)
+
+
+def test_dotenv_typo_of_a_setting_is_warned(tmp_path):
+    warnings: list[str] = []
+    load(dotenv_text="BATCHSIZE=64\nEPOCS=2\nMY_OWN_VAR=1\n", tmp_path=tmp_path, warn=warnings.append)
+    assert any("BATCHSIZE is not a setting; did you mean BATCH_SIZE?" in w for w in warnings)
+    assert any("EPOCS is not a setting; did you mean EPOCHS?" in w for w in warnings)
+    assert not any("MY_OWN_VAR" in w for w in warnings)
+
+
+def test_resolved_settings_round_trip_through_their_json(tmp_path):
+    settings = load(environ={"GPUS": "0,1", "STEPS_PER_EPOCH": "10", "MEMORY_GROWTH": "no"})
+    assert load(environ=settings.to_json()) == settings
+
+
+def test_env_example_documents_every_setting_with_its_default():
+    example = read_dotenv(REPO / ".env.example")
+    assert example == {field.env: field.default for field in FIELDS}
+    text = (REPO / ".env.example").read_text()
+    for field in FIELDS:
+        # each setting has a comment line right above it
+        assert re.search(rf"^# .+\n{field.env}=", text, re.MULTILINE), field.env

@@ -1,0 +1,198 @@
+"""End-to-end training in real processes, on CPU, split into logical devices where it says so."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import clean_env, read_summary, run_train
+
+QUICK = {"EPOCHS": 2, "STEPS_PER_EPOCH": 40, "CHECKPOINT_EVERY": 25, "LOG_EVERY": 20}
+
+
+def fit(tmp_path: Path, data_dir: Path, **settings: object) -> tuple[subprocess.CompletedProcess, Path]:
+    output_dir = tmp_path / "run"
+    tmp_path.mkdir(exist_ok=True)
+    result = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=data_dir, OUTPUT_DIR=output_dir, **settings)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result, output_dir
+
+
+def test_fit_as_a_user_types_it_trains_checkpoints_and_exports(tmp_path, tfds_data_dir):
+    result, run = fit(tmp_path, tfds_data_dir, **QUICK)
+    summary = read_summary(run)
+    assert summary["dataset"] == "synthetic_clusters/1.0.0"
+    assert (summary["strategy"], summary["replicas"], summary["global_batch"]) == ("one_device", 1, 128)
+    assert (summary["steps"], summary["epochs_completed"], summary["resumed_from_step"]) == (80, 2, None)
+    assert summary["eval"]["accuracy"] > 0.5  # 10 classes: chance is 0.1
+    assert summary["examples_per_sec"] > 0
+    assert summary["checkpoint"].endswith("ckpt-80")
+    assert (run / "model.keras").is_file() and (run / "saved_model" / "saved_model.pb").is_file()
+    assert json.loads((run / "settings.json").read_text())["STEPS_PER_EPOCH"] == "40"
+    assert list((run / "logs" / "train").iterdir()) and list((run / "logs" / "eval").iterdir())
+    assert "No GPU found: training on CPU." in result.stdout
+    assert "step      80/80" in result.stdout
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_mirrored_over_logical_cpus_trains_with_the_global_batch(tmp_path, tfds_data_dir, replicas):
+    _, run = fit(tmp_path, tfds_data_dir, CPU_DEVICES=replicas, BATCH_SIZE=32, EPOCHS=2)
+    summary = read_summary(run)
+    assert (summary["strategy"], summary["replicas"]) == ("mirrored", replicas)
+    assert (summary["per_replica_batch"], summary["global_batch"]) == (32, 32 * replicas)
+    assert summary["steps_per_epoch"] == 16384 // (32 * replicas)  # one pass over the train split
+    assert summary["eval"]["accuracy"] > 0.7
+
+
+def test_same_global_batch_learns_the_same_on_one_or_two_replicas(tmp_path, tfds_data_dir):
+    _, one = fit(tmp_path / "one", tfds_data_dir, BATCH_SIZE=64, **QUICK)
+    _, two = fit(tmp_path / "two", tfds_data_dir, BATCH_SIZE=32, CPU_DEVICES=2, **QUICK)
+    loss_one, loss_two = read_summary(one)["eval"]["loss"], read_summary(two)["eval"]["loss"]
+    assert loss_two == pytest.approx(loss_one, rel=1e-3)  # gradients summed over replicas = one big batch
+
+
+@pytest.mark.slow
+def test_run_killed_mid_training_resumes_and_ends_at_the_uninterrupted_step_count(tmp_path, tfds_data_dir):
+    output_dir = tmp_path / "run"
+    settings = {"TFDS_DATA_DIR": tfds_data_dir, "OUTPUT_DIR": output_dir, "BATCH_SIZE": 16, "EPOCHS": 6}
+    settings |= {"STEPS_PER_CALL": 4, "CHECKPOINT_EVERY": 40, "KEEP_CHECKPOINTS": 2, "LOG_EVERY": 1000}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "train", "fit"],
+        cwd=tmp_path,
+        env=clean_env(**settings),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while not list(output_dir.glob("checkpoints/ckpt-*.index")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (output_dir / "summary.json").exists(), "the run finished before it was killed: make it longer"
+
+    result = run_train("fit", cwd=tmp_path, **settings)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_summary(output_dir)
+    assert summary["resumed_from_step"] > 0
+    assert "Resuming from" in result.stdout
+    assert summary["steps"] == summary["total_steps"] == 6 * (16384 // 16)
+
+
+def test_resume_never_refuses_a_directory_with_checkpoints(tmp_path, tfds_data_dir):
+    _, run = fit(tmp_path, tfds_data_dir, **QUICK)
+    before = sorted(p.name for p in (run / "checkpoints").iterdir())
+    result = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=run, RESUME="never", **QUICK)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: RESUME=never but OUTPUT_DIR=")
+    assert "Traceback" not in result.stderr
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
+
+
+def test_finished_run_started_again_trains_no_further(tmp_path, tfds_data_dir):
+    _, run = fit(tmp_path, tfds_data_dir, **QUICK)
+    first = read_summary(run)
+    _, run = fit(tmp_path, tfds_data_dir, **QUICK)
+    again = read_summary(run)
+    assert again["steps"] == first["steps"] == 80
+    assert again["resumed_from_step"] == 80
+    assert again["eval"] == first["eval"]
+
+
+def test_evaluate_checkpoint_and_exported_model_agree_with_the_summary(tmp_path, tfds_data_dir):
+    _, run = fit(tmp_path, tfds_data_dir, **QUICK)
+    expected = read_summary(run)["eval"]["accuracy"]
+    for args in (["evaluate"], ["evaluate", "--exported"]):
+        result = run_train(*args, cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=run)
+        assert result.returncode == 0, result.stderr[-3000:]
+        report = json.loads(result.stdout[result.stdout.index("{") :])
+        assert report["accuracy"] == pytest.approx(expected)
+        assert report["examples"] == 2048
+
+
+def test_unknown_dataset_is_one_line_with_the_closest_names(tmp_path, tfds_data_dir):
+    result = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=tmp_path / "run", DATASET="mnistt")
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: DATASET='mnistt' is not a TFDS dataset: did you mean mnist")
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_split_names_the_splits_that_exist(tmp_path, tfds_data_dir):
+    result = run_train(
+        "fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=tmp_path / "run", EVAL_SPLIT="validation"
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: EVAL_SPLIT='validation' is not a split of synthetic_clusters/1.0.0: use one of train, test"
+    )
+
+
+def test_real_dataset_name_under_tfds_mock_data(tmp_path):
+    """`tfds.testing.mock_data` fakes MNIST's examples (random, with MNIST's features): no download."""
+    script = (
+        "import json, sys, tensorflow_datasets as tfds\n"
+        "from train.settings import load_settings\n"
+        "from train.training import fit\n"
+        "with tfds.testing.mock_data(num_examples=256):\n"
+        "    flags = {'DATASET': 'mnist', 'OUTPUT_DIR': sys.argv[1], 'EPOCHS': '1', 'BATCH_SIZE': '32'}\n"
+        "    settings = load_settings(flags)\n"
+        "    fit(settings, say=lambda message: None)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "run")],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_summary(tmp_path / "run")
+    assert summary["dataset"].startswith("mnist/")
+    assert summary["steps"] == 256 // 32
+    assert summary["eval"] is not None
+
+
+TINY_IMAGES = '''
+import numpy as np
+import tensorflow_datasets as tfds
+
+class TinyImages(tfds.core.GeneratorBasedBuilder):
+    """4x4 grey images, 3 classes, and no supervised_keys: the template must default to image/label."""
+    VERSION = tfds.core.Version("0.1.0")
+
+    def _info(self):
+        return self.dataset_info_from_configs(features=tfds.features.FeaturesDict({
+            "image": tfds.features.Image(shape=(4, 4, 1)), "label": tfds.features.ClassLabel(num_classes=3)}))
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples(96), "test": self._generate_examples(30)}
+
+    def _generate_examples(self, count):
+        for i in range(count):
+            yield i, {"image": np.full((4, 4, 1), 80 * (i % 3), np.uint8), "label": i % 3}
+'''
+
+
+def test_dataset_prepared_in_a_data_dir_trains_offline_without_its_builder_code(tmp_path):
+    data_dir, builders = tmp_path / "data", tmp_path / "builders"
+    (builders / "tiny_images").mkdir(parents=True)  # TFDS wants a builder to live in a package
+    (builders / "tiny_images" / "__init__.py").write_text(TINY_IMAGES)
+    prepare = "import sys, tiny_images; tiny_images.TinyImages(data_dir=sys.argv[1]).download_and_prepare()"
+    subprocess.run(
+        [sys.executable, "-c", prepare, str(data_dir)], cwd=builders, check=True, env=clean_env(), capture_output=True
+    )
+    _, run = fit(tmp_path, data_dir, DATASET="tiny_images", BATCH_SIZE=8, EPOCHS=3)
+    summary = read_summary(run)
+    assert summary["dataset"] == "tiny_images/0.1.0"
+    assert summary["steps"] == 3 * (96 // 8)

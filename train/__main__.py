@@ -1,0 +1,3 @@
+from train.cli import app
+
+app(prog_name="python -m train")

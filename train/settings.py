@@ -1,0 +1,279 @@
+"""Every setting of the template: names, defaults, parsing and validation.
+
+Nothing here imports TensorFlow, so `--help` and a bad value answer at once.
+
+Precedence, stated once (see `load_settings`):
+    command-line flag  >  process environment  >  `.env` file  >  default
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# python-dotenv's own parser: its public API only warns about a malformed line and carries on,
+# and a typo that silently drops a setting is what this template refuses to do.
+from dotenv.parser import parse_stream
+
+
+class SettingsError(ValueError):
+    """A bad input: the message is one line naming the setting, the value and what is allowed."""
+
+
+STRATEGIES = ("auto", "one_device", "mirrored")
+RESUME_MODES = ("auto", "never")
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+def _positive_int(name: str, text: str) -> int:
+    if not re.fullmatch(r"[0-9]+", text) or int(text) == 0:
+        raise SettingsError(f"{name}={text!r} is not allowed: use a whole number of 1 or more")
+    return int(text)
+
+
+def _non_negative_int(name: str, text: str) -> int:
+    if not re.fullmatch(r"[0-9]+", text):
+        raise SettingsError(f"{name}={text!r} is not allowed: use a whole number of 0 or more")
+    return int(text)
+
+
+def _optional_positive_int(name: str, text: str) -> int | None:
+    return None if text == "" else _positive_int(name, text)
+
+
+def _positive_float(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise SettingsError(f"{name}={text!r} is not allowed: use a number greater than 0, e.g. 0.001")
+    return value
+
+
+def _bool(name: str, text: str) -> bool:
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise SettingsError(f"{name}={text!r} is not allowed: use true or false")
+
+
+def _choice(allowed: tuple[str, ...]) -> Callable[[str, str], str]:
+    def parse(name: str, text: str) -> str:
+        if text not in allowed:
+            raise SettingsError(f"{name}={text!r} is not allowed: use one of {', '.join(allowed)}")
+        return text
+
+    return parse
+
+
+def _gpus(name: str, text: str) -> str | tuple[int, ...]:
+    """`all`, `none`, or distinct GPU indices like `0,1`."""
+    if text in ("all", "none"):
+        return text
+    allowed = "use all, none, or distinct GPU indices without spaces, like 0 or 0,1"
+    if not re.fullmatch(r"[0-9]+(,[0-9]+)*", text):
+        raise SettingsError(f"{name}={text!r} is not allowed: {allowed}")
+    indices = tuple(int(part) for part in text.split(","))
+    if len(set(indices)) != len(indices):
+        raise SettingsError(f"{name}={text!r} names a GPU twice: {allowed}")
+    return indices
+
+
+def _text(name: str, text: str) -> str:
+    if text.strip() != text or text == "":
+        raise SettingsError(f"{name}={text!r} is not allowed: use a non-empty value without surrounding spaces")
+    return text
+
+
+def _optional_text(name: str, text: str) -> str | None:
+    return None if text == "" else _text(name, text)
+
+
+def _dataset(name: str, text: str) -> str:
+    # TFDS names: `name`, `name/config`, `name:1.2.3`, `name/config:1.2.3`.
+    if not re.fullmatch(r"[a-z][a-z0-9_]*(/[A-Za-z0-9_.\-]+)?(:[0-9]+\.[0-9]+\.[0-9]+)?", text):
+        raise SettingsError(
+            f"{name}={text!r} is not allowed: use a TFDS dataset name, optionally with config and version, "
+            "like mnist, or name/config:1.0.0"
+        )
+    return text
+
+
+def _path(name: str, text: str) -> Path:
+    return Path(_text(name, text)).expanduser()
+
+
+def _optional_path(name: str, text: str) -> Path | None:
+    return None if text == "" else _path(name, text)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One setting: its environment name, its default as text, how to parse it, and what it means."""
+
+    env: str
+    default: str
+    parse: Callable[[str, str], Any]
+    help: str
+
+    @property
+    def attr(self) -> str:
+        return self.env.lower()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.env.lower().replace("_", "-")
+
+
+# The one table of settings. `.env.example` and every command's `--help` are checked against it.
+FIELDS: tuple[Field, ...] = (
+    Field("GPUS", "all", _gpus, "GPUs to train on: all, none, or indices like 0,1."),
+    Field("MEMORY_GROWTH", "true", _bool, "Allocate GPU memory as needed instead of all of it up front."),
+    Field("GPU_MEMORY_LIMIT_MB", "", _optional_positive_int, "Cap per GPU in MiB (needs MEMORY_GROWTH=false)."),
+    Field("STRATEGY", "auto", _choice(STRATEGIES), "auto, one_device or mirrored; auto mirrors over 2+ devices."),
+    Field("CPU_DEVICES", "1", _positive_int, "Split the CPU into N logical devices (multi-replica without GPUs)."),
+    Field("DATASET", "synthetic_clusters", _dataset, "TFDS dataset, optionally name/config:version."),
+    Field("TFDS_DATA_DIR", "", _optional_path, "Where TFDS keeps prepared datasets (TFDS default if empty)."),
+    Field("TRAIN_SPLIT", "train", _text, "TFDS split to train on, e.g. train or train[:90%]."),
+    Field("EVAL_SPLIT", "test", _text, "TFDS split to evaluate on."),
+    Field("FEATURE_KEY", "", _optional_text, "Input feature; default: the dataset's supervised keys, else image."),
+    Field("LABEL_KEY", "", _optional_text, "Class label feature; default: supervised keys, else label."),
+    Field("BATCH_SIZE", "128", _positive_int, "Examples per replica per step; global batch = this x replicas."),
+    Field("EPOCHS", "5", _positive_int, "Number of epochs."),
+    Field("STEPS_PER_EPOCH", "", _optional_positive_int, "Steps per epoch; default: one pass over the split."),
+    Field("STEPS_PER_CALL", "32", _positive_int, "Training steps run inside one tf.function call."),
+    Field("LEARNING_RATE", "0.001", _positive_float, "Adam learning rate."),
+    Field("SEED", "42", _non_negative_int, "Seed for weights and data order: same seed, same run."),
+    Field("OUTPUT_DIR", "runs/default", _path, "Run directory: checkpoints, logs, summary, exported model."),
+    Field("CHECKPOINT_EVERY", "100", _positive_int, "Save a checkpoint every N steps (and at each epoch end)."),
+    Field("KEEP_CHECKPOINTS", "3", _positive_int, "How many recent checkpoints to keep."),
+    Field("LOG_EVERY", "50", _positive_int, "Print progress and write TensorBoard scalars every N steps."),
+    Field("RESUME", "auto", _choice(RESUME_MODES), "auto resumes from OUTPUT_DIR's checkpoints; never refuses them."),
+)
+FIELDS_BY_ENV = {field.env: field for field in FIELDS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    gpus: str | tuple[int, ...]
+    memory_growth: bool
+    gpu_memory_limit_mb: int | None
+    strategy: str
+    cpu_devices: int
+    dataset: str
+    tfds_data_dir: Path | None
+    train_split: str
+    eval_split: str
+    feature_key: str | None
+    label_key: str | None
+    batch_size: int
+    epochs: int
+    steps_per_epoch: int | None
+    steps_per_call: int
+    learning_rate: float
+    seed: int
+    output_dir: Path
+    checkpoint_every: int
+    keep_checkpoints: int
+    log_every: int
+    resume: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The resolved settings as environment-style text, ready to paste into a `.env`."""
+        values = dataclasses.asdict(self)
+
+        def text(value: Any) -> str:
+            if value is None:
+                return ""
+            if isinstance(value, bool):
+                return str(value).lower()
+            if isinstance(value, tuple):
+                return ",".join(map(str, value))
+            return str(value)
+
+        return {field.env: text(values[field.attr]) for field in FIELDS}
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+def read_dotenv(path: Path) -> dict[str, str]:
+    """Read a `.env` file strictly: a line python-dotenv cannot parse is an error with its line number."""
+    if not path.is_file():
+        return {}
+    values: dict[str, str] = {}
+    with path.open(encoding="utf-8") as stream:
+        for binding in parse_stream(stream):
+            if binding.error or (binding.key is not None and binding.value is None):
+                line = binding.original.string.rstrip("\n")
+                raise SettingsError(
+                    f"{path}:{binding.original.line}: cannot read {line!r}: use NAME=value, one per line"
+                )
+            if binding.key is not None:
+                values[binding.key] = binding.value
+    return values
+
+
+def likely_typos(names: list[str]) -> list[str]:
+    """Warnings for names that are not settings but look like one (`BATCHSIZE` for `BATCH_SIZE`)."""
+    known = list(FIELDS_BY_ENV)
+    squashed = {env.replace("_", ""): env for env in known}
+    warnings = []
+    for name in names:
+        if name in FIELDS_BY_ENV:
+            continue
+        guess = squashed.get(name.upper().replace("_", "")) or next(
+            iter(difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.8)), None
+        )
+        if guess:
+            warnings.append(f"{name} is not a setting; did you mean {guess}?")
+    return warnings
+
+
+def load_settings(
+    flags: Mapping[str, str | None] | None = None,
+    environ: Mapping[str, str] | None = None,
+    dotenv_path: Path | str = ".env",
+    warn: Callable[[str], None] | None = None,
+) -> Settings:
+    """Resolve every setting: flag > environment > `.env` > default. Raises SettingsError."""
+    flags = {name: value for name, value in (flags or {}).items() if value is not None}
+    environ = os.environ if environ is None else environ
+    dotenv = read_dotenv(Path(dotenv_path))
+    if warn:
+        for message in likely_typos(list(dotenv)):
+            warn(f"{dotenv_path}: {message}")
+
+    raw: dict[str, str] = {}
+    for field in FIELDS:
+        for layer in (flags, environ, dotenv):
+            if field.env in layer:
+                raw[field.env] = layer[field.env]
+                break
+        else:
+            raw[field.env] = field.default
+    values = {field.attr: field.parse(field.env, raw[field.env]) for field in FIELDS}
+    settings = Settings(**values)
+
+    if settings.gpu_memory_limit_mb is not None and settings.memory_growth:
+        raise SettingsError(
+            f"GPU_MEMORY_LIMIT_MB={settings.gpu_memory_limit_mb} cannot be combined with MEMORY_GROWTH=true: "
+            "set MEMORY_GROWTH=false to cap memory, or leave GPU_MEMORY_LIMIT_MB empty"
+        )
+    if settings.gpus == "none" and settings.gpu_memory_limit_mb is not None:
+        raise SettingsError("GPU_MEMORY_LIMIT_MB is set but GPUS=none: there is no GPU to cap")
+    return settings
+
+
+def write_settings(settings: Settings, path: Path) -> None:
+    path.write_text(json.dumps(settings.to_json(), indent=2) + "\n")
