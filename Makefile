@@ -8,11 +8,11 @@ BIN := $(VENV)/bin
 EXTRAS ?= dev# add ",gpu" on a GPU machine: make setup EXTRAS=dev,gpu
 SETTINGS := GPUS MEMORY_GROWTH GPU_MEMORY_LIMIT_MB STRATEGY CPU_DEVICES DATASET TFDS_DATA_DIR TRAIN_SPLIT \
 	EVAL_SPLIT FEATURE_KEY LABEL_KEY BATCH_SIZE EPOCHS STEPS_PER_EPOCH STEPS_PER_CALL LEARNING_RATE SEED \
-	OUTPUT_DIR CHECKPOINT_EVERY KEEP_CHECKPOINTS LOG_EVERY RESUME
+	OUTPUT_DIR CHECKPOINT_EVERY KEEP_CHECKPOINTS LOG_EVERY RESUME AUTO_BATCH
 # A setting given to make (or already in the environment) reaches python as an environment variable.
 export $(foreach name,$(SETTINGS),$(if $(filter undefined,$(origin $(name))),,$(name)))
 
-.PHONY: help setup train devices evaluate test test-fast test-gpu lint format tensorboard lock clean
+.PHONY: help setup train devices check evaluate test test-fast test-gpu lint format tensorboard lock clean
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -28,8 +28,11 @@ setup: $(BIN)/.installed ## Create .venv and install the pinned dependencies
 train: setup ## Train (or resume) with the settings from flags, environment and .env
 	$(BIN)/python -m train fit
 
-devices: setup ## Show the devices TensorFlow sees and what the settings resolve to
+devices: setup ## Device doctor: what TensorFlow sees, what the settings resolve to, what is wrong
 	$(BIN)/python -m train devices
+
+check: setup ## Trial-run a small batch, then find the largest batch that fits
+	$(BIN)/python -m train check
 
 evaluate: setup ## Evaluate the latest checkpoint on EVAL_SPLIT
 	$(BIN)/python -m train evaluate

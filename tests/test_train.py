@@ -70,7 +70,7 @@ def test_run_killed_mid_training_resumes_and_ends_at_the_uninterrupted_step_coun
         stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 120
-    while not list(output_dir.glob("checkpoints/ckpt-*.index")) and time.monotonic() < deadline:
+    while not list(output_dir.glob("checkpoints/ckpt-[1-9]*.index")) and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)
     process.send_signal(signal.SIGKILL)

@@ -14,7 +14,9 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import typing
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
@@ -44,7 +46,12 @@ def with_settings(command: Callable[..., Any]) -> Callable[..., Any]:
     Flags are declared as text and parsed by `train.settings`, so a bad value reads the same
     whether it came from a flag, the environment or `.env`: one line, exit code 2.
     """
-    own = [p for p in inspect.signature(command).parameters.values() if p.name != "settings"]
+    hints = typing.get_type_hints(command, include_extras=True)  # real objects, not `from __future__` strings
+    own = [
+        p.replace(annotation=hints[p.name])
+        for p in inspect.signature(command).parameters.values()
+        if p.name != "settings"
+    ]
     setting_params = [
         inspect.Parameter(
             field.attr,
@@ -113,18 +120,32 @@ def evaluate(
 
 @app.command()
 @with_settings
+def check(
+    settings: Settings,
+    start_batch: Annotated[int, typer.Option(min=1, help="Per-replica batch of the first trial.")] = 16,
+    max_batch: Annotated[int, typer.Option(min=1, help="Largest per-replica batch to try.")] = 4096,
+    steps: Annotated[int, typer.Option(min=1, help="Timed training steps per batch size.")] = 10,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the result as JSON here.")] = None,  # noqa: UP045
+) -> None:
+    """Trial-run a few real steps at a small batch, then find the largest batch that fits and recommend one."""
+    from train.training import check as run_check
+
+    result = run_check(settings, start_batch=start_batch, max_batch=max_batch, steps=steps)
+    typer.echo(result.pop("table"))
+    if json_path is not None:
+        json_path.write_text(json.dumps(result, indent=2) + "\n")
+
+
+@app.command()
+@with_settings
 def devices(
     settings: Settings,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (stable schema) for scripts.")] = False,
 ) -> None:
-    """Physical and logical devices, and what GPUS, STRATEGY and BATCH_SIZE resolve to."""
-    from train.training import describe_devices
+    """Devices, versions, GPU environment and what the settings resolve to, with diagnoses and fixes."""
+    from train.doctor import device_report, format_report
 
-    report = describe_devices(settings)
-    if as_json:
-        _print_json(report)
-        return
-    width = max(map(len, report))
-    for key, value in report.items():
-        shown = ", ".join(map(str, value)) if isinstance(value, list) else value
-        typer.echo(f"{key:<{width}}  {shown if shown != '' else '-'}")
+    report = device_report(settings)
+    typer.echo(json.dumps(report, indent=2) if as_json else format_report(report))
+    if any(finding["severity"] == "error" for finding in report["diagnoses"]):
+        raise typer.Exit(EXIT_FAILED)

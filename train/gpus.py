@@ -18,6 +18,9 @@ class DeviceBackend(Protocol):
     def set_memory_limit(self, gpu: Any, megabytes: int) -> None: ...
     def split_cpu(self, count: int) -> None: ...
     def memory_info(self, device: str) -> dict[str, int]: ...
+    def reset_memory_stats(self, device: str) -> None: ...
+    def build_info(self) -> dict[str, Any]: ...
+    def device_names(self) -> dict[str, list[str]]: ...
 
 
 class TensorFlowDevices:
@@ -51,3 +54,15 @@ class TensorFlowDevices:
 
     def memory_info(self, device: str) -> dict[str, int]:
         return self._tf.config.experimental.get_memory_info(device)
+
+    def reset_memory_stats(self, device: str) -> None:
+        self._tf.config.experimental.reset_memory_stats(device)
+
+    def build_info(self) -> dict[str, Any]:
+        return dict(self._tf.sysconfig.get_build_info())
+
+    def device_names(self) -> dict[str, list[str]]:
+        return {
+            "physical": [device.name for device in self._tf.config.list_physical_devices()],
+            "logical": [device.name for device in self._tf.config.list_logical_devices()],
+        }

@@ -7,7 +7,7 @@ global batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from train.gpus import DeviceBackend
@@ -95,15 +95,25 @@ def choose_strategy(requested: str, device_count: int) -> tuple[str, tuple[str, 
 
 
 @dataclass(frozen=True)
-class Runtime:
-    strategy: Any  # tf.distribute.Strategy
+class Resolution:
+    """What the settings resolve to on the configured devices; the one place the global batch is computed."""
+
     strategy_name: str
-    devices: tuple[str, ...]
-    replicas: int
+    devices: tuple[str, ...]  # one per replica
     per_replica_batch: int
-    global_batch: int
     plan: DevicePlan
     notes: tuple[str, ...]
+
+    @property
+    def replicas(self) -> int:
+        return len(self.devices)
+
+    @property
+    def global_batch(self) -> int:
+        return self.per_replica_batch * self.replicas
+
+    def with_batch(self, per_replica_batch: int) -> Resolution:
+        return replace(self, per_replica_batch=per_replica_batch)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -121,26 +131,36 @@ class Runtime:
         }
 
 
+def resolve(settings: Settings, plan: DevicePlan) -> Resolution:
+    name, notes = choose_strategy(settings.strategy, len(plan.training_devices))
+    devices = plan.training_devices if name == "mirrored" else plan.training_devices[:1]
+    return Resolution(name, devices, settings.batch_size, plan, plan.notes + notes)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The built strategy and its resolution (replicas, batches) in one object."""
+
+    strategy: Any  # tf.distribute.Strategy
+    resolution: Resolution
+
+    def __getattr__(self, name: str) -> Any:  # runtime.global_batch, runtime.replicas, ...
+        return getattr(self.resolution, name)
+
+    def with_batch(self, per_replica_batch: int) -> Runtime:
+        return Runtime(self.strategy, self.resolution.with_batch(per_replica_batch))
+
+
 def setup_runtime(settings: Settings, backend: DeviceBackend | None = None) -> Runtime:
-    """Configure devices, then build the strategy and the global batch. Call once, first."""
+    """Configure devices, then build the strategy. Call once, before any other TensorFlow work."""
     import tensorflow as tf
 
     from train.gpus import TensorFlowDevices
 
-    plan = configure_devices(settings, backend or TensorFlowDevices())
-    name, strategy_notes = choose_strategy(settings.strategy, len(plan.training_devices))
-    if name == "mirrored":
-        strategy = tf.distribute.MirroredStrategy(devices=list(plan.training_devices))
+    resolution = resolve(settings, configure_devices(settings, backend or TensorFlowDevices()))
+    if resolution.strategy_name == "mirrored":
+        strategy = tf.distribute.MirroredStrategy(devices=list(resolution.devices))
     else:
-        strategy = tf.distribute.OneDeviceStrategy(plan.training_devices[0])
-    replicas = strategy.num_replicas_in_sync
-    return Runtime(
-        strategy=strategy,
-        strategy_name=name,
-        devices=plan.training_devices if name == "mirrored" else plan.training_devices[:1],
-        replicas=replicas,
-        per_replica_batch=settings.batch_size,
-        global_batch=settings.batch_size * replicas,
-        plan=plan,
-        notes=plan.notes + strategy_notes,
-    )
+        strategy = tf.distribute.OneDeviceStrategy(resolution.devices[0])
+    assert strategy.num_replicas_in_sync == resolution.replicas
+    return Runtime(strategy, resolution)

@@ -159,6 +159,7 @@ FIELDS: tuple[Field, ...] = (
     Field("KEEP_CHECKPOINTS", "3", _positive_int, "How many recent checkpoints to keep."),
     Field("LOG_EVERY", "50", _positive_int, "Print progress and write TensorBoard scalars every N steps."),
     Field("RESUME", "auto", _choice(RESUME_MODES), "auto resumes from OUTPUT_DIR's checkpoints; never refuses them."),
+    Field("AUTO_BATCH", "false", _bool, "On out-of-memory, halve BATCH_SIZE and go on from the last checkpoint."),
 )
 FIELDS_BY_ENV = {field.env: field for field in FIELDS}
 
@@ -187,6 +188,7 @@ class Settings:
     keep_checkpoints: int
     log_every: int
     resume: str
+    auto_batch: bool
 
     def to_json(self) -> dict[str, Any]:
         """The resolved settings as environment-style text, ready to paste into a `.env`."""

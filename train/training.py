@@ -15,6 +15,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import tensorflow as tf
 
 from train.data import Data, Split, batches_per_pass, eval_dataset, load_data, train_dataset
 from train.model import build_model
+from train.probe import format_probe
 from train.runtime import Runtime, setup_runtime
 from train.settings import Settings, SettingsError, write_settings
 
@@ -90,7 +92,7 @@ def _build(settings: Settings, runtime: Runtime, data: Data) -> keras.Model:
     return model
 
 
-def _evaluator(model: keras.Model, global_batch: int) -> Callable[[Split], dict[str, float]]:
+def _evaluator(model: keras.Model) -> Callable[[Split, int], dict[str, float]]:
     loss_fn = _per_example_loss(model)
 
     @tf.function
@@ -99,9 +101,9 @@ def _evaluator(model: keras.Model, global_batch: int) -> Callable[[Split], dict[
         correct = tf.equal(tf.argmax(probabilities, axis=-1), labels)
         return tf.reduce_sum(loss_fn(labels, probabilities)), tf.reduce_sum(tf.cast(correct, tf.float32))
 
-    def evaluate_split(split: Split) -> dict[str, float]:
+    def evaluate_split(split: Split, batch: int) -> dict[str, float]:
         loss_sum = correct = 0.0
-        for features, labels in eval_dataset(split, global_batch):
+        for features, labels in eval_dataset(split, batch):
             batch_loss, batch_correct = batch_totals(features, labels)
             loss_sum += float(batch_loss)
             correct += float(batch_correct)
@@ -125,15 +127,69 @@ def _export(model: keras.Model, output_dir: Path) -> dict[str, str]:
     return {"keras": str(keras_path), "saved_model": str(saved_model)}
 
 
+def make_metrics(runtime: Runtime) -> tuple[keras.metrics.Metric, keras.metrics.Metric]:
+    """Training loss and accuracy, made up front in the strategy's scope (never lazily in a tf.function)."""
+    with runtime.strategy.scope():
+        return keras.metrics.Mean(name="loss"), keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+
+
+def make_train_steps(model: keras.Model, runtime: Runtime, train_loss, train_accuracy):
+    """A tf.function that runs `steps` training steps under `strategy.run`, for any batch size."""
+    loss_fn = _per_example_loss(model)
+
+    def replica_step(features, labels):
+        with tf.GradientTape() as tape:
+            probabilities = model(features, training=True)
+            per_example = loss_fn(labels, probabilities)
+            # Averaged over the global batch (per-replica rows x replicas): the strategy sums gradients.
+            loss = tf.nn.compute_average_loss(per_example)
+            if model.losses:
+                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+        gradients = tape.gradient(loss, model.trainable_variables)
+        model.optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        train_loss.update_state(per_example)
+        train_accuracy.update_state(labels, probabilities)
+
+    @tf.function
+    def train_steps(iterator, steps):
+        for _ in tf.range(steps):
+            runtime.strategy.run(replica_step, args=next(iterator))
+
+    return train_steps
+
+
+def run_steps(train_steps, iterator, steps: int, global_batch: int) -> None:
+    """Run `steps` steps. The one seam where running out of device memory surfaces, for fit and check alike."""
+    del global_batch  # what the steps are fed; the seam names it so a test can fail above a threshold
+    train_steps(iterator, tf.constant(steps))
+
+
+def memory_picture(runtime: Runtime) -> str:
+    """Per-GPU memory now and at peak, or a note that the devices do not report it."""
+    if not runtime.plan.visible_gpus:
+        return "memory: not reported on CPU"
+    from train.gpus import TensorFlowDevices
+
+    devices = TensorFlowDevices()
+    parts = []
+    for logical in range(len(runtime.plan.visible_gpus)):
+        info = devices.memory_info(f"GPU:{logical}")
+        parts.append(f"GPU:{logical} {info['current'] >> 20} MiB now, {info['peak'] >> 20} MiB peak")
+    return "memory: " + "; ".join(parts)
+
+
+def _steps_per_epoch(settings: Settings, data: Data, runtime: Runtime) -> int:
+    passes_batches = batches_per_pass(data.train, runtime.global_batch)
+    return settings.steps_per_epoch or passes_batches
+
+
 def fit(settings: Settings, say: Say = _say) -> dict[str, Any]:
     """Train (or resume) to EPOCHS x steps per epoch; returns the summary also written to summary.json."""
     runtime = setup_runtime(settings)
     for note in runtime.notes:
         say(note)
     data = load_data(settings)
-    passes_batches = batches_per_pass(data.train, runtime.global_batch)
-    steps_per_epoch = settings.steps_per_epoch or passes_batches
-    total_steps = steps_per_epoch * settings.epochs
+    _steps_per_epoch(settings, data, runtime)  # a split smaller than one global batch fails here, before writing
 
     output_dir = settings.output_dir
     checkpoint_dir = output_dir / "checkpoints"
@@ -149,14 +205,12 @@ def fit(settings: Settings, say: Say = _say) -> dict[str, Any]:
     write_settings(settings, output_dir / "settings.json")
 
     model = _build(settings, runtime, data)
-    with runtime.strategy.scope():
-        train_loss = keras.metrics.Mean(name="loss")
-        train_accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+    train_loss, train_accuracy = make_metrics(runtime)
     model.summary()
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
     manager = tf.train.CheckpointManager(checkpoint, str(checkpoint_dir), max_to_keep=settings.keep_checkpoints)
 
-    start_step = 0
+    resumed_from = None
     if manager.latest_checkpoint:
         try:
             checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
@@ -165,97 +219,57 @@ def fit(settings: Settings, say: Say = _say) -> dict[str, Any]:
                 f"OUTPUT_DIR={output_dir} holds {manager.latest_checkpoint}, which does not fit this model and "
                 f"dataset ({str(error).splitlines()[0][:160]}): use another OUTPUT_DIR"
             ) from None
-        start_step = int(model.optimizer.iterations.numpy())
-        say(f"Resuming from {manager.latest_checkpoint} at step {start_step} of {total_steps}.")
+        resumed_from = int(model.optimizer.iterations.numpy())
+        say(f"Resuming from {manager.latest_checkpoint} at step {resumed_from}.")
+    else:
+        manager.save(checkpoint_number=0)  # the initial weights: what AUTO_BATCH restarts from before step 1
 
-    say(
-        f"Training {data.name} on {runtime.replicas} replica(s) "
-        f"({runtime.strategy_name}: {', '.join(runtime.devices)}), "
-        f"global batch {runtime.global_batch} = {runtime.per_replica_batch} per replica x {runtime.replicas}, "
-        f"{steps_per_epoch} steps per epoch, {total_steps} steps."
-    )
-
-    loss_fn = _per_example_loss(model)
-
-    def replica_step(features, labels):
-        with tf.GradientTape() as tape:
-            probabilities = model(features, training=True)
-            per_example = loss_fn(labels, probabilities)
-            # Averaged over the global batch: the strategy sums gradients across replicas.
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=runtime.global_batch)
-            if model.losses:
-                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-        gradients = tape.gradient(loss, model.trainable_variables)
-        model.optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-        train_loss.update_state(per_example)
-        train_accuracy.update_state(labels, probabilities)
-
-    @tf.function
-    def train_steps(iterator, steps):
-        for _ in tf.range(steps):
-            runtime.strategy.run(replica_step, args=next(iterator))
-
-    iterator = iter(train_dataset(runtime.strategy, data.train, runtime.global_batch, settings.seed, start_step))
-    evaluate_split = _evaluator(model, runtime.global_batch)
+    train_steps = make_train_steps(model, runtime, train_loss, train_accuracy)
+    evaluate_split = _evaluator(model)
     writers = {name: tf.summary.create_file_writer(str(output_dir / "logs" / name)) for name in ("train", "eval")}
 
-    step = saved_step = start_step
-    timed_steps, timed_seconds = 0, 0.0  # the first call traces the graph: left out of the throughput
-    first_call = True
     with StopRequest() as stop:
-        while step < total_steps and not stop.signal_name:
-            boundary = min(
-                total_steps,
-                _next_multiple(step, steps_per_epoch),
-                _next_multiple(step, settings.checkpoint_every),
-                _next_multiple(step, settings.log_every),
+        while True:
+            steps_per_epoch = _steps_per_epoch(settings, data, runtime)
+            total_steps = steps_per_epoch * settings.epochs
+            start_step = int(model.optimizer.iterations.numpy())
+            say(
+                f"Training {data.name} on {runtime.replicas} replica(s) "
+                f"({runtime.strategy_name}: {', '.join(runtime.devices)}), "
+                f"global batch {runtime.global_batch} = {runtime.per_replica_batch} per replica x {runtime.replicas}, "
+                f"{steps_per_epoch} steps per epoch, steps {start_step}-{total_steps}."
             )
-            steps = min(settings.steps_per_call, boundary - step)
-            started = time.perf_counter()
-            train_steps(iterator, tf.constant(steps))
-            loss_value = float(train_loss.result())  # also waits for the call to finish
-            elapsed = time.perf_counter() - started
-            if not first_call:
-                timed_steps, timed_seconds = timed_steps + steps, timed_seconds + elapsed
-            first_call = False
-            step += steps
-
-            if not math.isfinite(loss_value):
-                raise TrainingError(
-                    f"the training loss became {loss_value} by step {step}; stopped without saving these weights "
-                    f"(last good checkpoint: {manager.latest_checkpoint}). Try a lower LEARNING_RATE."
-                )
-            epoch_end = step % steps_per_epoch == 0
-            if step % settings.log_every == 0 or epoch_end or step == total_steps:
-                examples_per_sec = timed_steps * runtime.global_batch / timed_seconds if timed_seconds else 0.0
-                accuracy = float(train_accuracy.result())
-                say(
-                    f"step {step:>7}/{total_steps}  epoch {math.ceil(step / steps_per_epoch)}/{settings.epochs}  "
-                    f"loss {loss_value:.4f}  accuracy {accuracy:.4f}  {examples_per_sec:,.0f} examples/s"
-                )
-                with writers["train"].as_default(step=step):
-                    tf.summary.scalar("loss", loss_value)
-                    tf.summary.scalar("accuracy", accuracy)
-                    tf.summary.scalar("examples_per_sec", examples_per_sec)
-            if epoch_end:
-                metrics = evaluate_split(data.eval)
-                epoch = step // steps_per_epoch
-                say(f"epoch {epoch} eval: loss {metrics['loss']:.4f}  accuracy {metrics['accuracy']:.4f}")
-                with writers["eval"].as_default(step=step):
-                    for name, value in metrics.items():
-                        tf.summary.scalar(name, value)
+            iterator = iter(
+                train_dataset(runtime.strategy, data.train, runtime.global_batch, settings.seed, start_step)
+            )
+            try:
+                step, examples_per_sec = _train_loop(
+                    settings, runtime, data, iterator, train_steps, (train_loss, train_accuracy),
+                    manager, evaluate_split, writers, stop, steps_per_epoch, total_steps, say,
+                )  # fmt: skip
+                break
+            except tf.errors.ResourceExhaustedError:
+                failed = runtime.per_replica_batch
+                picture = memory_picture(runtime)
+                if not settings.auto_batch or failed == 1:
+                    raise TrainingError(
+                        f"out of memory at BATCH_SIZE={failed} per replica (global batch {runtime.global_batch}); "
+                        f"{picture}; the last checkpoint {manager.latest_checkpoint} is intact. Lower BATCH_SIZE "
+                        f"(e.g. {max(1, failed // 2)}), set MEMORY_GROWTH=true, or AUTO_BATCH=true to halve it"
+                    ) from None
+                runtime = runtime.with_batch(failed // 2)
+                checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
                 train_loss.reset_state()
                 train_accuracy.reset_state()
-            if step % settings.checkpoint_every == 0 or epoch_end or step == total_steps:
-                manager.save(checkpoint_number=step)
-                saved_step = step
-
-        interrupted = stop.signal_name is not None
-        if interrupted and saved_step != step:
-            manager.save(checkpoint_number=step)
+                say(
+                    f"AUTO_BATCH: out of memory at BATCH_SIZE={failed} ({picture}); continuing from "
+                    f"{manager.latest_checkpoint} with BATCH_SIZE={runtime.per_replica_batch} "
+                    f"(global batch {runtime.global_batch})."
+                )
     for writer in writers.values():
         writer.flush()
 
+    interrupted = stop.signal_name is not None
     summary: dict[str, Any] = {
         "dataset": data.name,
         "strategy": runtime.strategy_name,
@@ -266,17 +280,17 @@ def fit(settings: Settings, say: Say = _say) -> dict[str, Any]:
         "total_steps": total_steps,
         "steps_per_epoch": steps_per_epoch,
         "epochs_completed": step // steps_per_epoch,
-        "resumed_from_step": start_step or None,
+        "resumed_from_step": resumed_from,
         "interrupted": interrupted,
-        "examples_per_sec": round(timed_steps * runtime.global_batch / timed_seconds, 1) if timed_seconds else None,
+        "examples_per_sec": examples_per_sec,
         "checkpoint": manager.latest_checkpoint,
     }
     if interrupted:
         say(f"Stopped by {stop.signal_name} at step {step}; checkpoint saved. Run the same command again to resume.")
         summary.update(train=None, eval=None, exported_model=None)
     else:
-        summary["train"] = evaluate_split(data.train)
-        summary["eval"] = evaluate_split(data.eval)
+        summary["train"] = evaluate_split(data.train, runtime.global_batch)
+        summary["eval"] = evaluate_split(data.eval, runtime.global_batch)
         summary["exported_model"] = _export(model, output_dir)
         say(
             f"Done: {step} steps; eval loss {summary['eval']['loss']:.4f}, accuracy {summary['eval']['accuracy']:.4f}; "
@@ -284,6 +298,68 @@ def fit(settings: Settings, say: Say = _say) -> dict[str, Any]:
         )
     _atomic_write_json(output_dir / "summary.json", summary)
     return summary
+
+
+def _train_loop(
+    settings, runtime, data, iterator, train_steps, metrics, manager, evaluate_split, writers, stop,
+    steps_per_epoch, total_steps, say,
+) -> tuple[int, float | None]:  # fmt: skip
+    """Steps from the optimizer's step counter to `total_steps`; returns the last step and examples/s."""
+    train_loss, train_accuracy = metrics
+    step = saved_step = int(manager.checkpoint.optimizer.iterations.numpy())
+    timed_steps, timed_seconds = 0, 0.0  # the first call traces the graph: left out of the throughput
+    first_call = True
+    while step < total_steps and not stop.signal_name:
+        boundary = min(
+            total_steps,
+            _next_multiple(step, steps_per_epoch),
+            _next_multiple(step, settings.checkpoint_every),
+            _next_multiple(step, settings.log_every),
+        )
+        steps = min(settings.steps_per_call, boundary - step)
+        started = time.perf_counter()
+        run_steps(train_steps, iterator, steps, runtime.global_batch)
+        loss_value = float(train_loss.result())  # also waits for the call to finish
+        elapsed = time.perf_counter() - started
+        if not first_call:
+            timed_steps, timed_seconds = timed_steps + steps, timed_seconds + elapsed
+        first_call = False
+        step += steps
+
+        if not math.isfinite(loss_value):
+            raise TrainingError(
+                f"the training loss became {loss_value} by step {step}; stopped without saving these weights "
+                f"(last good checkpoint: {manager.latest_checkpoint}). Try a lower LEARNING_RATE."
+            )
+        epoch_end = step % steps_per_epoch == 0
+        if step % settings.log_every == 0 or epoch_end or step == total_steps:
+            examples_per_sec = timed_steps * runtime.global_batch / timed_seconds if timed_seconds else 0.0
+            accuracy = float(train_accuracy.result())
+            say(
+                f"step {step:>7}/{total_steps}  epoch {math.ceil(step / steps_per_epoch)}/{settings.epochs}  "
+                f"loss {loss_value:.4f}  accuracy {accuracy:.4f}  {examples_per_sec:,.0f} examples/s"
+            )
+            with writers["train"].as_default(step=step):
+                tf.summary.scalar("loss", loss_value)
+                tf.summary.scalar("accuracy", accuracy)
+                tf.summary.scalar("examples_per_sec", examples_per_sec)
+        if epoch_end:
+            metrics_now = evaluate_split(data.eval, runtime.global_batch)
+            epoch = step // steps_per_epoch
+            say(f"epoch {epoch} eval: loss {metrics_now['loss']:.4f}  accuracy {metrics_now['accuracy']:.4f}")
+            with writers["eval"].as_default(step=step):
+                for name, value in metrics_now.items():
+                    tf.summary.scalar(name, value)
+            train_loss.reset_state()
+            train_accuracy.reset_state()
+        if step % settings.checkpoint_every == 0 or epoch_end or step == total_steps:
+            manager.save(checkpoint_number=step)
+            saved_step = step
+
+    if stop.signal_name and saved_step != step:
+        manager.save(checkpoint_number=step)
+    throughput = round(timed_steps * runtime.global_batch / timed_seconds, 1) if timed_seconds else None
+    return step, throughput
 
 
 def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> dict[str, Any]:
@@ -303,17 +379,66 @@ def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> dic
         if not source:
             raise SettingsError(f"OUTPUT_DIR={settings.output_dir} has no checkpoint: run fit first")
         tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(source).expect_partial()
-    metrics = _evaluator(model, runtime.global_batch)(data.eval)
+    metrics = _evaluator(model)(data.eval, runtime.global_batch)
     return {"source": source, "split": settings.eval_split, "examples": len(data.eval), **metrics}
 
 
-def describe_devices(settings: Settings) -> dict[str, Any]:
-    """What TensorFlow sees and what the settings resolve to, as plain data."""
+def check(
+    settings: Settings, start_batch: int = 16, max_batch: int = 4096, steps: int = 10, say: Say = _say
+) -> dict[str, Any]:
+    """Trial-run real training steps at a small batch, then probe upward for the largest batch that fits.
+
+    Nothing is written to OUTPUT_DIR: the trial trains a throwaway copy of the model.
+    """
+    from train.gpus import TensorFlowDevices
+    from train.probe import Trial, probe_batch_sizes
+
     runtime = setup_runtime(settings)
+    for note in runtime.notes:
+        say(note)
+    data = load_data(settings)
+    model = _build(settings, runtime, data)
+    train_loss, train_accuracy = make_metrics(runtime)
+    gpus = [f"GPU:{i}" for i in range(len(runtime.plan.visible_gpus))]
+    devices = TensorFlowDevices()
+    cap = min(max_batch, len(data.train) // runtime.replicas)
+
+    def trial(per_replica_batch: int) -> Trial:
+        trial_runtime = runtime.with_batch(per_replica_batch)
+        global_batch = trial_runtime.global_batch
+        iterator = iter(train_dataset(runtime.strategy, data.train, global_batch, settings.seed, 0))
+        train_steps = make_train_steps(model, runtime, train_loss, train_accuracy)  # one graph per batch shape
+        try:
+            run_steps(train_steps, iterator, steps, global_batch)  # warm-up: traces the graph for this shape
+            float(train_loss.result())
+            for gpu in gpus:
+                devices.reset_memory_stats(gpu)
+            started = time.perf_counter()
+            run_steps(train_steps, iterator, steps, global_batch)
+            float(train_loss.result())  # waits for the steps to finish
+            seconds = time.perf_counter() - started
+        except tf.errors.ResourceExhaustedError as error:
+            return Trial(per_replica_batch, global_batch, fits=False, error=str(error).splitlines()[0][:120])
+        peaks = tuple(devices.memory_info(gpu)["peak"] / (1 << 20) for gpu in gpus) or None
+        result = Trial(
+            per_replica_batch, global_batch, True, 1000 * seconds / steps, steps * global_batch / seconds, peaks
+        )
+        say(f"  BATCH_SIZE={per_replica_batch:<6} fits: {result.examples_per_sec:,.0f} examples/s")
+        return result
+
+    say(
+        f"Trial run: {steps} steps per batch size on {runtime.replicas} replica(s) ({runtime.strategy_name}), "
+        f"from BATCH_SIZE={min(start_batch, cap)} up to {cap} per replica."
+    )
+    probe = probe_batch_sizes(trial, start_batch, cap)
     return {
-        "tensorflow": tf.__version__,
-        "keras": keras.__version__,
-        "physical_devices": [f"{d.device_type}:{d.name}" for d in tf.config.list_physical_devices()],
-        "logical_devices": [d.name for d in tf.config.list_logical_devices()],
-        **runtime.describe(),
+        "resolved": runtime.describe(),
+        "steps_per_trial": steps,
+        "cap": cap,
+        "trials": [asdict(t) for t in probe.trials],
+        "largest_fit": probe.largest_fit,
+        "smallest_failure": probe.smallest_failure,
+        "recommended_batch_size": probe.recommended,
+        "message": probe.message,
+        "table": format_probe(probe),
     }

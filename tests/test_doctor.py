@@ -1,0 +1,124 @@
+"""The device doctor: each diagnosis from made-up facts, through the same device seam as training.
+
+`FakeDevices` (from test_devices) stands in for `train.gpus.TensorFlowDevices`; here it also
+reports GPU names, memory and TensorFlow's build.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_train
+from tests.test_devices import FakeDevices
+from train.doctor import collect_report, format_report
+from train.settings import load_settings
+
+CUDA_BUILD = {"is_cuda_build": True, "cuda_version": "12.5.1", "cudnn_version": "9"}
+MATCHING_LIBRARIES = {"cuda": ["12.5.82 (pip nvidia-cuda-runtime-cu12)"], "cudnn": ["9.3.0.75 (pip nvidia-cudnn-cu12)"]}
+
+
+class DoctorDevices(FakeDevices):
+    def __init__(self, gpu_count: int, build: dict | None = None) -> None:
+        super().__init__(gpu_count)
+        self.build = build or CUDA_BUILD
+
+    def gpu_details(self, gpu):
+        return {"device_name": f"Fake A100 {gpu}", "compute_capability": (8, 0)}
+
+    def memory_info(self, device):
+        return {"current": 512 << 20, "peak": 1024 << 20}
+
+    def build_info(self):
+        return self.build
+
+    def device_names(self):
+        return {"physical": ["/physical_device:CPU:0", *self.gpus], "logical": ["/device:CPU:0"]}
+
+
+def report(gpus=0, environ=None, shm=8 << 30, libraries=None, build=None, **settings):
+    return collect_report(
+        load_settings({}, settings, "/nonexistent/.env"),
+        DoctorDevices(gpus, build),
+        environ or {},
+        shm,
+        MATCHING_LIBRARIES if libraries is None else libraries,
+        {"tensorflow": "2.21.0", "keras": "3.15.1"},
+    )
+
+
+def codes(result):
+    return [(d["severity"], d["code"]) for d in result["diagnoses"]]
+
+
+def test_healthy_gpu_machine_has_no_findings_and_reports_each_gpu():
+    result = report(gpus=2, environ={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, GPUS="1")
+    assert codes(result) == []
+    assert result["gpus"][1] == {
+        "index": 1, "name": "Fake A100 GPU:1", "compute_capability": "8.0", "visible": True,
+        "memory_current_mb": 512.0, "memory_peak_mb": 1024.0,
+    }  # fmt: skip
+    assert result["gpus"][0]["visible"] is False
+    assert result["resolved"]["strategy"] == "one_device"
+    assert "No problems found." in format_report(result)
+
+
+def test_nvidia_environment_but_no_gpu_seen_in_a_container_without_gpus():
+    result = report(environ={"NVIDIA_VISIBLE_DEVICES": "all"})
+    assert codes(result) == [("error", "gpus_not_seen")]
+    assert "--gpus all" in result["diagnoses"][0]["fix"]
+
+
+def test_nvidia_environment_with_cpu_only_tensorflow():
+    result = report(environ={"NVIDIA_VISIBLE_DEVICES": "0"}, build={"is_cuda_build": False})
+    assert codes(result) == [("error", "gpus_not_seen")]
+    assert "CPU-only build" in result["diagnoses"][0]["message"]
+
+
+def test_nvidia_environment_without_cuda_libraries():
+    result = report(environ={"NVIDIA_VISIBLE_DEVICES": "all"}, libraries={"cuda": [], "cudnn": []})
+    assert "no cuDNN library" in result["diagnoses"][0]["message"]
+    assert "tensorflow[and-cuda]" in result["diagnoses"][0]["fix"]
+
+
+def test_cudnn_other_than_the_build_wants():
+    result = report(libraries={"cuda": ["12 (system)"], "cudnn": ["8 (system)"]})
+    assert codes(result) == [("error", "cudnn_mismatch")]
+    assert "built for cuDNN 9" in result["diagnoses"][0]["message"]
+
+
+def test_tf_force_gpu_allow_growth_overriding_memory_growth():
+    result = report(gpus=1, environ={"TF_FORCE_GPU_ALLOW_GROWTH": "true"}, MEMORY_GROWTH="false")
+    assert codes(result) == [("warning", "allow_growth_override")]
+
+
+def test_several_gpus_without_pci_bus_order():
+    assert ("warning", "device_order") in codes(report(gpus=2))
+
+
+def test_tiny_shm_with_several_gpus():
+    result = report(gpus=2, environ={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, shm=64 << 20)
+    assert codes(result) == [("warning", "small_shm")]
+    assert "64 MiB" in result["diagnoses"][0]["message"]
+
+
+def test_cpu_machine_with_nothing_wrong():
+    result = report(CPU_DEVICES="2")
+    assert codes(result) == []
+    assert result["resolved"]["replicas"] == 2
+
+
+@pytest.mark.slow
+def test_devices_command_on_this_cpu_machine(tmp_path):
+    result = run_train("devices", "--json", cwd=tmp_path, CPU_DEVICES=2)
+    assert result.returncode == 0, result.stderr[-2000:]
+    payload = json.loads(result.stdout)
+    assert payload["schema"] == 1
+    assert payload["gpus"] == []
+    assert payload["devices"]["logical"] == ["/device:CPU:0", "/device:CPU:1"]
+    assert payload["resolved"]["global_batch"] == 256
+
+    flagged = run_train("devices", cwd=tmp_path, NVIDIA_VISIBLE_DEVICES="all")
+    assert flagged.returncode == 1
+    assert "ERROR: NVIDIA_VISIBLE_DEVICES=all says there are GPUs, but TensorFlow sees none" in flagged.stdout

@@ -1,0 +1,119 @@
+"""The batch probe, and running out of memory during fit.
+
+Out-of-memory is faked at `train.training.run_steps`, the seam every real training step goes
+through: above a threshold it raises TensorFlow's own ResourceExhaustedError instead of running.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import clean_env, read_summary, run_train
+from train.probe import Trial, probe_batch_sizes
+
+
+def fake_trial(threshold: int, calls: list[int]):
+    def trial(batch: int) -> Trial:
+        calls.append(batch)
+        if batch > threshold:
+            return Trial(batch, 2 * batch, fits=False, error="OOM")
+        return Trial(batch, 2 * batch, fits=True, step_ms=1.0, examples_per_sec=float(batch))
+
+    return trial
+
+
+def test_probe_doubles_then_narrows_to_the_threshold_and_recommends_below_it():
+    calls: list[int] = []
+    probe = probe_batch_sizes(fake_trial(300, calls), start=16, cap=4096)
+    assert calls[:6] == [16, 32, 64, 128, 256, 512]
+    assert calls[6:] == [384, 320, 288]  # narrowing between 256 (fits) and 512 (OOM)
+    assert (probe.largest_fit, probe.smallest_failure) == (288, 320)
+    assert probe.recommended == 224  # 80% of 288, rounded down to a multiple of 8
+    assert probe.recommended < 300
+
+
+def test_probe_stops_at_the_cap_when_nothing_runs_out_of_memory():
+    calls: list[int] = []
+    probe = probe_batch_sizes(fake_trial(10**9, calls), start=16, cap=100)
+    assert calls == [16, 32, 64, 100]
+    assert probe.smallest_failure is None
+    assert probe.recommended == 100  # the fastest measured
+    assert "nothing ran out of memory up to the cap of 100" in probe.message
+
+
+def test_probe_says_so_when_even_the_first_batch_does_not_fit():
+    probe = probe_batch_sizes(fake_trial(4, []), start=16, cap=4096)
+    assert probe.recommended is None
+    assert probe.message.startswith("even BATCH_SIZE=16 per replica runs out of memory")
+
+
+FAKE_OOM = """
+import sys, tensorflow as tf
+import train.training
+real_run_steps = train.training.run_steps
+LIMIT = int(sys.argv[1])  # global batch above which the fake device is out of memory
+
+def run_steps(train_steps, iterator, steps, global_batch):
+    if global_batch > LIMIT:
+        raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor (faked by the test)")
+    return real_run_steps(train_steps, iterator, steps, global_batch)
+
+train.training.run_steps = run_steps
+from train.cli import app
+app(sys.argv[2:], prog_name="train")
+"""
+
+
+def run_with_fake_oom(limit: int, *args: str, cwd, **settings):
+    return subprocess.run(
+        [sys.executable, "-c", FAKE_OOM, str(limit), *args],
+        cwd=cwd, env=clean_env(**settings), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_check_finds_the_fake_memory_limit_on_two_replicas(tmp_path, tfds_data_dir):
+    result = run_with_fake_oom(
+        600, "check", "--json", str(tmp_path / "check.json"), "--steps", "2", cwd=tmp_path,
+        TFDS_DATA_DIR=tfds_data_dir, CPU_DEVICES=2,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    payload = json.loads((tmp_path / "check.json").read_text())
+    assert payload["resolved"]["replicas"] == 2
+    assert payload["largest_fit"] * 2 <= 600 < payload["smallest_failure"] * 2
+    assert payload["recommended_batch_size"] * 2 < 600
+    assert "Recommended BATCH_SIZE=" in result.stdout
+
+
+def test_out_of_memory_during_fit_is_a_clear_error_with_the_checkpoint_intact(tmp_path, tfds_data_dir):
+    run = tmp_path / "run"
+    result = run_with_fake_oom(
+        100, "fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=run, BATCH_SIZE=128, EPOCHS=1
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: out of memory at BATCH_SIZE=128 per replica (global batch 128); memory:")
+    assert "Lower BATCH_SIZE (e.g. 64), set MEMORY_GROWTH=true" in last
+    assert (run / "checkpoints" / "ckpt-0.index").is_file()
+    assert not (run / "summary.json").exists()
+
+
+def test_auto_batch_halves_the_batch_and_finishes(tmp_path, tfds_data_dir):
+    run = tmp_path / "run"
+    settings = dict(TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=run, BATCH_SIZE=128, EPOCHS=1, AUTO_BATCH="true")
+    result = run_with_fake_oom(40, "fit", cwd=tmp_path, CPU_DEVICES=2, **settings)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "AUTO_BATCH: out of memory at BATCH_SIZE=128" in result.stdout
+    assert "AUTO_BATCH: out of memory at BATCH_SIZE=64" in result.stdout
+    summary = read_summary(run)
+    assert (summary["per_replica_batch"], summary["global_batch"]) == (16, 32)  # 128 -> 64 -> 32 -> 16
+    assert summary["steps"] == summary["total_steps"] == 16384 // 32
+
+
+def test_check_runs_for_real_on_two_logical_cpus(tmp_path, tfds_data_dir):
+    result = run_train(
+        "check", "--max-batch", "64", "--steps", "2", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, CPU_DEVICES=2
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "nothing ran out of memory up to the cap of 64 per replica" in result.stdout

@@ -1,0 +1,261 @@
+"""`python -m train devices`: what TensorFlow sees, what the settings resolve to, and what is wrong.
+
+The report is plain data with a stable schema (`SCHEMA`); `diagnose` turns it into findings,
+each with the fix, from the report alone, so every finding is tested with made-up facts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from typing import Any
+
+from train.gpus import DeviceBackend
+from train.runtime import configure_devices, resolve
+from train.settings import Settings
+
+SCHEMA = 1
+GPU_ENVIRONMENT = (
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "NVIDIA_VISIBLE_DEVICES",
+    "TF_FORCE_GPU_ALLOW_GROWTH",
+    "TF_GPU_ALLOCATOR",
+)
+MIN_SHM_BYTES_FOR_NCCL = 1 << 30  # Docker's default 64 MiB /dev/shm makes NCCL fail or crawl with 2+ GPUs
+_MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str  # "error": the requested devices are not usable; "warning": works, but not as meant
+    code: str
+    message: str
+    fix: str
+
+
+def shm_bytes(path: str = "/dev/shm") -> int | None:
+    try:
+        stats = os.statvfs(path)
+    except OSError:
+        return None
+    return stats.f_frsize * stats.f_blocks
+
+
+def cuda_libraries() -> dict[str, list[str]]:
+    """CUDA and cuDNN libraries this process could load: pip wheels, then the system's linker cache."""
+    found: dict[str, list[str]] = {"cuda": [], "cudnn": []}
+    for library, package in (("cuda", "nvidia-cuda-runtime-cu12"), ("cudnn", "nvidia-cudnn-cu12")):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            found[library].append(f"{metadata.version(package)} (pip {package})")
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+    try:
+        cache = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        cache = ""
+    for library, pattern in (("cuda", r"libcudart\.so\.(\d+)"), ("cudnn", r"libcudnn\.so\.(\d+)")):
+        for major in sorted(set(re.findall(pattern, cache))):
+            found[library].append(f"{major} (system)")
+    return found
+
+
+def collect_report(
+    settings: Settings,
+    backend: DeviceBackend,
+    environ: dict[str, str],
+    shm: int | None,
+    libraries: dict[str, list[str]],
+    versions: dict[str, str],
+) -> dict[str, Any]:
+    """Configure devices as training would, then gather every fact the doctor looks at."""
+    physical = backend.physical_gpus()
+    resolution = resolve(settings, configure_devices(settings, backend))
+    visible = set(resolution.plan.visible_gpus)
+    gpus = []
+    for index, gpu in enumerate(physical):
+        details = backend.gpu_details(gpu)
+        entry: dict[str, Any] = {
+            "index": index,
+            "name": details.get("device_name"),
+            "compute_capability": ".".join(map(str, details.get("compute_capability") or ())) or None,
+            "visible": index in visible,
+            "memory_current_mb": None,
+            "memory_peak_mb": None,
+        }
+        if index in visible:
+            logical = sorted(visible).index(index)  # TensorFlow numbers visible GPUs in physical order
+            memory = backend.memory_info(f"GPU:{logical}")
+            entry["memory_current_mb"] = round(memory["current"] / _MIB, 1)
+            entry["memory_peak_mb"] = round(memory["peak"] / _MIB, 1)
+        gpus.append(entry)
+    build = backend.build_info()
+    report = {
+        "schema": SCHEMA,
+        "versions": versions,
+        "build": {
+            "cuda_build": bool(build.get("is_cuda_build")),
+            "cuda_version": build.get("cuda_version"),
+            "cudnn_version": build.get("cudnn_version"),
+        },
+        "cuda_libraries": libraries,
+        "gpus": gpus,
+        "environment": {name: environ.get(name) for name in GPU_ENVIRONMENT},
+        "shm_bytes": shm,
+        "devices": backend.device_names(),
+        "resolved": resolution.describe(),
+    }
+    report["diagnoses"] = [asdict(finding) for finding in diagnose(report, settings)]
+    return report
+
+
+def _nvidia_says_gpus(environment: dict[str, str | None]) -> bool:
+    value = environment.get("NVIDIA_VISIBLE_DEVICES")
+    return value not in (None, "", "void", "none")
+
+
+def diagnose(report: dict[str, Any], settings: Settings) -> list[Finding]:
+    findings = []
+    environment, build, gpus = report["environment"], report["build"], report["gpus"]
+
+    if not gpus and _nvidia_says_gpus(environment):
+        if not build["cuda_build"]:
+            cause, fix = (
+                "this TensorFlow is a CPU-only build",
+                "install tensorflow[and-cuda] (make setup EXTRAS=dev,gpu)",
+            )
+        elif not report["cuda_libraries"]["cudnn"]:
+            cause, fix = "no cuDNN library is installed", "install tensorflow[and-cuda], which brings CUDA and cuDNN"
+        else:
+            cause, fix = (
+                "the container was probably started without GPU access",
+                "run it with --gpus all (docker) or a GPU resource request (Kubernetes)",
+            )
+        findings.append(
+            Finding(
+                "error" if settings.gpus != "none" else "warning",
+                "gpus_not_seen",
+                f"NVIDIA_VISIBLE_DEVICES={environment['NVIDIA_VISIBLE_DEVICES']} says there are GPUs, "
+                f"but TensorFlow sees none: {cause}",
+                fix,
+            )
+        )
+
+    wanted_cudnn = (build.get("cudnn_version") or "").split(".")[0]
+    found_cudnn = report["cuda_libraries"]["cudnn"]
+    if (
+        build["cuda_build"]
+        and wanted_cudnn
+        and found_cudnn
+        and not any(v.startswith(wanted_cudnn) for v in found_cudnn)
+    ):
+        findings.append(
+            Finding(
+                "error" if not gpus else "warning",
+                "cudnn_mismatch",
+                f"TensorFlow was built for cuDNN {wanted_cudnn} (CUDA {build.get('cuda_version')}) "
+                f"but the cuDNN found is {', '.join(found_cudnn)}",
+                "install tensorflow[and-cuda] for matching wheels; do not base images on tensorflow/tensorflow:*-gpu",
+            )
+        )
+
+    forced = environment.get("TF_FORCE_GPU_ALLOW_GROWTH")
+    if forced is not None and gpus:
+        forced_on = forced.lower() == "true"
+        if forced_on != settings.memory_growth or (forced_on and settings.gpu_memory_limit_mb):
+            findings.append(
+                Finding(
+                    "warning",
+                    "allow_growth_override",
+                    f"TF_FORCE_GPU_ALLOW_GROWTH={forced} overrides MEMORY_GROWTH="
+                    f"{str(settings.memory_growth).lower()} in TensorFlow's allocator",
+                    "unset TF_FORCE_GPU_ALLOW_GROWTH and use MEMORY_GROWTH",
+                )
+            )
+
+    if len(gpus) > 1 and environment.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+        findings.append(
+            Finding(
+                "warning",
+                "device_order",
+                "GPU indices follow CUDA's fastest-first order, which may not match nvidia-smi",
+                "set CUDA_DEVICE_ORDER=PCI_BUS_ID so GPUS=0,1 means nvidia-smi's 0 and 1",
+            )
+        )
+
+    visible = [gpu for gpu in gpus if gpu["visible"]]
+    shm = report["shm_bytes"]
+    if len(visible) > 1 and shm is not None and shm < MIN_SHM_BYTES_FOR_NCCL:
+        findings.append(
+            Finding(
+                "warning",
+                "small_shm",
+                f"/dev/shm is {shm // _MIB} MiB; NCCL needs more to all-reduce across {len(visible)} GPUs",
+                "docker run --shm-size=1g (or --ipc=host); compose: shm_size",
+            )
+        )
+    return findings
+
+
+def device_report(settings: Settings) -> dict[str, Any]:
+    """The real report: TensorFlow's devices, this process's environment and libraries."""
+    import keras
+    import tensorflow as tf
+
+    from train.gpus import TensorFlowDevices
+
+    versions = {"tensorflow": tf.__version__, "keras": keras.__version__}
+    return collect_report(settings, TensorFlowDevices(), dict(os.environ), shm_bytes(), cuda_libraries(), versions)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The human table."""
+    build, resolved = report["build"], report["resolved"]
+    lines = [
+        f"TensorFlow {report['versions']['tensorflow']}, Keras {report['versions']['keras']}; "
+        + (
+            f"built for CUDA {build['cuda_version']}, cuDNN {build['cudnn_version']}"
+            if build["cuda_build"]
+            else "CPU-only build"
+        ),
+        f"CUDA libraries: {', '.join(report['cuda_libraries']['cuda']) or 'none'}; "
+        f"cuDNN: {', '.join(report['cuda_libraries']['cudnn']) or 'none'}",
+        "",
+        "GPUs:" if report["gpus"] else "GPUs: none seen by TensorFlow",
+    ]
+    for gpu in report["gpus"]:
+        memory = (
+            f", memory now {gpu['memory_current_mb']} MiB, peak {gpu['memory_peak_mb']} MiB" if gpu["visible"] else ""
+        )
+        lines.append(
+            f"  {gpu['index']}: {gpu['name'] or '?'} (compute {gpu['compute_capability'] or '?'})"
+            f"{' visible' if gpu['visible'] else ' hidden by GPUS'}{memory}"
+        )
+    lines += ["", "Logical devices: " + ", ".join(report["devices"]["logical"])]
+    environment = [f"{name}={value}" for name, value in report["environment"].items() if value is not None]
+    lines += ["GPU environment: " + (", ".join(environment) or "none of " + ", ".join(GPU_ENVIRONMENT))]
+    shm = report["shm_bytes"]
+    lines += [f"/dev/shm: {shm // _MIB} MiB" if shm is not None else "/dev/shm: not found", ""]
+    lines += [
+        f"Resolved: strategy {resolved['strategy']} on {', '.join(resolved['devices'])}; "
+        f"{resolved['replicas']} replica(s) x {resolved['per_replica_batch']} "
+        f"= global batch {resolved['global_batch']}; "
+        + (
+            f"memory growth {'on' if resolved['memory_growth'] else 'off'}"
+            if resolved["memory_limit_mb"] is None
+            else f"memory cap {resolved['memory_limit_mb']} MiB per GPU"
+        )
+    ]
+    lines += [f"  {note}" for note in resolved["notes"]]
+    if report["diagnoses"]:
+        lines.append("")
+        for finding in report["diagnoses"]:
+            lines.append(f"{finding['severity'].upper()}: {finding['message']}")
+            lines.append(f"  fix: {finding['fix']}")
+    else:
+        lines += ["", "No problems found."]
+    return "\n".join(lines)
