@@ -54,8 +54,10 @@ format: setup ## Fix lint and formatting with ruff
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-tensorboard: setup ## Serve TensorBoard for OUTPUT_DIR's parent on 127.0.0.1 only
-	$(BIN)/tensorboard --logdir "$(dir $(or $(OUTPUT_DIR),runs/default))" --host 127.0.0.1
+TENSORBOARD_HOST ?= 127.0.0.1# reachable from this machine only; 0.0.0.0 opens it to the network
+
+tensorboard: setup ## Serve TensorBoard for OUTPUT_DIR's parent (on 127.0.0.1 unless TENSORBOARD_HOST)
+	$(BIN)/tensorboard --logdir "$(dir $(or $(OUTPUT_DIR),runs/default))" --host $(TENSORBOARD_HOST)
 
 lock: ## Re-resolve requirements.lock from the pins in pyproject.toml
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv

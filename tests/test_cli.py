@@ -24,7 +24,7 @@ def fake_training(monkeypatch):
     class TrainingError(RuntimeError):
         pass
 
-    def fit(settings):
+    def fit(settings, **options):
         calls["fit"] = settings
         return {"interrupted": calls.get("interrupt", False)}
 

@@ -21,10 +21,11 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from train.settings import FIELDS, Settings, SettingsError, load_settings
+from train.errors import SettingsError, TrainingError
+from train.rundir import StopRequest, preflight
+from train.settings import FIELDS, Settings, load_settings
 
-EXIT_BAD_INPUT = 2
-EXIT_FAILED = 1
+EXIT_FAILED = 1  # also TrainingError's; SettingsError exits 2
 
 app = typer.Typer(
     help=__doc__.split("\n\n")[0],
@@ -76,8 +77,8 @@ def with_settings(command: Callable[..., Any]) -> Callable[..., Any]:
         try:
             settings = load_settings(flags, warn=lambda message: typer.echo(f"warning: {message}", err=True))
             return command(settings, **kwargs)
-        except SettingsError as error:
-            _fail(str(error), EXIT_BAD_INPUT)
+        except (SettingsError, TrainingError) as error:
+            _fail(str(error), error.exit_code)
 
     del run.__wrapped__  # typer must see the signature below, not the command's own
     run.__signature__ = inspect.Signature(own + setting_params)
@@ -93,13 +94,12 @@ def _print_json(payload: Any) -> None:
 @with_settings
 def fit(settings: Settings) -> None:
     """Train, checkpointing as it goes; resumes from OUTPUT_DIR's latest checkpoint."""
-    from train.training import EXIT_PREEMPTED, TrainingError
-    from train.training import fit as run_fit
+    preflight(settings)  # the run directory's problems in the first second, before TensorFlow loads
+    with StopRequest() as stop:  # from now on, SIGTERM means "save and exit 42", even while TF loads
+        from train.training import EXIT_PREEMPTED
+        from train.training import fit as run_fit
 
-    try:
-        summary = run_fit(settings)
-    except TrainingError as error:
-        _fail(str(error), EXIT_FAILED)
+        summary = run_fit(settings, stop=stop)
     if summary["interrupted"]:
         raise typer.Exit(EXIT_PREEMPTED)
 

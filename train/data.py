@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from train.settings import Settings, SettingsError
+from train.errors import SettingsError
+from train.settings import Settings
 
 READ_BATCH = 8192  # examples per read when loading a split into memory
 
@@ -101,9 +102,15 @@ def _feature_keys(builder, settings: Settings) -> tuple[str, str]:
 
 
 def _read_split(builder, split: str, feature_key: str, label_key: str) -> Split:
-    dataset = builder.as_dataset(split=split, shuffle_files=False)
-    dataset = dataset.map(lambda example: (example[feature_key], example[label_key])).batch(READ_BATCH)
-    chunks = [(features.numpy(), labels.numpy()) for features, labels in dataset]
+    try:
+        dataset = builder.as_dataset(split=split, shuffle_files=False)
+        dataset = dataset.map(lambda example: (example[feature_key], example[label_key])).batch(READ_BATCH)
+        chunks = [(features.numpy(), labels.numpy()) for features, labels in dataset]
+    except (tf.errors.OpError, OSError) as error:
+        raise SettingsError(
+            f"DATASET={builder.info.full_name} in {builder.data_dir} cannot be read ({_first_line(error)[:160]}): "
+            "the prepared files are incomplete or damaged; delete that directory and run again to prepare it anew"
+        ) from None
     if not chunks:
         raise SettingsError(f"split {split!r} of {builder.info.full_name} has no examples")
     raw = np.concatenate([features for features, _ in chunks])

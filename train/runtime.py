@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from train.errors import SettingsError
 from train.gpus import DeviceBackend
-from train.settings import Settings, SettingsError
+from train.settings import Settings
 
 
 @dataclass(frozen=True)

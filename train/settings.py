@@ -22,10 +22,7 @@ from typing import Any
 # and a typo that silently drops a setting is what this template refuses to do.
 from dotenv.parser import parse_stream
 
-
-class SettingsError(ValueError):
-    """A bad input: the message is one line naming the setting, the value and what is allowed."""
-
+from train.errors import SettingsError
 
 STRATEGIES = ("auto", "one_device", "mirrored")
 RESUME_MODES = ("auto", "never")

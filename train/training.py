@@ -8,11 +8,11 @@ loop checkpoints and resumes at step granularity on one device, N GPUs or N work
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -23,10 +23,12 @@ import keras
 import tensorflow as tf
 
 from train.data import Data, Split, batches_per_pass, eval_dataset, load_data, train_dataset
+from train.errors import SettingsError, TrainingError
 from train.model import build_model
 from train.probe import format_probe
+from train.rundir import StopRequest, checkpoints_newest_first, preflight
 from train.runtime import Runtime, setup_runtime
-from train.settings import Settings, SettingsError, write_settings
+from train.settings import Settings, write_settings
 
 EXIT_PREEMPTED = 42  # "stopped cleanly, start me again": the code TensorFlow's preemption handler uses too
 
@@ -35,35 +37,6 @@ Say = Callable[[str], None]
 
 def _say(message: str) -> None:
     print(message, flush=True)
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (e.g. the loss is not finite); the last good checkpoint is kept."""
-
-
-class StopRequest:
-    """SIGTERM (docker stop, Kubernetes, spot preemption) or Ctrl-C: finish the step, save, leave.
-
-    The handler only sets a flag; the loop looks at it between calls. A second Ctrl-C stops at once.
-    """
-
-    def __init__(self) -> None:
-        self.signal_name: str | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signal_name and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signal_name = signal.Signals(signum).name
-
-    def __enter__(self) -> StopRequest:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
 
 
 def _per_example_loss(model: keras.Model) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
@@ -127,6 +100,50 @@ def _export(model: keras.Model, output_dir: Path) -> dict[str, str]:
     return {"keras": str(keras_path), "saved_model": str(saved_model)}
 
 
+def restore_newest(checkpoint: tf.train.Checkpoint, checkpoint_dir: Path, say: Say) -> str | None:
+    """Restore the newest checkpoint of this run directory that loads; warn about each one that does not.
+
+    Returns None when the directory has no checkpoint. Raises TrainingError when it has some and none
+    loads: starting over would overwrite them.
+    """
+    candidates = checkpoints_newest_first(checkpoint_dir)
+    failed = []
+    for prefix in candidates:
+        try:
+            checkpoint.restore(str(prefix)).assert_existing_objects_matched()
+        except (
+            Exception
+        ) as error:  # damage shows as IndexError, DataLossError, ValueError, ...: all mean "not this one"
+            failed.append(prefix.name)
+            say(f"warning: checkpoint {prefix.name} does not load ({_first_line(error)[:160]}).")
+            continue
+        if failed:
+            say(f"warning: {', '.join(failed)} could not be loaded; resuming from the previous one, {prefix.name}.")
+        return str(prefix)
+    if failed:
+        raise TrainingError(
+            f"no checkpoint in {checkpoint_dir} loads ({', '.join(failed)}): they are corrupt, or from another model "
+            "or dataset. They are left as they are: use another OUTPUT_DIR, or delete them to start over"
+        )
+    return None
+
+
+def save_checkpoint(manager: tf.train.CheckpointManager, step: int) -> None:
+    """Save, or end clearly: TensorFlow writes to temporary files, so the previous checkpoint stays loadable."""
+    try:
+        manager.save(checkpoint_number=step)
+    except (OSError, tf.errors.OpError) as error:
+        raise TrainingError(
+            f"could not write checkpoint ckpt-{step} to {manager.directory} ({_first_line(error)[:160]}); "
+            f"the previous checkpoint {manager.latest_checkpoint} is intact: free space and run again to resume"
+        ) from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def make_metrics(runtime: Runtime) -> tuple[keras.metrics.Metric, keras.metrics.Metric]:
     """Training loss and accuracy, made up front in the strategy's scope (never lazily in a tf.function)."""
     with runtime.strategy.scope():
@@ -183,8 +200,13 @@ def _steps_per_epoch(settings: Settings, data: Data, runtime: Runtime) -> int:
     return settings.steps_per_epoch or passes_batches
 
 
-def fit(settings: Settings, say: Say = _say) -> dict[str, Any]:
-    """Train (or resume) to EPOCHS x steps per epoch; returns the summary also written to summary.json."""
+def fit(settings: Settings, say: Say = _say, stop: StopRequest | None = None) -> dict[str, Any]:
+    """Train (or resume) to EPOCHS x steps per epoch; returns the summary also written to summary.json.
+
+    `stop` is the SIGTERM/Ctrl-C flag; the CLI installs it before TensorFlow loads. Without one, fit
+    installs its own around the training loop.
+    """
+    preflight(settings)  # before any device work: a wrong UID, a full disk, RESUME=never on checkpoints
     runtime = setup_runtime(settings)
     for note in runtime.notes:
         say(note)
@@ -193,12 +215,6 @@ def fit(settings: Settings, say: Say = _say) -> dict[str, Any]:
 
     output_dir = settings.output_dir
     checkpoint_dir = output_dir / "checkpoints"
-    existing = tf.train.latest_checkpoint(str(checkpoint_dir)) if checkpoint_dir.is_dir() else None
-    if existing and settings.resume == "never":
-        raise SettingsError(
-            f"RESUME=never but OUTPUT_DIR={output_dir} already holds checkpoints ({Path(existing).name}): "
-            "use another OUTPUT_DIR, delete that one, or RESUME=auto"
-        )
 
     # Everything above only read; from here on the run directory is written.
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -211,24 +227,18 @@ def fit(settings: Settings, say: Say = _say) -> dict[str, Any]:
     manager = tf.train.CheckpointManager(checkpoint, str(checkpoint_dir), max_to_keep=settings.keep_checkpoints)
 
     resumed_from = None
-    if manager.latest_checkpoint:
-        try:
-            checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-        except (AssertionError, ValueError, tf.errors.OpError) as error:
-            raise SettingsError(
-                f"OUTPUT_DIR={output_dir} holds {manager.latest_checkpoint}, which does not fit this model and "
-                f"dataset ({str(error).splitlines()[0][:160]}): use another OUTPUT_DIR"
-            ) from None
+    restored = restore_newest(checkpoint, checkpoint_dir, say)
+    if restored:
         resumed_from = int(model.optimizer.iterations.numpy())
-        say(f"Resuming from {manager.latest_checkpoint} at step {resumed_from}.")
+        say(f"Resuming from {restored} at step {resumed_from}.")
     else:
-        manager.save(checkpoint_number=0)  # the initial weights: what AUTO_BATCH restarts from before step 1
+        save_checkpoint(manager, 0)  # the initial weights: what AUTO_BATCH restarts from before step 1
 
     train_steps = make_train_steps(model, runtime, train_loss, train_accuracy)
     evaluate_split = _evaluator(model)
     writers = {name: tf.summary.create_file_writer(str(output_dir / "logs" / name)) for name in ("train", "eval")}
 
-    with StopRequest() as stop:
+    with contextlib.nullcontext(stop) if stop else StopRequest() as stop:
         while True:
             steps_per_epoch = _steps_per_epoch(settings, data, runtime)
             total_steps = steps_per_epoch * settings.epochs
@@ -258,7 +268,7 @@ def fit(settings: Settings, say: Say = _say) -> dict[str, Any]:
                         f"(e.g. {max(1, failed // 2)}), set MEMORY_GROWTH=true, or AUTO_BATCH=true to halve it"
                     ) from None
                 runtime = runtime.with_batch(failed // 2)
-                checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+                restore_newest(checkpoint, checkpoint_dir, say)
                 train_loss.reset_state()
                 train_accuracy.reset_state()
                 say(
@@ -291,7 +301,13 @@ def fit(settings: Settings, say: Say = _say) -> dict[str, Any]:
     else:
         summary["train"] = evaluate_split(data.train, runtime.global_batch)
         summary["eval"] = evaluate_split(data.eval, runtime.global_batch)
-        summary["exported_model"] = _export(model, output_dir)
+        try:
+            summary["exported_model"] = _export(model, output_dir)
+        except OSError as error:
+            raise TrainingError(
+                f"could not export the model to {output_dir} ({error.strerror}); "
+                f"checkpoint {manager.latest_checkpoint} is intact: free space and run again to export"
+            ) from None
         say(
             f"Done: {step} steps; eval loss {summary['eval']['loss']:.4f}, accuracy {summary['eval']['accuracy']:.4f}; "
             f"model exported to {output_dir / 'model.keras'} and {output_dir / 'saved_model'}."
@@ -335,9 +351,10 @@ def _train_loop(
         if step % settings.log_every == 0 or epoch_end or step == total_steps:
             examples_per_sec = timed_steps * runtime.global_batch / timed_seconds if timed_seconds else 0.0
             accuracy = float(train_accuracy.result())
+            speed = f"{examples_per_sec:,.0f} examples/s" if timed_seconds else "(first call: tracing)"
             say(
                 f"step {step:>7}/{total_steps}  epoch {math.ceil(step / steps_per_epoch)}/{settings.epochs}  "
-                f"loss {loss_value:.4f}  accuracy {accuracy:.4f}  {examples_per_sec:,.0f} examples/s"
+                f"loss {loss_value:.4f}  accuracy {accuracy:.4f}  {speed}"
             )
             with writers["train"].as_default(step=step):
                 tf.summary.scalar("loss", loss_value)
@@ -353,11 +370,11 @@ def _train_loop(
             train_loss.reset_state()
             train_accuracy.reset_state()
         if step % settings.checkpoint_every == 0 or epoch_end or step == total_steps:
-            manager.save(checkpoint_number=step)
+            save_checkpoint(manager, step)
             saved_step = step
 
     if stop.signal_name and saved_step != step:
-        manager.save(checkpoint_number=step)
+        save_checkpoint(manager, step)
     throughput = round(timed_steps * runtime.global_batch / timed_seconds, 1) if timed_seconds else None
     return step, throughput
 
@@ -370,15 +387,18 @@ def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> dic
         path = settings.output_dir / "model.keras"
         if not path.is_file():
             raise SettingsError(f"OUTPUT_DIR={settings.output_dir} has no model.keras: run fit to the end first")
-        with runtime.strategy.scope():
-            model = keras.saving.load_model(path)  # safe_mode stays on: no arbitrary code from the file
+        try:
+            with runtime.strategy.scope():
+                model = keras.saving.load_model(path)  # safe_mode stays on: no arbitrary code from the file
+        except ValueError as error:
+            raise SettingsError(f"{path} cannot be loaded safely: {_first_line(error)[:200]}") from None
         source = str(path)
     else:
         model = _build(settings, runtime, data)
-        source = tf.train.latest_checkpoint(str(settings.output_dir / "checkpoints"))
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+        source = restore_newest(checkpoint, settings.output_dir / "checkpoints", say)
         if not source:
             raise SettingsError(f"OUTPUT_DIR={settings.output_dir} has no checkpoint: run fit first")
-        tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(source).expect_partial()
     metrics = _evaluator(model)(data.eval, runtime.global_batch)
     return {"source": source, "split": settings.eval_split, "examples": len(data.eval), **metrics}
 

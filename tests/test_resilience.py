@@ -1,0 +1,361 @@
+"""Stops, kills, corrupt checkpoints, NaN, unwritable or full disks and bad input: each in a real process,
+asserting both what the user sees and that nothing was lost."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, clean_env, read_summary, run_train
+
+QUICK = {"EPOCHS": 2, "STEPS_PER_EPOCH": 40, "CHECKPOINT_EVERY": 25, "LOG_EVERY": 20, "KEEP_CHECKPOINTS": 3}
+LONG = {"BATCH_SIZE": 16, "EPOCHS": 3, "STEPS_PER_CALL": 4, "CHECKPOINT_EVERY": 40, "LOG_EVERY": 1000}
+ROOT = os.geteuid() == 0
+
+SAME_WEIGHTS = """
+import sys, numpy as np, keras
+a, b = (keras.saving.load_model(path) for path in sys.argv[1:3])
+print(all(np.array_equal(x, y) for x, y in zip(a.get_weights(), b.get_weights(), strict=True)))
+"""
+
+
+def same_weights(first: Path, second: Path) -> bool:
+    result = subprocess.run(
+        [sys.executable, "-c", SAME_WEIGHTS, str(first), str(second)], env=clean_env(), capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.strip().splitlines()[-1] == "True"
+
+
+def start_fit(cwd: Path, **settings: object) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "train", "fit"], cwd=cwd, env=clean_env(**settings),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def wait_for_checkpoint(output_dir: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not list(output_dir.glob("checkpoints/ckpt-[1-9]*.index")):
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tfds_data_dir) -> Path:
+    """The reference: the LONG run, never stopped."""
+    output_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
+    result = run_train("fit", cwd=output_dir.parent, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=output_dir, **LONG)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return output_dir
+
+
+@pytest.mark.slow
+def test_sigterm_saves_exits_42_and_the_restart_ends_with_the_same_weights(tmp_path, tfds_data_dir, uninterrupted):
+    output_dir = tmp_path / "run"
+    settings = {"TFDS_DATA_DIR": tfds_data_dir, "OUTPUT_DIR": output_dir, **LONG}
+    process = start_fit(tmp_path, **settings)
+    wait_for_checkpoint(output_dir)
+    signalled = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=60)
+    took = time.monotonic() - signalled
+    assert process.returncode == 42, stderr[-3000:]
+    assert took < 10, f"save-and-exit took {took:.1f} s, more than docker stop's default grace"
+    stopped = read_summary(output_dir)
+    assert stopped["interrupted"] is True
+    assert stopped["steps"] < stopped["total_steps"]
+    assert stopped["checkpoint"].endswith(f"ckpt-{stopped['steps']}")
+    assert "Stopped by SIGTERM" in stdout
+
+    result = run_train("fit", cwd=tmp_path, **settings)
+    assert result.returncode == 0, result.stderr[-3000:]
+    resumed = read_summary(output_dir)
+    assert resumed["resumed_from_step"] == stopped["steps"]
+    assert resumed["steps"] == read_summary(uninterrupted)["steps"]
+    assert same_weights(output_dir / "model.keras", uninterrupted / "model.keras")
+
+
+@pytest.mark.slow
+def test_sigkill_loses_only_steps_after_the_last_checkpoint_and_ends_with_the_same_weights(
+    tmp_path, tfds_data_dir, uninterrupted
+):
+    output_dir = tmp_path / "run"
+    settings = {"TFDS_DATA_DIR": tfds_data_dir, "OUTPUT_DIR": output_dir, **LONG}
+    process = start_fit(tmp_path, **settings)
+    wait_for_checkpoint(output_dir)
+    time.sleep(0.3)  # somewhere in the middle of steps or of a save
+    process.kill()
+    process.communicate()
+    assert not (output_dir / "summary.json").exists()
+
+    result = run_train("fit", cwd=tmp_path, **settings)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_summary(output_dir)
+    assert summary["resumed_from_step"] > 0
+    assert summary["steps"] == read_summary(uninterrupted)["steps"]
+    assert same_weights(output_dir / "model.keras", uninterrupted / "model.keras")
+
+
+def corrupt(prefix: Path) -> None:
+    data = next(prefix.parent.glob(prefix.name + ".data-*"))
+    data.write_bytes(data.read_bytes()[:40])  # truncated, as by a crash or a full disk
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one_with_a_warning(tmp_path, tfds_data_dir):
+    output_dir = tmp_path / "run"
+    settings = {"TFDS_DATA_DIR": tfds_data_dir, "OUTPUT_DIR": output_dir, **QUICK}
+    result = run_train("fit", cwd=tmp_path, **settings)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (output_dir / "summary.json").unlink()
+    corrupt(output_dir / "checkpoints" / "ckpt-80")
+
+    result = run_train("fit", cwd=tmp_path, **settings)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "warning: checkpoint ckpt-80 does not load" in result.stdout
+    assert "ckpt-80 could not be loaded; resuming from the previous one, ckpt-75." in result.stdout
+    summary = read_summary(output_dir)
+    assert (summary["resumed_from_step"], summary["steps"]) == (75, 80)
+
+
+def test_no_loadable_checkpoint_is_an_error_that_leaves_them_as_they_are(tmp_path, tfds_data_dir):
+    output_dir = tmp_path / "run"
+    settings = {"TFDS_DATA_DIR": tfds_data_dir, "OUTPUT_DIR": output_dir, **QUICK}
+    assert run_train("fit", cwd=tmp_path, **settings).returncode == 0
+    for index in (output_dir / "checkpoints").glob("ckpt-*.index"):
+        corrupt(index.with_suffix(""))
+    before = {p.name: p.read_bytes() for p in (output_dir / "checkpoints").iterdir()}
+
+    result = run_train("fit", cwd=tmp_path, **settings)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error: no checkpoint in ")
+    assert "They are left as they are" in result.stderr
+    assert {p.name: p.read_bytes() for p in (output_dir / "checkpoints").iterdir()} == before
+
+
+def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path, tfds_data_dir):
+    output_dir = tmp_path / "run"
+    result = run_train(
+        "fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=output_dir, LEARNING_RATE="1e30", LOG_EVERY=1
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the training loss became nan by step ")
+    assert "stopped without saving these weights" in last
+    assert [p.name for p in (output_dir / "checkpoints").glob("*.index")] == ["ckpt-0.index"]
+    assert not (output_dir / "summary.json").exists()
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A tmpfs of its own (root only), so a full or read-only disk is real, not simulated."""
+    if not ROOT or not shutil.which("mount"):
+        pytest.skip("needs root to mount a tmpfs")
+    mounts = []
+
+    def mount(size: str, read_only: bool = False) -> Path:
+        point = tmp_path / f"fs{len(mounts)}"
+        point.mkdir()
+        options = f"size={size}" + (",ro" if read_only else "")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+        mounts.append(point)
+        return point
+
+    yield mount
+    for point in mounts:
+        subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+def test_unwritable_output_dir_is_found_before_any_device_work(tmp_path, small_filesystem):
+    read_only = small_filesystem("8m", read_only=True)
+    result = run_train("fit", cwd=tmp_path, OUTPUT_DIR=read_only / "run")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"error: OUTPUT_DIR={read_only / 'run'} is not writable by UID {os.getuid()} (Read-only file system at "
+        f"{read_only}): fix the owner or permissions (docker: build the image with this UID), or use another OUTPUT_DIR"
+    )
+    assert "No GPU found" not in result.stdout  # devices were never touched
+
+
+def test_full_disk_at_start_is_found_before_any_device_work(tmp_path, small_filesystem):
+    tiny = small_filesystem("512k")
+    result = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tiny / "run")
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: OUTPUT_DIR={tiny / 'run'} is on a full filesystem: free space at {tiny}"
+    assert list(tiny.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_disk_filling_up_mid_run_ends_clearly_and_the_previous_checkpoint_still_loads(
+    tmp_path, tfds_data_dir, small_filesystem
+):
+    disk = small_filesystem("80m")
+    output_dir = disk / "run"
+    settings = {"TFDS_DATA_DIR": tfds_data_dir, "OUTPUT_DIR": output_dir, **LONG}
+    process = start_fit(tmp_path, **settings)
+    wait_for_checkpoint(output_dir)
+    filler = disk / "filler"
+    with open(filler, "wb") as stream:  # another process takes every byte left
+        try:
+            while True:
+                stream.write(b"\0" * (1 << 20))
+                stream.flush()
+        except OSError:
+            pass
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("error: could not write checkpoint ckpt-") or last.startswith("error: could not export")
+    assert "is intact: free space and run again" in last
+
+    filler.unlink()
+    result = run_train("fit", cwd=tmp_path, **settings)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_summary(output_dir)
+    assert summary["resumed_from_step"] > 0
+    assert summary["steps"] == summary["total_steps"]
+
+
+def test_damaged_data_dir_is_a_clear_error_and_is_left_as_it_was(tmp_path, tfds_data_dir):
+    data_dir = tmp_path / "data"
+    shutil.copytree(tfds_data_dir, data_dir)
+    shard = next(data_dir.glob("synthetic_clusters/1.0.0/*train.tfrecord*"))
+    shard.unlink()
+    before = sorted(p.name for p in data_dir.rglob("*"))
+    result = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=data_dir, OUTPUT_DIR=tmp_path / "run")
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: DATASET=synthetic_clusters/1.0.0 in ")
+    assert "incomplete or damaged; delete that directory and run again to prepare it anew" in last
+    assert sorted(p.name for p in data_dir.rglob("*")) == before
+    assert not (tmp_path / "run").exists()
+
+
+FAILING_DOWNLOAD = '''
+import tensorflow_datasets as tfds
+
+class UnreachableData(tfds.core.GeneratorBasedBuilder):
+    """A dataset whose download fails, as on a machine without network."""
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        return self.dataset_info_from_configs(features=tfds.features.FeaturesDict({
+            "image": tfds.features.Image(shape=(4, 4, 1)), "label": tfds.features.ClassLabel(num_classes=2)}))
+
+    def _split_generators(self, dl_manager):
+        raise ConnectionError("Failed to resolve 'data.example.invalid' (faked by the test)")
+
+    def _generate_examples(self):
+        yield from ()
+'''
+
+
+def test_failed_download_is_a_clear_error_and_leaves_the_data_dir_usable(tmp_path, tfds_data_dir):
+    package = tmp_path / "builders" / "unreachable_data"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(FAILING_DOWNLOAD)
+    data_dir = tmp_path / "data"
+    shutil.copytree(tfds_data_dir, data_dir)
+    script = "import sys, unreachable_data\nfrom train.cli import app\napp(sys.argv[1:], prog_name='train')\n"
+    env = clean_env(TFDS_DATA_DIR=data_dir, OUTPUT_DIR=tmp_path / "run", DATASET="unreachable_data")
+    env["PYTHONPATH"] += os.pathsep + str(package.parent)
+    result = subprocess.run(
+        [sys.executable, "-c", script, "fit"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: DATASET='unreachable_data' is not prepared in {data_dir} and could not be made")
+    assert "scripts/prepare-dataset.sh unreachable_data DIR, then set TFDS_DATA_DIR=DIR" in last
+    assert not [p for p in data_dir.rglob("*") if "unreachable_data" in str(p) and p.is_file()]
+    assert run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=data_dir, OUTPUT_DIR=tmp_path / "ok", **QUICK).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"GPUS": "0,0"}, "error: GPUS='0,0' names a GPU twice"),
+        ({"GPUS": "-1"}, "error: GPUS='-1' is not allowed"),
+        ({"GPUS": "a"}, "error: GPUS='a' is not allowed"),
+        ({"GPUS": ""}, "error: GPUS='' is not allowed"),
+        ({"GPUS": " "}, "error: GPUS=' ' is not allowed"),
+        (
+            {"MEMORY_GROWTH": "true", "GPU_MEMORY_LIMIT_MB": "1000"},
+            "error: GPU_MEMORY_LIMIT_MB=1000 cannot be combined",
+        ),
+        ({"BATCH_SIZE": "0"}, "error: BATCH_SIZE='0' is not allowed"),
+        ({"EPOCHS": "-1"}, "error: EPOCHS='-1' is not allowed"),
+        ({"STEPS_PER_EPOCH": "ten"}, "error: STEPS_PER_EPOCH='ten' is not allowed"),
+        ({"CHECKPOINT_EVERY": "0"}, "error: CHECKPOINT_EVERY='0' is not allowed"),
+        ({"KEEP_CHECKPOINTS": "x"}, "error: KEEP_CHECKPOINTS='x' is not allowed"),
+        ({"LEARNING_RATE": "0"}, "error: LEARNING_RATE='0' is not allowed"),
+        ({"STRATEGY": "tpu"}, "error: STRATEGY='tpu' is not allowed"),
+    ],
+)
+def test_bad_input_in_a_real_process_is_one_line_exit_2_and_nothing_written(tmp_path, settings, expected):
+    result = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "run", **settings)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(expected)
+    assert "Traceback" not in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_malformed_dotenv_line_is_refused_and_a_typo_is_warned(tmp_path):
+    (tmp_path / ".env").write_text("EPOCHS=2\nBATCHSIZE=64\nGPUS 0\n")
+    result = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "run")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == "error: .env:3: cannot read 'GPUS 0': use NAME=value, one per line"
+    assert not (tmp_path / "run").exists()
+
+    (tmp_path / ".env").write_text("BATCHSIZE=64\nEPOCHS=0\n")
+    result = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "run")
+    assert result.stderr.splitlines()[0] == "warning: .env: BATCHSIZE is not a setting; did you mean BATCH_SIZE?"
+
+
+def test_resume_ignores_checkpoints_named_outside_the_run_directory(tmp_path, tfds_data_dir):
+    elsewhere = tmp_path / "elsewhere"
+    assert run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=elsewhere, **QUICK).returncode == 0
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "checkpoint").write_text(
+        f'model_checkpoint_path: "{elsewhere}/checkpoints/ckpt-80"\n'
+        f'all_model_checkpoint_paths: "{elsewhere}/checkpoints/ckpt-80"\n'
+    )
+    result = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=run, **QUICK)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_summary(run)["resumed_from_step"] is None  # trained from scratch, elsewhere untouched
+    assert "Resuming" not in result.stdout
+
+
+MODEL_WITH_CODE = """
+import sys, keras
+model = keras.Sequential([keras.Input((32,)), keras.layers.Lambda(lambda x: x * 2), keras.layers.Dense(10)])
+model.save(sys.argv[1])
+"""
+
+
+def test_exported_model_with_code_is_not_loaded_with_safe_mode_off(tmp_path, tfds_data_dir):
+    run = tmp_path / "run"
+    run.mkdir()
+    subprocess.run([sys.executable, "-c", MODEL_WITH_CODE, str(run / "model.keras")], check=True, env=clean_env())
+    result = run_train("evaluate", "--exported", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=run)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {run / 'model.keras'} cannot be loaded safely")
+
+
+def test_tensorboard_is_bound_to_localhost_unless_asked():
+    dry_run = subprocess.run(["make", "-n", "tensorboard"], cwd=REPO, capture_output=True, text=True)
+    assert "--host 127.0.0.1" in dry_run.stdout
+    dry_run = subprocess.run(
+        ["make", "-n", "tensorboard", "TENSORBOARD_HOST=0.0.0.0"], cwd=REPO, capture_output=True, text=True
+    )
+    assert "--host 0.0.0.0" in dry_run.stdout

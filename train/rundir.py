@@ -1,0 +1,103 @@
+"""The run directory: proven writable before any device work, and the checkpoints found in it.
+
+No TensorFlow here: a wrong UID on a mounted volume or a full disk is caught in the first second.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+from train.errors import SettingsError
+from train.settings import Settings
+
+PROBE_BYTES = 1 << 20  # a write of this size must succeed: a nearly full disk fails here, not at step 10,000
+MIN_FREE_BYTES = 64 << 20  # room for a few checkpoints of a small model, the export and the logs
+
+
+def check_output_dir(path: Path) -> None:
+    """Write and remove a probe file where the run will write. Raises SettingsError naming path and UID."""
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise SettingsError(f"OUTPUT_DIR={path} cannot be created: {existing} is a file")
+    probe = existing / f".write-probe-{os.getpid()}"
+    created = False
+    try:
+        with open(probe, "wb") as stream:
+            created = True
+            stream.write(b"\0" * PROBE_BYTES)
+            stream.flush()
+            os.fsync(stream.fileno())
+        stats = os.statvfs(existing)
+        free = stats.f_bavail * stats.f_frsize
+    except OSError as error:
+        if error.errno == errno.ENOSPC:
+            raise SettingsError(f"OUTPUT_DIR={path} is on a full filesystem: free space at {existing}") from None
+        raise SettingsError(
+            f"OUTPUT_DIR={path} is not writable by UID {os.getuid()} ({error.strerror} at {existing}): "
+            "fix the owner or permissions (docker: build the image with this UID), or use another OUTPUT_DIR"
+        ) from None
+    finally:
+        if created:
+            probe.unlink(missing_ok=True)
+    if free < MIN_FREE_BYTES:
+        raise SettingsError(
+            f"OUTPUT_DIR={path} has {free >> 20} MiB free at {existing}; "
+            f"a run needs at least {MIN_FREE_BYTES >> 20} MiB"
+        )
+
+
+def preflight(settings: Settings) -> None:
+    """Everything about the run directory that can be known before TensorFlow loads."""
+    check_output_dir(settings.output_dir)
+    existing = checkpoints_newest_first(settings.output_dir / "checkpoints")
+    if existing and settings.resume == "never":
+        raise SettingsError(
+            f"RESUME=never but OUTPUT_DIR={settings.output_dir} already holds checkpoints ({existing[0].name}): "
+            "use another OUTPUT_DIR, delete that one, or RESUME=auto"
+        )
+
+
+def checkpoints_newest_first(checkpoint_dir: Path) -> list[Path]:
+    """Every checkpoint in this directory (prefixes like .../ckpt-120), newest first.
+
+    Found by listing the directory, not by trusting the `checkpoint` state file: that file can name
+    paths outside the run directory, and can be behind the files after a kill.
+    """
+    numbered = []
+    for index in checkpoint_dir.glob("ckpt-*.index"):
+        match = re.fullmatch(r"ckpt-(\d+)\.index", index.name)
+        if match:
+            numbered.append((int(match.group(1)), checkpoint_dir / f"ckpt-{match.group(1)}"))
+    return [prefix for _, prefix in sorted(numbered, reverse=True)]
+
+
+class StopRequest:
+    """SIGTERM (docker stop, Kubernetes, spot preemption) or Ctrl-C: finish the step, save, leave.
+
+    The handler only sets a flag; the loop looks at it between calls. A second Ctrl-C stops at once.
+    """
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal_name and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal_name = signal.Signals(signum).name
+
+    def __enter__(self) -> StopRequest:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
