@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from train.errors import SettingsError
 from train.runtime import choose_strategy, configure_devices
-from train.settings import SettingsError, load_settings
+from train.settings import load_settings
 
 
 class FakeDevices:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from train.settings import FIELDS, SettingsError, load_settings, read_dotenv
+from train.errors import SettingsError
+from train.settings import FIELDS, load_settings, read_dotenv
 
 REPO = Path(__file__).resolve().parents[1]
 

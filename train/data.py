@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from train.errors import SettingsError
+from train.errors import SettingsError, first_line
 from train.settings import Settings
 
 READ_BATCH = 8192  # examples per read when loading a split into memory
@@ -54,12 +54,7 @@ def _open_builder(settings: Settings):
         hint = f"did you mean {', '.join(close)}?" if close else "see tfds.list_builders() for the known names"
         raise SettingsError(f"DATASET={settings.dataset!r} is not a TFDS dataset: {hint}") from None
     except Exception as error:  # unknown config or version: TFDS raises several types
-        raise SettingsError(f"DATASET={settings.dataset!r} cannot be opened: {_first_line(error)}") from None
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+        raise SettingsError(f"DATASET={settings.dataset!r} cannot be opened: {first_line(error)}") from None
 
 
 def _prepare(builder, settings: Settings) -> None:
@@ -70,7 +65,7 @@ def _prepare(builder, settings: Settings) -> None:
         data_dir = Path(builder.data_dir).parent.parent if settings.tfds_data_dir is None else settings.tfds_data_dir
         raise SettingsError(
             f"DATASET={settings.dataset!r} is not prepared in {data_dir} and could not be made "
-            f"({type(error).__name__}: {_first_line(error)[:200]}): on a machine with network run "
+            f"({type(error).__name__}: {first_line(error)[:200]}): on a machine with network run "
             f"scripts/prepare-dataset.sh {settings.dataset} DIR, then set TFDS_DATA_DIR=DIR"
         ) from None
 
@@ -108,7 +103,7 @@ def _read_split(builder, split: str, feature_key: str, label_key: str) -> Split:
         chunks = [(features.numpy(), labels.numpy()) for features, labels in dataset]
     except (tf.errors.OpError, OSError) as error:
         raise SettingsError(
-            f"DATASET={builder.info.full_name} in {builder.data_dir} cannot be read ({_first_line(error)[:160]}): "
+            f"DATASET={builder.info.full_name} in {builder.data_dir} cannot be read ({first_line(error)[:160]}): "
             "the prepared files are incomplete or damaged; delete that directory and run again to prepare it anew"
         ) from None
     if not chunks:

@@ -11,3 +11,9 @@ class TrainingError(RuntimeError):
     """Training cannot go on (out of memory, a non-finite loss, a full disk); checkpoints are intact. Exit code 1."""
 
     exit_code = 1
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an exception's message: TensorFlow's run to dozens of lines."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,4 +1,4 @@
-"""The training library: `fit`, `evaluate` and `describe_devices`, each returning plain data.
+"""The training library: `fit`, `evaluate` and `check`, each returning plain data.
 
 One training path for every strategy: an explicit loop that runs STEPS_PER_CALL steps per
 `tf.function` call under `strategy.run`. Keras 3 `model.fit` cannot serve multi-worker
@@ -23,7 +23,7 @@ import keras
 import tensorflow as tf
 
 from train.data import Data, Split, batches_per_pass, eval_dataset, load_data, train_dataset
-from train.errors import SettingsError, TrainingError
+from train.errors import SettingsError, TrainingError, first_line
 from train.model import build_model
 from train.probe import format_probe
 from train.rundir import StopRequest, checkpoints_newest_first, preflight
@@ -111,11 +111,10 @@ def restore_newest(checkpoint: tf.train.Checkpoint, checkpoint_dir: Path, say: S
     for prefix in candidates:
         try:
             checkpoint.restore(str(prefix)).assert_existing_objects_matched()
-        except (
-            Exception
-        ) as error:  # damage shows as IndexError, DataLossError, ValueError, ...: all mean "not this one"
+        # Damage shows as IndexError, DataLossError, ValueError, ...: each means "not this one".
+        except Exception as error:
             failed.append(prefix.name)
-            say(f"warning: checkpoint {prefix.name} does not load ({_first_line(error)[:160]}).")
+            say(f"warning: checkpoint {prefix.name} does not load ({first_line(error)[:160]}).")
             continue
         if failed:
             say(f"warning: {', '.join(failed)} could not be loaded; resuming from the previous one, {prefix.name}.")
@@ -134,14 +133,9 @@ def save_checkpoint(manager: tf.train.CheckpointManager, step: int) -> None:
         manager.save(checkpoint_number=step)
     except (OSError, tf.errors.OpError) as error:
         raise TrainingError(
-            f"could not write checkpoint ckpt-{step} to {manager.directory} ({_first_line(error)[:160]}); "
+            f"could not write checkpoint ckpt-{step} to {manager.directory} ({first_line(error)[:160]}); "
             f"the previous checkpoint {manager.latest_checkpoint} is intact: free space and run again to resume"
         ) from None
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def make_metrics(runtime: Runtime) -> tuple[keras.metrics.Metric, keras.metrics.Metric]:
@@ -391,7 +385,7 @@ def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> dic
             with runtime.strategy.scope():
                 model = keras.saving.load_model(path)  # safe_mode stays on: no arbitrary code from the file
         except ValueError as error:
-            raise SettingsError(f"{path} cannot be loaded safely: {_first_line(error)[:200]}") from None
+            raise SettingsError(f"{path} cannot be loaded safely: {first_line(error)[:200]}") from None
         source = str(path)
     else:
         model = _build(settings, runtime, data)
