@@ -15,7 +15,7 @@ export $(foreach name,$(SETTINGS),$(if $(filter undefined,$(origin $(name))),,$(
 .PHONY: help setup train devices check evaluate test test-fast test-gpu lint format tensorboard lock clean
 
 help: ## Show this help
-	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
 
 $(BIN)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -67,3 +67,5 @@ lock: ## Re-resolve requirements.lock from the pins in pyproject.toml
 
 clean: ## Remove .venv, caches and runs/ (checkpoints included)
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info runs
+
+include docker/docker.mk

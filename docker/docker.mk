@@ -1,0 +1,115 @@
+# Docker targets, included by the root Makefile (`include docker/docker.mk`).
+#
+#   make docker-build                      # GPU image for this host user (UID/GID baked in)
+#   make docker-build TF_VARIANT=cpu       # CPU image (laptops, CI)
+#   make docker-devices GPUS=all           # what TensorFlow sees inside the container
+#   make docker-train GPUS=0,1 EPOCHS=3    # settings pass through as environment variables
+#   docker stop tf-train-default           # checkpoints, exits 42; run docker-train again to resume
+#
+# Volumes: DATA_DIR (host) -> /data (TFDS_DATA_DIR), RUNS_DIR (host) -> /runs, and the run
+# writes to /runs/RUN_NAME (OUTPUT_DIR). OUTPUT_DIR=runs/exp1 on the make command line means
+# RUNS_DIR=runs, RUN_NAME=exp1. The repository's `.env` (DOCKER_ENV_FILE) is mounted read-only where the
+# container's `python -m train` reads it; what is given to make overrides it, and GPUS,
+# TFDS_DATA_DIR and OUTPUT_DIR are always set to their in-container values.
+
+# This file's directory and the repository root ("." when make runs in the root).
+DOCKER_MK_DIR := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))
+DOCKER_ROOT := $(patsubst %/,%,$(dir $(DOCKER_MK_DIR)))
+
+DOCKER ?= docker
+TF_VARIANT ?= gpu
+IMAGE ?= tf-train:$(TF_VARIANT)
+BASE_IMAGE ?= python:3.11-slim
+DOCKERFILE ?= $(DOCKER_ROOT)/docker/Dockerfile
+DOCKER_BUILD_FLAGS ?=
+DOCKER_RUN_FLAGS ?=
+# Shared memory: NCCL (MirroredStrategy's all-reduce across GPUs) moves data through
+# /dev/shm, and Docker's default of 64 MB makes multi-GPU runs fail or crawl.
+DOCKER_SHM_SIZE ?= 1g
+# The .env mounted where the container's `python -m train` reads it (if the file exists).
+DOCKER_ENV_FILE ?= $(DOCKER_ROOT)/.env
+# `docker stop` waits this long for the checkpoint save before it kills.
+DOCKER_STOP_TIMEOUT ?= 120
+
+# The image's user: the host user, so files on the volumes are theirs. Root on the
+# host still gets a non-root container user (1000); the Dockerfile refuses UID 0.
+HOST_UID := $(shell id -u)
+HOST_GID := $(shell id -g)
+DOCKER_UID ?= $(if $(filter 0,$(HOST_UID)),1000,$(HOST_UID))
+DOCKER_GID ?= $(if $(filter 0,$(HOST_UID)),1000,$(HOST_GID))
+
+# Host directories mounted as volumes.
+DATA_DIR ?= $(or $(TFDS_DATA_DIR),$(wildcard $(HOME)/tensorflow_datasets),data)
+_OUTPUT := $(patsubst %/,%,$(or $(OUTPUT_DIR),runs/default))
+RUNS_DIR ?= $(or $(patsubst %/,%,$(dir $(_OUTPUT))),.)
+RUN_NAME ?= $(notdir $(_OUTPUT))
+DOCKER_NAME ?= tf-train-$(RUN_NAME)
+
+# Settings passed to the container by name (`-e NAME`) when given to make or set in its
+# environment: every `Field("NAME", ...)` of train/settings.py (the one table of settings),
+# plus the root Makefile's SETTINGS. GPUS, TFDS_DATA_DIR and OUTPUT_DIR are mapped, not passed.
+DOCKER_SETTINGS_ALL := $(sort $(SETTINGS) $(shell sed -n 's/^ *Field."\([A-Z0-9_]*\)".*/\1/p' $(DOCKER_ROOT)/train/settings.py 2>/dev/null))
+DOCKER_PASSED = $(foreach name,$(filter-out GPUS TFDS_DATA_DIR OUTPUT_DIR,$(DOCKER_SETTINGS_ALL)),\
+	$(if $(filter undefined default,$(origin $(name))),,$(name)))
+export $(DOCKER_PASSED)
+
+# GPUS -> docker's --gpus flag, in one place:
+#   all -> --gpus all;  none -> (no flag);  0,1 -> --gpus '"device=0,1"'
+# (`--gpus 0,1` would be read as count=0 plus device IDs: "cannot set both Count and DeviceIDs").
+# Inside the container the chosen GPUs are renumbered from 0, so the container gets GPUS=all
+# (or none). Default: all for the gpu variant, none for cpu.
+DOCKER_GPUS = $(or $(GPUS),$(if $(filter cpu,$(TF_VARIANT)),none,all))
+docker_gpus_flag = $(strip \
+	$(if $(filter none,$(1)),,\
+	$(if $(filter all,$(1)),--gpus all,\
+	$(if $(shell printf '%s' '$(1)' | grep -Ex '[0-9]+(,[0-9]+)*'),--gpus '"device=$(1)"',\
+	$(error GPUS='$(1)' is not allowed: use all, none, or GPU indices like 0 or 0,1)))))
+docker_gpus_env = $(if $(filter none,$(1)),none,all)
+
+DOCKER_RUN = $(DOCKER) run --rm --init \
+	$(call docker_gpus_flag,$(DOCKER_GPUS)) \
+	--shm-size=$(DOCKER_SHM_SIZE) --stop-timeout=$(DOCKER_STOP_TIMEOUT) \
+	-v "$(abspath $(DATA_DIR))":/data -v "$(abspath $(RUNS_DIR))":/runs \
+	$(if $(wildcard $(DOCKER_ENV_FILE)),-v "$(abspath $(DOCKER_ENV_FILE))":/workspace/.env:ro) \
+	-e GPUS=$(call docker_gpus_env,$(DOCKER_GPUS)) -e TFDS_DATA_DIR=/data -e OUTPUT_DIR=/runs/$(RUN_NAME) \
+	$(foreach name,$(DOCKER_PASSED),-e $(name)) \
+	$(DOCKER_RUN_FLAGS)
+
+# Create the volume directories before docker does (it would make them root-owned); when
+# make runs as root, hand new ones to the container user.
+define docker_dirs
+	@for d in "$(DATA_DIR)" "$(RUNS_DIR)"; do \
+		if [ ! -d "$$d" ]; then mkdir -p "$$d"; \
+			if [ "$(HOST_UID)" = 0 ]; then chown $(DOCKER_UID):$(DOCKER_GID) "$$d"; fi; fi; \
+	done
+endef
+
+.PHONY: docker-build docker-train docker-devices docker-check docker-evaluate docker-shell test-docker
+
+docker-build: ## Build the image (TF_VARIANT=gpu|cpu, IMAGE, BASE_IMAGE; host UID/GID baked in)
+	$(DOCKER) build -f $(DOCKERFILE) -t $(IMAGE) \
+		--build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg TF_VARIANT=$(TF_VARIANT) \
+		--build-arg UID=$(DOCKER_UID) --build-arg GID=$(DOCKER_GID) $(DOCKER_BUILD_FLAGS) $(DOCKER_ROOT)
+
+docker-train: ## Train in the container (GPUS=all|none|0,1; docker stop, then run again to resume)
+	$(docker_dirs)
+	$(DOCKER_RUN) --name $(DOCKER_NAME) $(IMAGE) fit
+
+docker-devices: ## Show the devices TensorFlow sees inside the container
+	$(docker_dirs)
+	$(DOCKER_RUN) $(IMAGE) devices
+
+docker-check: ## Run the container's self-check (python -m train check)
+	$(docker_dirs)
+	$(DOCKER_RUN) $(IMAGE) check
+
+docker-evaluate: ## Evaluate the latest checkpoint of the run in the container
+	$(docker_dirs)
+	$(DOCKER_RUN) $(IMAGE) evaluate
+
+docker-shell: ## Open a shell in the container, same volumes and settings
+	$(docker_dirs)
+	$(DOCKER_RUN) -it --entrypoint /bin/bash $(IMAGE)
+
+test-docker: ## Build the CPU image on a locally made base and train, stop, resume in it
+	bash scripts/test-docker.sh
