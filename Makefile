@@ -8,11 +8,11 @@ BIN := $(VENV)/bin
 EXTRAS ?= dev# add ",gpu" on a GPU machine: make setup EXTRAS=dev,gpu
 SETTINGS := GPUS MEMORY_GROWTH GPU_MEMORY_LIMIT_MB STRATEGY CPU_DEVICES DATASET TFDS_DATA_DIR TRAIN_SPLIT \
 	EVAL_SPLIT FEATURE_KEY LABEL_KEY BATCH_SIZE EPOCHS STEPS_PER_EPOCH STEPS_PER_CALL LEARNING_RATE SEED \
-	OUTPUT_DIR CHECKPOINT_EVERY KEEP_CHECKPOINTS LOG_EVERY RESUME AUTO_BATCH
+	OUTPUT_DIR CHECKPOINT_EVERY KEEP_CHECKPOINTS LOG_EVERY RESUME AUTO_BATCH WORKER_START_TIMEOUT
 # A setting given to make (or already in the environment) reaches python as an environment variable.
 export $(foreach name,$(SETTINGS),$(if $(filter undefined,$(origin $(name))),,$(name)))
 
-.PHONY: help setup train devices check evaluate test test-fast test-gpu lint format tensorboard lock clean
+.PHONY: help setup train train-workers devices check evaluate test test-fast test-gpu lint format tensorboard lock clean
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
@@ -27,6 +27,9 @@ setup: $(BIN)/.installed ## Create .venv and install the pinned dependencies
 
 train: setup ## Train (or resume) with the settings from flags, environment and .env
 	$(BIN)/python -m train fit
+
+train-workers: setup ## Train on WORKERS (default 2) local workers: MultiWorkerMirroredStrategy on loopback
+	PYTHON=$(BIN)/python scripts/launch-workers.sh $(or $(WORKERS),2) fit
 
 devices: setup ## Device doctor: what TensorFlow sees, what the settings resolve to, what is wrong
 	$(BIN)/python -m train devices

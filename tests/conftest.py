@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def clean_env(**settings: object) -> dict[str, str]:
     """The process environment without any setting of the user's, plus the given ones."""
-    env = {name: value for name, value in os.environ.items() if name not in {f.env for f in FIELDS}}
+    not_passed = {f.env for f in FIELDS} | {"TF_CONFIG"}  # a TF_CONFIG in the shell would make every run multi-worker
+    env = {name: value for name, value in os.environ.items() if name not in not_passed}
     env.update({name: str(value) for name, value in settings.items()})
     env["PYTHONPATH"] = str(REPO)
     return env

@@ -251,6 +251,14 @@ def format_report(report: dict[str, Any]) -> str:
         )
     ]
     lines += [f"  {note}" for note in resolved["notes"]]
+    cluster = resolved.get("cluster")
+    if cluster:
+        lines.append(
+            f"Cluster (TF_CONFIG): this is {cluster['task']} = worker {cluster['worker_index']} of "
+            f"{len(cluster['workers'])}{' (chief)' if cluster['is_chief'] else ''} at {cluster['address']}; "
+            f"{len(resolved['devices'])} replica(s) per worker"
+        )
+        lines += [f"  worker {i}: {address}" for i, address in enumerate(cluster["workers"])]
     if report["diagnoses"]:
         lines.append("")
         for finding in report["diagnoses"]:

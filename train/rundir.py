@@ -98,6 +98,12 @@ class StopRequest:
             self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
+    def rearm(self) -> None:
+        """Install the handlers again, keeping what __enter__ saved. MultiWorkerMirroredStrategy's C++
+        preemption notifier replaces the SIGTERM handler when the cluster forms, and only logs the signal."""
+        for signum in self._previous:
+            signal.signal(signum, self._handle)
+
     def __exit__(self, *exc: Any) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)

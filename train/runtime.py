@@ -2,7 +2,7 @@
 
 TensorFlow fixes its devices the first time anything runs, so `setup_runtime` must be called
 before any other TensorFlow work in the process. It is also the one place that computes the
-global batch.
+global batch: BATCH_SIZE x the replicas of every worker.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from train.errors import SettingsError
+from train.cluster import Cluster, StartupDeadline
+from train.errors import SettingsError, TrainingError
 from train.gpus import DeviceBackend
 from train.settings import Settings
 
@@ -82,12 +83,19 @@ def configure_devices(settings: Settings, backend: DeviceBackend) -> DevicePlan:
     )
 
 
-def choose_strategy(requested: str, device_count: int) -> tuple[str, tuple[str, ...]]:
-    """The strategy to build for STRATEGY and the number of training devices, with what to say about it."""
+def choose_strategy(requested: str, device_count: int, workers: int = 0) -> tuple[str, tuple[str, ...]]:
+    """The strategy to build for STRATEGY, the training devices and the workers TF_CONFIG names (0: no TF_CONFIG)."""
     name = requested
-    if requested == "auto":
-        name = "mirrored" if device_count >= 2 else "one_device"
     notes = []
+    if requested == "auto":
+        if workers > 1:
+            name = "multi_worker"
+        else:
+            name = "mirrored" if device_count >= 2 else "one_device"
+            if workers == 1:
+                notes.append(
+                    "TF_CONFIG names one worker: training on this host only (STRATEGY=multi_worker to use it)."
+                )
     if name == "mirrored" and device_count == 1:
         notes.append("STRATEGY=mirrored with one device: it runs, with one replica and nothing to mirror.")
     if name == "one_device" and device_count > 1:
@@ -100,14 +108,29 @@ class Resolution:
     """What the settings resolve to on the configured devices; the one place the global batch is computed."""
 
     strategy_name: str
-    devices: tuple[str, ...]  # one per replica
+    devices: tuple[str, ...]  # one per replica on this worker
     per_replica_batch: int
     plan: DevicePlan
     notes: tuple[str, ...]
+    cluster: Cluster | None = None  # set for multi_worker only
+
+    @property
+    def workers(self) -> int:
+        return self.cluster.num_workers if self.cluster else 1
+
+    @property
+    def worker_index(self) -> int:
+        return self.cluster.worker_index if self.cluster else 0
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process writes the run directory: the only process, or the cluster's chief."""
+        return self.worker_index == 0
 
     @property
     def replicas(self) -> int:
-        return len(self.devices)
+        """Replicas of every worker (TensorFlow assumes each worker has as many devices as this one)."""
+        return len(self.devices) * self.workers
 
     @property
     def global_batch(self) -> int:
@@ -128,12 +151,28 @@ class Resolution:
             "replicas": self.replicas,
             "per_replica_batch": self.per_replica_batch,
             "global_batch": self.global_batch,
+            "workers": self.workers,
+            "cluster": self.cluster.describe() if self.cluster else None,
             "notes": list(self.notes),
         }
 
 
-def resolve(settings: Settings, plan: DevicePlan) -> Resolution:
-    name, notes = choose_strategy(settings.strategy, len(plan.training_devices))
+def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> Resolution:
+    """What the settings mean on these devices. `local_only`: this host alone (evaluate, check), TF_CONFIG or not."""
+    cluster = settings.cluster
+    workers = cluster.num_workers if cluster else 0
+    requested = settings.strategy
+    if local_only and (requested == "multi_worker" or settings.multi_worker):
+        requested, workers = "auto", 0
+    name, notes = choose_strategy(requested, len(plan.training_devices), workers)
+    if name == "multi_worker":
+        # MultiWorkerMirroredStrategy runs one replica per visible GPU, or one on the CPU: a split CPU does not count.
+        devices = plan.training_devices if plan.visible_gpus else plan.training_devices[:1]
+        if not plan.visible_gpus and plan.cpu_devices > 1:
+            notes += (
+                f"CPU_DEVICES={plan.cpu_devices} does not apply to multi_worker: a worker without GPUs is one replica.",
+            )
+        return Resolution(name, devices, settings.batch_size, plan, plan.notes + notes, cluster)
     devices = plan.training_devices if name == "mirrored" else plan.training_devices[:1]
     return Resolution(name, devices, settings.batch_size, plan, plan.notes + notes)
 
@@ -152,16 +191,42 @@ class Runtime:
         return Runtime(self.strategy, self.resolution.with_batch(per_replica_batch))
 
 
-def setup_runtime(settings: Settings, backend: DeviceBackend | None = None) -> Runtime:
-    """Configure devices, then build the strategy. Call once, before any other TensorFlow work."""
+def setup_runtime(settings: Settings, backend: DeviceBackend | None = None, local_only: bool = False) -> Runtime:
+    """Configure devices, then build the strategy. Call once, before any other TensorFlow work.
+
+    Multi-worker: blocks until every worker of TF_CONFIG has joined, at most WORKER_START_TIMEOUT seconds.
+    """
     import tensorflow as tf
 
     from train.gpus import TensorFlowDevices
 
-    resolution = resolve(settings, configure_devices(settings, backend or TensorFlowDevices()))
-    if resolution.strategy_name == "mirrored":
+    resolution = resolve(settings, configure_devices(settings, backend or TensorFlowDevices()), local_only)
+    if resolution.strategy_name == "multi_worker":
+        strategy = _multi_worker_strategy(settings, resolution)
+    elif resolution.strategy_name == "mirrored":
         strategy = tf.distribute.MirroredStrategy(devices=list(resolution.devices))
     else:
         strategy = tf.distribute.OneDeviceStrategy(resolution.devices[0])
     assert strategy.num_replicas_in_sync == resolution.replicas
     return Runtime(strategy, resolution)
+
+
+def _multi_worker_strategy(settings: Settings, resolution: Resolution) -> Any:
+    """MultiWorkerMirroredStrategy from TF_CONFIG (TensorFlow reads it from the environment itself)."""
+    import tensorflow as tf
+
+    cluster = resolution.cluster
+    assert cluster is not None
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.AUTO  # NCCL on GPUs, gRPC rings on CPUs
+    )
+    with StartupDeadline(cluster, settings.worker_start_timeout):
+        try:
+            return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        except tf.errors.OpError as error:  # a peer's registration deadline, a refused connection, ...
+            text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise TrainingError(
+                f"worker {cluster.worker_index} ({cluster.address}) could not join the {cluster.num_workers} workers "
+                f"of TF_CONFIG ({type(error).__name__}: {text[:160]}): start every worker with the same TF_CONFIG "
+                "cluster and its own task index"
+            ) from None

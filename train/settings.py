@@ -22,9 +22,11 @@ from typing import Any
 # and a typo that silently drops a setting is what this template refuses to do.
 from dotenv.parser import parse_stream
 
+from train.cluster import EXAMPLE, Cluster, parse_tf_config
 from train.errors import SettingsError
 
-STRATEGIES = ("auto", "one_device", "mirrored")
+STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
+SINGLE_HOST = ("one_device", "mirrored")
 RESUME_MODES = ("auto", "never")
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
@@ -137,7 +139,7 @@ FIELDS: tuple[Field, ...] = (
     Field("GPUS", "all", _gpus, "GPUs to train on: all, none, or indices like 0,1."),
     Field("MEMORY_GROWTH", "true", _bool, "Allocate GPU memory as needed instead of all of it up front."),
     Field("GPU_MEMORY_LIMIT_MB", "", _optional_positive_int, "Cap per GPU in MiB (needs MEMORY_GROWTH=false)."),
-    Field("STRATEGY", "auto", _choice(STRATEGIES), "auto, one_device or mirrored; auto mirrors over 2+ devices."),
+    Field("STRATEGY", "auto", _choice(STRATEGIES), "auto, one_device, mirrored or multi_worker (see README)."),
     Field("CPU_DEVICES", "1", _positive_int, "Split the CPU into N logical devices (multi-replica without GPUs)."),
     Field("DATASET", "synthetic_clusters", _dataset, "TFDS dataset, optionally name/config:version."),
     Field("TFDS_DATA_DIR", "", _optional_path, "Where TFDS keeps prepared datasets (TFDS default if empty)."),
@@ -157,6 +159,7 @@ FIELDS: tuple[Field, ...] = (
     Field("LOG_EVERY", "50", _positive_int, "Print progress and write TensorBoard scalars every N steps."),
     Field("RESUME", "auto", _choice(RESUME_MODES), "auto resumes from OUTPUT_DIR's checkpoints; never refuses them."),
     Field("AUTO_BATCH", "false", _bool, "On out-of-memory, halve BATCH_SIZE and go on from the last checkpoint."),
+    Field("WORKER_START_TIMEOUT", "600", _positive_int, "Multi-worker: seconds to wait for all workers to join."),
 )
 FIELDS_BY_ENV = {field.env: field for field in FIELDS}
 
@@ -186,6 +189,16 @@ class Settings:
     log_every: int
     resume: str
     auto_batch: bool
+    worker_start_timeout: int
+    # Not a setting: the cluster TF_CONFIG names (from the process environment only, as TensorFlow reads it).
+    cluster: Cluster | None = None
+
+    @property
+    def multi_worker(self) -> bool:
+        """Whether `fit` trains across workers: STRATEGY=multi_worker, or auto with TF_CONFIG naming 2+ workers."""
+        if self.strategy == "multi_worker":
+            return True
+        return self.strategy == "auto" and self.cluster is not None and self.cluster.num_workers > 1
 
     def to_json(self) -> dict[str, Any]:
         """The resolved settings as environment-style text, ready to paste into a `.env`."""
@@ -262,7 +275,7 @@ def load_settings(
         else:
             raw[field.env] = field.default
     values = {field.attr: field.parse(field.env, raw[field.env]) for field in FIELDS}
-    settings = Settings(**values)
+    settings = Settings(**values, cluster=parse_tf_config(environ.get("TF_CONFIG")))
 
     if settings.gpu_memory_limit_mb is not None and settings.memory_growth:
         raise SettingsError(
@@ -271,7 +284,28 @@ def load_settings(
         )
     if settings.gpus == "none" and settings.gpu_memory_limit_mb is not None:
         raise SettingsError("GPU_MEMORY_LIMIT_MB is set but GPUS=none: there is no GPU to cap")
+    _check_cluster(settings)
     return settings
+
+
+def _check_cluster(settings: Settings) -> None:
+    """STRATEGY against TF_CONFIG: a cluster with a single-host strategy (or the reverse) is a mistake."""
+    cluster = settings.cluster
+    if cluster is not None and settings.strategy in SINGLE_HOST:
+        raise SettingsError(
+            f"STRATEGY={settings.strategy} trains on this host only, but TF_CONFIG is set and names "
+            f"{cluster.num_workers} worker(s): use STRATEGY=multi_worker (or auto), or unset TF_CONFIG"
+        )
+    if settings.strategy == "multi_worker" and cluster is None:
+        raise SettingsError(
+            "STRATEGY=multi_worker needs TF_CONFIG, which is not set: set it on every worker, like "
+            f"TF_CONFIG='{EXAMPLE}', or start the workers with scripts/launch-workers.sh N"
+        )
+    if settings.multi_worker and settings.auto_batch:
+        raise SettingsError(
+            "AUTO_BATCH=true is not allowed with multi-worker training (every worker must change its batch "
+            "together): use AUTO_BATCH=false and set BATCH_SIZE"
+        )
 
 
 def write_settings(settings: Settings, path: Path) -> None:

@@ -9,6 +9,7 @@ loop checkpoints and resumes at step granularity on one device, N GPUs or N work
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -29,8 +30,19 @@ from train.probe import format_probe
 from train.rundir import StopRequest, checkpoints_newest_first, preflight
 from train.runtime import Runtime, setup_runtime
 from train.settings import Settings, write_settings
+from train.workers import (
+    PEER_ERRORS,
+    ClusterPreemption,
+    WorkerCheckpoints,
+    check_same_settings,
+    check_same_weights,
+    peer_error_cause,
+    restore_from_chief,
+    wait_for_chief,
+)
 
 EXIT_PREEMPTED = 42  # "stopped cleanly, start me again": the code TensorFlow's preemption handler uses too
+END_BARRIER_SECONDS = 3600  # multi-worker: how long the others wait for the chief's final evaluation and export
 
 Say = Callable[[str], None]
 
@@ -83,6 +95,14 @@ def _evaluator(model: keras.Model) -> Callable[[Split, int], dict[str, float]]:
         return {"loss": loss_sum / len(split), "accuracy": correct / len(split)}
 
     return evaluate_split
+
+
+def weights_fingerprint(model: keras.Model) -> str:
+    """sha256 of every weight, in order: equal on every worker of a multi-worker run."""
+    digest = hashlib.sha256()
+    for weight in model.weights:
+        digest.update(weight.numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _export(model: keras.Model, output_dir: Path) -> dict[str, str]:
@@ -198,30 +218,82 @@ def fit(settings: Settings, say: Say = _say, stop: StopRequest | None = None) ->
     """Train (or resume) to EPOCHS x steps per epoch; returns the summary also written to summary.json.
 
     `stop` is the SIGTERM/Ctrl-C flag; the CLI installs it before TensorFlow loads. Without one, fit
-    installs its own around the training loop.
+    installs its own around the training loop (multi-worker: once the cluster has formed).
+    Multi-worker (TF_CONFIG): every worker calls this; the chief writes the run directory, the others only train.
     """
     preflight(settings)  # before any device work: a wrong UID, a full disk, RESUME=never on checkpoints
     runtime = setup_runtime(settings)
     for note in runtime.notes:
         say(note)
+    multi = runtime.strategy_name == "multi_worker"
+    if multi:
+        say(
+            f"Worker {runtime.worker_index} of {runtime.workers} ({runtime.cluster.address}"
+            f"{', chief: writes ' + str(settings.output_dir) if runtime.is_chief else ''}): all workers joined."
+        )
+        try:
+            check_same_settings(runtime, settings)
+        except PEER_ERRORS as error:
+            raise _peer_lost(runtime, error, "comparing settings", None) from None
+    with contextlib.ExitStack() as stack:
+        # Multi-worker: TensorFlow's C++ preemption notifier, installed when the cluster forms, has just replaced
+        # the SIGTERM handler with one that only logs (training would go on until SIGKILL): ours goes back on.
+        if multi and stop is None:
+            stop = stack.enter_context(StopRequest())
+        elif multi:
+            stop.rearm()
+        try:
+            return _fit(settings, runtime, stop, say)
+        except PEER_ERRORS as error:
+            if not multi:
+                raise
+            raise _peer_lost(runtime, error, "training", settings.output_dir / "checkpoints") from None
+
+
+def _peer_lost(runtime: Runtime, error: BaseException, doing: str, checkpoint_dir: Path | None) -> TrainingError:
+    """A worker died or hangs: TensorFlow ends the others' collectives with an error; say it in one line."""
+    newest = checkpoints_newest_first(checkpoint_dir) if checkpoint_dir else []
+    kept = f"the newest checkpoint, {newest[0]}, is intact" if newest else "no checkpoint was written yet"
+    return TrainingError(
+        f"worker {runtime.worker_index} of {runtime.workers} lost contact with the other workers while {doing} "
+        f"({type(error).__name__}: {peer_error_cause(error)}): a worker died, hangs or cannot be reached; {kept}. "
+        "Start every worker again to resume"
+    )
+
+
+def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Say) -> dict[str, Any]:
+    multi = runtime.strategy_name == "multi_worker"
+    chief = runtime.is_chief
     data = load_data(settings)
     _steps_per_epoch(settings, data, runtime)  # a split smaller than one global batch fails here, before writing
 
     output_dir = settings.output_dir
     checkpoint_dir = output_dir / "checkpoints"
 
-    # Everything above only read; from here on the run directory is written.
-    output_dir.mkdir(parents=True, exist_ok=True)
-    write_settings(settings, output_dir / "settings.json")
+    # Everything above only read; from here on the run directory is written (by the chief only).
+    if chief:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        write_settings(settings, output_dir / "settings.json")
 
     model = _build(settings, runtime, data)
     train_loss, train_accuracy = make_metrics(runtime)
-    model.summary()
+    if chief:
+        model.summary()
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
-    manager = tf.train.CheckpointManager(checkpoint, str(checkpoint_dir), max_to_keep=settings.keep_checkpoints)
+    if multi:
+        manager = WorkerCheckpoints(checkpoint, checkpoint_dir, settings.keep_checkpoints, runtime)
+        restored = restore_from_chief(
+            runtime,
+            checkpoint,
+            checkpoint_dir,
+            lambda: restore_newest(checkpoint, checkpoint_dir, say),
+            settings.worker_start_timeout,
+        )
+    else:
+        manager = tf.train.CheckpointManager(checkpoint, str(checkpoint_dir), max_to_keep=settings.keep_checkpoints)
+        restored = restore_newest(checkpoint, checkpoint_dir, say)
 
     resumed_from = None
-    restored = restore_newest(checkpoint, checkpoint_dir, say)
     if restored:
         resumed_from = int(model.optimizer.iterations.numpy())
         say(f"Resuming from {restored} at step {resumed_from}.")
@@ -230,16 +302,27 @@ def fit(settings: Settings, say: Say = _say, stop: StopRequest | None = None) ->
 
     train_steps = make_train_steps(model, runtime, train_loss, train_accuracy)
     evaluate_split = _evaluator(model)
-    writers = {name: tf.summary.create_file_writer(str(output_dir / "logs" / name)) for name in ("train", "eval")}
+    if chief:
+        writers = {name: tf.summary.create_file_writer(str(output_dir / "logs" / name)) for name in ("train", "eval")}
+    else:
+        writers = {name: tf.summary.create_noop_writer() for name in ("train", "eval")}
 
+    preemption = None
+    if multi:  # on every worker, after the same training call: the handler's save, then its exit
+        assert stop is not None  # fit installed it
+        preemption = ClusterPreemption(
+            runtime, lambda: stop.signal_name is not None, lambda s: save_checkpoint(manager, s)
+        )
     with contextlib.nullcontext(stop) if stop else StopRequest() as stop:
         while True:
             steps_per_epoch = _steps_per_epoch(settings, data, runtime)
             total_steps = steps_per_epoch * settings.epochs
             start_step = int(model.optimizer.iterations.numpy())
+            workers = f" on {runtime.workers} workers" if multi else ""
             say(
-                f"Training {data.name} on {runtime.replicas} replica(s) "
-                f"({runtime.strategy_name}: {', '.join(runtime.devices)}), "
+                f"Training {data.name} on {runtime.replicas} replica(s){workers} "
+                f"({runtime.strategy_name}: {', '.join(runtime.devices)}"
+                f"{' on each worker' if multi else ''}), "
                 f"global batch {runtime.global_batch} = {runtime.per_replica_batch} per replica x {runtime.replicas}, "
                 f"{steps_per_epoch} steps per epoch, steps {start_step}-{total_steps}."
             )
@@ -247,9 +330,9 @@ def fit(settings: Settings, say: Say = _say, stop: StopRequest | None = None) ->
                 train_dataset(runtime.strategy, data.train, runtime.global_batch, settings.seed, start_step)
             )
             try:
-                step, examples_per_sec = _train_loop(
+                step, examples_per_sec, interrupted = _train_loop(
                     settings, runtime, data, iterator, train_steps, (train_loss, train_accuracy),
-                    manager, evaluate_split, writers, stop, steps_per_epoch, total_steps, say,
+                    manager, evaluate_split, writers, stop, preemption, steps_per_epoch, total_steps, say,
                 )  # fmt: skip
                 break
             except tf.errors.ResourceExhaustedError:
@@ -259,7 +342,8 @@ def fit(settings: Settings, say: Say = _say, stop: StopRequest | None = None) ->
                     raise TrainingError(
                         f"out of memory at BATCH_SIZE={failed} per replica (global batch {runtime.global_batch}); "
                         f"{picture}; the last checkpoint {manager.latest_checkpoint} is intact. Lower BATCH_SIZE "
-                        f"(e.g. {max(1, failed // 2)}), set MEMORY_GROWTH=true, or AUTO_BATCH=true to halve it"
+                        f"(e.g. {max(1, failed // 2)}), set MEMORY_GROWTH=true"
+                        f"{'' if multi else ', or AUTO_BATCH=true to halve it'}"
                     ) from None
                 runtime = runtime.with_batch(failed // 2)
                 restore_newest(checkpoint, checkpoint_dir, say)
@@ -270,13 +354,18 @@ def fit(settings: Settings, say: Say = _say, stop: StopRequest | None = None) ->
                     f"{manager.latest_checkpoint} with BATCH_SIZE={runtime.per_replica_batch} "
                     f"(global batch {runtime.global_batch})."
                 )
+        if preemption is not None:
+            preemption.close()
     for writer in writers.values():
         writer.flush()
+    fingerprint = weights_fingerprint(model)
+    if multi and not interrupted:
+        check_same_weights(runtime, fingerprint, END_BARRIER_SECONDS)
 
-    interrupted = stop.signal_name is not None
     summary: dict[str, Any] = {
         "dataset": data.name,
         "strategy": runtime.strategy_name,
+        "workers": runtime.workers,
         "replicas": runtime.replicas,
         "per_replica_batch": runtime.per_replica_batch,
         "global_batch": runtime.global_batch,
@@ -288,10 +377,17 @@ def fit(settings: Settings, say: Say = _say, stop: StopRequest | None = None) ->
         "interrupted": interrupted,
         "examples_per_sec": examples_per_sec,
         "checkpoint": manager.latest_checkpoint,
+        "weights_sha256": fingerprint,
     }
     if interrupted:
-        say(f"Stopped by {stop.signal_name} at step {step}; checkpoint saved. Run the same command again to resume.")
+        why = f"by {stop.signal_name}" if stop.signal_name else "because another worker was told to stop"
+        say(f"Stopped {why} at step {step}; checkpoint saved. Run the same command again to resume.")
         summary.update(train=None, eval=None, exported_model=None)
+    elif not chief:
+        summary.update(train=None, eval=None, exported_model=None)
+        wait_for_chief(runtime, END_BARRIER_SECONDS)
+        say(f"Done: {step} steps; weights sha256 {fingerprint[:16]}; the chief evaluates and exports the model.")
+        return summary
     else:
         summary["train"] = evaluate_split(data.train, runtime.global_batch)
         summary["eval"] = evaluate_split(data.eval, runtime.global_batch)
@@ -303,23 +399,33 @@ def fit(settings: Settings, say: Say = _say, stop: StopRequest | None = None) ->
                 f"checkpoint {manager.latest_checkpoint} is intact: free space and run again to export"
             ) from None
         say(
-            f"Done: {step} steps; eval loss {summary['eval']['loss']:.4f}, accuracy {summary['eval']['accuracy']:.4f}; "
+            f"Done: {step} steps; weights sha256 {fingerprint[:16]}"
+            f"{f' (the same on all {runtime.workers} workers)' if runtime.workers > 1 else ''}; "
+            f"eval loss {summary['eval']['loss']:.4f}, accuracy {summary['eval']['accuracy']:.4f}; "
             f"model exported to {output_dir / 'model.keras'} and {output_dir / 'saved_model'}."
         )
-    _atomic_write_json(output_dir / "summary.json", summary)
+    if chief:
+        _atomic_write_json(output_dir / "summary.json", summary)
+    if multi and not interrupted:
+        wait_for_chief(runtime, END_BARRIER_SECONDS)
     return summary
 
 
 def _train_loop(
-    settings, runtime, data, iterator, train_steps, metrics, manager, evaluate_split, writers, stop,
+    settings, runtime, data, iterator, train_steps, metrics, manager, evaluate_split, writers, stop, preemption,
     steps_per_epoch, total_steps, say,
-) -> tuple[int, float | None]:  # fmt: skip
-    """Steps from the optimizer's step counter to `total_steps`; returns the last step and examples/s."""
+) -> tuple[int, float | None, bool]:  # fmt: skip
+    """Steps from the optimizer's step counter to `total_steps`; returns the last step, examples/s, interrupted.
+
+    Single host: a signal ends the loop after the current call, with a save. Multi-worker (`preemption` set):
+    every worker runs the same calls and saves at the same steps (saves are collectives); a signal on any
+    worker makes all of them save after the same call and stop, through `preemption`.
+    """
     train_loss, train_accuracy = metrics
     step = saved_step = int(manager.checkpoint.optimizer.iterations.numpy())
     timed_steps, timed_seconds = 0, 0.0  # the first call traces the graph: left out of the throughput
     first_call = True
-    while step < total_steps and not stop.signal_name:
+    while step < total_steps and (preemption is not None or not stop.signal_name):
         boundary = min(
             total_steps,
             _next_multiple(step, steps_per_epoch),
@@ -354,28 +460,32 @@ def _train_loop(
                 tf.summary.scalar("loss", loss_value)
                 tf.summary.scalar("accuracy", accuracy)
                 tf.summary.scalar("examples_per_sec", examples_per_sec)
-        if epoch_end:
+        if epoch_end and runtime.is_chief:  # the other workers go on to the next call and wait for the chief there
             metrics_now = evaluate_split(data.eval, runtime.global_batch)
             epoch = step // steps_per_epoch
             say(f"epoch {epoch} eval: loss {metrics_now['loss']:.4f}  accuracy {metrics_now['accuracy']:.4f}")
             with writers["eval"].as_default(step=step):
                 for name, value in metrics_now.items():
                     tf.summary.scalar(name, value)
+        if epoch_end:
             train_loss.reset_state()
             train_accuracy.reset_state()
         if step % settings.checkpoint_every == 0 or epoch_end or step == total_steps:
             save_checkpoint(manager, step)
             saved_step = step
+        if preemption is not None and preemption.saved_and_stopping(step, saved_step):
+            throughput = round(timed_steps * runtime.global_batch / timed_seconds, 1) if timed_seconds else None
+            return step, throughput, True
 
-    if stop.signal_name and saved_step != step:
+    if preemption is None and stop.signal_name and saved_step != step:
         save_checkpoint(manager, step)
     throughput = round(timed_steps * runtime.global_batch / timed_seconds, 1) if timed_seconds else None
-    return step, throughput
+    return step, throughput, preemption is None and stop.signal_name is not None
 
 
 def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> dict[str, Any]:
     """Loss and accuracy on EVAL_SPLIT of the latest checkpoint, or of the exported `model.keras`."""
-    runtime = setup_runtime(settings)
+    runtime = setup_runtime(settings, local_only=True)  # on this host, even where TF_CONFIG names a cluster
     data = load_data(settings)
     if exported:
         path = settings.output_dir / "model.keras"
@@ -407,7 +517,7 @@ def check(
     from train.gpus import TensorFlowDevices
     from train.probe import Trial, probe_batch_sizes
 
-    runtime = setup_runtime(settings)
+    runtime = setup_runtime(settings, local_only=True)  # on this host, even where TF_CONFIG names a cluster
     for note in runtime.notes:
         say(note)
     data = load_data(settings)
