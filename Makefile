@@ -12,7 +12,7 @@ SETTINGS := GPUS MEMORY_GROWTH GPU_MEMORY_LIMIT_MB STRATEGY CPU_DEVICES DATASET 
 # A setting given to make (or already in the environment) reaches python as an environment variable.
 export $(foreach name,$(SETTINGS),$(if $(filter undefined,$(origin $(name))),,$(name)))
 
-.PHONY: help setup train train-workers devices check evaluate test test-fast test-gpu lint format tensorboard lock clean
+.PHONY: help setup train train-workers devices check bench evaluate test test-fast test-gpu lint format tensorboard lock clean
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
@@ -36,6 +36,9 @@ devices: setup ## Device doctor: what TensorFlow sees, what the settings resolve
 
 check: setup ## Trial-run a small batch, then find the largest batch that fits
 	$(BIN)/python -m train check
+
+bench: setup ## Benchmark the training loop against its input ceiling, Keras fit and the tutorials' way
+	$(BIN)/python -m train bench --json "$(or $(BENCH_JSON),bench.json)"
 
 evaluate: setup ## Evaluate the latest checkpoint on EVAL_SPLIT
 	$(BIN)/python -m train evaluate

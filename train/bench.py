@@ -1,20 +1,22 @@
-"""`python -m train bench`: is the training loop near what this machine can do, and is the input the bottleneck?
+"""`python -m train bench`: how near is the training loop to what this machine can do, and what holds it back?
 
 In one process, with the normal settings (DATASET, BATCH_SIZE, STRATEGY, CPU_DEVICES, GPUS, STEPS_PER_CALL),
-four ways of training the same model on the same data are measured in examples per second:
+these ways of training the same model on the same data are measured in examples per second:
 
-  1. template     the template's own fit path: `make_train_steps` + `run_steps` on `train_dataset`
-  2. in_memory    the same loop fed one batch held in memory, repeated: the input pipeline's ceiling
-  3. keras_fit    Keras `model.fit` at its best: a tf.data pipeline of the same arrays, the same global
-                  batch, `steps_per_execution` as large as works, XLA on or off as a trial run prefers
-  4. keras_numpy  the tutorials' way: numpy arrays into `model.fit` at its default batch of 32
+  1  template           the template's own path: `make_train_steps` + `run_steps` on `train_dataset`, as `fit`
+  2  in_memory          the same loop and step fed one batch held in memory: no input pipeline at all, the ceiling
+  2b in_memory_dataset  that batch repeated by tf.data, distributed as `train_dataset` is: the iterator alone
+  3  keras_fit          Keras `model.fit` at its best: tf.data of the same arrays, the same global batch, the
+                        largest `steps_per_execution` that runs, XLA on or off as a trial run prefers
+  4  keras_numpy        the tutorials' way: numpy arrays into `model.fit` at its default batch of 32
 
-Each contender has its own fresh model and is warmed up (traced) first. Then the contenders take turns for
-`repetitions` rounds, in a rotating order; each measurement runs whole calls until `seconds_per_measurement`
-have passed and counts the examples. The median over the rounds is reported, with the spread as the noise.
-Ratios 1/2 (input pipeline), 1/3 (against Keras fit) and 1/4 (against the tutorials) are checked against the
-goals of issue 6. Optionally: start-up times, and 1 against 2 logical CPU devices; both run subprocesses,
-since TensorFlow fixes its devices once per process.
+Every contender has its own fresh model and is warmed up (traced) before it is timed. Then they take turns
+for `repetitions` rounds in a rotating order; each measurement runs whole calls until `seconds_per_measurement`
+have passed and counts the examples. The median over the rounds is reported, and the spread as the noise.
+Ratios 1/2 (is the input the bottleneck?), 1/3 (against Keras fit) and 1/4 (against the tutorials) are checked
+against the goals of issue 6; 1/2b and 2b/2 say whether a gap is the pipeline's work or tf.data's iterator.
+Optionally, in subprocesses (TensorFlow fixes its devices once per process): start-up times, and one logical
+CPU device against MirroredStrategy on two.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -32,28 +35,39 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from train.errors import SettingsError, TrainingError
 from train.settings import FIELDS, Settings, load_settings
 
 SCHEMA = 1
-CONTENDERS = ("template", "in_memory", "keras_fit", "keras_numpy")
+CONTENDERS = ("template", "in_memory", "in_memory_dataset", "keras_fit", "keras_numpy")
 LABELS = {
-    "template": "1 template fit path",
-    "in_memory": "2 same loop, in-memory batch",
-    "keras_fit": "3 Keras fit, tf.data",
-    "keras_numpy": "4 Keras fit, numpy (tutorials)",
+    "template": "1  template fit path",
+    "in_memory": "2  same loop, batch in memory",
+    "in_memory_dataset": "2b same, via tf.data iterator",
+    "keras_fit": "3  Keras fit, tf.data, best",
+    "keras_numpy": "4  Keras fit, numpy, batch 32",
 }
-RATIOS = {"1/2": ("template", "in_memory"), "1/3": ("template", "keras_fit"), "1/4": ("template", "keras_numpy")}
+RATIOS = {
+    "1/2": ("template", "in_memory"),
+    "1/3": ("template", "keras_fit"),
+    "1/4": ("template", "keras_numpy"),
+    "1/2b": ("template", "in_memory_dataset"),
+    "2b/2": ("in_memory_dataset", "in_memory"),
+}
 RATIO_GOALS = {"1/2": 0.85, "1/3": 1.2, "1/4": 10.0}
 RATIO_MEANING = {
-    "1/2": "input pipeline not the bottleneck",
+    "1/2": "the input pipeline is not the bottleneck",
     "1/3": "faster than Keras fit at its best",
     "1/4": "faster than the tutorials' way",
+    "1/2b": "the pipeline's own work (gather, order), given the iterator",
+    "2b/2": "the tf.data iterator itself, one get_next per step",
 }
 HELP_GOAL_SECONDS = 0.3
 FIT_VS_IMPORT_GOAL = 1.6
 REPLICAS_GOAL = 0.8
 TUTORIAL_BATCH = 32  # Keras fit's default batch_size
-KERAS_FIT_TRIAL_SECONDS = 0.75
+KERAS_TRIAL_SECONDS = 0.75
+TINY_FIT = {"EPOCHS": 1, "STEPS_PER_EPOCH": 20}
 
 Say = Callable[[str], None]
 
@@ -67,14 +81,25 @@ class _Contender:
     batch: int  # global batch
     strategy: str
     note: str
-    failures: list[str] = field(default_factory=list)
+    crashed: list[str] = field(default_factory=list)
 
 
-# --- 1 and 2: the template's own loop ------------------------------------------------------------------------
+def _first_line(error: BaseException) -> str:
+    """The line of a TensorFlow error that says what went wrong (not "Graph execution error:" or the stack)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    status = [line for line in lines if re.match(r"(\(\d+\) )?[A-Z][A-Z_]{4,}: ", line)]
+    if status:
+        return re.sub(r"^(\(\d+\) )?[A-Z][A-Z_]{4,}:\s*", "", status[0])
+    noise = ("Graph execution error", "Detected at node", "File ", "[[", "root error", "successful operations")
+    useful = [line for line in lines if not line.startswith(noise) and not line.startswith("Cf. ")]
+    return (useful or lines or [type(error).__name__])[0]
+
+
+# --- 1, 2 and 2b: the template's own loop --------------------------------------------------------------------
 
 
 def _loop_contender(name: str, settings: Settings, runtime, data, iterator_for: Callable[[], Any]) -> _Contender:
-    """The loop exactly as `fit` runs it: STEPS_PER_CALL steps per `run_steps` call, then read the loss."""
+    """The loop as `fit` runs it: STEPS_PER_CALL steps per `run_steps` call, then read the loss (which waits)."""
     from train.training import _build, make_metrics, make_train_steps, run_steps
 
     model = _build(settings, runtime, data)
@@ -88,7 +113,7 @@ def _loop_contender(name: str, settings: Settings, runtime, data, iterator_for: 
         started = time.perf_counter()
         while True:
             run_steps(train_steps, iterator, steps, global_batch)
-            float(train_loss.result())  # waits for the call to finish, as _train_loop does
+            float(train_loss.result())  # as _train_loop does after every call
             examples += steps * global_batch
             elapsed = time.perf_counter() - started
             if elapsed >= seconds:
@@ -97,17 +122,53 @@ def _loop_contender(name: str, settings: Settings, runtime, data, iterator_for: 
     return _Contender(name, measure, global_batch, runtime.strategy_name, f"STEPS_PER_CALL={steps}")
 
 
-def _in_memory_dataset(runtime, data):
-    """A distributed dataset of one per-replica batch, repeated: the same `next(iterator)`, no real pipeline."""
+class _SameBatch:
+    """An "iterator" that is no pipeline at all: every `next()` is the same per-replica batch, on its device.
+
+    Inside the `tf.function`, `next(iterator)` then adds no op: the step is the same, its input costs nothing.
+    Replica r gets rows [r * per_replica, (r + 1) * per_replica) of the train split.
+    """
+
+    def __init__(self, runtime, data) -> None:
+        import tensorflow as tf
+
+        per_replica, split = runtime.per_replica_batch, data.train
+
+        def rows(context):
+            start = context.replica_id_in_sync_group * per_replica
+            return tf.constant(split.features[start : start + per_replica]), tf.constant(
+                split.labels[start : start + per_replica]
+            )
+
+        self.value = runtime.strategy.experimental_distribute_values_from_function(rows)
+
+    def __iter__(self) -> _SameBatch:
+        return self
+
+    def __next__(self):
+        return self.value
+
+
+def _same_batch_dataset(runtime, data):
+    """One per-replica batch repeated, distributed as `train_dataset` is: tf.data's machinery without the work.
+
+    `train.data.distribute(strategy, dataset_fn)` is used when the data module has it (the placement that
+    `train_dataset` uses), else tf.distribute's default, which is what `train_dataset` uses then.
+    """
     import tensorflow as tf
 
-    per_replica = runtime.per_replica_batch
-    features, labels = data.train.features[:per_replica], data.train.labels[:per_replica]
+    import train.data
+
+    per_replica, split = runtime.per_replica_batch, data.train
 
     def dataset_fn(context):
-        del context
-        return tf.data.Dataset.from_tensors((features, labels)).repeat()
+        start = context.input_pipeline_id * (runtime.replicas // context.num_input_pipelines) * per_replica
+        batch = (split.features[start : start + per_replica], split.labels[start : start + per_replica])
+        return tf.data.Dataset.from_tensors(batch).repeat()
 
+    distribute = getattr(train.data, "distribute", None)
+    if distribute is not None:
+        return distribute(runtime.strategy, dataset_fn)
     return runtime.strategy.distribute_datasets_from_function(dataset_fn)
 
 
@@ -115,20 +176,26 @@ def _in_memory_dataset(runtime, data):
 
 
 def keras_pipeline(data, global_batch: int):
-    """The tuned tf.data pipeline a Keras user would write: reshuffled every pass, whole batches, prefetched."""
+    """The tuned tf.data pipeline for `model.fit`: indices reshuffled every pass, batched, then one gather.
+
+    (Measured against shuffling examples one by one before batching, it was as fast or faster.)
+    """
     import tensorflow as tf
 
     split = data.train
-    dataset = tf.data.Dataset.from_tensor_slices((split.features, split.labels))
-    dataset = dataset.shuffle(len(split), reshuffle_each_iteration=True).batch(global_batch, drop_remainder=True)
-    return dataset.repeat().prefetch(tf.data.AUTOTUNE)
+    with tf.device("/cpu:0"):
+        features, labels = tf.constant(split.features), tf.constant(split.labels)
+    indices = tf.data.Dataset.range(len(split)).shuffle(len(split), reshuffle_each_iteration=True)
+    batches = indices.batch(global_batch, drop_remainder=True).repeat()
+    batches = batches.map(lambda index: (tf.gather(features, index), tf.gather(labels, index)), tf.data.AUTOTUNE)
+    return batches.prefetch(tf.data.AUTOTUNE)
 
 
 def _clock(seconds: float):
-    """A Keras callback that times a `model.fit` from the end of its first execution and stops it after `seconds`.
+    """A Keras callback: times `model.fit` from the end of its first execution on, and stops it after `seconds`.
 
-    The first execution of each `fit` call makes that call's iterator (and fills a shuffle buffer): a cost of
-    measuring in slices, which one long `fit` pays once, so it is left out in Keras's favour.
+    The first execution of every `fit` call makes that call's iterator: a cost of measuring in slices, which
+    one long `fit` pays once, so it is left out, in Keras's favour.
     """
     import keras
 
@@ -142,7 +209,7 @@ def _clock(seconds: float):
         def _step(self) -> int:
             return int(self.model.optimizer.iterations.numpy())
 
-        def on_train_batch_end(self, batch, logs=None):
+        def on_train_batch_end(self, batch, logs=None):  # synchronous: fit waited for the execution
             now = time.perf_counter()
             if self.started is None:
                 self.started, self.first_step = now, self._step()
@@ -159,12 +226,12 @@ def _keras_contender(
     strategy,
     strategy_name: str,
     data,
-    batch: int,
     numpy: bool,
+    global_batch: int,
     steps_per_execution: int = 1,
-    jit_compile: bool | str = "auto",
+    jit_compile: bool | None = None,
 ) -> _Contender:
-    """A fresh model from `build_model`, recompiled with these settings, trained by `model.fit`."""
+    """A fresh model from `build_model`, trained by `model.fit`; recompiled with these settings unless `numpy`."""
     import keras
 
     from train.model import build_model
@@ -172,44 +239,47 @@ def _keras_contender(
     keras.utils.set_random_seed(settings.seed)
     with strategy.scope():
         model = build_model(data.input_dim, data.num_classes, settings.learning_rate)
-        config = model.get_compile_config()
-        config.update(steps_per_execution=steps_per_execution, jit_compile=jit_compile)
-        model.compile_from_config(config)
+        if not numpy:  # the tutorials keep the compile defaults
+            config = model.get_compile_config()
+            config.update(steps_per_execution=steps_per_execution, jit_compile=jit_compile)
+            model.compile_from_config(config)
 
     if numpy:
+        batch = TUTORIAL_BATCH
 
-        def fit(clock) -> None:  # the tutorials: arrays, default batch (32), shuffled every epoch
+        def fit(clock) -> None:  # arrays, default batch size, shuffled every epoch
             model.fit(data.train.features, data.train.labels, epochs=10**6, verbose=0, callbacks=[clock])
 
     else:
+        batch = global_batch
         dataset = keras_pipeline(data, batch)
 
         def fit(clock) -> None:
-            model.fit(dataset, epochs=1, steps_per_epoch=10**9, verbose=0, callbacks=[clock])
+            model.fit(dataset, epochs=1, steps_per_epoch=10**9, shuffle=False, verbose=0, callbacks=[clock])
 
     def measure(seconds: float) -> tuple[int, float]:
         clock = _clock(seconds)
         with strategy.scope():
             fit(clock)
         if clock.ended is None or clock.started is None:
-            raise RuntimeError("model.fit stopped before the measurement ended")
+            raise TrainingError("model.fit stopped before the measurement ended")
         return (clock.last_step - clock.first_step) * batch, clock.ended - clock.started
 
-    note = f"steps_per_execution={steps_per_execution}, jit_compile={model.jit_compile}"
+    note = f"steps_per_execution={model.steps_per_execution}, jit_compile={model.jit_compile}"
     return _Contender(name, measure, batch, strategy_name, note)
 
 
-def _best_keras_fit(settings: Settings, runtime, data, say: Say) -> _Contender:
-    """Keras fit at its best here: the largest steps_per_execution that runs, with XLA on or off, whichever is faster.
+def _best_keras_fit(settings: Settings, runtime, data, trial_seconds: float, say: Say) -> _Contender:
+    """Keras fit at its best here: the largest steps_per_execution that runs, XLA on or off, whichever is faster.
 
-    Settings that crash under the runtime's strategy are skipped and said; one device only if none runs.
+    A setting that crashes under the runtime's strategy is said and skipped; one device only if none runs.
     """
     import tensorflow as tf
 
     strategies = [(runtime.strategy, runtime.strategy_name)]
     if runtime.replicas > 1:
         strategies.append((tf.distribute.OneDeviceStrategy(runtime.devices[0]), "one_device"))
-    failures: list[str] = []
+    crashed: list[str] = []
     for strategy, strategy_name in strategies:
         for steps_per_execution in sorted({settings.steps_per_call, 1}, reverse=True):
             ran: list[tuple[float, _Contender]] = []
@@ -217,44 +287,30 @@ def _best_keras_fit(settings: Settings, runtime, data, say: Say) -> _Contender:
                 tried = f"{strategy_name}, steps_per_execution={steps_per_execution}, jit_compile={jit_compile}"
                 try:
                     contender = _keras_contender(
-                        "keras_fit",
-                        settings,
-                        strategy,
-                        strategy_name,
-                        data,
-                        runtime.global_batch,
-                        False,
-                        steps_per_execution,
-                        jit_compile,
-                    )
-                    contender.measure(0.2)  # traces
-                    examples, seconds = contender.measure(KERAS_FIT_TRIAL_SECONDS)
+                        "keras_fit", settings, strategy, strategy_name, data, False, runtime.global_batch,
+                        steps_per_execution, jit_compile,
+                    )  # fmt: skip
+                    contender.measure(min(0.2, trial_seconds))  # traces
+                    examples, seconds = contender.measure(trial_seconds)
                 except Exception as error:  # what crashes under MirroredStrategy varies: say it, try the next
-                    failures.append(f"{tried}: {type(error).__name__}: {_first_line(error)[:160]}")
-                    say(f"  keras_fit trial: {tried}: crashed ({failures[-1]})")
+                    crashed.append(f"{tried}: {type(error).__name__}: {_first_line(error)[:160]}")
+                    say(f"  keras_fit trial: {crashed[-1]}")
                     continue
                 ran.append((examples / seconds, contender))
                 say(f"  keras_fit trial: {tried}: {examples / seconds:,.0f} examples/s")
             if ran:
                 contender = max(ran, key=lambda pair: pair[0])[1]
-                if failures:
-                    contender.note += f"; crashed: {len(failures)} faster setting(s), see the output"
-                contender.failures = failures
+                contender.crashed = crashed
                 return contender
-    raise RuntimeError("Keras model.fit ran with no setting: " + "; ".join(failures))
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    raise TrainingError("Keras model.fit crashed with every setting: " + "; ".join(crashed))
 
 
 # --- start-up and replicas: subprocesses ---------------------------------------------------------------------
 
 
 def _child_env(settings: Settings, **overrides: object) -> dict[str, str]:
-    """This process's environment with every setting spelled out (so no .env is needed), and the package found."""
-    env = {name: value for name, value in os.environ.items() if name not in {field.env for field in FIELDS}}
+    """This environment with every setting spelled out (so no .env is needed) and this package importable."""
+    env = {name: value for name, value in os.environ.items() if name not in {f.env for f in FIELDS}}
     env.update(settings.to_json())
     env.update({name: str(value) for name, value in overrides.items()})
     package_root = str(Path(__file__).resolve().parents[1])
@@ -262,29 +318,36 @@ def _child_env(settings: Settings, **overrides: object) -> dict[str, str]:
     return env
 
 
-def _timed_run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float = 600) -> float:
+def _timed_run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float = 900) -> float:
     started = time.perf_counter()
     result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     seconds = time.perf_counter() - started
     if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} exited {result.returncode}: {result.stderr.strip()[-600:]}")
+        last = result.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        raise TrainingError(
+            f"the benchmark's subprocess `{' '.join(argv[1:])}` exited with {result.returncode}: {last[0]}"
+        )
     return seconds
 
 
-def measure_startup(settings: Settings, repetitions: int = 3, say: Say = print) -> dict[str, Any]:
-    """Wall times of `python -m train --help`, `python -c "import tensorflow"` and a complete tiny `fit`."""
+def measure_startup(settings: Settings, repetitions: int = 2, say: Say = print) -> dict[str, Any]:
+    """Wall times of `python -m train --help`, `python -c "import tensorflow"` and a complete tiny `fit`.
+
+    Interleaved rounds, medians. The tiny fit trains EPOCHS=1 STEPS_PER_EPOCH=20 into a temporary OUTPUT_DIR
+    with the same dataset (TFDS_DATA_DIR), evaluation and export included: everything a run does, once.
+    """
+    runs: dict[str, list[float]] = {"help": [], "import_tensorflow": [], "tiny_fit": []}
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as temporary:
         cwd = Path(temporary)
         env = _child_env(settings)
-        runs: dict[str, list[float]] = {"help": [], "import_tensorflow": [], "tiny_fit": []}
         for repetition in range(repetitions):
             runs["help"].append(_timed_run([sys.executable, "-m", "train", "--help"], env, cwd))
             runs["import_tensorflow"].append(_timed_run([sys.executable, "-c", "import tensorflow"], env, cwd))
-            fit_env = _child_env(settings, EPOCHS=1, STEPS_PER_EPOCH=20, OUTPUT_DIR=cwd / f"run{repetition}")
+            fit_env = _child_env(settings, **TINY_FIT, OUTPUT_DIR=cwd / f"run{repetition}")
             runs["tiny_fit"].append(_timed_run([sys.executable, "-m", "train", "fit"], fit_env, cwd))
             say(
-                f"  start-up round {repetition + 1}/{repetitions}: help {runs['help'][-1]:.2f} s, import tensorflow "
-                f"{runs['import_tensorflow'][-1]:.2f} s, tiny fit {runs['tiny_fit'][-1]:.2f} s"
+                f"  start-up round {repetition + 1}/{repetitions}: --help {runs['help'][-1]:.2f} s, "
+                f"import tensorflow {runs['import_tensorflow'][-1]:.2f} s, tiny fit {runs['tiny_fit'][-1]:.2f} s"
             )
     medians = {name: statistics.median(values) for name, values in runs.items()}
     return {
@@ -292,73 +355,71 @@ def measure_startup(settings: Settings, repetitions: int = 3, say: Say = print) 
         "import_tensorflow_seconds": medians["import_tensorflow"],
         "tiny_fit_seconds": medians["tiny_fit"],
         "tiny_fit_vs_import": medians["tiny_fit"] / medians["import_tensorflow"],
-        "tiny_fit": "EPOCHS=1 STEPS_PER_EPOCH=20, evaluation and export included",
+        "tiny_fit": " ".join(f"{name}={value}" for name, value in TINY_FIT.items()) + ", evaluation and export",
         "runs": runs,
     }
 
 
-def compare_replica_counts(
-    settings: Settings, repetitions: int = 3, seconds_per_measurement: float = 1.5, say: Say = print
-) -> dict[str, Any]:
-    """The template's path on 1 logical CPU device against MirroredStrategy on 2, each in its own process.
+REPLICA_CONFIGS = {
+    "one_device": {"GPUS": "none", "CPU_DEVICES": 1, "STRATEGY": "one_device"},
+    "mirrored_2": {"GPUS": "none", "CPU_DEVICES": 2, "STRATEGY": "mirrored"},
+    "mirrored_2_same_global_batch": {"GPUS": "none", "CPU_DEVICES": 2, "STRATEGY": "mirrored", "BATCH_SIZE": None},
+}
 
-    Same BATCH_SIZE per replica (so 2 replicas train a global batch twice as large, as `fit` would), and the
-    same global batch (BATCH_SIZE halved on 2 replicas). The processes run in the order A B B A, and the
-    medians of all their measurements are compared.
+
+def compare_replica_counts(
+    settings: Settings, repetitions: int = 2, seconds_per_measurement: float = 1.5, say: Say = print
+) -> dict[str, Any]:
+    """The template's path on one logical CPU device against MirroredStrategy on two, each in its own process.
+
+    `mirrored_2` keeps BATCH_SIZE per replica (a global batch twice as large, as `CPU_DEVICES=2 fit` does);
+    `mirrored_2_same_global_batch` halves it. The processes run in the order A B C C B A, to even out drift
+    (A B C only, for a short form with one repetition).
     """
-    half = max(1, settings.batch_size // 2)
-    configs = {
-        "one_device": {"CPU_DEVICES": 1, "STRATEGY": "one_device", "GPUS": "none"},
-        "mirrored_2": {"CPU_DEVICES": 2, "STRATEGY": "mirrored", "GPUS": "none"},
-        "mirrored_2_same_global_batch": {
-            "CPU_DEVICES": 2,
-            "STRATEGY": "mirrored",
-            "GPUS": "none",
-            "BATCH_SIZE": half,
-        },
-    }
-    order = [*configs, *reversed(configs)]
+    configs = {name: dict(config) for name, config in REPLICA_CONFIGS.items()}
+    configs["mirrored_2_same_global_batch"]["BATCH_SIZE"] = max(1, settings.batch_size // 2)
     runs: dict[str, dict[str, list[float]]] = {name: {"template": [], "in_memory": []} for name in configs}
-    described: dict[str, Any] = {}
+    resolved: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-replicas-") as temporary:
+        order = [*configs, *reversed(configs)] if repetitions > 1 else list(configs)
         for index, name in enumerate(order):
             out = Path(temporary) / f"{index}.json"
             argv = [sys.executable, "-m", "train.bench", "--json", str(out), "--repetitions", str(repetitions)]
             argv += ["--seconds", str(seconds_per_measurement), "--contenders", "template,in_memory", "--no-startup"]
             _timed_run(argv, _child_env(settings, **configs[name]), Path(temporary))
             child = json.loads(out.read_text())
-            described[name] = child["resolved"]
-            for contender in runs[name]:
-                runs[name][contender] += child["contenders"][contender]["runs"]
+            resolved[name] = child["resolved"]
+            for contender, values in runs[name].items():
+                values += child["contenders"][contender]["runs"]
             say(
-                f"  {name} ({child['resolved']['replicas']} replica(s), global batch "
-                f"{child['resolved']['global_batch']}): template "
+                f"  {name}: {child['resolved']['replicas']} replica(s), global batch "
+                f"{child['resolved']['global_batch']}: template "
                 f"{child['contenders']['template']['examples_per_sec']:,.0f} examples/s"
             )
     medians = {name: {c: statistics.median(v) for c, v in per.items()} for name, per in runs.items()}
-    base = medians["one_device"]["template"]
+    one = medians["one_device"]["template"]
     return {
         "configs": {
-            name: {"resolved": described[name], "examples_per_sec": medians[name], "runs": runs[name]}
+            name: {"resolved": resolved[name], "examples_per_sec": medians[name], "runs": runs[name]}
             for name in configs
         },
-        "mirrored_2_vs_one_device": medians["mirrored_2"]["template"] / base,
-        "mirrored_2_same_global_batch_vs_one_device": medians["mirrored_2_same_global_batch"]["template"] / base,
+        "mirrored_2_vs_one_device": medians["mirrored_2"]["template"] / one,
+        "mirrored_2_same_global_batch_vs_one_device": medians["mirrored_2_same_global_batch"]["template"] / one,
     }
 
 
 # --- the benchmark -------------------------------------------------------------------------------------------
 
 
-def _goal(name: str, value: float | None, target: float, higher_is_better: bool = True) -> dict[str, Any]:
-    met = None if value is None else (value >= target if higher_is_better else value < target)
-    return {"goal": name, "value": value, "target": target, "comparison": ">=" if higher_is_better else "<", "met": met}
+def _goal(name: str, value: float | None, target: float, at_least: bool = True) -> dict[str, Any]:
+    met = None if value is None else (value >= target if at_least else value < target)
+    return {"goal": name, "value": value, "target": target, "comparison": ">=" if at_least else "<", "met": met}
 
 
 def run_benchmark(
     settings: Settings,
     repetitions: int = 5,
-    seconds_per_measurement: float = 2.0,
+    seconds_per_measurement: float = 1.5,
     say: Say = print,
     include_startup: bool = True,
     compare_replicas: bool = False,
@@ -366,11 +427,11 @@ def run_benchmark(
 ) -> dict[str, Any]:
     """Measure the contenders in this process (interleaved, warm-up excluded, medians); returns plain data.
 
-    Sets up the devices first (`setup_runtime` must be the first TensorFlow call of the process).
+    It sets up the devices first: call it before any other TensorFlow work in the process.
     """
-    unknown = set(contenders) - set(CONTENDERS)
-    if unknown:
-        raise ValueError(f"unknown contenders {sorted(unknown)}: use some of {', '.join(CONTENDERS)}")
+    unknown = sorted(set(contenders) - set(CONTENDERS))
+    if unknown or not contenders:
+        raise SettingsError(f"unknown contenders {unknown}: use some of {', '.join(CONTENDERS)}")
     from train.data import load_data, train_dataset
     from train.runtime import setup_runtime
 
@@ -378,41 +439,39 @@ def run_benchmark(
     for note in runtime.notes:
         say(note)
     data = load_data(settings)
-
     import tensorflow as tf
 
     say(
-        f"Benchmark: {data.name}, {len(data.train)} examples of {data.input_dim} features, "
-        f"{runtime.replicas} replica(s) ({runtime.strategy_name}: {', '.join(runtime.devices)}), "
-        f"global batch {runtime.global_batch}, STEPS_PER_CALL={settings.steps_per_call}; "
-        f"{repetitions} round(s) of {seconds_per_measurement:g} s per contender."
+        f"Benchmark: {data.name}, {len(data.train)} examples x {data.input_dim} features; {runtime.replicas} "
+        f"replica(s) ({runtime.strategy_name}: {', '.join(runtime.devices)}), global batch {runtime.global_batch}, "
+        f"STEPS_PER_CALL={settings.steps_per_call}; {repetitions} round(s) of {seconds_per_measurement:g} s each."
     )
+
+    def real_pipeline():
+        return iter(train_dataset(runtime.strategy, data.train, runtime.global_batch, settings.seed, 0))
+
     built: list[_Contender] = []
-    for name in contenders:
+    for name in CONTENDERS:
+        if name not in contenders:
+            continue
         say(f"Building and warming up {name} ...")
         if name == "template":
-            contender = _loop_contender(
-                name,
-                settings,
-                runtime,
-                data,
-                lambda: iter(train_dataset(runtime.strategy, data.train, runtime.global_batch, settings.seed, 0)),
-            )
+            contender = _loop_contender(name, settings, runtime, data, real_pipeline)
         elif name == "in_memory":
-            contender = _loop_contender(name, settings, runtime, data, lambda: iter(_in_memory_dataset(runtime, data)))
+            contender = _loop_contender(name, settings, runtime, data, lambda: _SameBatch(runtime, data))
+        elif name == "in_memory_dataset":
+            contender = _loop_contender(name, settings, runtime, data, lambda: iter(_same_batch_dataset(runtime, data)))
         elif name == "keras_fit":
-            contender = _best_keras_fit(settings, runtime, data, say)
+            contender = _best_keras_fit(settings, runtime, data, min(KERAS_TRIAL_SECONDS, seconds_per_measurement), say)
         else:
-            contender = _keras_contender(
-                name, settings, runtime.strategy, runtime.strategy_name, data, TUTORIAL_BATCH, numpy=True
-            )
+            contender = _keras_contender(name, settings, runtime.strategy, runtime.strategy_name, data, True, 0)
         contender.measure(min(0.5, seconds_per_measurement))  # warm-up: tracing and first calls, not counted
         built.append(contender)
 
     runs: dict[str, list[float]] = {contender.name: [] for contender in built}
     for repetition in range(repetitions):
         shift = repetition % len(built)
-        for contender in built[shift:] + built[:shift]:  # a rotating order: no contender always goes first
+        for contender in built[shift:] + built[:shift]:  # rotating: no contender always runs first or last
             examples, seconds = contender.measure(seconds_per_measurement)
             runs[contender.name].append(examples / seconds)
         say(f"  round {repetition + 1}/{repetitions}: " + ", ".join(f"{n} {v[-1]:,.0f}" for n, v in runs.items()))
@@ -425,18 +484,18 @@ def run_benchmark(
             "label": LABELS[contender.name],
             "examples_per_sec": median,
             "runs": values,
-            "spread": (max(values) - min(values)) / median if median else None,  # (max - min) / median
+            "spread": (max(values) - min(values)) / median,  # (max - min) / median of the rounds
             "global_batch": contender.batch,
             "strategy": contender.strategy,
             "settings": contender.note,
-            "crashed": contender.failures,
+            "crashed": contender.crashed,
         }
     ratios = {
         name: results[a]["examples_per_sec"] / results[b]["examples_per_sec"]
         for name, (a, b) in RATIOS.items()
         if a in results and b in results
     }
-    goals = [_goal(f"{name} {RATIO_MEANING[name]}", ratios.get(name), RATIO_GOALS[name]) for name in RATIOS]
+    goals = [_goal(f"{name} {RATIO_MEANING[name]}", ratios.get(name), target) for name, target in RATIO_GOALS.items()]
     result: dict[str, Any] = {
         "schema": SCHEMA,
         "dataset": data.name,
@@ -455,92 +514,99 @@ def run_benchmark(
     }
     if include_startup:
         say("Start-up: python -m train --help, import tensorflow, a tiny fit (subprocesses) ...")
-        startup = measure_startup(settings, repetitions=min(3, max(1, repetitions)), say=say)
+        startup = measure_startup(settings, repetitions=max(1, min(2, repetitions)), say=say)
         result["startup"] = startup
-        goals.append(_goal("--help seconds", startup["help_seconds"], HELP_GOAL_SECONDS, higher_is_better=False))
-        goals.append(
-            _goal(
-                "tiny fit / import tensorflow",
-                startup["tiny_fit_vs_import"],
-                FIT_VS_IMPORT_GOAL,
-                higher_is_better=False,
-            )
-        )
+        goals.append(_goal("python -m train --help, seconds", startup["help_seconds"], HELP_GOAL_SECONDS, False))
+        goals.append(_goal("tiny fit / import tensorflow", startup["tiny_fit_vs_import"], FIT_VS_IMPORT_GOAL, False))
     if compare_replicas:
-        say("Replicas: 1 logical CPU device against MirroredStrategy on 2 (subprocesses) ...")
+        say("Replicas: one logical CPU device against MirroredStrategy on two (subprocesses) ...")
         replicas = compare_replica_counts(
-            settings, repetitions=max(1, min(3, repetitions)), seconds_per_measurement=seconds_per_measurement, say=say
+            settings, repetitions=max(1, min(2, repetitions)), seconds_per_measurement=seconds_per_measurement, say=say
         )
         result["replicas"] = replicas
-        goals.append(_goal("mirrored 2 CPU devices / one device", replicas["mirrored_2_vs_one_device"], REPLICAS_GOAL))
+        goals.append(
+            _goal("mirrored on 2 CPU devices / one device", replicas["mirrored_2_vs_one_device"], REPLICAS_GOAL)
+        )
     return result
 
 
 def format_benchmark(result: dict[str, Any]) -> str:
-    """The result as a table, the ratios and the goals."""
+    """The result as a table, the ratios and the goals, met or not."""
     resolved = result["resolved"]
     lines = [
         f"{result['dataset']}: {result['train_examples']} examples x {result['input_dim']} features; "
         f"{resolved['replicas']} replica(s) ({resolved['strategy']}), global batch {resolved['global_batch']}, "
-        f"STEPS_PER_CALL={result['steps_per_call']}; median of {result['repetitions']} interleaved round(s) "
-        f"of {result['seconds_per_measurement']:g} s",
+        f"STEPS_PER_CALL={result['steps_per_call']}; TensorFlow {result['tensorflow']}",
+        f"median of {result['repetitions']} interleaved round(s) of {result['seconds_per_measurement']:g} s; "
+        "spread = (max - min) / median",
         "",
-        f"{'contender':<32} {'examples/s':>12} {'spread':>7} {'batch':>6}  settings",
+        f"{'':<32} {'examples/s':>12} {'spread':>7} {'batch':>6}  settings",
     ]
+    crashes = []
     for contender in result["contenders"].values():
-        spread = f"{100 * contender['spread']:.0f}%" if contender["spread"] is not None else "-"
-        strategy = "" if contender["strategy"] == resolved["strategy"] else f" [{contender['strategy']} only]"
+        where = "" if contender["strategy"] == resolved["strategy"] else f"  [{contender['strategy']} only]"
         lines.append(
-            f"{contender['label']:<32} {contender['examples_per_sec']:>12,.0f} {spread:>7} "
-            f"{contender['global_batch']:>6}  {contender['settings']}{strategy}"
+            f"{contender['label']:<32} {contender['examples_per_sec']:>12,.0f} {100 * contender['spread']:>6.0f}% "
+            f"{contender['global_batch']:>6}  {contender['settings']}{where}"
         )
-    lines.append("(spread: (max - min) / median over the rounds)")
+        crashes += [f"  {contender['label'].split()[0]} crashed: {line}" for line in contender["crashed"]]
+    lines += crashes
+    if result["ratios"]:
+        lines += ["", "ratios:"]
+        for name, value in result["ratios"].items():
+            lines.append(f"  {name:<5} {value:>7.2f}  {RATIO_MEANING[name]}")
     if result["startup"]:
         startup = result["startup"]
         lines += [
             "",
             f"start-up: python -m train --help {startup['help_seconds']:.2f} s; import tensorflow "
-            f"{startup['import_tensorflow_seconds']:.2f} s; tiny fit {startup['tiny_fit_seconds']:.2f} s "
-            f"({startup['tiny_fit_vs_import']:.2f}x import)",
+            f"{startup['import_tensorflow_seconds']:.2f} s; tiny fit ({startup['tiny_fit']}) "
+            f"{startup['tiny_fit_seconds']:.2f} s = {startup['tiny_fit_vs_import']:.2f}x import",
         ]
     if result["replicas"]:
-        lines.append("")
+        lines += ["", "replicas (separate processes, template path / batch in memory):"]
         for name, config in result["replicas"]["configs"].items():
-            r = config["resolved"]
+            rates = config["examples_per_sec"]
             lines.append(
-                f"{name:<30} {r['replicas']} replica(s), global batch {r['global_batch']:>5}: template "
-                f"{config['examples_per_sec']['template']:>10,.0f}, in-memory "
-                f"{config['examples_per_sec']['in_memory']:>10,.0f} examples/s"
+                f"  {name:<29} {config['resolved']['replicas']} replica(s), global batch "
+                f"{config['resolved']['global_batch']:>5}: {rates['template']:>10,.0f} / {rates['in_memory']:>10,.0f}"
             )
-    lines += ["", "goals:"]
+        lines.append(
+            "  same global batch, mirrored_2 / one_device: "
+            f"{result['replicas']['mirrored_2_same_global_batch_vs_one_device']:.2f}"
+        )
+    lines += ["", "goals (issue 6):"]
     for goal in result["goals"]:
         value = "n/a" if goal["value"] is None else f"{goal['value']:.2f}"
         verdict = {True: "met", False: "NOT met", None: "not measured"}[goal["met"]]
-        lines.append(f"  {goal['goal']:<44} {value:>7}  (target {goal['comparison']} {goal['target']:g})  {verdict}")
+        lines.append(f"  {goal['goal']:<46} {value:>6}  target {goal['comparison']} {goal['target']:<5g} {verdict}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m train.bench`: the benchmark with the settings from the environment and .env."""
+    """`python -m train.bench`: the benchmark with the settings from the environment and .env (no flags)."""
     parser = argparse.ArgumentParser(prog="python -m train.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="also write the result as JSON here")
-    parser.add_argument("--repetitions", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=2.0, help="seconds per measurement")
-    parser.add_argument("--compare-replicas", action="store_true", help="also 1 vs 2 logical CPU devices")
+    parser.add_argument("--repetitions", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--seconds", type=float, default=1.5, help="seconds per measurement (default 1.5)")
+    parser.add_argument("--compare-replicas", action="store_true", help="also 1 against 2 logical CPU devices")
     parser.add_argument("--no-startup", action="store_true", help="skip the start-up measurements")
-    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated subset")
     args = parser.parse_args(argv)
-    settings = load_settings()
-    result = run_benchmark(
-        settings,
-        repetitions=args.repetitions,
-        seconds_per_measurement=args.seconds,
-        include_startup=not args.no_startup,
-        compare_replicas=args.compare_replicas,
-        contenders=tuple(args.contenders.split(",")),
-        say=lambda message: print(message, flush=True),
-    )
-    print(format_benchmark(result))
+    try:
+        result = run_benchmark(
+            load_settings(),
+            repetitions=args.repetitions,
+            seconds_per_measurement=args.seconds,
+            say=lambda message: print(message, flush=True),
+            include_startup=not args.no_startup,
+            compare_replicas=args.compare_replicas,
+            contenders=tuple(args.contenders.split(",")),
+        )
+    except (SettingsError, TrainingError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.exit_code
+    print(format_benchmark(result), flush=True)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -138,6 +138,31 @@ def check(
 
 @app.command()
 @with_settings
+def bench(
+    settings: Settings,
+    repetitions: Annotated[int, typer.Option(min=1, help="Interleaved rounds; the median is reported.")] = 5,
+    seconds: Annotated[float, typer.Option(min=0.01, help="Seconds per measurement.")] = 1.5,
+    compare_replicas: Annotated[bool, typer.Option(help="Also 1 against 2 logical CPU devices.")] = False,
+    startup: Annotated[bool, typer.Option(help="Also time --help and a tiny fit against import tensorflow.")] = True,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the result as JSON here.")] = None,  # noqa: UP045
+) -> None:
+    """Examples/s of this template's loop against its input ceiling, Keras fit and the tutorials' way."""
+    from train.bench import format_benchmark, run_benchmark
+
+    result = run_benchmark(
+        settings,
+        repetitions=repetitions,
+        seconds_per_measurement=seconds,
+        include_startup=startup,
+        compare_replicas=compare_replicas,
+    )
+    typer.echo(format_benchmark(result))
+    if json_path is not None:
+        json_path.write_text(json.dumps(result, indent=2) + "\n")
+
+
+@app.command()
+@with_settings
 def devices(
     settings: Settings,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (stable schema) for scripts.")] = False,

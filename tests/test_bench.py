@@ -1,0 +1,135 @@
+"""The benchmark: a short form runs in a fresh process and writes every figure. It proves the command works;
+it does not judge speed (the CPU running the tests is shared and its figures are noise)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import clean_env, run_train
+from train.bench import CONTENDERS, RATIO_GOALS, format_benchmark
+from train.cli import app
+
+SHORT = ("--repetitions", "1", "--seconds", "0.2")
+
+
+def run_bench(*args: str, cwd: Path, data_dir: Path, timeout: float = 600, **settings: object) -> dict:
+    """`python -m train.bench ARGS --json FILE` in a fresh process; returns the JSON it wrote."""
+    out = cwd / "bench.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "train.bench", *args, "--json", str(out)],
+        cwd=cwd,
+        env=clean_env(TFDS_DATA_DIR=data_dir, **settings),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "goals (issue 6):" in result.stdout
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_short_benchmark_measures_every_contender_and_the_three_ratios(tmp_path, tfds_data_dir):
+    result = run_bench(*SHORT, "--no-startup", cwd=tmp_path, data_dir=tfds_data_dir)
+    assert result["schema"] == 1
+    assert result["dataset"] == "synthetic_clusters/1.0.0"
+    assert (result["resolved"]["strategy"], result["resolved"]["global_batch"]) == ("one_device", 128)
+    assert set(result["contenders"]) == set(CONTENDERS)
+    for name, contender in result["contenders"].items():
+        assert contender["examples_per_sec"] > 0, name
+        assert len(contender["runs"]) == 1
+    assert result["contenders"]["keras_numpy"]["global_batch"] == 32
+    for ratio in RATIO_GOALS:
+        assert result["ratios"][ratio] > 0
+    assert [goal["met"] in (True, False) for goal in result["goals"]] == [True] * 3
+    assert result["startup"] is None and result["replicas"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    "bench" not in {command.name or command.callback.__name__ for command in app.registered_commands},
+    reason="`python -m train bench` is not wired into train/cli.py yet",
+)
+def test_bench_command_takes_the_settings_as_flags(tmp_path, tfds_data_dir):
+    out = tmp_path / "bench.json"
+    args = ("--batch-size", "64", "--steps-per-call", "8", "--no-startup", "--json", str(out))
+    result = run_train("bench", *SHORT, *args, cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "goals (issue 6):" in result.stdout
+    written = json.loads(out.read_text())
+    assert (written["resolved"]["global_batch"], written["steps_per_call"]) == (64, 8)
+    assert all(contender["examples_per_sec"] > 0 for contender in written["contenders"].values())
+
+
+@pytest.mark.slow
+def test_benchmark_on_two_logical_cpus_runs_mirrored(tmp_path, tfds_data_dir):
+    """Keras fit may crash under MirroredStrategy with some settings; the benchmark says so and goes on."""
+    result = run_bench(*SHORT, "--no-startup", cwd=tmp_path, data_dir=tfds_data_dir, CPU_DEVICES=2, BATCH_SIZE=32)
+    assert (result["resolved"]["strategy"], result["resolved"]["global_batch"]) == ("mirrored", 64)
+    assert all(contender["examples_per_sec"] > 0 for contender in result["contenders"].values())
+    assert result["contenders"]["template"]["strategy"] == "mirrored"
+
+
+@pytest.mark.slow
+def test_startup_and_replica_comparison_run_in_subprocesses(tmp_path, tfds_data_dir):
+    result = run_bench(
+        *SHORT, "--compare-replicas", "--contenders", "template,in_memory", cwd=tmp_path, data_dir=tfds_data_dir
+    )
+    assert set(result["contenders"]) == {"template", "in_memory"}
+    assert set(result["ratios"]) == {"1/2"}
+    startup = result["startup"]
+    assert 0 < startup["help_seconds"] < startup["import_tensorflow_seconds"] < startup["tiny_fit_seconds"]
+    assert startup["tiny_fit_vs_import"] > 1
+    replicas = result["replicas"]
+    assert [config["resolved"]["global_batch"] for config in replicas["configs"].values()] == [128, 256, 128]
+    assert replicas["mirrored_2_vs_one_device"] > 0
+    goals = {goal["goal"]: goal for goal in result["goals"]}
+    assert goals["mirrored on 2 CPU devices / one device"]["met"] in (True, False)
+    assert goals["1/3 faster than Keras fit at its best"]["met"] is None  # not measured: no Keras contender
+    assert not list(tmp_path.glob("runs")), "the tiny fit writes to a temporary OUTPUT_DIR, not the working directory"
+
+
+def test_the_report_names_every_figure_and_says_which_goals_are_met():
+    contender = {"runs": [100.0], "spread": 0.0, "global_batch": 128, "strategy": "one_device", "crashed": []}
+    result = {
+        "dataset": "d/1.0.0",
+        "train_examples": 1000,
+        "input_dim": 32,
+        "resolved": {"replicas": 1, "strategy": "one_device", "global_batch": 128},
+        "steps_per_call": 32,
+        "tensorflow": "2.x",
+        "repetitions": 1,
+        "seconds_per_measurement": 0.2,
+        "contenders": {
+            "template": {**contender, "label": "1  template", "examples_per_sec": 90.0, "settings": "S=32"},
+            "keras_fit": {
+                **contender,
+                "label": "3  Keras fit",
+                "examples_per_sec": 100.0,
+                "settings": "steps_per_execution=1",
+                "strategy": "mirrored",
+                "crashed": ["mirrored, steps_per_execution=32: InvalidArgumentError: boom"],
+            },
+        },
+        "ratios": {"1/3": 0.9},
+        "startup": None,
+        "replicas": None,
+        "goals": [
+            {"goal": "1/3 faster", "value": 0.9, "target": 1.2, "comparison": ">=", "met": False},
+            {"goal": "1/2 pipeline", "value": None, "target": 0.85, "comparison": ">=", "met": None},
+        ],
+    }
+    text = format_benchmark(result)
+    assert "1/3 faster" in text and "NOT met" in text and "not measured" in text
+    assert "[mirrored only]" in text and "crashed: mirrored, steps_per_execution=32" in text
+
+
+def test_importing_the_benchmark_does_not_start_tensorflow():
+    code = "import sys, train.bench; print('tensorflow' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True)
+    assert result.stdout.strip() == "False", result.stderr[-2000:]
