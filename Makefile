@@ -6,13 +6,14 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 EXTRAS ?= dev# add ",gpu" on a GPU machine: make setup EXTRAS=dev,gpu
-SETTINGS := GPUS MEMORY_GROWTH GPU_MEMORY_LIMIT_MB STRATEGY CPU_DEVICES DATASET TFDS_DATA_DIR TRAIN_SPLIT \
-	EVAL_SPLIT FEATURE_KEY LABEL_KEY BATCH_SIZE EPOCHS STEPS_PER_EPOCH STEPS_PER_CALL LEARNING_RATE SEED \
-	OUTPUT_DIR CHECKPOINT_EVERY KEEP_CHECKPOINTS LOG_EVERY RESUME AUTO_BATCH WORKER_START_TIMEOUT
+SETTINGS := GPUS MEMORY_GROWTH GPU_MEMORY_LIMIT_MB STRATEGY CROSS_DEVICE_OPS CPU_DEVICES DATASET TFDS_DATA_DIR \
+	DATA_IN_MEMORY TRAIN_SPLIT EVAL_SPLIT FEATURE_KEY LABEL_KEY BATCH_SIZE EPOCHS STEPS_PER_EPOCH STEPS_PER_CALL \
+	JIT_COMPILE MIXED_PRECISION LEARNING_RATE SEED OUTPUT_DIR CHECKPOINT_EVERY KEEP_CHECKPOINTS LOG_EVERY RESUME \
+	AUTO_BATCH WORKER_START_TIMEOUT
 # A setting given to make (or already in the environment) reaches python as an environment variable.
 export $(foreach name,$(SETTINGS),$(if $(filter undefined,$(origin $(name))),,$(name)))
 
-.PHONY: help setup train train-workers devices check bench evaluate test test-fast test-gpu lint format tensorboard lock clean
+.PHONY: help setup train train-workers devices check bench bench-levers evaluate test test-fast test-gpu lint format tensorboard lock clean
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
@@ -39,6 +40,9 @@ check: setup ## Trial-run a small batch, then find the largest batch that fits
 
 bench: setup ## Benchmark the training loop against its input ceiling, Keras fit and the tutorials' way
 	$(BIN)/python -m train bench --json "$(or $(BENCH_JSON),bench.json)"
+
+bench-levers: setup ## The benchmark, then each value of every speed lever in its own process (minutes)
+	$(BIN)/python -m train bench --levers all --json "$(or $(BENCH_JSON),bench-levers.json)"
 
 evaluate: setup ## Evaluate the latest checkpoint on EVAL_SPLIT
 	$(BIN)/python -m train evaluate

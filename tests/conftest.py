@@ -36,6 +36,22 @@ def run_train(*args: str, cwd: Path, timeout: float = 300, **settings: object) -
     )
 
 
+SAME_WEIGHTS = """
+import sys, numpy as np, keras
+a, b = (keras.saving.load_model(path) for path in sys.argv[1:3])
+print(all(np.array_equal(x, y) for x, y in zip(a.get_weights(), b.get_weights(), strict=True)))
+"""
+
+
+def same_weights(first: Path, second: Path) -> bool:
+    """Whether two exported models have bit-identical weights (compared in a fresh process)."""
+    result = subprocess.run(
+        [sys.executable, "-c", SAME_WEIGHTS, str(first), str(second)], env=clean_env(), capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.strip().splitlines()[-1] == "True"
+
+
 def read_summary(output_dir: Path) -> dict:
     return json.loads((output_dir / "summary.json").read_text())
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 import pytest
 
 from train.errors import SettingsError
-from train.runtime import choose_strategy, configure_devices
+from train.runtime import choose_precision, choose_strategy, configure_devices, resolve
 from train.settings import load_settings
 
 
 class FakeDevices:
-    def __init__(self, gpu_count: int, initialised: bool = False) -> None:
+    def __init__(self, gpu_count: int, initialised: bool = False, compute_capability=(8, 0)) -> None:
         self.gpus = [f"GPU:{i}" for i in range(gpu_count)]
+        self.compute_capability = compute_capability
         self.initialised = initialised
         self.visible: list[str] | None = None
         self.growth: dict[str, bool] = {}
@@ -24,6 +25,9 @@ class FakeDevices:
 
     def physical_gpus(self):
         return list(self.gpus)
+
+    def gpu_details(self, gpu):
+        return {"compute_capability": self.compute_capability}
 
     def set_visible_gpus(self, gpus):
         if self.initialised:
@@ -121,3 +125,54 @@ def test_strategy_choice(requested, devices, expected, said):
     name, notes = choose_strategy(requested, devices)
     assert name == expected
     assert bool(notes) == said
+
+
+@pytest.mark.parametrize(
+    ("gpus", "capability", "requested", "policy"),
+    [
+        (2, (8, 0), "auto", "mixed_float16"),  # tensor cores
+        (2, (7, 0), "auto", "mixed_float16"),
+        (1, (6, 1), "auto", "float32"),  # no tensor cores: float16 would be slower
+        (1, None, "auto", "float32"),  # capability unknown
+        (0, None, "auto", "float32"),  # CPU: bfloat16 measured slower there
+        (0, None, "mixed_bfloat16", "mixed_bfloat16"),
+        (2, (8, 0), "off", "float32"),
+    ],
+)
+def test_mixed_precision_policy(gpus, capability, requested, policy):
+    plan = configure_devices(settings(MIXED_PRECISION=requested), FakeDevices(gpus, compute_capability=capability))
+    assert choose_precision(requested, plan)[0] == policy
+    assert resolve(settings(MIXED_PRECISION=requested), plan).precision == policy
+
+
+def test_mixed_float16_on_cpu_runs_and_says_it_is_not_faster_there():
+    plan = configure_devices(settings(), FakeDevices(0))
+    policy, notes = choose_precision("mixed_float16", plan)
+    assert policy == "mixed_float16" and "no faster float16 math" in notes[0]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "cpu_devices", "requested", "expected"),
+    [
+        (0, 2, "auto", "reduce_to_one"),  # measured faster than TensorFlow's default on CPU devices
+        (2, 1, "auto", None),  # TensorFlow's own choice on GPUs: NCCL where it is available
+        (2, 1, "hierarchical_copy", "hierarchical_copy"),
+        (2, 1, "nccl", "nccl"),
+        (0, 2, "hierarchical_copy", "hierarchical_copy"),
+    ],
+)
+def test_cross_device_ops_for_mirrored(gpus, cpu_devices, requested, expected):
+    chosen = settings(CROSS_DEVICE_OPS=requested, CPU_DEVICES=str(cpu_devices))
+    resolution = resolve(chosen, configure_devices(chosen, FakeDevices(gpus)))
+    assert resolution.strategy_name == "mirrored"
+    assert resolution.cross_device_ops == expected
+
+
+def test_nccl_on_cpu_devices_is_an_error_and_without_mirroring_it_is_said():
+    chosen = settings(CROSS_DEVICE_OPS="nccl", CPU_DEVICES="2")
+    with pytest.raises(SettingsError, match=r"^CROSS_DEVICE_OPS=nccl needs GPUs"):
+        resolve(chosen, configure_devices(chosen, FakeDevices(0)))
+    single = settings(CROSS_DEVICE_OPS="hierarchical_copy")
+    resolution = resolve(single, configure_devices(single, FakeDevices(1)))
+    assert resolution.cross_device_ops is None
+    assert any("CROSS_DEVICE_OPS=hierarchical_copy has no effect" in note for note in resolution.notes)

@@ -68,3 +68,21 @@ def test_asking_for_a_gpu_index_that_is_not_there_is_an_error(tmp_path, gpus):
     result = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "run", GPUS=str(gpus))
     assert result.returncode == 2
     assert f"asks for GPU {gpus}, but TensorFlow sees {gpus} GPU(s)" in result.stderr
+
+
+def test_fit_on_gpus_with_mixed_float16_and_every_all_reduce(tmp_path, tfds_data_dir, gpus):
+    """float16 with loss scaling, then (with 2+ GPUs) NCCL and hierarchical copy: each trains and learns."""
+    variants = [{"MIXED_PRECISION": "mixed_float16"}]
+    if gpus > 1:
+        variants += [{"CROSS_DEVICE_OPS": ops} for ops in ("nccl", "hierarchical_copy")]
+    for index, settings in enumerate(variants):
+        output_dir = tmp_path / f"run{index}"
+        result = run_train(
+            "fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=output_dir, EPOCHS=2, **settings
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        summary = read_summary(output_dir)
+        assert summary["precision"] == settings.get("MIXED_PRECISION", summary["precision"])
+        assert summary["cross_device_ops"] == settings.get("CROSS_DEVICE_OPS", summary["cross_device_ops"])
+        assert summary["data_in_memory"] and not summary["jit_compile"]  # tf.data feeds GPUs: no XLA
+        assert summary["eval"]["accuracy"] > 0.7

@@ -13,25 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, clean_env, read_summary, run_train
+from tests.conftest import REPO, clean_env, read_summary, run_train, same_weights
 
 QUICK = {"EPOCHS": 2, "STEPS_PER_EPOCH": 40, "CHECKPOINT_EVERY": 25, "LOG_EVERY": 20, "KEEP_CHECKPOINTS": 3}
 LONG = {"BATCH_SIZE": 16, "EPOCHS": 3, "STEPS_PER_CALL": 4, "CHECKPOINT_EVERY": 40, "LOG_EVERY": 1000}
 ROOT = os.geteuid() == 0
-
-SAME_WEIGHTS = """
-import sys, numpy as np, keras
-a, b = (keras.saving.load_model(path) for path in sys.argv[1:3])
-print(all(np.array_equal(x, y) for x, y in zip(a.get_weights(), b.get_weights(), strict=True)))
-"""
-
-
-def same_weights(first: Path, second: Path) -> bool:
-    result = subprocess.run(
-        [sys.executable, "-c", SAME_WEIGHTS, str(first), str(second)], env=clean_env(), capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout.strip().splitlines()[-1] == "True"
 
 
 def start_fit(cwd: Path, **settings: object) -> subprocess.Popen:

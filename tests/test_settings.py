@@ -83,6 +83,8 @@ def test_gpus_forms():
         ("DATASET", "MNIST!", "TFDS dataset name"),
         ("SEED", "-1", "0 or more"),
         ("OUTPUT_DIR", "", "non-empty"),
+        ("DATA_IN_MEMORY", "yes", "auto, true, false"),
+        ("JIT_COMPILE", "xla", "auto, true, false"),
     ],
 )
 def test_bad_value_is_one_line_naming_setting_value_and_what_is_allowed(name, value, allowed):
@@ -99,6 +101,19 @@ def test_memory_cap_with_memory_growth_is_an_error():
         load(environ={"GPU_MEMORY_LIMIT_MB": "4096"})
     settings = load(environ={"GPU_MEMORY_LIMIT_MB": "4096", "MEMORY_GROWTH": "false"})
     assert settings.gpu_memory_limit_mb == 4096
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"JIT_COMPILE": "true", "STRATEGY": "mirrored"}, "JIT_COMPILE=true is not allowed with STRATEGY=mirrored"),
+        ({"JIT_COMPILE": "true", "DATA_IN_MEMORY": "false"}, "JIT_COMPILE=true is not allowed with DATA_IN_MEMORY"),
+    ],
+)
+def test_xla_where_it_cannot_compile_the_call_is_refused_before_tensorflow(environ, message):
+    with pytest.raises(SettingsError, match=f"^{message}"):
+        load(environ=environ)
+    assert load(environ={**environ, "JIT_COMPILE": "auto"}).jit_compile == "auto"
 
 
 def test_malformed_dotenv_line_is_refused_with_file_and_line(tmp_path):

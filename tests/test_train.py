@@ -50,6 +50,22 @@ def test_mirrored_over_logical_cpus_trains_with_the_global_batch(tmp_path, tfds_
     assert summary["eval"]["accuracy"] > 0.7
 
 
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"MIXED_PRECISION": "mixed_bfloat16"}, ("mixed_bfloat16", None, True)),
+        # float16 under MirroredStrategy: Keras's LossScaleOptimizer scales the loss and unscales the gradients.
+        ({"MIXED_PRECISION": "mixed_float16", "CPU_DEVICES": 2}, ("mixed_float16", "reduce_to_one", False)),
+        ({"CROSS_DEVICE_OPS": "hierarchical_copy", "CPU_DEVICES": 2}, ("float32", "hierarchical_copy", False)),
+    ],
+)
+def test_precision_and_all_reduce_levers_train(tmp_path, tfds_data_dir, settings, expected):
+    _, run = fit(tmp_path, tfds_data_dir, EPOCHS=1, BATCH_SIZE=64, **settings)
+    summary = read_summary(run)
+    assert (summary["precision"], summary["cross_device_ops"], summary["jit_compile"]) == expected
+    assert summary["eval"]["accuracy"] > 0.5
+
+
 def test_same_global_batch_learns_the_same_on_one_or_two_replicas(tmp_path, tfds_data_dir):
     _, one = fit(tmp_path / "one", tfds_data_dir, BATCH_SIZE=64, **QUICK)
     _, two = fit(tmp_path / "two", tfds_data_dir, BATCH_SIZE=32, CPU_DEVICES=2, **QUICK)

@@ -3,8 +3,8 @@
 In one process, with the normal settings (DATASET, BATCH_SIZE, STRATEGY, CPU_DEVICES, GPUS, STEPS_PER_CALL),
 these ways of training the same model on the same data are measured in examples per second:
 
-  1  template           the template's own path: `make_train_steps` + `run_steps` on `train_dataset`, as `fit`
-  2  in_memory          the same loop and step fed one batch held in memory: no input pipeline at all, the ceiling
+  1  template           the template's own path: `make_train_steps` + `run_steps` on `make_feed`, as `fit`
+  2  in_memory          the same loop and step (XLA as in 1) fed one batch held in memory: no input at all, the ceiling
   2b in_memory_dataset  that batch repeated by tf.data, distributed as `train_dataset` is: the iterator alone
   3  keras_fit          Keras `model.fit` at its best: tf.data of the same arrays, the same global batch, the
                         largest `steps_per_execution` that runs, XLA on or off as a trial run prefers
@@ -98,78 +98,86 @@ def _first_line(error: BaseException) -> str:
 # --- 1, 2 and 2b: the template's own loop --------------------------------------------------------------------
 
 
-def _loop_contender(name: str, settings: Settings, runtime, data, iterator_for: Callable[[], Any]) -> _Contender:
+def _loop_contender(name: str, settings: Settings, runtime, data, feed, jit_compile: bool) -> _Contender:
     """The loop as `fit` runs it: STEPS_PER_CALL steps per `run_steps` call, then read the loss (which waits)."""
     from train.training import _build, make_metrics, make_train_steps, run_steps
 
     model = _build(settings, runtime, data)
     train_loss, train_accuracy = make_metrics(runtime)
-    train_steps = make_train_steps(model, runtime, train_loss, train_accuracy)
-    iterator = iterator_for()
+    train_steps = make_train_steps(model, runtime, train_loss, train_accuracy, feed, jit_compile)
     steps, global_batch = settings.steps_per_call, runtime.global_batch
 
     def measure(seconds: float) -> tuple[int, float]:
         examples = 0
         started = time.perf_counter()
         while True:
-            run_steps(train_steps, iterator, steps, global_batch)
+            run_steps(train_steps, feed, steps, global_batch)
             float(train_loss.result())  # as _train_loop does after every call
             examples += steps * global_batch
             elapsed = time.perf_counter() - started
             if elapsed >= seconds:
                 return examples, elapsed
 
-    return _Contender(name, measure, global_batch, runtime.strategy_name, f"STEPS_PER_CALL={steps}")
+    note = f"STEPS_PER_CALL={steps}, XLA {'on' if jit_compile else 'off'}"
+    return _Contender(name, measure, global_batch, runtime.strategy_name, note)
 
 
-class _SameBatch:
-    """An "iterator" that is no pipeline at all: every `next()` is the same per-replica batch, on its device.
+class _SameBatchFeed:
+    """A feed that is no input at all: every step of every call trains on the same batch, handed over once.
 
-    Inside the `tf.function`, `next(iterator)` then adds no op: the step is the same, its input costs nothing.
-    Replica r gets rows [r * per_replica, (r + 1) * per_replica) of the train split.
+    Replica r gets rows [r * per_replica, (r + 1) * per_replica) of the train split. Inside the compiled call
+    the step only slices its replica's part: what the step costs when its input costs nothing.
     """
+
+    compilable = True
 
     def __init__(self, runtime, data) -> None:
         import tensorflow as tf
 
-        per_replica, split = runtime.per_replica_batch, data.train
+        shape = (runtime.replicas, runtime.per_replica_batch)
+        features, labels = _first_rows(data, runtime.global_batch)
+        self.batch = tf.constant(features.reshape(*shape, -1)), tf.constant(labels.reshape(shape))
 
-        def rows(context):
-            start = context.replica_id_in_sync_group * per_replica
-            return tf.constant(split.features[start : start + per_replica]), tf.constant(
-                split.labels[start : start + per_replica]
-            )
+    def call_args(self, steps: int):
+        return self.batch
 
-        self.value = runtime.strategy.experimental_distribute_values_from_function(rows)
+    @staticmethod
+    def step_args(call_args, step):
+        return call_args
 
-    def __iter__(self) -> _SameBatch:
-        return self
+    @staticmethod
+    def replica_batch(features, labels):
+        import tensorflow as tf
 
-    def __next__(self):
-        return self.value
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        return features[replica], labels[replica]
+
+
+def _first_rows(data, count: int):
+    """The first `count` training examples as NumPy arrays, in memory or read from the stream."""
+    from train.data import Split, eval_dataset
+
+    if isinstance(data.train, Split):
+        return data.train.features[:count], data.train.labels[:count]
+    features, labels = next(iter(eval_dataset(data.train, count)))
+    return features.numpy(), labels.numpy()
 
 
 def _same_batch_dataset(runtime, data):
-    """One per-replica batch repeated, distributed as `train_dataset` is: tf.data's machinery without the work.
-
-    `train.data.distribute(strategy, dataset_fn)` is used when the data module has it (the placement that
-    `train_dataset` uses), else tf.distribute's default, which is what `train_dataset` uses then.
-    """
+    """One per-replica batch repeated, distributed as `train_dataset` is: tf.data's machinery without the work."""
     import tensorflow as tf
 
-    import train.data
+    from train.data import distribute
 
-    per_replica, split = runtime.per_replica_batch, data.train
+    per_replica = runtime.per_replica_batch
+    features, labels = _first_rows(data, runtime.global_batch)
 
     def dataset_fn(context):
         start = context.input_pipeline_id * (runtime.replicas // context.num_input_pipelines) * per_replica
-        batch = (split.features[start : start + per_replica], split.labels[start : start + per_replica])
+        batch = (features[start : start + per_replica], labels[start : start + per_replica])
         return tf.data.Dataset.from_tensors(batch).repeat()
 
-    distribute = getattr(train.data, "distribute", None)
-    if distribute is not None:
-        return distribute(runtime.strategy, dataset_fn)
-    return runtime.strategy.distribute_datasets_from_function(dataset_fn)
+    return distribute(runtime.strategy, dataset_fn)
 
 
 # --- 3 and 4: Keras model.fit --------------------------------------------------------------------------------
@@ -432,14 +440,22 @@ def run_benchmark(
     unknown = sorted(set(contenders) - set(CONTENDERS))
     if unknown or not contenders:
         raise SettingsError(f"unknown contenders {unknown}: use some of {', '.join(CONTENDERS)}")
-    from train.data import load_data, train_dataset
+    from train.data import PipelineFeed, load_data, make_feed
     from train.runtime import setup_runtime
+    from train.training import describe_feed, jit_compile_for
 
     runtime = setup_runtime(settings)
     for note in runtime.notes:
         say(note)
     data = load_data(settings)
+    for note in data.notes:
+        say(note)
+    if not data.in_memory and {"keras_fit", "keras_numpy"} & set(contenders):
+        contenders = tuple(c for c in contenders if c not in ("keras_fit", "keras_numpy"))
+        say("The splits are streamed: Keras fit (3 and 4), which takes them from memory here, is left out.")
     import tensorflow as tf
+
+    jit_compile = jit_compile_for(settings, runtime, data.train)
 
     say(
         f"Benchmark: {data.name}, {len(data.train)} examples x {data.input_dim} features; {runtime.replicas} "
@@ -447,8 +463,8 @@ def run_benchmark(
         f"STEPS_PER_CALL={settings.steps_per_call}; {repetitions} round(s) of {seconds_per_measurement:g} s each."
     )
 
-    def real_pipeline():
-        return iter(train_dataset(runtime.strategy, data.train, runtime.global_batch, settings.seed, 0))
+    def template_feed():
+        return make_feed(runtime.strategy, data.train, runtime.global_batch, settings.seed, 0, settings.steps_per_call)
 
     built: list[_Contender] = []
     for name in CONTENDERS:
@@ -456,11 +472,14 @@ def run_benchmark(
             continue
         say(f"Building and warming up {name} ...")
         if name == "template":
-            contender = _loop_contender(name, settings, runtime, data, real_pipeline)
+            feed = template_feed()
+            say(f"  the template's feed: {describe_feed(data, feed)}, XLA {'on' if jit_compile else 'off'}")
+            contender = _loop_contender(name, settings, runtime, data, feed, jit_compile)
         elif name == "in_memory":
-            contender = _loop_contender(name, settings, runtime, data, lambda: _SameBatch(runtime, data))
+            contender = _loop_contender(name, settings, runtime, data, _SameBatchFeed(runtime, data), jit_compile)
         elif name == "in_memory_dataset":
-            contender = _loop_contender(name, settings, runtime, data, lambda: iter(_same_batch_dataset(runtime, data)))
+            feed = PipelineFeed(_same_batch_dataset(runtime, data))
+            contender = _loop_contender(name, settings, runtime, data, feed, False)
         elif name == "keras_fit":
             contender = _best_keras_fit(settings, runtime, data, min(KERAS_TRIAL_SECONDS, seconds_per_measurement), say)
         else:

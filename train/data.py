@@ -1,30 +1,47 @@
-"""TFDS in, ready-to-train arrays and a distributed input pipeline out.
+"""TFDS in, a training feed and evaluation batches out.
 
-A split is read once, normalised and flattened in one vectorised pass, and held in memory.
-The training order is a pure function of (SEED, step): every pass over the split is a
-stateless shuffle seeded by the pass number, so a resumed run reads exactly the batches an
-uninterrupted one would, and replicas and workers take disjoint slices of every global batch.
+A split is held in memory when it fits (DATA_IN_MEMORY=auto: as float32 in at most half of the memory
+available), else streamed from the prepared TFDS files. Either way the training order is a pure function
+of (SEED, step), so a resumed run reads exactly the batches an uninterrupted one would, and replicas and
+workers take disjoint slices of every global batch:
+
+- in memory: pass p over the split is the permutation stateless_shuffle(range(N), seed=(SEED, p));
+- streamed: pass p reads the files in one fixed shuffled order through a shuffle buffer seeded by (SEED, p).
+
+The feed hands batches to the training step (see `make_feed`): on CPU devices the step gathers its rows
+from the split in memory itself, with no tf.data in the loop; on GPUs, across workers and when streaming,
+a tf.data pipeline per worker prefetches them.
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
+import os
 import re
-from dataclasses import dataclass
+import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from train.errors import SettingsError, first_line
+from train.host_memory import available_memory_bytes, hold_in_memory
 from train.settings import Settings
 
 READ_BATCH = 8192  # examples per read when loading a split into memory
-GATHER_BATCHES = 32  # training batches gathered by one op in the input pipeline
+GATHER_BATCHES = 32  # training batches gathered by one op in the in-memory tf.data pipeline
+SHUFFLE_BUFFER_BYTES = 256 << 20  # streamed splits: the shuffle buffer holds about this many bytes of examples
+SHUFFLE_BUFFER_EXAMPLES = (1024, 65536)  # ... but at least and at most this many examples
+CACHE_DIR = "train-arrays-cache"  # inside the prepared dataset's directory: in-memory splits as read, for the next run
 
 
 @dataclass(frozen=True)
 class Split:
+    """A split held in memory."""
+
     features: np.ndarray  # float32, [examples, input_dim]
     labels: np.ndarray  # int64, [examples]
 
@@ -33,12 +50,60 @@ class Split:
 
 
 @dataclass(frozen=True)
+class StreamedSplit:
+    """A split read from the prepared TFDS files as it is needed, normalised batch by batch."""
+
+    builder: Any = field(repr=False)
+    split: str
+    feature_key: str
+    label_key: str
+    examples: int
+    input_dim: int
+    example_bytes: int  # of one example's feature as stored
+
+    def __len__(self) -> int:
+        return self.examples
+
+    @property
+    def shuffle_buffer(self) -> int:
+        low, high = SHUFFLE_BUFFER_EXAMPLES
+        return int(min(high, max(low, SHUFFLE_BUFFER_BYTES // max(1, self.example_bytes))))
+
+    def read(self, shuffle_files: bool, seed: int = 0) -> tf.data.Dataset:
+        """(feature as stored, label) pairs; with `shuffle_files`, the files in one fixed order drawn from `seed`."""
+        import tensorflow_datasets as tfds
+
+        read_config = tfds.ReadConfig(shuffle_seed=seed, shuffle_reshuffle_each_iteration=False)
+        dataset = self.builder.as_dataset(split=self.split, shuffle_files=shuffle_files, read_config=read_config)
+        return dataset.map(lambda example: (example[self.feature_key], example[self.label_key]))
+
+
+TrainSplit = Split | StreamedSplit
+
+
+@dataclass(frozen=True)
 class Data:
     name: str
     num_classes: int
     input_dim: int
-    train: Split
-    eval: Split
+    train: TrainSplit
+    eval: TrainSplit
+    notes: tuple[str, ...] = ()
+
+    @property
+    def in_memory(self) -> bool:
+        return isinstance(self.train, Split)
+
+
+def normalise(raw, input_dim: int):
+    """Features as the MLP takes them: float32, flattened; image bytes scaled to [0, 1]. NumPy or TensorFlow."""
+    if isinstance(raw, np.ndarray):
+        features = raw.reshape(len(raw), input_dim).astype(np.float32)
+        if raw.dtype == np.uint8:
+            features /= 255.0
+        return features
+    features = tf.reshape(tf.cast(raw, tf.float32), [-1, input_dim])
+    return features / 255.0 if raw.dtype == tf.uint8 else features
 
 
 def _open_builder(settings: Settings):
@@ -71,13 +136,31 @@ def _prepare(builder, settings: Settings) -> None:
         ) from None
 
 
-def _check_split(builder, setting: str, split: str) -> None:
+def _check_split(builder, setting: str, split: str) -> int | None:
+    """The number of examples of the split (TFDS split syntax, like train[:90%]), None where the dataset's
+    info does not list its splits (tfds.testing.mock_data). Raises SettingsError."""
     known = list(builder.info.splits.keys())
     base = re.split(r"[\[+]", split)[0]
-    if known and base not in known:
+    if not known:
+        return None
+    if base not in known:
         raise SettingsError(
             f"{setting}={split!r} is not a split of {builder.info.full_name}: use one of {', '.join(known)}"
         )
+    try:
+        examples = int(builder.info.splits[split].num_examples)
+    except Exception as error:  # a malformed slice: TFDS raises several types
+        raise SettingsError(f"{setting}={split!r} cannot be read: {first_line(error)[:200]}") from None
+    if examples == 0:
+        raise SettingsError(f"{setting}={split!r} of {builder.info.full_name} has no examples")
+    return examples
+
+
+def _count(builder, split: str) -> int:
+    try:
+        return int(builder.as_dataset(split=split).reduce(np.int64(0), lambda count, _: count + 1))
+    except (tf.errors.OpError, OSError) as error:
+        raise _damaged(builder, error) from None
 
 
 def _feature_keys(builder, settings: Settings) -> tuple[str, str]:
@@ -97,52 +180,113 @@ def _feature_keys(builder, settings: Settings) -> tuple[str, str]:
     return feature_key, label_key
 
 
-def _read_split(builder, split: str, feature_key: str, label_key: str) -> Split:
+def _damaged(builder, error: BaseException) -> SettingsError:
+    return SettingsError(
+        f"DATASET={builder.info.full_name} in {builder.data_dir} cannot be read ({first_line(error)[:160]}): "
+        "the prepared files are incomplete or damaged; delete that directory and run again to prepare it anew"
+    )
+
+
+def _read_split(builder, split: str, feature_key: str, label_key: str, input_dim: int) -> Split:
+    cache = _cache_path(builder, split, feature_key, label_key)
+    arrays = _read_cache(cache)
+    if arrays is None:
+        arrays = _read_tfds(builder, split, feature_key, label_key)
+        _write_cache(cache, arrays)
+    raw, labels = arrays
+    return Split(features=normalise(raw, input_dim), labels=labels.astype(np.int64))
+
+
+def _read_tfds(builder, split: str, feature_key: str, label_key: str) -> tuple[np.ndarray, np.ndarray]:
     try:
         dataset = builder.as_dataset(split=split, shuffle_files=False)
         dataset = dataset.map(lambda example: (example[feature_key], example[label_key])).batch(READ_BATCH)
         chunks = [(features.numpy(), labels.numpy()) for features, labels in dataset]
     except (tf.errors.OpError, OSError) as error:
-        raise SettingsError(
-            f"DATASET={builder.info.full_name} in {builder.data_dir} cannot be read ({first_line(error)[:160]}): "
-            "the prepared files are incomplete or damaged; delete that directory and run again to prepare it anew"
-        ) from None
-    if not chunks:
-        raise SettingsError(f"split {split!r} of {builder.info.full_name} has no examples")
-    raw = np.concatenate([features for features, _ in chunks])
-    labels = np.concatenate([labels for _, labels in chunks]).astype(np.int64)
-    features = raw.reshape(len(raw), -1).astype(np.float32)
-    if raw.dtype == np.uint8:  # images: bytes to [0, 1]
-        features /= 255.0
-    return Split(features=features, labels=labels)
+        raise _damaged(builder, error) from None
+    return np.concatenate([features for features, _ in chunks]), np.concatenate([labels for _, labels in chunks])
+
+
+def _cache_path(builder, split: str, feature_key: str, label_key: str) -> Path | None:
+    """Where an in-memory split's arrays are kept after the first read: reading them back takes milliseconds.
+
+    Inside the prepared dataset's own directory, so deleting that deletes the cache too. The name holds a hash
+    of the split, the keys and every prepared file's name, size and mtime: a changed or missing file misses.
+    """
+    data_dir = Path(builder.data_dir)
+    if not data_dir.is_dir():  # e.g. a gs:// data dir: no cache
+        return None
+    files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in data_dir.iterdir() if p.is_file())
+    key = hashlib.sha256(repr((split, feature_key, label_key, files)).encode()).hexdigest()[:16]
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", split)
+    return data_dir / CACHE_DIR / f"{safe}@{key}.npz"
+
+
+def _read_cache(path: Path | None) -> tuple[np.ndarray, np.ndarray] | None:
+    if path is None or not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            return arrays["features"], arrays["labels"]
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):  # unreadable: read TFDS again, write it anew
+        return None
+
+
+def _write_cache(path: Path | None, arrays: tuple[np.ndarray, np.ndarray]) -> None:
+    """Best effort: a read-only data dir (a mounted volume) only means no cache. Older caches of the split go."""
+    if path is None:
+        return
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(exist_ok=True)
+        with temporary.open("wb") as stream:
+            np.savez(stream, features=arrays[0], labels=arrays[1])
+        os.replace(temporary, path)  # whole or not at all: a concurrent reader never sees half a file
+        for old in path.parent.glob(f"{path.name.split('@')[0]}@*.npz"):
+            if old != path:
+                old.unlink(missing_ok=True)
+    except OSError:
+        temporary.unlink(missing_ok=True)
 
 
 def load_data(settings: Settings) -> Data:
-    """Open DATASET, prepare it if needed, and read both splits into memory. Raises SettingsError."""
+    """Open DATASET, prepare it if needed, and hold both splits in memory or stream them. Raises SettingsError."""
     builder = _open_builder(settings)
     _prepare(builder, settings)
-    _check_split(builder, "TRAIN_SPLIT", settings.train_split)
-    _check_split(builder, "EVAL_SPLIT", settings.eval_split)
+    train_examples = _check_split(builder, "TRAIN_SPLIT", settings.train_split)
+    eval_examples = _check_split(builder, "EVAL_SPLIT", settings.eval_split)
     feature_key, label_key = _feature_keys(builder, settings)
 
     label_feature = builder.info.features[label_key]
     num_classes = getattr(label_feature, "num_classes", None)
     if not num_classes:
         raise SettingsError(f"LABEL_KEY={label_key!r} of {settings.dataset} is not a class label (tfds ClassLabel)")
-    shape = builder.info.features[feature_key].shape
-    if any(dim is None for dim in shape):
-        raise SettingsError(f"FEATURE_KEY={feature_key!r} has a variable shape {shape}: the MLP needs a fixed shape")
+    feature = builder.info.features[feature_key]
+    if any(dim is None for dim in feature.shape):
+        raise SettingsError(
+            f"FEATURE_KEY={feature_key!r} has a variable shape {feature.shape}: the MLP needs a fixed shape"
+        )
+    input_dim = int(np.prod(feature.shape))
 
-    return Data(
-        name=builder.info.full_name,
-        num_classes=int(num_classes),
-        input_dim=int(np.prod(shape)),
-        train=_read_split(builder, settings.train_split, feature_key, label_key),
-        eval=_read_split(builder, settings.eval_split, feature_key, label_key),
-    )
+    if train_examples is None or eval_examples is None:  # not listed: count them (once, by reading)
+        train_examples, eval_examples = (
+            _count(builder, split) for split in (settings.train_split, settings.eval_split)
+        )
+    needed = (train_examples + eval_examples) * (4 * input_dim + 8)
+    in_memory, note = hold_in_memory(settings.data_in_memory, needed, available_memory_bytes())
+    if in_memory:
+        train = _read_split(builder, settings.train_split, feature_key, label_key, input_dim)
+        evaluation = _read_split(builder, settings.eval_split, feature_key, label_key, input_dim)
+    else:
+        example_bytes = input_dim * np.dtype(feature.np_dtype).itemsize
+        train, evaluation = (
+            StreamedSplit(builder, split, feature_key, label_key, examples, input_dim, example_bytes)
+            for split, examples in ((settings.train_split, train_examples), (settings.eval_split, eval_examples))
+        )
+    return Data(builder.info.full_name, int(num_classes), input_dim, train, evaluation, (note,) if note else ())
 
 
-def batches_per_pass(split: Split, global_batch: int, setting: str = "TRAIN_SPLIT") -> int:
+def batches_per_pass(split: TrainSplit, global_batch: int, setting: str = "TRAIN_SPLIT") -> int:
     """Whole global batches in one pass over the split (the remainder waits for the next pass)."""
     batches = len(split) // global_batch
     if batches == 0:
@@ -152,17 +296,24 @@ def batches_per_pass(split: Split, global_batch: int, setting: str = "TRAIN_SPLI
     return batches
 
 
-def train_dataset(strategy, split: Split, global_batch: int, seed: int, start_step: int):
-    """Per-replica training batches from `start_step` on, forever, as a distributed dataset.
+def pass_order(examples: int, seed: int, pass_number) -> tf.Tensor:
+    """The order of an in-memory split's examples in pass `pass_number`: the same in a graph and eagerly."""
+    seeds = tf.stack([tf.constant(seed, tf.int64), tf.cast(pass_number, tf.int64)])
+    return tf.random.experimental.stateless_shuffle(tf.range(examples, dtype=tf.int64), seed=seeds)
 
-    Pass p over the split uses the permutation stateless_shuffle(range(N), seed=(SEED, p));
-    its k-th global batch is cut into per-replica slices, replica r taking slice r. The whole
-    plan is index arithmetic, so a restart at step s rebuilds it and skips s batches of indices.
+
+def train_dataset(strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int):
+    """Per-replica training batches from `start_step` on, forever, as a distributed tf.data dataset.
+
+    The k-th global batch of a pass is cut into per-replica slices, replica r taking slice r. A restart at
+    step s rebuilds the plan and skips s batches: of indices in memory; of examples read, when streaming.
     """
     passes_batches = batches_per_pass(split, global_batch)
     first_pass, offset = divmod(start_step, passes_batches)
     replicas = strategy.num_replicas_in_sync
     per_replica = global_batch // replicas
+    if isinstance(split, StreamedSplit):
+        return distribute(strategy, _streamed(split, replicas, per_replica, passes_batches, seed, first_pass, offset))
     with tf.device("/cpu:0"):
         features = tf.constant(split.features)
         labels = tf.constant(split.labels)
@@ -172,9 +323,7 @@ def train_dataset(strategy, split: Split, global_batch: int, seed: int, start_st
         first_replica = context.input_pipeline_id * local
 
         def pass_indices(pass_number):
-            order = tf.random.experimental.stateless_shuffle(
-                tf.range(len(split), dtype=tf.int64), seed=tf.stack([tf.constant(seed, tf.int64), pass_number])
-            )
+            order = pass_order(len(split), seed, pass_number)
             plan = tf.reshape(order[: passes_batches * global_batch], [passes_batches, replicas, per_replica])
             mine = plan[:, first_replica : first_replica + local, :]
             return tf.data.Dataset.from_tensor_slices(tf.reshape(mine, [passes_batches * local, per_replica]))
@@ -190,6 +339,35 @@ def train_dataset(strategy, split: Split, global_batch: int, seed: int, start_st
     return distribute(strategy, dataset_fn)
 
 
+def _streamed(
+    split: StreamedSplit, replicas: int, per_replica: int, passes_batches: int, seed: int, first_pass: int, offset: int
+):
+    """The dataset_fn of a streamed split: every input pipeline reads the same global batches, keeps its slices.
+
+    Each worker reads the whole stream (and drops the others' rows): simple and exactly the order of one
+    worker; the cost is reading (workers - 1) times more, which matters only once reading is the bottleneck.
+    """
+    examples = split.read(shuffle_files=True, seed=seed)
+
+    def one_pass(pass_number):
+        shuffled = examples.shuffle(split.shuffle_buffer, seed=tf.constant(seed, tf.int64) * 1_000_003 + pass_number)
+        return shuffled.batch(replicas * per_replica, drop_remainder=True).take(passes_batches)
+
+    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        local = replicas // context.num_input_pipelines
+        first_replica = context.input_pipeline_id * local
+
+        def mine(raw, labels):  # after batching: one vectorised op per batch, not one per example
+            features = tf.reshape(normalise(raw, split.input_dim), [replicas, per_replica, split.input_dim])
+            labels = tf.reshape(tf.cast(labels, tf.int64), [replicas, per_replica])
+            return features[first_replica : first_replica + local], labels[first_replica : first_replica + local]
+
+        batches = tf.data.Dataset.range(first_pass, np.iinfo(np.int64).max).flat_map(one_pass).skip(offset)
+        return batches.map(mine, num_parallel_calls=tf.data.AUTOTUNE).unbatch().prefetch(tf.data.AUTOTUNE)
+
+    return dataset_fn
+
+
 def distribute(strategy, dataset_fn):
     """The per-replica datasets as `strategy.run` takes them.
 
@@ -198,8 +376,7 @@ def distribute(strategy, dataset_fn):
     train bench`), so each replica gets a plain tf.data iterator on the host: one replica takes the dataset
     as it is, several take one pipeline each (PER_REPLICA) without a copy to the device they already share.
     """
-    on_gpus = any("GPU" in device.upper() for device in strategy.extended.worker_devices)
-    if on_gpus or isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):  # one pipeline per worker
+    if _on_gpus(strategy) or isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return strategy.distribute_datasets_from_function(dataset_fn)
     if strategy.num_replicas_in_sync == 1:
         return dataset_fn(tf.distribute.InputContext())
@@ -210,6 +387,104 @@ def distribute(strategy, dataset_fn):
     return strategy.distribute_datasets_from_function(dataset_fn, options)
 
 
-def eval_dataset(split: Split, batch: int) -> tf.data.Dataset:
+def _on_gpus(strategy) -> bool:
+    return any("GPU" in device.upper() for device in strategy.extended.worker_devices)
+
+
+class RowsFeed:
+    """An in-memory split on CPU devices: no tf.data in the loop. The step gathers its own rows.
+
+    The host plans each call's rows (`call_args`: [block, replicas, per_replica] indices, in the order
+    `pass_order` gives, padded to a fixed block so the step is traced once) and every step of the call
+    gathers its replica's batch from the split inside the compiled function. A tf.data iterator read once
+    per step cost more than the small model's step itself (measured by `python -m train bench`).
+    """
+
+    compilable = True  # everything the step reads is a tensor: XLA can compile the whole call
+
+    def __init__(self, split: Split, replicas: int, global_batch: int, seed: int, start_step: int, block: int):
+        self.passes_batches = batches_per_pass(split, global_batch)
+        self.shape = (replicas, global_batch // replicas)
+        self.seed, self.step, self.block, self.examples = seed, start_step, block, len(split)
+        with tf.device("/cpu:0"):
+            self.features = tf.constant(split.features)
+            self.labels = tf.constant(split.labels)
+        self._pass: int | None = None
+        self._plan = np.empty((0, *self.shape), np.int64)
+
+    def _pass_plan(self, pass_number: int) -> np.ndarray:
+        if pass_number != self._pass:
+            order = pass_order(self.examples, self.seed, pass_number).numpy()
+            whole = self.passes_batches * self.shape[0] * self.shape[1]
+            self._pass, self._plan = pass_number, order[:whole].reshape(self.passes_batches, *self.shape)
+        return self._plan
+
+    def call_args(self, steps: int) -> tuple[tf.Tensor, ...]:
+        """The next `steps` steps' input; moves on by `steps`."""
+        rows = np.zeros((max(steps, self.block), *self.shape), np.int64)
+        done = 0
+        while done < steps:
+            pass_number, batch = divmod(self.step + done, self.passes_batches)
+            take = min(steps - done, self.passes_batches - batch)
+            rows[done : done + take] = self._pass_plan(pass_number)[batch : batch + take]
+            done += take
+        self.step += steps
+        return self.features, self.labels, tf.constant(rows)
+
+    @staticmethod
+    def step_args(call_args, step):
+        features, labels, rows = call_args
+        return features, labels, rows[step]
+
+    @staticmethod
+    def replica_batch(features, labels, rows):
+        mine = rows[tf.distribute.get_replica_context().replica_id_in_sync_group]
+        return tf.gather(features, mine), tf.gather(labels, mine)
+
+
+class PipelineFeed:
+    """A distributed tf.data dataset: one `next()` per step, inside the call."""
+
+    compilable = False  # XLA cannot compile an iterator's get_next
+
+    def __init__(self, distributed) -> None:
+        self.iterator = iter(distributed)
+
+    def call_args(self, steps: int) -> tuple[Any, ...]:
+        del steps  # the iterator moves on by itself
+        return (self.iterator,)
+
+    @staticmethod
+    def step_args(call_args, step):
+        del step
+        return next(call_args[0])
+
+    @staticmethod
+    def replica_batch(features, labels):
+        return features, labels
+
+
+Feed = RowsFeed | PipelineFeed
+
+
+def gathers_in_step(strategy, split: TrainSplit) -> bool:
+    """Whether the feed is a `RowsFeed`: an in-memory split on the CPU devices of one host."""
+    host_cpus = not _on_gpus(strategy) and not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    return isinstance(split, Split) and host_cpus
+
+
+def make_feed(strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int, block: int) -> Feed:
+    """Rows gathered by the step for an in-memory split on one host's CPU devices; a tf.data pipeline otherwise."""
+    if gathers_in_step(strategy, split):
+        return RowsFeed(split, strategy.num_replicas_in_sync, global_batch, seed, start_step, block)
+    return PipelineFeed(train_dataset(strategy, split, global_batch, seed, start_step))
+
+
+def eval_dataset(split: TrainSplit, batch: int) -> tf.data.Dataset:
     """Every example of the split once, in order, last batch partial."""
-    return tf.data.Dataset.from_tensor_slices((split.features, split.labels)).batch(batch).prefetch(tf.data.AUTOTUNE)
+    if isinstance(split, StreamedSplit):
+        batches = split.read(shuffle_files=False).batch(batch)
+        batches = batches.map(lambda raw, labels: (normalise(raw, split.input_dim), tf.cast(labels, tf.int64)))
+    else:
+        batches = tf.data.Dataset.from_tensor_slices((split.features, split.labels)).batch(batch)
+    return batches.prefetch(tf.data.AUTOTUNE)

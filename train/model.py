@@ -16,7 +16,8 @@ def build_model(input_dim: int, num_classes: int, learning_rate: float) -> keras
         [
             keras.Input(shape=(input_dim,)),
             layers.Dense(64, activation="relu"),
-            layers.Dense(num_classes, activation="softmax"),
+            # float32 even under a mixed-precision policy: softmax and the loss need its range and precision.
+            layers.Dense(num_classes, activation="softmax", dtype="float32"),
         ],
         name="classifier",
     )

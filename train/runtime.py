@@ -26,6 +26,7 @@ class DevicePlan:
     memory_limit_mb: int | None
     cpu_devices: int
     notes: tuple[str, ...]
+    compute_capabilities: tuple[tuple[int, int] | None, ...] = ()  # of each visible GPU, where TensorFlow says
 
     @property
     def training_devices(self) -> tuple[str, ...]:
@@ -73,6 +74,7 @@ def configure_devices(settings: Settings, backend: DeviceBackend) -> DevicePlan:
             "in a fresh process"
         ) from None
 
+    capabilities = tuple(backend.gpu_details(gpu).get("compute_capability") for gpu in selected)
     return DevicePlan(
         physical_gpus=len(gpus),
         visible_gpus=tuple(chosen),
@@ -80,7 +82,47 @@ def configure_devices(settings: Settings, backend: DeviceBackend) -> DevicePlan:
         memory_limit_mb=settings.gpu_memory_limit_mb if chosen else None,
         cpu_devices=settings.cpu_devices,
         notes=tuple(notes),
+        compute_capabilities=tuple(tuple(c) if c else None for c in capabilities),
     )
+
+
+TENSOR_CORES = (7, 0)  # compute capability from which float16 matrix math runs on tensor cores (Volta on)
+
+
+def choose_precision(requested: str, plan: DevicePlan) -> tuple[str, tuple[str, ...]]:
+    """MIXED_PRECISION as a Keras dtype policy name, and what to say about it.
+
+    auto: mixed_float16 where every visible GPU has tensor cores; float32 elsewhere. On this template's CPU
+    benchmark mixed_bfloat16 measured 0.84-0.90x of float32, so the CPU default stays float32.
+    """
+    if requested == "auto":
+        tensor_cores = plan.visible_gpus and all(c and c >= TENSOR_CORES for c in plan.compute_capabilities)
+        return ("mixed_float16" if tensor_cores else "float32"), ()
+    if requested == "off":
+        return "float32", ()
+    if requested == "mixed_float16" and not plan.visible_gpus:
+        return requested, ("MIXED_PRECISION=mixed_float16 on CPU: it runs, but CPUs have no faster float16 math.",)
+    return requested, ()
+
+
+def choose_cross_device_ops(requested: str, strategy_name: str, plan: DevicePlan) -> tuple[str | None, tuple[str, ...]]:
+    """CROSS_DEVICE_OPS for MirroredStrategy: the all-reduce to build (None: TensorFlow's own choice), notes.
+
+    auto: reduce_to_one on CPU devices, where it beat TensorFlow's default (python -m train bench: 284k vs 250k
+    examples/s on 2 logical CPUs); on GPUs TensorFlow's default, NCCL where it is available.
+    """
+    if strategy_name != "mirrored":
+        if requested == "auto":
+            return None, ()
+        return None, (f"CROSS_DEVICE_OPS={requested} has no effect: {strategy_name} has nothing to all-reduce.",)
+    if requested == "nccl" and not plan.visible_gpus:
+        raise SettingsError(
+            "CROSS_DEVICE_OPS=nccl needs GPUs (NCCL all-reduces between GPUs), and the training devices are CPUs: "
+            "use auto, reduce_to_one or hierarchical_copy"
+        )
+    if requested == "auto":
+        return (None if plan.visible_gpus else "reduce_to_one"), ()
+    return requested, ()
 
 
 def choose_strategy(requested: str, device_count: int, workers: int = 0) -> tuple[str, tuple[str, ...]]:
@@ -113,6 +155,8 @@ class Resolution:
     plan: DevicePlan
     notes: tuple[str, ...]
     cluster: Cluster | None = None  # set for multi_worker only
+    precision: str = "float32"  # the Keras dtype policy
+    cross_device_ops: str | None = None  # mirrored: the all-reduce; None is TensorFlow's own choice
 
     @property
     def workers(self) -> int:
@@ -152,6 +196,8 @@ class Resolution:
             "per_replica_batch": self.per_replica_batch,
             "global_batch": self.global_batch,
             "workers": self.workers,
+            "precision": self.precision,
+            "cross_device_ops": self.cross_device_ops,
             "cluster": self.cluster.describe() if self.cluster else None,
             "notes": list(self.notes),
         }
@@ -165,6 +211,7 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
     if local_only and (requested == "multi_worker" or settings.multi_worker):
         requested, workers = "auto", 0
     name, notes = choose_strategy(requested, len(plan.training_devices), workers)
+    precision, precision_notes = choose_precision(settings.mixed_precision, plan)
     if name == "multi_worker":
         # MultiWorkerMirroredStrategy runs one replica per visible GPU, or one on the CPU: a split CPU does not count.
         devices = plan.training_devices if plan.visible_gpus else plan.training_devices[:1]
@@ -172,9 +219,12 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
             notes += (
                 f"CPU_DEVICES={plan.cpu_devices} does not apply to multi_worker: a worker without GPUs is one replica.",
             )
-        return Resolution(name, devices, settings.batch_size, plan, plan.notes + notes, cluster)
+        notes += precision_notes
+        return Resolution(name, devices, settings.batch_size, plan, plan.notes + notes, cluster, precision)
     devices = plan.training_devices if name == "mirrored" else plan.training_devices[:1]
-    return Resolution(name, devices, settings.batch_size, plan, plan.notes + notes)
+    cross_device_ops, ops_notes = choose_cross_device_ops(settings.cross_device_ops, name, plan)
+    notes += precision_notes + ops_notes
+    return Resolution(name, devices, settings.batch_size, plan, plan.notes + notes, None, precision, cross_device_ops)
 
 
 @dataclass(frozen=True)
@@ -196,18 +246,25 @@ def setup_runtime(settings: Settings, backend: DeviceBackend | None = None, loca
 
     Multi-worker: blocks until every worker of TF_CONFIG has joined, at most WORKER_START_TIMEOUT seconds.
     """
+    import keras
     import tensorflow as tf
 
     from train.gpus import TensorFlowDevices
 
     resolution = resolve(settings, configure_devices(settings, backend or TensorFlowDevices()), local_only)
+    keras.mixed_precision.set_global_policy(resolution.precision)  # before any model or optimizer is made
     if resolution.strategy_name == "multi_worker":
         strategy = _multi_worker_strategy(settings, resolution)
     elif resolution.strategy_name == "mirrored":
-        # On CPU devices TensorFlow's default all-reduce measured slower than ReductionToOneDevice
-        # (python -m train bench: 284k vs 250k examples/s on 2 logical CPUs); on GPUs NCCL stays.
-        cross_device_ops = None if resolution.plan.visible_gpus else tf.distribute.ReductionToOneDevice()
-        strategy = tf.distribute.MirroredStrategy(devices=list(resolution.devices), cross_device_ops=cross_device_ops)
+        all_reduce = {
+            None: None,
+            "nccl": tf.distribute.NcclAllReduce,
+            "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
+            "reduce_to_one": tf.distribute.ReductionToOneDevice,
+        }[resolution.cross_device_ops]
+        strategy = tf.distribute.MirroredStrategy(
+            devices=list(resolution.devices), cross_device_ops=all_reduce() if all_reduce else None
+        )
     else:
         strategy = tf.distribute.OneDeviceStrategy(resolution.devices[0])
     assert strategy.num_replicas_in_sync == resolution.replicas

@@ -28,6 +28,9 @@ from train.errors import SettingsError
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
 SINGLE_HOST = ("one_device", "mirrored")
 RESUME_MODES = ("auto", "never")
+AUTO_TRUE_FALSE = ("auto", "true", "false")
+PRECISIONS = ("auto", "off", "mixed_float16", "mixed_bfloat16")
+ALL_REDUCES = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 
@@ -140,9 +143,11 @@ FIELDS: tuple[Field, ...] = (
     Field("MEMORY_GROWTH", "true", _bool, "Allocate GPU memory as needed instead of all of it up front."),
     Field("GPU_MEMORY_LIMIT_MB", "", _optional_positive_int, "Cap per GPU in MiB (needs MEMORY_GROWTH=false)."),
     Field("STRATEGY", "auto", _choice(STRATEGIES), "auto, one_device, mirrored or multi_worker (see README)."),
+    Field("CROSS_DEVICE_OPS", "auto", _choice(ALL_REDUCES), "MirroredStrategy's all-reduce (auto: see README)."),
     Field("CPU_DEVICES", "1", _positive_int, "Split the CPU into N logical devices (multi-replica without GPUs)."),
     Field("DATASET", "synthetic_clusters", _dataset, "TFDS dataset, optionally name/config:version."),
     Field("TFDS_DATA_DIR", "", _optional_path, "Where TFDS keeps prepared datasets (TFDS default if empty)."),
+    Field("DATA_IN_MEMORY", "auto", _choice(AUTO_TRUE_FALSE), "auto: splits in memory if they fit, else streamed."),
     Field("TRAIN_SPLIT", "train", _text, "TFDS split to train on, e.g. train or train[:90%]."),
     Field("EVAL_SPLIT", "test", _text, "TFDS split to evaluate on."),
     Field("FEATURE_KEY", "", _optional_text, "Input feature; default: the dataset's supervised keys, else image."),
@@ -151,6 +156,8 @@ FIELDS: tuple[Field, ...] = (
     Field("EPOCHS", "5", _positive_int, "Number of epochs."),
     Field("STEPS_PER_EPOCH", "", _optional_positive_int, "Steps per epoch; default: one pass over the split."),
     Field("STEPS_PER_CALL", "32", _positive_int, "Training steps run inside one tf.function call."),
+    Field("JIT_COMPILE", "auto", _choice(AUTO_TRUE_FALSE), "XLA for the training call; auto: on for one CPU device."),
+    Field("MIXED_PRECISION", "auto", _choice(PRECISIONS), "auto: mixed_float16 on GPUs of compute 7.0+, else off."),
     Field("LEARNING_RATE", "0.001", _positive_float, "Adam learning rate."),
     Field("SEED", "42", _non_negative_int, "Seed for weights and data order: same seed, same run."),
     Field("OUTPUT_DIR", "runs/default", _path, "Run directory: checkpoints, logs, summary, exported model."),
@@ -170,9 +177,11 @@ class Settings:
     memory_growth: bool
     gpu_memory_limit_mb: int | None
     strategy: str
+    cross_device_ops: str
     cpu_devices: int
     dataset: str
     tfds_data_dir: Path | None
+    data_in_memory: str
     train_split: str
     eval_split: str
     feature_key: str | None
@@ -181,6 +190,8 @@ class Settings:
     epochs: int
     steps_per_epoch: int | None
     steps_per_call: int
+    jit_compile: str
+    mixed_precision: str
     learning_rate: float
     seed: int
     output_dir: Path
@@ -284,12 +295,12 @@ def load_settings(
         )
     if settings.gpus == "none" and settings.gpu_memory_limit_mb is not None:
         raise SettingsError("GPU_MEMORY_LIMIT_MB is set but GPUS=none: there is no GPU to cap")
-    _check_cluster(settings)
+    _check_combinations(settings)
     return settings
 
 
-def _check_cluster(settings: Settings) -> None:
-    """STRATEGY against TF_CONFIG: a cluster with a single-host strategy (or the reverse) is a mistake."""
+def _check_combinations(settings: Settings) -> None:
+    """Settings valid alone but not together: STRATEGY against TF_CONFIG, JIT_COMPILE, AUTO_BATCH."""
     cluster = settings.cluster
     if cluster is not None and settings.strategy in SINGLE_HOST:
         raise SettingsError(
@@ -300,6 +311,22 @@ def _check_cluster(settings: Settings) -> None:
         raise SettingsError(
             "STRATEGY=multi_worker needs TF_CONFIG, which is not set: set it on every worker, like "
             f"TF_CONFIG='{EXAMPLE}', or start the workers with scripts/launch-workers.sh N"
+        )
+    if settings.jit_compile == "true" and settings.data_in_memory == "false":
+        raise SettingsError(
+            "JIT_COMPILE=true is not allowed with DATA_IN_MEMORY=false: XLA compiles the step only where it "
+            "gathers its batch from the split in memory; use JIT_COMPILE=auto or false"
+        )
+    if settings.jit_compile == "true" and (settings.strategy == "mirrored" or settings.multi_worker):
+        raise SettingsError(
+            f"JIT_COMPILE=true is not allowed with STRATEGY={settings.strategy}: XLA cannot compile a step whose "
+            "variables are mirrored on several devices; use JIT_COMPILE=auto or false"
+        )
+    if settings.cross_device_ops != "auto" and (settings.strategy == "one_device" or settings.multi_worker):
+        raise SettingsError(
+            f"CROSS_DEVICE_OPS={settings.cross_device_ops} is not allowed with "
+            f"STRATEGY={settings.strategy if settings.strategy != 'auto' else 'auto (multi-worker)'}: it chooses "
+            "MirroredStrategy's all-reduce; use CROSS_DEVICE_OPS=auto"
         )
     if settings.multi_worker and settings.auto_batch:
         raise SettingsError(

@@ -23,7 +23,16 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from train.data import Data, Split, batches_per_pass, eval_dataset, load_data, train_dataset
+from train.data import (
+    Data,
+    Feed,
+    TrainSplit,
+    batches_per_pass,
+    eval_dataset,
+    gathers_in_step,
+    load_data,
+    make_feed,
+)
 from train.errors import SettingsError, TrainingError, first_line
 from train.model import build_model
 from train.probe import format_probe
@@ -77,7 +86,7 @@ def _build(settings: Settings, runtime: Runtime, data: Data) -> keras.Model:
     return model
 
 
-def _evaluator(model: keras.Model) -> Callable[[Split, int], dict[str, float]]:
+def _evaluator(model: keras.Model) -> Callable[[TrainSplit, int], dict[str, float]]:
     loss_fn = _per_example_loss(model)
 
     @tf.function
@@ -86,7 +95,7 @@ def _evaluator(model: keras.Model) -> Callable[[Split, int], dict[str, float]]:
         correct = tf.equal(tf.argmax(probabilities, axis=-1), labels)
         return tf.reduce_sum(loss_fn(labels, probabilities)), tf.reduce_sum(tf.cast(correct, tf.float32))
 
-    def evaluate_split(split: Split, batch: int) -> dict[str, float]:
+    def evaluate_split(split: TrainSplit, batch: int) -> dict[str, float]:
         loss_sum = correct = 0.0
         for features, labels in eval_dataset(split, batch):
             batch_loss, batch_correct = batch_totals(features, labels)
@@ -164,11 +173,38 @@ def make_metrics(runtime: Runtime) -> tuple[keras.metrics.Metric, keras.metrics.
         return keras.metrics.Mean(name="loss"), keras.metrics.SparseCategoricalAccuracy(name="accuracy")
 
 
-def make_train_steps(model: keras.Model, runtime: Runtime, train_loss, train_accuracy):
-    """A tf.function that runs `steps` training steps under `strategy.run`, for any batch size."""
+def jit_compile_for(settings: Settings, runtime: Runtime, split: TrainSplit) -> bool:
+    """JIT_COMPILE resolved: auto compiles the call with XLA where it can, one replica gathering from memory.
+
+    Measured by `python -m train bench` on CPU: about 6x on one device. Under MirroredStrategy XLA cannot
+    compile the call (the variables live on several devices), and a tf.data iterator cannot be compiled.
+    """
+    gathers = gathers_in_step(runtime.strategy, split)
+    possible = gathers and runtime.replicas == 1
+    if settings.jit_compile == "true" and not possible:
+        why = f"{runtime.replicas} replicas" if gathers else "a tf.data pipeline feeds the step"
+        raise SettingsError(
+            f"JIT_COMPILE=true is not allowed here ({runtime.strategy_name}, {why}): XLA compiles the training "
+            "call only for one replica that gathers its batches from memory on CPU; use JIT_COMPILE=auto or false"
+        )
+    return possible and settings.jit_compile != "false"
+
+
+def describe_feed(data: Data, feed: Feed) -> str:
+    where = "in memory" if data.in_memory else "streamed from the TFDS files"
+    how = "gathered inside the step" if feed.compilable else "fed by tf.data"
+    return f"data {where}, batches {how}"
+
+
+def make_train_steps(model: keras.Model, runtime: Runtime, train_loss, train_accuracy, feed: Feed, jit_compile: bool):
+    """A tf.function that runs `steps` training steps under `strategy.run`, for any batch size.
+
+    `feed` says what one call takes and how each replica finds its batch in it (see train.data).
+    """
     loss_fn = _per_example_loss(model)
 
-    def replica_step(features, labels):
+    def replica_step(*args):
+        features, labels = feed.replica_batch(*args)
         with tf.GradientTape() as tape:
             probabilities = model(features, training=True)
             per_example = loss_fn(labels, probabilities)
@@ -176,23 +212,28 @@ def make_train_steps(model: keras.Model, runtime: Runtime, train_loss, train_acc
             loss = tf.nn.compute_average_loss(per_example)
             if model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-        gradients = tape.gradient(loss, model.trainable_variables)
+            # mixed_float16: Keras wrapped the optimizer in a LossScaleOptimizer, which scales here and
+            # unscales (and skips steps whose gradients overflowed) in apply_gradients; a no-op otherwise.
+            scaled_loss = model.optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled_loss, model.trainable_variables)
         model.optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
         train_loss.update_state(per_example)
         train_accuracy.update_state(labels, probabilities)
 
-    @tf.function
-    def train_steps(iterator, steps):
-        for _ in tf.range(steps):
-            runtime.strategy.run(replica_step, args=next(iterator))
+    @tf.function(jit_compile=jit_compile)
+    def train_steps(call_args, steps):
+        step = tf.constant(0)
+        while step < steps:  # not `for step in tf.range(steps)`: XLA would compile once per value of `steps`
+            runtime.strategy.run(replica_step, args=feed.step_args(call_args, step))
+            step += 1
 
     return train_steps
 
 
-def run_steps(train_steps, iterator, steps: int, global_batch: int) -> None:
+def run_steps(train_steps, feed: Feed, steps: int, global_batch: int) -> None:
     """Run `steps` steps. The one seam where running out of device memory surfaces, for fit and check alike."""
     del global_batch  # what the steps are fed; the seam names it so a test can fail above a threshold
-    train_steps(iterator, tf.constant(steps))
+    train_steps(feed.call_args(steps), tf.constant(steps, tf.int32))
 
 
 def memory_picture(runtime: Runtime) -> str:
@@ -266,6 +307,9 @@ def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Sa
     chief = runtime.is_chief
     data = load_data(settings)
     _steps_per_epoch(settings, data, runtime)  # a split smaller than one global batch fails here, before writing
+    jit_compile = jit_compile_for(settings, runtime, data.train)  # JIT_COMPILE=true where XLA cannot: also here
+    for note in data.notes:
+        say(note)
 
     output_dir = settings.output_dir
     checkpoint_dir = output_dir / "checkpoints"
@@ -300,7 +344,6 @@ def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Sa
     else:
         save_checkpoint(manager, 0)  # the initial weights: what AUTO_BATCH restarts from before step 1
 
-    train_steps = make_train_steps(model, runtime, train_loss, train_accuracy)
     evaluate_split = _evaluator(model)
     if chief:
         writers = {name: tf.summary.create_file_writer(str(output_dir / "logs" / name)) for name in ("train", "eval")}
@@ -319,19 +362,21 @@ def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Sa
             total_steps = steps_per_epoch * settings.epochs
             start_step = int(model.optimizer.iterations.numpy())
             workers = f" on {runtime.workers} workers" if multi else ""
+            feed = make_feed(
+                runtime.strategy, data.train, runtime.global_batch, settings.seed, start_step, settings.steps_per_call
+            )
             say(
                 f"Training {data.name} on {runtime.replicas} replica(s){workers} "
                 f"({runtime.strategy_name}: {', '.join(runtime.devices)}"
                 f"{' on each worker' if multi else ''}), "
                 f"global batch {runtime.global_batch} = {runtime.per_replica_batch} per replica x {runtime.replicas}, "
-                f"{steps_per_epoch} steps per epoch, steps {start_step}-{total_steps}."
+                f"{steps_per_epoch} steps per epoch, steps {start_step}-{total_steps}; "
+                f"{describe_feed(data, feed)}, XLA {'on' if jit_compile else 'off'}."
             )
-            iterator = iter(
-                train_dataset(runtime.strategy, data.train, runtime.global_batch, settings.seed, start_step)
-            )
+            train_steps = make_train_steps(model, runtime, train_loss, train_accuracy, feed, jit_compile)
             try:
                 step, examples_per_sec, interrupted = _train_loop(
-                    settings, runtime, data, iterator, train_steps, (train_loss, train_accuracy),
+                    settings, runtime, data, feed, train_steps, (train_loss, train_accuracy),
                     manager, evaluate_split, writers, stop, preemption, steps_per_epoch, total_steps, say,
                 )  # fmt: skip
                 break
@@ -369,6 +414,10 @@ def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Sa
         "replicas": runtime.replicas,
         "per_replica_batch": runtime.per_replica_batch,
         "global_batch": runtime.global_batch,
+        "data_in_memory": data.in_memory,
+        "jit_compile": jit_compile,
+        "precision": runtime.precision,
+        "cross_device_ops": runtime.cross_device_ops,
         "steps": step,
         "total_steps": total_steps,
         "steps_per_epoch": steps_per_epoch,
@@ -412,7 +461,7 @@ def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Sa
 
 
 def _train_loop(
-    settings, runtime, data, iterator, train_steps, metrics, manager, evaluate_split, writers, stop, preemption,
+    settings, runtime, data, feed, train_steps, metrics, manager, evaluate_split, writers, stop, preemption,
     steps_per_epoch, total_steps, say,
 ) -> tuple[int, float | None, bool]:  # fmt: skip
     """Steps from the optimizer's step counter to `total_steps`; returns the last step, examples/s, interrupted.
@@ -434,7 +483,7 @@ def _train_loop(
         )
         steps = min(settings.steps_per_call, boundary - step)
         started = time.perf_counter()
-        run_steps(train_steps, iterator, steps, runtime.global_batch)
+        run_steps(train_steps, feed, steps, runtime.global_batch)
         loss_value = float(train_loss.result())  # also waits for the call to finish
         elapsed = time.perf_counter() - started
         if not first_call:
@@ -521,6 +570,9 @@ def check(
     for note in runtime.notes:
         say(note)
     data = load_data(settings)
+    for note in data.notes:
+        say(note)
+    jit_compile = jit_compile_for(settings, runtime, data.train)
     model = _build(settings, runtime, data)
     train_loss, train_accuracy = make_metrics(runtime)
     gpus = [f"GPU:{i}" for i in range(len(runtime.plan.visible_gpus))]
@@ -530,15 +582,15 @@ def check(
     def trial(per_replica_batch: int) -> Trial:
         trial_runtime = runtime.with_batch(per_replica_batch)
         global_batch = trial_runtime.global_batch
-        iterator = iter(train_dataset(runtime.strategy, data.train, global_batch, settings.seed, 0))
-        train_steps = make_train_steps(model, runtime, train_loss, train_accuracy)  # one graph per batch shape
+        feed = make_feed(runtime.strategy, data.train, global_batch, settings.seed, 0, steps)
+        train_steps = make_train_steps(model, runtime, train_loss, train_accuracy, feed, jit_compile)  # per shape
         try:
-            run_steps(train_steps, iterator, steps, global_batch)  # warm-up: traces the graph for this shape
+            run_steps(train_steps, feed, steps, global_batch)  # warm-up: traces the graph for this shape
             float(train_loss.result())
             for gpu in gpus:
                 devices.reset_memory_stats(gpu)
             started = time.perf_counter()
-            run_steps(train_steps, iterator, steps, global_batch)
+            run_steps(train_steps, feed, steps, global_batch)
             float(train_loss.result())  # waits for the steps to finish
             seconds = time.perf_counter() - started
         except tf.errors.ResourceExhaustedError as error:

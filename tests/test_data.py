@@ -1,0 +1,191 @@
+"""The input paths: splits in memory (rows gathered inside the step on CPUs, tf.data elsewhere) or streamed from
+the TFDS files; what DATA_IN_MEMORY picks; the arrays cache. TensorFlow runs in fresh processes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import clean_env, read_summary, run_train, same_weights
+from train.host_memory import GIB, available_memory_bytes, hold_in_memory
+
+ORDER = """
+import json, sys
+import numpy as np
+from train.data import eval_dataset, load_data, make_feed, train_dataset
+from train.runtime import setup_runtime
+from train.settings import load_settings
+
+settings = load_settings()
+runtime = setup_runtime(settings)
+data = load_data(settings)
+batch = runtime.global_batch
+rows = np.concatenate([features.numpy() for features, _ in eval_dataset(data.train, 4096)])
+index = {row.tobytes(): i for i, row in enumerate(rows)}  # an example's position in the split, from its features
+assert len(index) == len(rows)
+passes = len(data.train) // batch
+
+def pipeline(start, stop):
+    iterator = iter(train_dataset(runtime.strategy, data.train, batch, settings.seed, start))
+    steps = []
+    for _ in range(start, stop):
+        parts = runtime.strategy.experimental_local_results(next(iterator)[0])
+        steps.append([[index[row.tobytes()] for row in part.numpy()] for part in parts])
+    return steps
+
+result = {"replicas": runtime.replicas, "passes": passes, "in_memory": data.in_memory,
+          "seen": pipeline(0, 2 * passes), "resumed": pipeline(passes // 2, 2 * passes)}
+feed = make_feed(runtime.strategy, data.train, batch, settings.seed, 0, 2 * passes)
+result["feed"] = type(feed).__name__
+if result["feed"] == "RowsFeed":
+    result["gathered"] = feed.call_args(2 * passes)[2].numpy().tolist()
+json.dump(result, open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.parametrize("in_memory", ["true", "false"])
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_every_example_once_per_pass_disjoint_replicas_and_a_resume_reads_the_same(
+    tmp_path, tfds_data_dir, in_memory, replicas
+):
+    output = tmp_path / "order.json"
+    settings = {"TFDS_DATA_DIR": tfds_data_dir, "DATA_IN_MEMORY": in_memory, "CPU_DEVICES": replicas}
+    result = subprocess.run(
+        [sys.executable, "-c", ORDER, str(output)],
+        cwd=tmp_path, env=clean_env(**settings, BATCH_SIZE=1024 // replicas), capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    order = json.loads(output.read_text())
+    assert order["replicas"] == replicas and order["in_memory"] == (in_memory == "true")
+    passes = order["passes"]
+    assert passes == 16384 // 1024
+    seen = order["seen"]
+    for pass_number in range(2):
+        steps = seen[pass_number * passes : (pass_number + 1) * passes]
+        examples = [i for step in steps for part in step for i in part]
+        assert all(len(step) == replicas and all(len(part) == 1024 // replicas for part in step) for step in steps)
+        assert len(set(examples)) == len(examples) == passes * 1024  # once per pass, replicas disjoint
+    assert seen[:passes] != seen[passes:]  # each pass in a new order
+    assert order["resumed"] == seen[passes // 2 :]  # a restart mid-pass reads what the first run would have
+    if in_memory == "true":
+        assert order["feed"] == "RowsFeed"  # on CPU devices the step gathers its rows: the same plan as tf.data
+        assert order["gathered"] == seen
+    else:
+        assert order["feed"] == "PipelineFeed"
+
+
+@pytest.mark.slow
+def test_streamed_fit_learns_and_resumes_mid_pass_to_the_same_weights(tmp_path, tfds_data_dir):
+    common = {
+        "TFDS_DATA_DIR": tfds_data_dir, "DATA_IN_MEMORY": "false", "STEPS_PER_EPOCH": 30, "BATCH_SIZE": 64,
+        "LEARNING_RATE": 0.01, "CHECKPOINT_EVERY": 1000,
+    }  # fmt: skip
+    straight = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "straight", EPOCHS=3, **common)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    assert "DATA_IN_MEMORY=false: streaming the splits" in straight.stdout
+    assert "data streamed from the TFDS files, batches fed by tf.data, XLA off" in straight.stdout
+    summary = read_summary(tmp_path / "straight")
+    assert summary["data_in_memory"] is False and summary["jit_compile"] is False
+    assert summary["eval"]["accuracy"] > 0.5  # 10 classes: chance is 0.1
+
+    first = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "resumed", EPOCHS=1, **common)
+    assert first.returncode == 0, first.stderr[-3000:]
+    # 30 of the split's 256 batches: the second run starts mid-pass and must skip what the first one read.
+    second = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "resumed", EPOCHS=3, **common)
+    assert second.returncode == 0, second.stderr[-3000:]
+    resumed = read_summary(tmp_path / "resumed")
+    assert resumed["resumed_from_step"] == 30 and resumed["steps"] == summary["steps"] == 90
+    assert same_weights(tmp_path / "resumed" / "model.keras", tmp_path / "straight" / "model.keras")
+
+
+LOAD = """
+import sys
+from train.data import load_data
+from train.settings import load_settings
+data = load_data(load_settings())
+print(len(data.train), len(data.eval), float(data.train.features.sum()), int(data.eval.labels.sum()))
+"""
+
+
+def test_in_memory_splits_are_cached_beside_the_prepared_files_and_a_damaged_cache_is_read_anew(
+    tmp_path, tfds_data_dir
+):
+    data_dir = tmp_path / "tensorflow_datasets"
+    shutil.copytree(tfds_data_dir, data_dir)
+    cache_dir = next(data_dir.glob("synthetic_clusters/*/")) / "train-arrays-cache"
+    shutil.rmtree(cache_dir, ignore_errors=True)
+
+    def load() -> str:
+        result = subprocess.run(
+            [sys.executable, "-c", LOAD], cwd=tmp_path, env=clean_env(TFDS_DATA_DIR=data_dir),
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout.strip().splitlines()[-1]
+
+    from_tfds = load()
+    caches = sorted(cache_dir.glob("*.npz"))
+    assert [path.name.split("@")[0] for path in caches] == ["test", "train"]
+    assert load() == from_tfds  # read back from the cache: the same arrays
+
+    for path in caches:
+        path.write_bytes(path.read_bytes()[:100])  # as a full disk or a crash elsewhere would leave it
+    assert load() == from_tfds
+    assert all(path.stat().st_size > 100_000 for path in caches)  # written anew, whole
+    assert not list(cache_dir.glob("*.tmp"))
+
+
+def test_data_in_memory_auto_streams_only_what_does_not_fit_and_says_so():
+    assert hold_in_memory("auto", 4 * GIB, 16 * GIB) == (True, None)
+    assert hold_in_memory("auto", 4 * GIB, None) == (True, None)  # unknown: as before, in memory
+    in_memory, note = hold_in_memory("auto", 9 * GIB, 16 * GIB)
+    assert not in_memory
+    assert note.startswith("The splits need 9.0 GiB as float32, 16.0 GiB available: streaming")
+    in_memory, note = hold_in_memory("true", 9 * GIB, 16 * GIB)
+    assert in_memory and note.startswith("warning: DATA_IN_MEMORY=true")
+    assert hold_in_memory("false", 1, 16 * GIB)[0] is False
+
+
+def test_available_memory_is_the_least_of_the_host_and_the_container_headroom(tmp_path):
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/meminfo").write_text("MemTotal: 25165824 kB\nMemAvailable: 20971520 kB\n")
+    assert available_memory_bytes(tmp_path) == 20 * GIB
+    cgroup = tmp_path / "sys/fs/cgroup"
+    cgroup.mkdir(parents=True)
+    (cgroup / "memory.max").write_text(f"{8 * GIB}\n")
+    (cgroup / "memory.current").write_text(f"{3 * GIB}\n")
+    assert available_memory_bytes(tmp_path) == 5 * GIB
+    (cgroup / "memory.max").write_text("max\n")  # no container limit
+    assert available_memory_bytes(tmp_path) == 20 * GIB
+    assert available_memory_bytes(tmp_path / "nowhere") is None
+    assert available_memory_bytes() > 0  # this machine's own
+
+
+def test_jit_compile_true_where_xla_cannot_compile_the_call_is_refused_before_anything_is_written(
+    tmp_path, tfds_data_dir
+):
+    # auto strategy over 2 logical CPUs is mirrored: known only once the devices are, after TensorFlow starts.
+    result = run_train(
+        "fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=tmp_path / "run", CPU_DEVICES=2, JIT_COMPILE="true"
+    )
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: JIT_COMPILE=true is not allowed here (mirrored, 2 replicas)")
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_default_fit_compiles_the_call_with_xla_and_mirrored_does_not(tmp_path: Path, tfds_data_dir):
+    quick = {"TFDS_DATA_DIR": tfds_data_dir, "EPOCHS": 1, "STEPS_PER_EPOCH": 8, "STEPS_PER_CALL": 4}
+    for replicas, jit in ((1, True), (2, False)):
+        output_dir = tmp_path / f"run{replicas}"
+        result = run_train("fit", cwd=tmp_path, OUTPUT_DIR=output_dir, CPU_DEVICES=replicas, **quick)
+        assert result.returncode == 0, result.stderr[-3000:]
+        summary = read_summary(output_dir)
+        assert summary["replicas"] == replicas and summary["jit_compile"] is jit and summary["data_in_memory"]
+        assert f"batches gathered inside the step, XLA {'on' if jit else 'off'}" in result.stdout
