@@ -86,12 +86,38 @@ def test_startup_and_replica_comparison_run_in_subprocesses(tmp_path, tfds_data_
     assert 0 < startup["help_seconds"] < startup["import_tensorflow_seconds"] < startup["tiny_fit_seconds"]
     assert startup["tiny_fit_vs_import"] > 1
     replicas = result["replicas"]
-    assert [config["resolved"]["global_batch"] for config in replicas["configs"].values()] == [128, 256, 128]
-    assert replicas["mirrored_2_vs_one_device"] > 0
+    assert [config["resolved"]["global_batch"] for config in replicas["configs"].values()] == [128, 128, 256, 128]
+    assert replicas["mirrored_2_vs_one_device"] > 0 and replicas["mirrored_2_vs_one_device_without_xla"] > 0
     goals = {goal["goal"]: goal for goal in result["goals"]}
     assert goals["mirrored on 2 CPU devices / one device"]["met"] in (True, False)
     assert goals["1/3 faster than Keras fit at its best"]["met"] is None  # not measured: no Keras contender
     assert not list(tmp_path.glob("runs")), "the tiny fit writes to a temporary OUTPUT_DIR, not the working directory"
+
+
+@pytest.mark.slow
+def test_levers_are_measured_value_by_value_and_a_refused_value_is_reported(tmp_path, tfds_data_dir):
+    result = run_bench(
+        *SHORT, "--no-startup", "--contenders", "template", "--levers", "JIT_COMPILE,CROSS_DEVICE_OPS",
+        cwd=tmp_path, data_dir=tfds_data_dir, CPU_DEVICES=2,
+    )  # fmt: skip
+    assert result["resolved"]["strategy"] == "mirrored"
+    without, with_xla = result["levers"]["JIT_COMPILE"]
+    assert without["examples_per_sec"] > 0 and without["resolved"]["template"].endswith("XLA off")
+    assert with_xla["examples_per_sec"] is None  # XLA cannot compile a mirrored step: refused, and said why
+    assert with_xla["error"].startswith("error: JIT_COMPILE=true is not allowed here (mirrored, 2 replicas)")
+    all_reduces = result["levers"]["CROSS_DEVICE_OPS"]
+    assert [value["value"] for value in all_reduces] == ["auto", "hierarchical_copy"]
+    assert [value["resolved"]["cross_device_ops"] for value in all_reduces] == ["reduce_to_one", "hierarchical_copy"]
+    assert all(value["examples_per_sec"] > 0 and value["resolved"]["replicas"] == 2 for value in all_reduces)
+
+
+def test_unknown_lever_is_refused_before_anything_runs(tmp_path):
+    result = run_train("bench", "--levers", "JIT,STEPS_PER_CALL", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: --levers JIT is not a lever: use all or some of STEPS_PER_CALL, JIT_COMPILE, MIXED_PRECISION, "
+        "DATA_IN_MEMORY, CROSS_DEVICE_OPS"
+    )
 
 
 def test_the_report_names_every_figure_and_says_which_goals_are_met():

@@ -326,15 +326,18 @@ def _child_env(settings: Settings, **overrides: object) -> dict[str, str]:
     return env
 
 
+class SubprocessFailed(TrainingError):
+    def __init__(self, argv: list[str], returncode: int, last_line: str) -> None:
+        super().__init__(f"the benchmark's subprocess `{' '.join(argv[1:])}` exited with {returncode}: {last_line}")
+        self.last_line = last_line
+
+
 def _timed_run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float = 900) -> float:
     started = time.perf_counter()
     result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     seconds = time.perf_counter() - started
     if result.returncode != 0:
-        last = result.stderr.strip().splitlines()[-1:] or ["(no output)"]
-        raise TrainingError(
-            f"the benchmark's subprocess `{' '.join(argv[1:])}` exited with {result.returncode}: {last[0]}"
-        )
+        raise SubprocessFailed(argv, result.returncode, (result.stderr.strip().splitlines() or ["(no output)"])[-1])
     return seconds
 
 
@@ -370,6 +373,7 @@ def measure_startup(settings: Settings, repetitions: int = 2, say: Say = print) 
 
 REPLICA_CONFIGS = {
     "one_device": {"GPUS": "none", "CPU_DEVICES": 1, "STRATEGY": "one_device"},
+    "one_device_without_xla": {"GPUS": "none", "CPU_DEVICES": 1, "STRATEGY": "one_device", "JIT_COMPILE": "false"},
     "mirrored_2": {"GPUS": "none", "CPU_DEVICES": 2, "STRATEGY": "mirrored"},
     "mirrored_2_same_global_batch": {"GPUS": "none", "CPU_DEVICES": 2, "STRATEGY": "mirrored", "BATCH_SIZE": None},
 }
@@ -378,7 +382,8 @@ REPLICA_CONFIGS = {
 def compare_replica_counts(
     settings: Settings, repetitions: int = 2, seconds_per_measurement: float = 1.5, say: Say = print
 ) -> dict[str, Any]:
-    """The template's path on one logical CPU device against MirroredStrategy on two, each in its own process.
+    """The template's path on one logical CPU device (XLA as JIT_COMPILE=auto gives, and off) against
+    MirroredStrategy on two, each in its own process.
 
     `mirrored_2` keeps BATCH_SIZE per replica (a global batch twice as large, as `CPU_DEVICES=2 fit` does);
     `mirrored_2_same_global_batch` halves it. The processes run in the order A B C C B A, to even out drift
@@ -412,8 +417,87 @@ def compare_replica_counts(
             for name in configs
         },
         "mirrored_2_vs_one_device": medians["mirrored_2"]["template"] / one,
+        # XLA cannot compile the mirrored step: the same step on one device, XLA off, is the like-for-like figure.
+        "mirrored_2_vs_one_device_without_xla": (
+            medians["mirrored_2"]["template"] / medians["one_device_without_xla"]["template"]
+        ),
         "mirrored_2_same_global_batch_vs_one_device": medians["mirrored_2_same_global_batch"]["template"] / one,
     }
+
+
+LEVERS = ("STEPS_PER_CALL", "JIT_COMPILE", "MIXED_PRECISION", "DATA_IN_MEMORY", "CROSS_DEVICE_OPS")
+
+
+def lever_variants(on_gpus: bool) -> dict[str, list[dict[str, str]]]:
+    """Each lever's values to compare, as settings that override the user's for one subprocess each."""
+    mirrored = {"STRATEGY": "mirrored", "JIT_COMPILE": "auto"}
+    if not on_gpus:
+        mirrored.update(GPUS="none", CPU_DEVICES="2")
+    all_reduces = ("auto", "nccl", "hierarchical_copy", "reduce_to_one") if on_gpus else ("auto", "hierarchical_copy")
+    precisions = ("off", "mixed_bfloat16", *(("mixed_float16",) if on_gpus else ()))
+    return {
+        "STEPS_PER_CALL": [{"STEPS_PER_CALL": value} for value in ("1", "8", "32", "128")],
+        "JIT_COMPILE": [{"JIT_COMPILE": value} for value in ("false", "true")],
+        "MIXED_PRECISION": [{"MIXED_PRECISION": value} for value in precisions],
+        "DATA_IN_MEMORY": [{"DATA_IN_MEMORY": value, "JIT_COMPILE": "auto"} for value in ("true", "false")],
+        "CROSS_DEVICE_OPS": [{**mirrored, "CROSS_DEVICE_OPS": value} for value in all_reduces],
+    }
+
+
+def compare_levers(
+    settings: Settings,
+    levers: tuple[str, ...],
+    on_gpus: bool,
+    repetitions: int = 2,
+    seconds_per_measurement: float = 1.5,
+    say: Say = print,
+) -> dict[str, Any]:
+    """The template's path with each value of each lever, one subprocess per value (devices and the dtype
+    policy are fixed per process). Values run in the order A B C C B A (A B C for one repetition); a value
+    the settings refuse here (JIT_COMPILE=true under MirroredStrategy, say) is reported with its error."""
+    variants = lever_variants(on_gpus)
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-levers-") as temporary:
+        for lever in levers:
+            values = variants[lever]
+            runs: dict[int, list[float]] = {index: [] for index in range(len(values))}
+            errors: dict[int, str] = {}
+            resolved: dict[int, Any] = {}
+            order = [*range(len(values)), *reversed(range(len(values)))] if repetitions > 1 else range(len(values))
+            for index in order:
+                if index in errors:
+                    continue
+                out = Path(temporary) / f"{lever}-{index}.json"
+                argv = [sys.executable, "-m", "train.bench", "--json", str(out), "--repetitions", str(repetitions)]
+                argv += ["--seconds", str(seconds_per_measurement), "--contenders", "template", "--no-startup"]
+                try:
+                    _timed_run(argv, _child_env(settings, **values[index]), Path(temporary))
+                except SubprocessFailed as error:
+                    errors[index] = error.last_line
+                    say(f"  {lever}={values[index][lever]}: {errors[index]}")
+                    continue
+                child = json.loads(out.read_text())
+                runs[index] += child["contenders"]["template"]["runs"]
+                resolved[index] = {
+                    "strategy": child["resolved"]["strategy"],
+                    "replicas": child["resolved"]["replicas"],
+                    "precision": child["resolved"]["precision"],
+                    "cross_device_ops": child["resolved"]["cross_device_ops"],
+                    "template": child["contenders"]["template"]["settings"],
+                }
+                say(f"  {lever}={values[index][lever]}: {runs[index][-1]:,.0f} examples/s")
+            results[lever] = [
+                {
+                    "value": values[index][lever],
+                    "overrides": values[index],
+                    "examples_per_sec": statistics.median(runs[index]) if runs[index] else None,
+                    "runs": runs[index],
+                    "resolved": resolved.get(index),
+                    "error": errors.get(index),
+                }
+                for index in range(len(values))
+            ]
+    return results
 
 
 # --- the benchmark -------------------------------------------------------------------------------------------
@@ -432,6 +516,7 @@ def run_benchmark(
     include_startup: bool = True,
     compare_replicas: bool = False,
     contenders: tuple[str, ...] = CONTENDERS,
+    levers: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Measure the contenders in this process (interleaved, warm-up excluded, medians); returns plain data.
 
@@ -529,6 +614,7 @@ def run_benchmark(
         "ratios": ratios,
         "startup": None,
         "replicas": None,
+        "levers": None,
         "goals": goals,
     }
     if include_startup:
@@ -545,6 +631,11 @@ def run_benchmark(
         result["replicas"] = replicas
         goals.append(
             _goal("mirrored on 2 CPU devices / one device", replicas["mirrored_2_vs_one_device"], REPLICAS_GOAL)
+        )
+    if levers:
+        say(f"Levers: {', '.join(levers)}, one subprocess per value ...")
+        result["levers"] = compare_levers(
+            settings, levers, bool(runtime.plan.visible_gpus), max(1, min(2, repetitions)), seconds_per_measurement, say
         )
     return result
 
@@ -594,12 +685,42 @@ def format_benchmark(result: dict[str, Any]) -> str:
             "  same global batch, mirrored_2 / one_device: "
             f"{result['replicas']['mirrored_2_same_global_batch_vs_one_device']:.2f}"
         )
+        lines.append(
+            "  mirrored_2 / one_device without XLA (XLA cannot compile a mirrored step): "
+            f"{result['replicas']['mirrored_2_vs_one_device_without_xla']:.2f}"
+        )
+    if result.get("levers"):
+        lines += ["", "levers (the template's path, one subprocess per value; x = against the first value):"]
+        for lever, values in result["levers"].items():
+            first = values[0]["examples_per_sec"]
+            for value in values:
+                rate = value["examples_per_sec"]
+                if rate is None:
+                    lines.append(f"  {lever + '=' + value['value']:<34} not run: {value['error']}")
+                    continue
+                against = f"{rate / first:5.2f}x" if first else "     "
+                resolved = value["resolved"]
+                lines.append(
+                    f"  {lever + '=' + value['value']:<34} {rate:>12,.0f}  {against}  "
+                    f"{resolved['strategy']}, {resolved['precision']}, {resolved['template']}"
+                )
     lines += ["", "goals (issue 6):"]
     for goal in result["goals"]:
         value = "n/a" if goal["value"] is None else f"{goal['value']:.2f}"
         verdict = {True: "met", False: "NOT met", None: "not measured"}[goal["met"]]
         lines.append(f"  {goal['goal']:<46} {value:>6}  target {goal['comparison']} {goal['target']:<5g} {verdict}")
     return "\n".join(lines)
+
+
+def parse_levers(text: str) -> tuple[str, ...]:
+    """`--levers` as given: empty for none, `all`, or comma-separated names (checked by `compare_levers`)."""
+    if text in ("", "none"):
+        return ()
+    levers = LEVERS if text == "all" else tuple(text.split(","))
+    unknown = sorted(set(levers) - set(LEVERS))
+    if unknown:
+        raise SettingsError(f"--levers {','.join(unknown)} is not a lever: use all or some of {', '.join(LEVERS)}")
+    return levers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -611,6 +732,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare-replicas", action="store_true", help="also 1 against 2 logical CPU devices")
     parser.add_argument("--no-startup", action="store_true", help="skip the start-up measurements")
     parser.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated subset")
+    parser.add_argument("--levers", default="", help=f"all, or some of {','.join(LEVERS)}: each value measured")
     args = parser.parse_args(argv)
     try:
         result = run_benchmark(
@@ -621,6 +743,7 @@ def main(argv: list[str] | None = None) -> int:
             include_startup=not args.no_startup,
             compare_replicas=args.compare_replicas,
             contenders=tuple(args.contenders.split(",")),
+            levers=parse_levers(args.levers),
         )
     except (SettingsError, TrainingError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -90,6 +90,12 @@ def _print_json(payload: Any) -> None:
     typer.echo(json.dumps(payload, indent=2))
 
 
+def _write_json(path: Path | None, payload: Any) -> None:
+    """`--json PATH`: the result for scripts, beside what was printed."""
+    if path is not None:
+        path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
 @app.command()
 @with_settings
 def fit(settings: Settings) -> None:
@@ -132,8 +138,7 @@ def check(
 
     result = run_check(settings, start_batch=start_batch, max_batch=max_batch, steps=steps)
     typer.echo(result.pop("table"))
-    if json_path is not None:
-        json_path.write_text(json.dumps(result, indent=2) + "\n")
+    _write_json(json_path, result)
 
 
 @app.command()
@@ -144,10 +149,13 @@ def bench(
     seconds: Annotated[float, typer.Option(min=0.01, help="Seconds per measurement.")] = 1.5,
     compare_replicas: Annotated[bool, typer.Option(help="Also 1 against 2 logical CPU devices.")] = False,
     startup: Annotated[bool, typer.Option(help="Also time --help and a tiny fit against import tensorflow.")] = True,
+    levers: Annotated[
+        str, typer.Option(help="Also measure each value of: all levers, or some, like JIT_COMPILE,STEPS_PER_CALL.")
+    ] = "",
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the result as JSON here.")] = None,  # noqa: UP045
 ) -> None:
     """Examples/s of this template's loop against its input ceiling, Keras fit and the tutorials' way."""
-    from train.bench import format_benchmark, run_benchmark
+    from train.bench import format_benchmark, parse_levers, run_benchmark
 
     result = run_benchmark(
         settings,
@@ -155,10 +163,10 @@ def bench(
         seconds_per_measurement=seconds,
         include_startup=startup,
         compare_replicas=compare_replicas,
+        levers=parse_levers(levers),
     )
     typer.echo(format_benchmark(result))
-    if json_path is not None:
-        json_path.write_text(json.dumps(result, indent=2) + "\n")
+    _write_json(json_path, result)
 
 
 @app.command()

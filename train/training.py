@@ -158,6 +158,7 @@ def restore_newest(checkpoint: tf.train.Checkpoint, checkpoint_dir: Path, say: S
 
 def save_checkpoint(manager: tf.train.CheckpointManager, step: int) -> None:
     """Save, or end clearly: TensorFlow writes to temporary files, so the previous checkpoint stays loadable."""
+    manager.checkpoint.step.assign(step)
     try:
         manager.save(checkpoint_number=step)
     except (OSError, tf.errors.OpError) as error:
@@ -323,7 +324,10 @@ def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Sa
     train_loss, train_accuracy = make_metrics(runtime)
     if chief:
         model.summary()
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+    # The loop's own step count: the optimizer's `iterations` stays behind it where a mixed_float16 step
+    # skips its update (gradients overflowed), and resuming must start where the run stopped, not earlier.
+    step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, step=step_counter)
     if multi:
         manager = WorkerCheckpoints(checkpoint, checkpoint_dir, settings.keep_checkpoints, runtime)
         restored = restore_from_chief(
@@ -339,7 +343,7 @@ def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Sa
 
     resumed_from = None
     if restored:
-        resumed_from = int(model.optimizer.iterations.numpy())
+        resumed_from = int(step_counter.numpy())
         say(f"Resuming from {restored} at step {resumed_from}.")
     else:
         save_checkpoint(manager, 0)  # the initial weights: what AUTO_BATCH restarts from before step 1
@@ -360,7 +364,7 @@ def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Sa
         while True:
             steps_per_epoch = _steps_per_epoch(settings, data, runtime)
             total_steps = steps_per_epoch * settings.epochs
-            start_step = int(model.optimizer.iterations.numpy())
+            start_step = int(step_counter.numpy())
             workers = f" on {runtime.workers} workers" if multi else ""
             feed = make_feed(
                 runtime.strategy, data.train, runtime.global_batch, settings.seed, start_step, settings.steps_per_call
@@ -471,7 +475,7 @@ def _train_loop(
     worker makes all of them save after the same call and stop, through `preemption`.
     """
     train_loss, train_accuracy = metrics
-    step = saved_step = int(manager.checkpoint.optimizer.iterations.numpy())
+    step = saved_step = int(manager.checkpoint.step.numpy())
     timed_steps, timed_seconds = 0, 0.0  # the first call traces the graph: left out of the throughput
     first_call = True
     while step < total_steps and (preemption is not None or not stop.signal_name):
