@@ -211,19 +211,39 @@ def test_disk_filling_up_mid_run_ends_clearly_and_the_previous_checkpoint_still_
     assert summary["steps"] == summary["total_steps"]
 
 
-def test_damaged_data_dir_is_a_clear_error_and_is_left_as_it_was(tmp_path, tfds_data_dir):
+@pytest.mark.parametrize("in_memory", ["true", "false"])
+def test_damaged_data_dir_is_a_clear_error_and_is_left_as_it_was(tmp_path, tfds_data_dir, in_memory):
     data_dir = tmp_path / "data"
     shutil.copytree(tfds_data_dir, data_dir)
+    shutil.rmtree(data_dir / "synthetic_clusters/1.0.0/train-arrays-cache", ignore_errors=True)
     shard = next(data_dir.glob("synthetic_clusters/1.0.0/*train.tfrecord*"))
     shard.unlink()
     before = sorted(p.name for p in data_dir.rglob("*"))
-    result = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=data_dir, OUTPUT_DIR=tmp_path / "run")
+    result = run_train(
+        "fit", cwd=tmp_path, TFDS_DATA_DIR=data_dir, OUTPUT_DIR=tmp_path / "run", DATA_IN_MEMORY=in_memory
+    )
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: DATASET=synthetic_clusters/1.0.0 in ")
     assert "incomplete or damaged; delete that directory and run again to prepare it anew" in last
     assert sorted(p.name for p in data_dir.rglob("*")) == before
     assert not (tmp_path / "run").exists()
+
+
+def test_streamed_file_damaged_past_its_first_example_ends_training_in_one_line(tmp_path, tfds_data_dir):
+    data_dir = tmp_path / "data"
+    shutil.copytree(tfds_data_dir, data_dir)
+    shard = next(data_dir.glob("synthetic_clusters/1.0.0/*train.tfrecord*"))
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # the first examples still read
+    result = run_train(
+        "fit", cwd=tmp_path, TFDS_DATA_DIR=data_dir, OUTPUT_DIR=tmp_path / "run", DATA_IN_MEMORY="false", EPOCHS=1
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    # TensorFlow's C++ log may add a line of its own after ours (its iterator going away): ours is the error.
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1
+    assert errors[0].startswith("error: reading the streamed synthetic_clusters/1.0.0 failed while training (")
+    assert "the last checkpoint " in errors[0] and "Traceback" not in result.stderr
 
 
 FAILING_DOWNLOAD = '''

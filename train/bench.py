@@ -713,7 +713,7 @@ def format_benchmark(result: dict[str, Any]) -> str:
 
 
 def parse_levers(text: str) -> tuple[str, ...]:
-    """`--levers` as given: empty for none, `all`, or comma-separated names (checked by `compare_levers`)."""
+    """`--levers` as given: empty for none, `all`, or comma-separated names. Raises SettingsError."""
     if text in ("", "none"):
         return ()
     levers = LEVERS if text == "all" else tuple(text.split(","))

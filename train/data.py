@@ -283,7 +283,27 @@ def load_data(settings: Settings) -> Data:
             StreamedSplit(builder, split, feature_key, label_key, examples, input_dim, example_bytes)
             for split, examples in ((settings.train_split, train_examples), (settings.eval_split, eval_examples))
         )
+        for streamed in (train, evaluation):
+            _check_readable(streamed)
     return Data(builder.info.full_name, int(num_classes), input_dim, train, evaluation, (note,) if note else ())
+
+
+def _check_readable(split: StreamedSplit) -> None:
+    """A streamed split's files are all there and its first example reads: found now, not steps into training.
+
+    (Damage further inside a file still surfaces while training: `fit` ends that in one line, too.)
+    """
+    builder = split.builder
+    try:
+        instructions = builder.info.splits[split.split].file_instructions
+        missing = [i.filename for i in instructions if not tf.io.gfile.exists(i.filename)]
+        if missing:
+            raise OSError(f"{len(missing)} file(s) missing, e.g. {Path(missing[0]).name}")
+        next(iter(split.read(shuffle_files=False).take(1)))
+    except (tf.errors.OpError, OSError) as error:
+        raise _damaged(builder, error) from None
+    except (KeyError, ValueError):  # splits not listed (tfds.testing.mock_data): reading will tell
+        pass
 
 
 def batches_per_pass(split: TrainSplit, global_batch: int, setting: str = "TRAIN_SPLIT") -> int:

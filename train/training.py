@@ -384,6 +384,15 @@ def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Sa
                     manager, evaluate_split, writers, stop, preemption, steps_per_epoch, total_steps, say,
                 )  # fmt: skip
                 break
+            # What reading damaged TFRecords raises: lost bytes, a missing file, fewer examples than recorded.
+            except (tf.errors.DataLossError, tf.errors.NotFoundError, tf.errors.FailedPreconditionError) as error:
+                if data.in_memory:
+                    raise
+                raise TrainingError(
+                    f"reading the streamed {data.name} failed while training ({first_line(error)[:160]}): its "
+                    f"prepared files are damaged; the last checkpoint {manager.latest_checkpoint} is intact. Delete "
+                    "the dataset's directory, prepare it anew and run again to resume"
+                ) from None
             except tf.errors.ResourceExhaustedError:
                 failed = runtime.per_replica_batch
                 picture = memory_picture(runtime)
