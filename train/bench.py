@@ -99,26 +99,30 @@ def _first_line(error: BaseException) -> str:
 
 
 def _loop_contender(name: str, settings: Settings, runtime, data, feed, jit_compile: bool) -> _Contender:
-    """The loop as `fit` runs it: STEPS_PER_CALL steps per `run_steps` call, then read the loss (which waits)."""
-    from train.training import _build, make_metrics, make_train_steps, run_steps
+    """The loop as `fit` runs it: calls as long as `fit` makes them (STEPS_PER_CALL, cut at epoch ends,
+    CHECKPOINT_EVERY and LOG_EVERY), each followed by reading the loss (which waits for the call)."""
+    from train.training import _build, _steps_per_epoch, call_steps, make_metrics, make_train_steps, run_steps
 
     model = _build(settings, runtime, data)
     train_loss, train_accuracy = make_metrics(runtime)
     train_steps = make_train_steps(model, runtime, train_loss, train_accuracy, feed, jit_compile)
-    steps, global_batch = settings.steps_per_call, runtime.global_batch
+    steps_per_epoch, global_batch = _steps_per_epoch(settings, data, runtime), runtime.global_batch
+    step = 0  # goes on from one measurement to the next, as a run's step does
 
     def measure(seconds: float) -> tuple[int, float]:
+        nonlocal step
         examples = 0
         started = time.perf_counter()
         while True:
+            steps = call_steps(settings, step, steps_per_epoch, sys.maxsize)
             run_steps(train_steps, feed, steps, global_batch)
             float(train_loss.result())  # as _train_loop does after every call
-            examples += steps * global_batch
+            examples, step = examples + steps * global_batch, step + steps
             elapsed = time.perf_counter() - started
             if elapsed >= seconds:
                 return examples, elapsed
 
-    note = f"STEPS_PER_CALL={steps}, XLA {'on' if jit_compile else 'off'}"
+    note = f"STEPS_PER_CALL={settings.steps_per_call}, XLA {'on' if jit_compile else 'off'}"
     return _Contender(name, measure, global_batch, runtime.strategy_name, note)
 
 

@@ -473,6 +473,18 @@ def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Sa
     return summary
 
 
+def call_steps(settings: Settings, step: int, steps_per_epoch: int, total_steps: int) -> int:
+    """The length of the call that starts at `step`: STEPS_PER_CALL, cut at the next epoch end, checkpoint,
+    log step or the end of training (so those happen between calls, on time)."""
+    boundary = min(
+        total_steps,
+        _next_multiple(step, steps_per_epoch),
+        _next_multiple(step, settings.checkpoint_every),
+        _next_multiple(step, settings.log_every),
+    )
+    return min(settings.steps_per_call, boundary - step)
+
+
 def _train_loop(
     settings, runtime, data, feed, train_steps, metrics, manager, evaluate_split, writers, stop, preemption,
     steps_per_epoch, total_steps, say,
@@ -488,13 +500,7 @@ def _train_loop(
     timed_steps, timed_seconds = 0, 0.0  # the first call traces the graph: left out of the throughput
     first_call = True
     while step < total_steps and (preemption is not None or not stop.signal_name):
-        boundary = min(
-            total_steps,
-            _next_multiple(step, steps_per_epoch),
-            _next_multiple(step, settings.checkpoint_every),
-            _next_multiple(step, settings.log_every),
-        )
-        steps = min(settings.steps_per_call, boundary - step)
+        steps = call_steps(settings, step, steps_per_epoch, total_steps)
         started = time.perf_counter()
         run_steps(train_steps, feed, steps, runtime.global_batch)
         loss_value = float(train_loss.result())  # also waits for the call to finish
