@@ -212,3 +212,17 @@ def test_dataset_prepared_in_a_data_dir_trains_offline_without_its_builder_code(
     summary = read_summary(run)
     assert summary["dataset"] == "tiny_images/0.1.0"
     assert summary["steps"] == 3 * (96 // 8)
+
+
+def test_calls_end_at_every_log_checkpoint_and_epoch_step_and_at_the_end():
+    from train.settings import load_settings
+    from train.training import call_steps
+
+    settings = load_settings({"STEPS_PER_CALL": "32", "LOG_EVERY": "50", "CHECKPOINT_EVERY": "100"})
+    lengths, step = [], 0
+    while step < 300:
+        lengths.append(call_steps(settings, step, steps_per_epoch=128, total_steps=300))
+        step += lengths[-1]
+    assert lengths == [32, 18, 32, 18, 28, 22, 32, 18, 32, 18, 6, 32, 12]  # none longer than STEPS_PER_CALL
+    ends = {sum(lengths[: index + 1]) for index in range(len(lengths))}
+    assert {50, 100, 128, 150, 200, 250, 256, 300} <= ends

@@ -429,6 +429,7 @@ def compare_replica_counts(
     }
 
 
+CALL_CUTTING = ("LOG_EVERY", "CHECKPOINT_EVERY")  # settings that end a call early (see call_steps)
 LEVERS = ("STEPS_PER_CALL", "JIT_COMPILE", "MIXED_PRECISION", "DATA_IN_MEMORY", "CROSS_DEVICE_OPS")
 
 
@@ -440,12 +441,22 @@ def lever_variants(on_gpus: bool) -> dict[str, list[dict[str, str]]]:
     all_reduces = ("auto", "nccl", "hierarchical_copy", "reduce_to_one") if on_gpus else ("auto", "hierarchical_copy")
     precisions = ("off", "mixed_bfloat16", *(("mixed_float16",) if on_gpus else ()))
     return {
-        "STEPS_PER_CALL": [{"STEPS_PER_CALL": value} for value in ("1", "8", "32", "128")],
+        "STEPS_PER_CALL": [
+            *({"STEPS_PER_CALL": value} for value in ("1", "8", "32", "128")),
+            # fit cuts calls at LOG_EVERY and CHECKPOINT_EVERY too: 128 counts only where those are further apart
+            {"STEPS_PER_CALL": "128", **{name: "1280" for name in CALL_CUTTING}},
+        ],
         "JIT_COMPILE": [{"JIT_COMPILE": value} for value in ("false", "true")],
         "MIXED_PRECISION": [{"MIXED_PRECISION": value} for value in precisions],
         "DATA_IN_MEMORY": [{"DATA_IN_MEMORY": value, "JIT_COMPILE": "auto"} for value in ("true", "false")],
         "CROSS_DEVICE_OPS": [{**mirrored, "CROSS_DEVICE_OPS": value} for value in all_reduces],
     }
+
+
+def _variant_label(lever: str, overrides: dict[str, str]) -> str:
+    """LEVER=value, and the call-cutting settings the variant changes with it."""
+    extra = [f"{name}={overrides[name]}" for name in CALL_CUTTING if name in overrides]
+    return " ".join([f"{lever}={overrides[lever]}", *extra])
 
 
 def compare_levers(
@@ -478,7 +489,7 @@ def compare_levers(
                     _timed_run(argv, _child_env(settings, **values[index]), Path(temporary))
                 except SubprocessFailed as error:
                     errors[index] = error.last_line
-                    say(f"  {lever}={values[index][lever]}: {errors[index]}")
+                    say(f"  {_variant_label(lever, values[index])}: {errors[index]}")
                     continue
                 child = json.loads(out.read_text())
                 runs[index] += child["contenders"]["template"]["runs"]
@@ -489,10 +500,11 @@ def compare_levers(
                     "cross_device_ops": child["resolved"]["cross_device_ops"],
                     "template": child["contenders"]["template"]["settings"],
                 }
-                say(f"  {lever}={values[index][lever]}: {runs[index][-1]:,.0f} examples/s")
+                say(f"  {_variant_label(lever, values[index])}: {runs[index][-1]:,.0f} examples/s")
             results[lever] = [
                 {
                     "value": values[index][lever],
+                    "label": _variant_label(lever, values[index]),
                     "overrides": values[index],
                     "examples_per_sec": statistics.median(runs[index]) if runs[index] else None,
                     "runs": runs[index],
@@ -695,17 +707,18 @@ def format_benchmark(result: dict[str, Any]) -> str:
         )
     if result.get("levers"):
         lines += ["", "levers (the template's path, one subprocess per value; x = against the first value):"]
-        for lever, values in result["levers"].items():
+        width = max(len(value["label"]) for values in result["levers"].values() for value in values)
+        for values in result["levers"].values():
             first = values[0]["examples_per_sec"]
             for value in values:
                 rate = value["examples_per_sec"]
                 if rate is None:
-                    lines.append(f"  {lever + '=' + value['value']:<34} not run: {value['error']}")
+                    lines.append(f"  {value['label']:<{width}} not run: {value['error']}")
                     continue
                 against = f"{rate / first:5.2f}x" if first else "     "
                 resolved = value["resolved"]
                 lines.append(
-                    f"  {lever + '=' + value['value']:<34} {rate:>12,.0f}  {against}  "
+                    f"  {value['label']:<{width}} {rate:>12,.0f}  {against}  "
                     f"{resolved['strategy']}, {resolved['precision']}, {resolved['template']}"
                 )
     lines += ["", "goals (issue 6):"]
