@@ -100,7 +100,7 @@ def _first_line(error: BaseException) -> str:
 
 def _loop_contender(name: str, settings: Settings, runtime, data, feed, jit_compile: bool) -> _Contender:
     """The loop as `fit` runs it: calls as long as `fit` makes them (STEPS_PER_CALL, cut at epoch ends,
-    CHECKPOINT_EVERY and LOG_EVERY), each followed by reading the loss (which waits for the call)."""
+    CHECKPOINT_EVERY and LOG_EVERY), each returning the loss (which waits for the call)."""
     from train.training import _build, _steps_per_epoch, call_steps, make_metrics, make_train_steps, run_steps
 
     model = _build(settings, runtime, data)
@@ -115,8 +115,7 @@ def _loop_contender(name: str, settings: Settings, runtime, data, feed, jit_comp
         started = time.perf_counter()
         while True:
             steps = call_steps(settings, step, steps_per_epoch, sys.maxsize)
-            run_steps(train_steps, feed, steps, global_batch)
-            float(train_loss.result())  # as _train_loop does after every call
+            run_steps(train_steps, feed, steps, global_batch)  # returns the loss, as _train_loop reads it
             examples, step = examples + steps * global_batch, step + steps
             elapsed = time.perf_counter() - started
             if elapsed >= seconds:
