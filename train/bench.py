@@ -6,6 +6,7 @@ these ways of training the same model on the same data are measured in examples 
   1  template           the template's own path: `make_train_steps` + `run_steps` on `make_feed`, as `fit`
   2  in_memory          the same loop and step (XLA as in 1) fed one batch held in memory: no input at all, the ceiling
   2b in_memory_dataset  that batch repeated by tf.data, distributed as `train_dataset` is: the iterator alone
+  2c in_memory_batches  a new batch each step, the call's batches laid out one after another: no gather, no plan
   3  keras_fit          Keras `model.fit` at its best: tf.data of the same arrays, the same global batch, the
                         largest `steps_per_execution` that runs, XLA on or off as a trial run prefers
   4  keras_numpy        the tutorials' way: numpy arrays into `model.fit` at its default batch of 32
@@ -14,7 +15,9 @@ Every contender has its own fresh model and is warmed up (traced) before it is t
 for `repetitions` rounds in a rotating order; each measurement runs whole calls until `seconds_per_measurement`
 have passed and counts the examples. The median over the rounds is reported, and the spread as the noise.
 Ratios 1/2 (is the input the bottleneck?), 1/3 (against Keras fit) and 1/4 (against the tutorials) are checked
-against the goals of issue 6; 1/2b and 2b/2 say whether a gap is the pipeline's work or tf.data's iterator.
+against the goals of issue 6; 1/2b and 2b/2 say whether a gap is the pipeline's work or tf.data's iterator,
+1/2c and 2c/2 whether it is the gather or that the batch changes at all (XLA keeps work on a batch that never
+changes out of the loop).
 Optionally, in subprocesses (TensorFlow fixes its devices once per process): start-up times, and one logical
 CPU device against MirroredStrategy on two.
 """
@@ -39,11 +42,12 @@ from train.errors import SettingsError, TrainingError
 from train.settings import FIELDS, Settings, load_settings
 
 SCHEMA = 1
-CONTENDERS = ("template", "in_memory", "in_memory_dataset", "keras_fit", "keras_numpy")
+CONTENDERS = ("template", "in_memory", "in_memory_dataset", "in_memory_batches", "keras_fit", "keras_numpy")
 LABELS = {
     "template": "1  template fit path",
     "in_memory": "2  same loop, batch in memory",
     "in_memory_dataset": "2b same, via tf.data iterator",
+    "in_memory_batches": "2c new batch a step, no gather",
     "keras_fit": "3  Keras fit, tf.data, best",
     "keras_numpy": "4  Keras fit, numpy, batch 32",
 }
@@ -53,6 +57,8 @@ RATIOS = {
     "1/4": ("template", "keras_numpy"),
     "1/2b": ("template", "in_memory_dataset"),
     "2b/2": ("in_memory_dataset", "in_memory"),
+    "1/2c": ("template", "in_memory_batches"),
+    "2c/2": ("in_memory_batches", "in_memory"),
 }
 RATIO_GOALS = {"1/2": 0.85, "1/3": 1.2, "1/4": 10.0}
 RATIO_MEANING = {
@@ -61,6 +67,8 @@ RATIO_MEANING = {
     "1/4": "faster than the tutorials' way",
     "1/2b": "the pipeline's own work (gather, order), given the iterator",
     "2b/2": "the tf.data iterator itself, one get_next per step",
+    "1/2c": "the shuffled gather and its plan, given a new batch each step",
+    "2c/2": "a new batch each step against one that never changes",
 }
 HELP_GOAL_SECONDS = 0.3
 FIT_VS_IMPORT_GOAL = 1.6
@@ -154,6 +162,25 @@ class _SameBatchFeed:
 
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
         return features[replica], labels[replica]
+
+
+class _LaidOutBatchesFeed(_SameBatchFeed):
+    """A new batch every step with no input work: the call's batches, taken in order from the split and laid
+    out one after another in memory, handed over once; step k of a call slices batch k."""
+
+    def __init__(self, runtime, data, block: int) -> None:
+        import numpy as np
+        import tensorflow as tf
+
+        shape = (block, runtime.replicas, runtime.per_replica_batch)
+        features, labels = _first_rows(data, block * runtime.global_batch)
+        rows = np.resize(np.arange(len(labels)), block * runtime.global_batch)  # repeats a split that is short
+        self.batch = tf.constant(features[rows].reshape(*shape, -1)), tf.constant(labels[rows].reshape(shape))
+
+    @staticmethod
+    def step_args(call_args, step):
+        features, labels = call_args
+        return features[step], labels[step]
 
 
 def _first_rows(data, count: int):
@@ -577,6 +604,9 @@ def run_benchmark(
             contender = _loop_contender(name, settings, runtime, data, feed, jit_compile)
         elif name == "in_memory":
             contender = _loop_contender(name, settings, runtime, data, _SameBatchFeed(runtime, data), jit_compile)
+        elif name == "in_memory_batches":
+            feed = _LaidOutBatchesFeed(runtime, data, settings.steps_per_call)
+            contender = _loop_contender(name, settings, runtime, data, feed, jit_compile)
         elif name == "in_memory_dataset":
             feed = PipelineFeed(_same_batch_dataset(runtime, data))
             contender = _loop_contender(name, settings, runtime, data, feed, False)
