@@ -154,6 +154,22 @@ def test_the_report_names_every_figure_and_says_which_goals_are_met():
     assert "1/3 faster" in text and "NOT met" in text and "not measured" in text
     assert "[mirrored only]" in text and "crashed: mirrored, steps_per_execution=32" in text
 
+    resolved = {"strategy": "one_device", "precision": "float32", "template": "XLA on"}
+    result["levers"] = {
+        "STEPS_PER_CALL": [
+            {"value": "32", "label": "STEPS_PER_CALL=32", "examples_per_sec": 100.0, "resolved": resolved},
+            {"value": "128", "label": "STEPS_PER_CALL=128 LOG_EVERY=1280", "examples_per_sec": 150.0,
+             "resolved": resolved},
+        ],
+        "JIT_COMPILE": [  # as JSON from before labels has it
+            {"value": "true", "examples_per_sec": None, "error": "error: JIT_COMPILE=true is not allowed here"},
+        ],
+    }  # fmt: skip
+    lines = format_benchmark(result).splitlines()
+    assert any(line.split()[:3] == ["STEPS_PER_CALL=128", "LOG_EVERY=1280", "150"] for line in lines)
+    assert any("1.50x" in line for line in lines if "LOG_EVERY=1280" in line)
+    assert any(line.split()[:3] == ["JIT_COMPILE=true", "not", "run:"] for line in lines)
+
 
 def test_importing_the_benchmark_does_not_start_tensorflow():
     code = "import sys, train.bench; print('tensorflow' in sys.modules)"

@@ -55,10 +55,10 @@ import train.training
 real_run_steps = train.training.run_steps
 LIMIT = int(sys.argv[1])  # global batch above which the fake device is out of memory
 
-def run_steps(train_steps, iterator, steps, global_batch):
+def run_steps(train_steps, feed, steps, global_batch):
     if global_batch > LIMIT:
         raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor (faked by the test)")
-    return real_run_steps(train_steps, iterator, steps, global_batch)
+    return real_run_steps(train_steps, feed, steps, global_batch)
 
 train.training.run_steps = run_steps
 from train.cli import app

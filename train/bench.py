@@ -1,12 +1,15 @@
 """`python -m train bench`: how near is the training loop to what this machine can do, and what holds it back?
 
-In one process, with the normal settings (DATASET, BATCH_SIZE, STRATEGY, CPU_DEVICES, GPUS, STEPS_PER_CALL),
-these ways of training the same model on the same data are measured in examples per second:
+In one process, with the normal settings (DATASET, BATCH_SIZE, STRATEGY, CPU_DEVICES, GPUS, STEPS_PER_CALL, and
+LOG_EVERY, CHECKPOINT_EVERY, STEPS_PER_EPOCH where they cut calls short), these ways of training the same model on
+the same data are measured in examples per second:
 
-  1  template           the template's own path: `make_train_steps` + `run_steps` on `make_feed`, as `fit`
+  1  template           the template's own path: `make_train_steps` + `run_steps` on `make_feed`, in the calls
+                        `fit` makes (without what `fit` does between them: logging, checkpoints, evaluation)
   2  in_memory          the same loop and step (XLA as in 1) fed one batch held in memory: no input at all, the ceiling
   2b in_memory_dataset  that batch repeated by tf.data, distributed as `train_dataset` is: the iterator alone
   2c in_memory_batches  a new batch each step, the call's batches laid out one after another: no gather, no plan
+                        (left out when that block would take more than LAID_OUT_BYTES)
   3  keras_fit          Keras `model.fit` at its best: tf.data of the same arrays, the same global batch, the
                         largest `steps_per_execution` that runs, XLA on or off as a trial run prefers
   4  keras_numpy        the tutorials' way: numpy arrays into `model.fit` at its default batch of 32
@@ -16,8 +19,8 @@ for `repetitions` rounds in a rotating order; each measurement runs whole calls 
 have passed and counts the examples. The median over the rounds is reported, and the spread as the noise.
 Ratios 1/2 (is the input the bottleneck?), 1/3 (against Keras fit) and 1/4 (against the tutorials) are checked
 against the goals of issue 6; 1/2b and 2b/2 say whether a gap is the pipeline's work or tf.data's iterator,
-1/2c and 2c/2 whether it is the gather or that the batch changes at all (XLA keeps work on a batch that never
-changes out of the loop).
+1/2c and 2c/2 whether it is the template's input (its gather and plan, or its tf.data pipeline) or that the
+batch changes at all (a batch that never changes stays hot in cache, and XLA may keep work on it out of the loop).
 Optionally, in subprocesses (TensorFlow fixes its devices once per process): start-up times, and one logical
 CPU device against MirroredStrategy on two.
 """
@@ -75,6 +78,7 @@ FIT_VS_IMPORT_GOAL = 1.6
 REPLICAS_GOAL = 0.8
 TUTORIAL_BATCH = 32  # Keras fit's default batch_size
 KERAS_TRIAL_SECONDS = 0.75
+LAID_OUT_BYTES = 512 << 20  # row 2c copies one call's batches; above this it is left out rather than risk memory
 TINY_FIT = {"EPOCHS": 1, "STEPS_PER_EPOCH": 20}
 
 Say = Callable[[str], None]
@@ -103,7 +107,7 @@ def _first_line(error: BaseException) -> str:
     return (useful or lines or [type(error).__name__])[0]
 
 
-# --- 1, 2 and 2b: the template's own loop --------------------------------------------------------------------
+# --- 1, 2, 2b and 2c: the template's own loop --------------------------------------------------------------------
 
 
 def _loop_contender(name: str, settings: Settings, runtime, data, feed, jit_compile: bool) -> _Contender:
@@ -173,14 +177,22 @@ class _LaidOutBatchesFeed(_SameBatchFeed):
         import tensorflow as tf
 
         shape = (block, runtime.replicas, runtime.per_replica_batch)
-        features, labels = _first_rows(data, block * runtime.global_batch)
-        rows = np.resize(np.arange(len(labels)), block * runtime.global_batch)  # repeats a split that is short
-        self.batch = tf.constant(features[rows].reshape(*shape, -1)), tf.constant(labels[rows].reshape(shape))
+        count = block * runtime.global_batch
+        features, labels = _first_rows(data, count)
+        if len(labels) < count:  # a split shorter than one call: its rows again, in order
+            rows = np.resize(np.arange(len(labels)), count)
+            features, labels = features[rows], labels[rows]
+        self.batch = tf.constant(features.reshape(*shape, -1)), tf.constant(labels.reshape(shape))
 
     @staticmethod
     def step_args(call_args, step):
         features, labels = call_args
         return features[step], labels[step]
+
+
+def laid_out_bytes(runtime, data, block: int) -> int:
+    """What row 2c holds: the features of one call's batches as float32 (the arrays are copied about twice)."""
+    return block * runtime.global_batch * data.input_dim * 4
 
 
 def _first_rows(data, count: int):
@@ -485,6 +497,11 @@ def _variant_label(lever: str, overrides: dict[str, str]) -> str:
     return " ".join([f"{lever}={overrides[lever]}", *extra])
 
 
+def _label(lever: str, value: dict[str, Any]) -> str:
+    """A measured variant's label; JSON written before variants had labels: LEVER=value."""
+    return value.get("label") or f"{lever}={value['value']}"
+
+
 def compare_levers(
     settings: Settings,
     levers: tuple[str, ...],
@@ -530,7 +547,7 @@ def compare_levers(
             results[lever] = [
                 {
                     "value": values[index][lever],
-                    "label": _variant_label(lever, values[index]),
+                    "label": _variant_label(lever, values[index]),  # what tells variants apart: "value" can repeat
                     "overrides": values[index],
                     "examples_per_sec": statistics.median(runs[index]) if runs[index] else None,
                     "runs": runs[index],
@@ -605,6 +622,9 @@ def run_benchmark(
         elif name == "in_memory":
             contender = _loop_contender(name, settings, runtime, data, _SameBatchFeed(runtime, data), jit_compile)
         elif name == "in_memory_batches":
+            if laid_out_bytes(runtime, data, settings.steps_per_call) > LAID_OUT_BYTES:
+                say(f"  left out: one call's batches take more than {LAID_OUT_BYTES >> 20} MiB laid out")
+                continue
             feed = _LaidOutBatchesFeed(runtime, data, settings.steps_per_call)
             contender = _loop_contender(name, settings, runtime, data, feed, jit_compile)
         elif name == "in_memory_dataset":
@@ -736,18 +756,18 @@ def format_benchmark(result: dict[str, Any]) -> str:
         )
     if result.get("levers"):
         lines += ["", "levers (the template's path, one subprocess per value; x = against the first value):"]
-        width = max(len(value["label"]) for values in result["levers"].values() for value in values)
-        for values in result["levers"].values():
+        width = max(len(_label(lever, value)) for lever, values in result["levers"].items() for value in values)
+        for lever, values in result["levers"].items():
             first = values[0]["examples_per_sec"]
             for value in values:
                 rate = value["examples_per_sec"]
                 if rate is None:
-                    lines.append(f"  {value['label']:<{width}} not run: {value['error']}")
+                    lines.append(f"  {_label(lever, value):<{width}} not run: {value['error']}")
                     continue
                 against = f"{rate / first:5.2f}x" if first else "     "
                 resolved = value["resolved"]
                 lines.append(
-                    f"  {value['label']:<{width}} {rate:>12,.0f}  {against}  "
+                    f"  {_label(lever, value):<{width}} {rate:>12,.0f}  {against}  "
                     f"{resolved['strategy']}, {resolved['precision']}, {resolved['template']}"
                 )
     lines += ["", "goals (issue 6):"]

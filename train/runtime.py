@@ -93,7 +93,7 @@ def choose_precision(requested: str, plan: DevicePlan) -> tuple[str, tuple[str, 
     """MIXED_PRECISION as a Keras dtype policy name, and what to say about it.
 
     auto: mixed_float16 where every visible GPU has tensor cores; float32 elsewhere. On this template's CPU
-    benchmark mixed_bfloat16 measured 0.84-0.90x of float32, so the CPU default stays float32.
+    benchmark mixed_bfloat16 was slower than float32 (README, How fast), so the CPU default stays float32.
     """
     if requested == "auto":
         tensor_cores = plan.visible_gpus and all(c and c >= TENSOR_CORES for c in plan.compute_capabilities)
@@ -108,8 +108,8 @@ def choose_precision(requested: str, plan: DevicePlan) -> tuple[str, tuple[str, 
 def choose_cross_device_ops(requested: str, strategy_name: str, plan: DevicePlan) -> tuple[str | None, tuple[str, ...]]:
     """CROSS_DEVICE_OPS for MirroredStrategy: the all-reduce to build (None: TensorFlow's own choice), notes.
 
-    auto: reduce_to_one on CPU devices, where it beat TensorFlow's default (python -m train bench: 284k vs 250k
-    examples/s on 2 logical CPUs); on GPUs TensorFlow's default, NCCL where it is available.
+    auto: what TensorFlow picks itself: ReductionToOneDevice on CPU devices (named here, so the run says which;
+    hierarchical copy measured the same within the noise, README How fast), NCCL between GPUs where available.
     """
     if strategy_name != "mirrored":
         if requested == "auto":

@@ -1,9 +1,10 @@
 """The training library: `fit`, `evaluate` and `check`, each returning plain data.
 
-One training path for every strategy: an explicit loop that runs STEPS_PER_CALL steps per
-`tf.function` call under `strategy.run`. Keras 3 `model.fit` cannot serve multi-worker
-strategies (keras-team/keras#20585) and its BackupAndRestore resumes only per epoch; this
-loop checkpoints and resumes at step granularity on one device, N GPUs or N workers alike.
+One training path for every strategy: an explicit loop that runs up to STEPS_PER_CALL steps per
+`tf.function` call under `strategy.run` (calls end early at epoch ends, LOG_EVERY and CHECKPOINT_EVERY).
+Keras 3 `model.fit` cannot serve multi-worker strategies (keras-team/keras#20585) and its BackupAndRestore
+resumes only per epoch; this loop checkpoints and resumes at step granularity on one device, N GPUs or
+N workers alike.
 """
 
 from __future__ import annotations
@@ -175,18 +176,20 @@ def make_metrics(runtime: Runtime) -> tuple[keras.metrics.Metric, keras.metrics.
 
 
 def jit_compile_for(settings: Settings, runtime: Runtime, split: TrainSplit) -> bool:
-    """JIT_COMPILE resolved: auto compiles the call with XLA where it can, one replica gathering from memory.
+    """JIT_COMPILE resolved: auto compiles the call with XLA where it can, one device gathering from memory.
 
-    Measured by `python -m train bench` on CPU: about 6x on one device. Under MirroredStrategy XLA cannot
-    compile the call (the variables live on several devices), and a tf.data iterator cannot be compiled.
+    Measured by `python -m train bench` on CPU: about 3x on one device (README, How fast). Under
+    MirroredStrategy XLA cannot compile the call (the variables live on several devices; with one replica it
+    would, but stays off like the rest of that path), and a tf.data iterator cannot be compiled.
     """
     gathers = gathers_in_step(runtime.strategy, split)
-    possible = gathers and runtime.replicas == 1
+    possible = gathers and runtime.strategy_name == "one_device"
     if settings.jit_compile == "true" and not possible:
         why = f"{runtime.replicas} replicas" if gathers else "a tf.data pipeline feeds the step"
         raise SettingsError(
             f"JIT_COMPILE=true is not allowed here ({runtime.strategy_name}, {why}): XLA compiles the training "
-            "call only for one replica that gathers its batches from memory on CPU; use JIT_COMPILE=auto or false"
+            "call only on one device (one_device) that gathers its batches from memory on CPU; use JIT_COMPILE=auto "
+            "or false"
         )
     return possible and settings.jit_compile != "false"
 
@@ -199,7 +202,8 @@ def describe_feed(data: Data, feed: Feed) -> str:
 
 def make_train_steps(model: keras.Model, runtime: Runtime, train_loss, train_accuracy, feed: Feed, jit_compile: bool):
     """A tf.function that runs `steps` training steps under `strategy.run`, for any batch size, and returns
-    the mean training loss so far (read inside the call: reading the metric eagerly after it cost ~0.3 ms).
+    the mean training loss since the metric's last reset (the epoch's start), over all replicas and workers.
+    Read inside the call: reading the metric eagerly after it cost ~0.3 ms a call on CPU.
 
     `feed` says what one call takes and how each replica finds its batch in it (see train.data).
     """
