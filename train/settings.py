@@ -155,12 +155,7 @@ FIELDS: tuple[Field, ...] = (
     Field("BATCH_SIZE", "128", _positive_int, "Examples per replica per step; global batch = this x replicas."),
     Field("EPOCHS", "5", _positive_int, "Number of epochs."),
     Field("STEPS_PER_EPOCH", "", _optional_positive_int, "Steps per epoch; default: one pass over the split."),
-    Field(
-        "STEPS_PER_CALL",
-        "32",
-        _positive_int,
-        "Most steps per tf.function call (cut at log, checkpoint, epoch ends).",
-    ),
+    Field("STEPS_PER_CALL", "32", _positive_int, "Most steps per tf.function call (cut at log, checkpoint, epoch)."),
     Field("JIT_COMPILE", "auto", _choice(AUTO_TRUE_FALSE), "XLA for the training call; auto: on for one CPU device."),
     Field("MIXED_PRECISION", "auto", _choice(PRECISIONS), "auto: mixed_float16 on GPUs of compute 7.0+, else off."),
     Field("LEARNING_RATE", "0.001", _positive_float, "Adam learning rate."),
