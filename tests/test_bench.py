@@ -29,7 +29,7 @@ def run_bench(*args: str, cwd: Path, data_dir: Path, timeout: float = 600, **set
         timeout=timeout,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "goals (issue 6):" in result.stdout
+    assert "goals (README, How fast):" in result.stdout
     return json.loads(out.read_text())
 
 
@@ -60,7 +60,7 @@ def test_bench_command_takes_the_settings_as_flags(tmp_path, tfds_data_dir):
     args = ("--batch-size", "64", "--steps-per-call", "8", "--no-startup", "--json", str(out))
     result = run_train("bench", *SHORT, *args, cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "goals (issue 6):" in result.stdout
+    assert "goals (README, How fast):" in result.stdout
     written = json.loads(out.read_text())
     assert (written["resolved"]["global_batch"], written["steps_per_call"]) == (64, 8)
     assert all(contender["examples_per_sec"] > 0 for contender in written["contenders"].values())

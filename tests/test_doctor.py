@@ -103,6 +103,16 @@ def test_tiny_shm_with_several_gpus():
     assert "64 MiB" in result["diagnoses"][0]["message"]
 
 
+def test_gpus_that_are_not_there_are_the_first_diagnosis_and_every_gpu_is_still_reported():
+    result = report(gpus=1, environ={"NVIDIA_VISIBLE_DEVICES": "all"}, GPUS="0,2")
+    assert codes(result) == [("error", "requested_gpus_missing")]
+    finding = result["diagnoses"][0]
+    assert finding["message"] == "GPUS=0,2 asks for GPU 2, but TensorFlow sees 1 GPU(s) (indices 0-0)"
+    assert finding["fix"] == "use GPUS=all, GPUS=none or existing indices"
+    assert [gpu["visible"] for gpu in result["gpus"]] == [True]  # shown as GPUS=all would configure them
+    assert "ERROR: GPUS=0,2 asks for GPU 2" in format_report(result)
+
+
 def test_cpu_machine_with_nothing_wrong():
     result = report(CPU_DEVICES="2")
     assert codes(result) == []

@@ -70,6 +70,18 @@ def test_sigterm_saves_exits_42_and_the_restart_ends_with_the_same_weights(tmp_p
 
 
 @pytest.mark.slow
+def test_ctrl_c_is_acknowledged_at_once_then_saves_and_exits_42(tmp_path, tfds_data_dir):
+    output_dir = tmp_path / "run"
+    process = start_fit(tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=output_dir, **LONG)
+    wait_for_checkpoint(output_dir)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 42, stderr[-3000:]
+    assert "Ctrl-C: stopping at the next safe point (after the current call, with a checkpoint)" in stderr
+    assert "Stopped by SIGINT" in stdout and read_summary(output_dir)["interrupted"] is True
+
+
+@pytest.mark.slow
 def test_sigkill_loses_only_steps_after_the_last_checkpoint_and_ends_with_the_same_weights(
     tmp_path, tfds_data_dir, uninterrupted
 ):

@@ -114,11 +114,23 @@ def test_resume_never_refuses_a_directory_with_checkpoints(tmp_path, tfds_data_d
 def test_finished_run_started_again_trains_no_further(tmp_path, tfds_data_dir):
     _, run = fit(tmp_path, tfds_data_dir, **QUICK)
     first = read_summary(run)
-    _, run = fit(tmp_path, tfds_data_dir, **QUICK)
+    result, run = fit(tmp_path, tfds_data_dir, **QUICK)
     again = read_summary(run)
     assert again["steps"] == first["steps"] == 80
     assert again["resumed_from_step"] == 80
     assert again["eval"] == first["eval"]
+    assert "already at step 80 of 80: nothing to train, evaluating again" in result.stdout
+    assert "warning: resuming with settings changed" not in result.stdout
+
+
+def test_resuming_with_other_run_defining_settings_says_which_changed(tmp_path, tfds_data_dir):
+    fit(tmp_path, tfds_data_dir, **{**QUICK, "EPOCHS": 1})
+    result, run = fit(tmp_path, tfds_data_dir, **QUICK, BATCH_SIZE=64, SEED=7)
+    assert (
+        "warning: resuming with settings changed since this run directory's last start: "
+        "BATCH_SIZE 128 -> 64, SEED 42 -> 7. The steps taken stay"
+    ) in result.stdout
+    assert read_summary(run)["resumed_from_step"] == 40
 
 
 def test_evaluate_checkpoint_and_exported_model_agree_with_the_summary(tmp_path, tfds_data_dir):

@@ -18,7 +18,7 @@ Every contender has its own fresh model and is warmed up (traced) before it is t
 for `repetitions` rounds in a rotating order; each measurement runs whole calls until `seconds_per_measurement`
 have passed and counts the examples. The median over the rounds is reported, and the spread as the noise.
 Ratios 1/2 (is the input the bottleneck?), 1/3 (against Keras fit) and 1/4 (against the tutorials) are checked
-against the goals of issue 6; 1/2b and 2b/2 say whether a gap is the pipeline's work or tf.data's iterator,
+against the goals in README (How fast); 1/2b and 2b/2 say whether a gap is the pipeline's work or tf.data's iterator,
 1/2c and 2c/2 whether it is the template's input (its gather and plan, or its tf.data pipeline) or that the
 batch changes at all (a batch that never changes stays hot in cache, and XLA may keep work on it out of the loop).
 Optionally, in subprocesses (TensorFlow fixes its devices once per process): start-up times, and one logical
@@ -68,8 +68,8 @@ RATIO_MEANING = {
     "1/2": "the input pipeline is not the bottleneck",
     "1/3": "faster than Keras fit at its best",
     "1/4": "faster than the tutorials' way",
-    "1/2b": "the pipeline's own work (gather, order), given the iterator",
-    "2b/2": "the tf.data iterator itself, one get_next per step",
+    "1/2b": "the pipeline's own work (gather, order), given the iterator (and 1's XLA, if on)",
+    "2b/2": "a tf.data iterator, one get_next per step (and no XLA: it cannot compile one)",
     "1/2c": "the shuffled gather and its plan, given a new batch each step",
     "2c/2": "a new batch each step against one that never changes",
 }
@@ -770,7 +770,7 @@ def format_benchmark(result: dict[str, Any]) -> str:
                     f"  {_label(lever, value):<{width}} {rate:>12,.0f}  {against}  "
                     f"{resolved['strategy']}, {resolved['precision']}, {resolved['template']}"
                 )
-    lines += ["", "goals (issue 6):"]
+    lines += ["", "goals (README, How fast):"]
     for goal in result["goals"]:
         value = "n/a" if goal["value"] is None else f"{goal['value']:.2f}"
         verdict = {True: "met", False: "NOT met", None: "not measured"}[goal["met"]]

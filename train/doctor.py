@@ -11,10 +11,11 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from typing import Any
 
+from train.errors import SettingsError
 from train.gpus import DeviceBackend
 from train.runtime import configure_devices, resolve
 from train.settings import Settings
@@ -72,9 +73,21 @@ def collect_report(
     libraries: dict[str, list[str]],
     versions: dict[str, str],
 ) -> dict[str, Any]:
-    """Configure devices as training would, then gather every fact the doctor looks at."""
+    """Configure devices as training would, then gather every fact the doctor looks at.
+
+    GPUS naming GPUs that TensorFlow does not see is what training refuses; here it is the first diagnosis,
+    and the report shows every GPU there is (GPUS=all) so the other diagnoses can say why.
+    """
     physical = backend.physical_gpus()
-    resolution = resolve(settings, configure_devices(settings, backend))
+    missing_gpus = None
+    try:
+        plan = configure_devices(settings, backend)
+    except SettingsError as error:
+        if settings.gpus in ("all", "none"):
+            raise
+        missing_gpus, settings = str(error), replace(settings, gpus="all")
+        plan = configure_devices(settings, backend)
+    resolution = resolve(settings, plan)
     visible = set(resolution.plan.visible_gpus)
     gpus = []
     for index, gpu in enumerate(physical):
@@ -109,7 +122,11 @@ def collect_report(
         "devices": backend.device_names(),
         "resolved": resolution.describe(),
     }
-    report["diagnoses"] = [asdict(finding) for finding in diagnose(report, settings)]
+    findings = diagnose(report, settings)
+    if missing_gpus:
+        message, _, fix = missing_gpus.partition(": use ")
+        findings.insert(0, Finding("error", "requested_gpus_missing", message, f"use {fix}"))
+    report["diagnoses"] = [asdict(finding) for finding in findings]
     return report
 
 
@@ -212,6 +229,14 @@ def device_report(settings: Settings) -> dict[str, Any]:
     return collect_report(settings, TensorFlowDevices(), dict(os.environ), shm_bytes(), cuda_libraries(), versions)
 
 
+def _gpu_memory(resolved: dict[str, Any]) -> str:
+    if not resolved["visible_gpus"]:
+        return "no GPU, so no GPU memory settings"
+    if resolved["memory_limit_mb"] is not None:
+        return f"memory cap {resolved['memory_limit_mb']} MiB per GPU"
+    return f"memory growth {'on' if resolved['memory_growth'] else 'off'}"
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The human table."""
     build, resolved = report["build"], report["resolved"]
@@ -243,12 +268,7 @@ def format_report(report: dict[str, Any]) -> str:
     lines += [
         f"Resolved: strategy {resolved['strategy']} on {', '.join(resolved['devices'])}; "
         f"{resolved['replicas']} replica(s) x {resolved['per_replica_batch']} "
-        f"= global batch {resolved['global_batch']}; "
-        + (
-            f"memory growth {'on' if resolved['memory_growth'] else 'off'}"
-            if resolved["memory_limit_mb"] is None
-            else f"memory cap {resolved['memory_limit_mb']} MiB per GPU"
-        )
+        f"= global batch {resolved['global_batch']}; " + _gpu_memory(resolved)
     ]
     lines += [f"  {note}" for note in resolved["notes"]]
     cluster = resolved.get("cluster")

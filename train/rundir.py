@@ -9,6 +9,7 @@ import errno
 import os
 import re
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,13 @@ class StopRequest:
         if self.signal_name and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signal_name = signal.Signals(signum).name
+        if signum == signal.SIGINT:  # someone at a terminal: say it was heard (SIGTERM's senders read the exit code)
+            print(
+                "Ctrl-C: stopping at the next safe point (after the current call, with a checkpoint); "
+                "Ctrl-C again stops at once.",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def __enter__(self) -> StopRequest:
         for signum in (signal.SIGTERM, signal.SIGINT):

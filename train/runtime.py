@@ -141,7 +141,7 @@ def choose_strategy(requested: str, device_count: int, workers: int = 0) -> tupl
     if name == "mirrored" and device_count == 1:
         notes.append("STRATEGY=mirrored with one device: it runs, with one replica and nothing to mirror.")
     if name == "one_device" and device_count > 1:
-        notes.append(f"STRATEGY=one_device: training on the first device only; {device_count - 1} more stay idle.")
+        notes.append(f"STRATEGY=one_device: training on the first device only; the other {device_count - 1} stay idle.")
     return name, tuple(notes)
 
 

@@ -337,3 +337,22 @@ def _check_combinations(settings: Settings) -> None:
 
 def write_settings(settings: Settings, path: Path) -> None:
     path.write_text(json.dumps(settings.to_json(), indent=2) + "\n")
+
+
+# What a step and its data are: changing one of these between a run's starts changes what resuming continues.
+RUN_DEFINING = (
+    "DATASET", "TRAIN_SPLIT", "FEATURE_KEY", "LABEL_KEY", "BATCH_SIZE", "GPUS", "CPU_DEVICES", "STRATEGY",
+    "STEPS_PER_EPOCH", "SEED", "LEARNING_RATE", "MIXED_PRECISION",
+)  # fmt: skip
+
+
+def changed_settings(path: Path, settings: Settings) -> list[tuple[str, str, str]]:
+    """(NAME, before, now) for each run-defining setting that differs from the settings.json at `path`."""
+    try:
+        before = json.loads(path.read_text())
+    except (OSError, ValueError):  # no earlier start, or a file that is not ours
+        return []
+    if not isinstance(before, dict):
+        return []
+    now = settings.to_json()
+    return [(name, str(before[name]), now[name]) for name in RUN_DEFINING if before.get(name, now[name]) != now[name]]

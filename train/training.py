@@ -39,7 +39,7 @@ from train.model import build_model
 from train.probe import format_probe
 from train.rundir import StopRequest, checkpoints_newest_first, preflight
 from train.runtime import Runtime, setup_runtime
-from train.settings import Settings, write_settings
+from train.settings import Settings, changed_settings, write_settings
 from train.workers import (
     PEER_ERRORS,
     ClusterPreemption,
@@ -325,6 +325,7 @@ def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Sa
     checkpoint_dir = output_dir / "checkpoints"
 
     # Everything above only read; from here on the run directory is written (by the chief only).
+    changed = changed_settings(output_dir / "settings.json", settings) if chief else []
     if chief:
         output_dir.mkdir(parents=True, exist_ok=True)
         write_settings(settings, output_dir / "settings.json")
@@ -354,6 +355,12 @@ def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Sa
     if restored:
         resumed_from = int(step_counter.numpy())
         say(f"Resuming from {restored} at step {resumed_from}.")
+        if changed:
+            say(
+                "warning: resuming with settings changed since this run directory's last start: "
+                + ", ".join(f"{name} {before or '(unset)'} -> {now or '(unset)'}" for name, before, now in changed)
+                + ". The steps taken stay; the rest follow the new values (a new OUTPUT_DIR starts over)."
+            )
     else:
         save_checkpoint(manager, 0)  # the initial weights: what AUTO_BATCH restarts from before step 1
 
@@ -378,12 +385,17 @@ def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Sa
             feed = make_feed(
                 runtime.strategy, data.train, runtime.global_batch, settings.seed, start_step, settings.steps_per_call
             )
+            span = (
+                f"steps {start_step}-{total_steps}"
+                if start_step < total_steps
+                else f"already at step {start_step} of {total_steps}: nothing to train, evaluating again"
+            )
             say(
                 f"Training {data.name} on {runtime.replicas} replica(s){workers} "
                 f"({runtime.strategy_name}: {', '.join(runtime.devices)}"
                 f"{' on each worker' if multi else ''}), "
                 f"global batch {runtime.global_batch} = {runtime.per_replica_batch} per replica x {runtime.replicas}, "
-                f"{steps_per_epoch} steps per epoch, steps {start_step}-{total_steps}; "
+                f"{steps_per_epoch} steps per epoch, {span}; "
                 f"{describe_feed(data, feed)}, XLA {'on' if jit_compile else 'off'}."
             )
             train_steps = make_train_steps(model, runtime, train_loss, train_accuracy, feed, jit_compile)
