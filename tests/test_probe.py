@@ -41,6 +41,7 @@ def test_probe_stops_at_the_cap_when_nothing_runs_out_of_memory():
     assert probe.smallest_failure is None
     assert probe.recommended == 100  # the fastest measured
     assert "nothing ran out of memory up to the cap of 100" in probe.message
+    assert probe.message.endswith("so tune LEARNING_RATE with it)")
 
 
 def test_probe_says_so_when_even_the_first_batch_does_not_fit():

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 HEADROOM = 0.8  # recommend 80% of the largest batch that fit: fragmentation, other processes, eval
+BATCH_CAVEAT = "for speed and memory only: a larger batch takes fewer steps per epoch, so tune LEARNING_RATE with it"
 NARROWING_TRIALS = 3
 
 
@@ -83,6 +84,7 @@ def probe_batch_sizes(trial: Callable[[int], Trial], start: int, cap: int) -> Pr
             f"nothing ran out of memory up to the cap of {largest_fit} per replica (on CPU memory is not the limit). "
             f"Recommended BATCH_SIZE={recommended}, the fastest measured"
         )
+    message += f" ({BATCH_CAVEAT})"
     return Probe(tuple(trials), largest_fit, smallest_failure, recommended, message)
 
 
