@@ -161,8 +161,9 @@ def test_the_report_names_every_figure_and_says_which_goals_are_met():
             {"value": "128", "label": "STEPS_PER_CALL=128 LOG_EVERY=1280", "examples_per_sec": 150.0,
              "resolved": resolved},
         ],
-        "JIT_COMPILE": [  # as JSON from before labels has it
-            {"value": "true", "examples_per_sec": None, "error": "error: JIT_COMPILE=true is not allowed here"},
+        "JIT_COMPILE": [
+            {"value": "true", "label": "JIT_COMPILE=true", "examples_per_sec": None,
+             "error": "error: JIT_COMPILE=true is not allowed here"},
         ],
     }  # fmt: skip
     lines = format_benchmark(result).splitlines()

@@ -497,11 +497,6 @@ def _variant_label(lever: str, overrides: dict[str, str]) -> str:
     return " ".join([f"{lever}={overrides[lever]}", *extra])
 
 
-def _label(lever: str, value: dict[str, Any]) -> str:
-    """A measured variant's label; JSON written before variants had labels: LEVER=value."""
-    return value.get("label") or f"{lever}={value['value']}"
-
-
 def compare_levers(
     settings: Settings,
     levers: tuple[str, ...],
@@ -518,6 +513,7 @@ def compare_levers(
     with tempfile.TemporaryDirectory(prefix="bench-levers-") as temporary:
         for lever in levers:
             values = variants[lever]
+            labels = [_variant_label(lever, overrides) for overrides in values]  # "value" alone can repeat
             runs: dict[int, list[float]] = {index: [] for index in range(len(values))}
             errors: dict[int, str] = {}
             resolved: dict[int, Any] = {}
@@ -532,7 +528,7 @@ def compare_levers(
                     _timed_run(argv, _child_env(settings, **values[index]), Path(temporary))
                 except SubprocessFailed as error:
                     errors[index] = error.last_line
-                    say(f"  {_variant_label(lever, values[index])}: {errors[index]}")
+                    say(f"  {labels[index]}: {errors[index]}")
                     continue
                 child = json.loads(out.read_text())
                 runs[index] += child["contenders"]["template"]["runs"]
@@ -543,11 +539,11 @@ def compare_levers(
                     "cross_device_ops": child["resolved"]["cross_device_ops"],
                     "template": child["contenders"]["template"]["settings"],
                 }
-                say(f"  {_variant_label(lever, values[index])}: {runs[index][-1]:,.0f} examples/s")
+                say(f"  {labels[index]}: {runs[index][-1]:,.0f} examples/s")
             results[lever] = [
                 {
                     "value": values[index][lever],
-                    "label": _variant_label(lever, values[index]),  # what tells variants apart: "value" can repeat
+                    "label": labels[index],
                     "overrides": values[index],
                     "examples_per_sec": statistics.median(runs[index]) if runs[index] else None,
                     "runs": runs[index],
@@ -756,18 +752,18 @@ def format_benchmark(result: dict[str, Any]) -> str:
         )
     if result.get("levers"):
         lines += ["", "levers (the template's path, one subprocess per value; x = against the first value):"]
-        width = max(len(_label(lever, value)) for lever, values in result["levers"].items() for value in values)
-        for lever, values in result["levers"].items():
+        width = max(len(value["label"]) for values in result["levers"].values() for value in values)
+        for values in result["levers"].values():
             first = values[0]["examples_per_sec"]
             for value in values:
                 rate = value["examples_per_sec"]
                 if rate is None:
-                    lines.append(f"  {_label(lever, value):<{width}} not run: {value['error']}")
+                    lines.append(f"  {value['label']:<{width}} not run: {value['error']}")
                     continue
                 against = f"{rate / first:5.2f}x" if first else "     "
                 resolved = value["resolved"]
                 lines.append(
-                    f"  {_label(lever, value):<{width}} {rate:>12,.0f}  {against}  "
+                    f"  {value['label']:<{width}} {rate:>12,.0f}  {against}  "
                     f"{resolved['strategy']}, {resolved['precision']}, {resolved['template']}"
                 )
     lines += ["", "goals (README, How fast):"]
