@@ -42,12 +42,13 @@ result = {"replicas": runtime.replicas, "passes": passes, "in_memory": data.in_m
           "seen": pipeline(0, 2 * passes), "resumed": pipeline(passes // 2, 2 * passes)}
 def gathered(start, stop, block, lengths=()):  # the rows each step gathers, in calls of these lengths (or `block`)
     feed = make_feed(runtime.strategy, data.train, batch, settings.seed, start, block)
-    steps, call = [], 0
+    steps, call, shapes = [], 0, set()
     while len(steps) < stop - start:
         length = lengths[call % len(lengths)] if lengths else block
-        rows = feed.call_args(length)[2].numpy().tolist()
-        assert len(rows) == block  # padded to one shape: the step is traced once
-        steps, call = steps + rows[:length], call + 1
+        args = feed.call_args(length)
+        shapes.add(tuple(tuple(arg.shape) for arg in args))
+        steps, call = steps + [feed.step_args(args, step)[2].numpy().tolist() for step in range(length)], call + 1
+    assert len(shapes) == 1  # every call's input has one shape: the step is traced once
     return steps[: stop - start]
 
 result["feed"] = type(make_feed(runtime.strategy, data.train, batch, settings.seed, 0, 5)).__name__

@@ -414,10 +414,12 @@ def _on_gpus(strategy) -> bool:
 class RowsFeed:
     """An in-memory split on CPU devices: no tf.data in the loop. The step gathers its own rows.
 
-    The host plans each call's rows (`call_args`: [block, replicas, per_replica] indices, in the order
-    `pass_order` gives, padded to a fixed block so the step is traced once) and every step of the call
-    gathers its replica's batch from the split inside the compiled function. A tf.data iterator read once
-    per step cost more than the small model's step itself (measured by `python -m train bench`).
+    The host plans whole passes (`pass_order`, as [batches, replicas, per_replica] row numbers). A call takes
+    a window of the passes it can reach, the same tensor for every call that starts in the same pass and of
+    one shape (so the step is traced once), and the index of its first step in it; every step of the call
+    gathers its replica's batch from the split inside the compiled function. A tf.data iterator read once per
+    step cost more than the small model's step itself, and so did planning each call's rows on the host
+    (measured by `python -m train bench`).
     """
 
     compilable = True  # everything the step reads is a tensor: XLA can compile the whole call
@@ -426,38 +428,45 @@ class RowsFeed:
         self.passes_batches = batches_per_pass(split, global_batch)
         self.shape = (replicas, global_batch // replicas)
         self.seed, self.step, self.block, self.examples = seed, start_step, block, len(split)
+        # The passes a call of up to `block` steps can touch, from any step of its first pass.
+        self.passes_per_window = -(-(self.passes_batches - 1 + block) // self.passes_batches)
         # int32 row numbers where they fit: the XLA-compiled call ran about 5% faster than with int64 (bench).
         self.index_type = np.int32 if len(split) <= np.iinfo(np.int32).max else np.int64
         with tf.device("/cpu:0"):
             self.features = tf.constant(split.features)
             self.labels = tf.constant(split.labels)
-        self._pass: int | None = None
-        self._plan = np.empty((0, *self.shape), self.index_type)
+        self._plans: dict[int, np.ndarray] = {}
+        self._window_pass: int | None = None
+        self._window: tf.Tensor | None = None
 
     def _pass_plan(self, pass_number: int) -> np.ndarray:
-        if pass_number != self._pass:
+        plan = self._plans.get(pass_number)
+        if plan is None:
             order = pass_order(self.examples, self.seed, pass_number).numpy()
             whole = self.passes_batches * self.shape[0] * self.shape[1]
             plan = order[:whole].astype(self.index_type).reshape(self.passes_batches, *self.shape)
-            self._pass, self._plan = pass_number, plan
-        return self._plan
+        return plan
 
     def call_args(self, steps: int) -> tuple[tf.Tensor, ...]:
-        """The next `steps` steps' input; moves on by `steps`."""
-        rows = np.zeros((max(steps, self.block), *self.shape), self.index_type)
-        done = 0
-        while done < steps:
-            pass_number, batch = divmod(self.step + done, self.passes_batches)
-            take = min(steps - done, self.passes_batches - batch)
-            rows[done : done + take] = self._pass_plan(pass_number)[batch : batch + take]
-            done += take
+        """The next `steps` steps' input (at most `block`); moves on by `steps`."""
+        if not 0 < steps <= self.block:
+            raise ValueError(f"a call of {steps} steps: RowsFeed plans calls of 1 to {self.block} steps")
+        first_pass, first_batch = divmod(self.step, self.passes_batches)
+        if first_pass != self._window_pass:  # once a pass: the next window, reusing the plans it shares
+            passes = range(first_pass, first_pass + self.passes_per_window)
+            self._plans = {number: self._pass_plan(number) for number in passes}
+            with tf.device("/cpu:0"):
+                self._window = tf.constant(np.concatenate([self._plans[number] for number in passes]))
+            self._window_pass = first_pass
         self.step += steps
-        return self.features, self.labels, tf.constant(rows)
+        return self.features, self.labels, self._window, tf.constant(first_batch, tf.int32)
 
     @staticmethod
     def step_args(call_args, step):
-        features, labels, rows = call_args
-        return features, labels, rows[step]
+        features, labels, window, first_batch = call_args
+        # tf.gather, not window[first_batch + step]: XLA takes a slice's start as a compile-time constant
+        # where it can, and compiled the call anew for every value of first_batch.
+        return features, labels, tf.gather(window, first_batch + step)
 
     @staticmethod
     def replica_batch(features, labels, rows):
