@@ -1,5 +1,7 @@
 """The two kinds of failure a user sees as one line, and their exit codes. No TensorFlow here."""
 
+import re
+
 
 class SettingsError(ValueError):
     """A bad input: the message names the setting, the value and what is allowed. Exit code 2."""
@@ -13,7 +15,22 @@ class TrainingError(RuntimeError):
     exit_code = 1
 
 
+# TensorFlow wraps what went wrong: a status line "INVALID_ARGUMENT: ..." (after "(0) " when several ops
+# failed) amid "Graph execution error:", the Python stack of the op and a "{{function_node ...}}" prefix.
+_STATUS = re.compile(r"^(\(\d+\) )?[A-Z][A-Z_]{4,}:\s*")
+_FUNCTION_NODE = re.compile(r"\{\{function_node [^}]*\}\}\s*")
+_NOISE = ("Graph execution error", "Detected at node", "File ", "[[", "root error", "successful operations", "Cf. ")
+
+
 def first_line(error: BaseException) -> str:
-    """The first line of an exception's message: TensorFlow's run to dozens of lines."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    """The one line of an exception's message that says what went wrong; TensorFlow's run to dozens of lines.
+
+    Its status line where it has one (without the code), else the first line that is not TensorFlow's wrapping.
+    """
+    lines = [_FUNCTION_NODE.sub("", line).strip() for line in str(error).splitlines()]
+    lines = [line for line in lines if line]
+    status = [line for line in lines if _STATUS.match(line)]
+    if status:
+        return _STATUS.sub("", status[0])
+    useful = [line for line in lines if not line.startswith(_NOISE)]
+    return (useful or lines or [type(error).__name__])[0]
