@@ -121,7 +121,7 @@ def test_unknown_lever_is_refused_before_anything_runs(tmp_path):
 
 
 def test_the_report_names_every_figure_and_says_which_goals_are_met():
-    contender = {"runs": [100.0], "spread": 0.0, "global_batch": 128, "strategy": "one_device", "crashed": []}
+    contender = {"runs": [100.0], "spread": None, "global_batch": 128, "strategy": "one_device", "crashed": []}
     result = {
         "dataset": "d/1.0.0",
         "train_examples": 1000,
@@ -132,7 +132,14 @@ def test_the_report_names_every_figure_and_says_which_goals_are_met():
         "repetitions": 1,
         "seconds_per_measurement": 0.2,
         "contenders": {
-            "template": {**contender, "label": "1  template", "examples_per_sec": 90.0, "settings": "S=32"},
+            "template": {
+                **contender,
+                "label": "1  template",
+                "examples_per_sec": 90.0,
+                "settings": "S=32",
+                "runs": [80.0, 90.0, 98.0],
+                "spread": 0.2,
+            },
             "keras_fit": {
                 **contender,
                 "label": "3  Keras fit",
@@ -153,6 +160,8 @@ def test_the_report_names_every_figure_and_says_which_goals_are_met():
     text = format_benchmark(result)
     assert "1/3 faster" in text and "NOT met" in text and "not measured" in text
     assert "[mirrored only]" in text and "crashed: mirrored, steps_per_execution=32" in text
+    rows = {line.split("  ")[0]: line.split() for line in text.splitlines() if line.startswith(("1  ", "3  "))}
+    assert rows["1"][3] == "20%" and rows["3"][4] == "-"  # the spread of 3 rounds; none for a single round
 
     resolved = {"strategy": "one_device", "precision": "float32", "template": "XLA on"}
     result["levers"] = {

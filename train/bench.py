@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -41,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from train.errors import SettingsError, TrainingError
+from train.errors import SettingsError, TrainingError, first_line
 from train.settings import FIELDS, Settings, load_settings
 
 SCHEMA = 1
@@ -94,17 +93,6 @@ class _Contender:
     strategy: str
     note: str
     crashed: list[str] = field(default_factory=list)
-
-
-def _first_line(error: BaseException) -> str:
-    """The line of a TensorFlow error that says what went wrong (not "Graph execution error:" or the stack)."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    status = [line for line in lines if re.match(r"(\(\d+\) )?[A-Z][A-Z_]{4,}: ", line)]
-    if status:
-        return re.sub(r"^(\(\d+\) )?[A-Z][A-Z_]{4,}:\s*", "", status[0])
-    noise = ("Graph execution error", "Detected at node", "File ", "[[", "root error", "successful operations")
-    useful = [line for line in lines if not line.startswith(noise) and not line.startswith("Cf. ")]
-    return (useful or lines or [type(error).__name__])[0]
 
 
 # --- 1, 2, 2b and 2c: the template's own loop --------------------------------------------------------------------
@@ -343,7 +331,7 @@ def _best_keras_fit(settings: Settings, runtime, data, trial_seconds: float, say
                     contender.measure(min(0.2, trial_seconds))  # traces
                     examples, seconds = contender.measure(trial_seconds)
                 except Exception as error:  # what crashes under MirroredStrategy varies: say it, try the next
-                    crashed.append(f"{tried}: {type(error).__name__}: {_first_line(error)[:160]}")
+                    crashed.append(f"{tried}: {type(error).__name__}: {first_line(error)[:160]}")
                     say(f"  keras_fit trial: {crashed[-1]}")
                     continue
                 ran.append((examples / seconds, contender))
@@ -649,7 +637,8 @@ def run_benchmark(
             "label": LABELS[contender.name],
             "examples_per_sec": median,
             "runs": values,
-            "spread": (max(values) - min(values)) / median,  # (max - min) / median of the rounds
+            # (max - min) / median of the rounds; one round has none (not 0%)
+            "spread": (max(values) - min(values)) / median if len(values) > 1 else None,
             "global_batch": contender.batch,
             "strategy": contender.strategy,
             "settings": contender.note,
@@ -716,8 +705,9 @@ def format_benchmark(result: dict[str, Any]) -> str:
     crashes = []
     for contender in result["contenders"].values():
         where = "" if contender["strategy"] == resolved["strategy"] else f"  [{contender['strategy']} only]"
+        spread = "-" if contender["spread"] is None else f"{100 * contender['spread']:.0f}%"
         lines.append(
-            f"{contender['label']:<32} {contender['examples_per_sec']:>12,.0f} {100 * contender['spread']:>6.0f}% "
+            f"{contender['label']:<32} {contender['examples_per_sec']:>12,.0f} {spread:>7} "
             f"{contender['global_batch']:>6}  {contender['settings']}{where}"
         )
         crashes += [f"  {contender['label'].split()[0]} crashed: {line}" for line in contender["crashed"]]
