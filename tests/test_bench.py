@@ -104,7 +104,9 @@ def test_levers_are_measured_value_by_value_and_a_refused_value_is_reported(tmp_
     without, with_xla = result["levers"]["JIT_COMPILE"]
     assert without["examples_per_sec"] > 0 and without["resolved"]["template"].endswith("XLA off")
     assert with_xla["examples_per_sec"] is None  # XLA cannot compile a mirrored step: refused, and said why
-    assert with_xla["error"].startswith("error: JIT_COMPILE=true is not allowed here (mirrored, 2 replicas)")
+    assert with_xla["error"].startswith(
+        "error: JIT_COMPILE=true is not allowed here (mirrored, 2 replicas, CPU_DEVICES=2)"
+    )
     all_reduces = result["levers"]["CROSS_DEVICE_OPS"]
     assert [value["value"] for value in all_reduces] == ["auto", "hierarchical_copy"]
     assert [value["resolved"]["cross_device_ops"] for value in all_reduces] == ["reduce_to_one", "hierarchical_copy"]

@@ -189,7 +189,7 @@ def test_jit_compile_true_where_xla_cannot_compile_the_call_is_refused_before_an
     )
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: JIT_COMPILE=true is not allowed here (mirrored, 2 replicas)")
+    assert last.startswith("error: JIT_COMPILE=true is not allowed here (mirrored, 2 replicas, CPU_DEVICES=2)")
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()
 

@@ -185,7 +185,12 @@ def jit_compile_for(settings: Settings, runtime: Runtime, split: TrainSplit) -> 
     gathers = gathers_in_step(runtime.strategy, split)
     possible = gathers and runtime.strategy_name == "one_device"
     if settings.jit_compile == "true" and not possible:
-        why = f"{runtime.replicas} replicas" if gathers else "a tf.data pipeline feeds the step"
+        # a feed that gathers runs on CPU devices only: its replicas are the CPU_DEVICES
+        why = (
+            f"{runtime.replicas} replicas, CPU_DEVICES={settings.cpu_devices}"
+            if gathers
+            else "a tf.data pipeline feeds the step"
+        )
         raise SettingsError(
             f"JIT_COMPILE=true is not allowed here ({runtime.strategy_name}, {why}): XLA compiles the training "
             "call only on one device (one_device) that gathers its batches from memory on CPU; use JIT_COMPILE=auto "
