@@ -26,4 +26,5 @@ def test_tensorflow_wrapping_is_dropped_to_the_line_that_says_what_went_wrong():
 
 def test_a_plain_message_keeps_its_first_line_and_an_empty_one_names_the_type():
     assert first_line(OSError("No space left on device\nmore")) == "No space left on device"
+    assert first_line(OSError("File exists: runs/default\nmore")) == "File exists: runs/default"  # not a stack frame
     assert first_line(KeyError()) == "KeyError"

@@ -19,7 +19,7 @@ class TrainingError(RuntimeError):
 # failed) amid "Graph execution error:", the Python stack of the op and a "{{function_node ...}}" prefix.
 _STATUS = re.compile(r"^(\(\d+\) )?[A-Z][A-Z_]{4,}:\s*")
 _FUNCTION_NODE = re.compile(r"\{\{function_node [^}]*\}\}\s*")
-_NOISE = ("Graph execution error", "Detected at node", "File ", "[[", "root error", "successful operations", "Cf. ")
+_NOISE = ("Graph execution error", "Detected at node", 'File "', "[[", "root error", "successful operations", "Cf. ")
 
 
 def first_line(error: BaseException) -> str:
