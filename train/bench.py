@@ -79,6 +79,8 @@ TUTORIAL_BATCH = 32  # Keras fit's default batch_size
 KERAS_TRIAL_SECONDS = 0.75
 LAID_OUT_BYTES = 512 << 20  # row 2c copies one call's batches; above this it is left out rather than risk memory
 TINY_FIT = {"EPOCHS": 1, "STEPS_PER_EPOCH": 20}
+# Odd, so the median is one real round: the first tiny fit of a session often ran 30-40% slower (cold caches).
+STARTUP_ROUNDS = 3
 
 Say = Callable[[str], None]
 
@@ -371,7 +373,7 @@ def _timed_run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float =
     return seconds
 
 
-def measure_startup(settings: Settings, repetitions: int = 2, say: Say = print) -> dict[str, Any]:
+def measure_startup(settings: Settings, repetitions: int = STARTUP_ROUNDS, say: Say = print) -> dict[str, Any]:
     """Wall times of `python -m train --help`, `python -c "import tensorflow"` and a complete tiny `fit`.
 
     Interleaved rounds, medians. The tiny fit trains EPOCHS=1 STEPS_PER_EPOCH=20 into a temporary OUTPUT_DIR
@@ -669,7 +671,7 @@ def run_benchmark(
     }
     if include_startup:
         say("Start-up: python -m train --help, import tensorflow, a tiny fit (subprocesses) ...")
-        startup = measure_startup(settings, repetitions=max(1, min(2, repetitions)), say=say)
+        startup = measure_startup(settings, repetitions=max(1, min(STARTUP_ROUNDS, repetitions)), say=say)
         result["startup"] = startup
         goals.append(_goal("python -m train --help, seconds", startup["help_seconds"], HELP_GOAL_SECONDS, False))
         goals.append(_goal("tiny fit / import tensorflow", startup["tiny_fit_vs_import"], FIT_VS_IMPORT_GOAL, False))

@@ -90,7 +90,7 @@ def _build(settings: Settings, runtime: Runtime, data: Data) -> keras.Model:
 def _evaluator(model: keras.Model) -> Callable[[TrainSplit, int], dict[str, float]]:
     loss_fn = _per_example_loss(model)
 
-    @tf.function
+    @tf.function(autograph=False)
     def batch_totals(features, labels):
         probabilities = model(features, training=False)
         correct = tf.equal(tf.argmax(probabilities, axis=-1), labels)
@@ -231,12 +231,16 @@ def make_train_steps(model: keras.Model, runtime: Runtime, train_loss, train_acc
         train_loss.update_state(per_example)
         train_accuracy.update_state(labels, probabilities)
 
-    @tf.function(jit_compile=jit_compile)
+    # autograph=False: the loop is written as the graph op it is. Converting it and all it calls (the model's
+    # layers too) took 0.3-0.4 s of every run's first call: a model's own branches on tensors use keras.ops.cond.
+    @tf.function(jit_compile=jit_compile, autograph=False)
     def train_steps(call_args, steps):
-        step = tf.constant(0)
-        while step < steps:  # not `for step in tf.range(steps)`: XLA would compile once per value of `steps`
+        def one_step(step):
             runtime.strategy.run(replica_step, args=feed.step_args(call_args, step))
-            step += 1
+            return (step + 1,)
+
+        # a while loop, not a loop over tf.range(steps): XLA would compile once per value of `steps`
+        tf.while_loop(lambda step: step < steps, one_step, (tf.constant(0),))
         return train_loss.result()
 
     return train_steps
