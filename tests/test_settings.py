@@ -129,6 +129,14 @@ def test_dotenv_typo_of_a_setting_is_warned(tmp_path):
     assert not any("MY_OWN_VAR" in w for w in warnings)
 
 
+def test_environment_typo_of_a_setting_is_warned():
+    """`make train EPOCH=3` exports EPOCH to the CLI's environment: it is named, not silently ignored."""
+    warnings: list[str] = []
+    settings = load(environ={"EPOCH": "3", "HOME": "/root", "TF_CPP_MIN_LOG_LEVEL": "2"}, warn=warnings.append)
+    assert warnings == ["environment (or make variable): EPOCH is not a setting; did you mean EPOCHS?"]
+    assert settings.epochs == 5  # the default, as warned
+
+
 def test_resolved_settings_round_trip_through_their_json(tmp_path):
     settings = load(environ={"GPUS": "0,1", "STEPS_PER_EPOCH": "10", "MEMORY_GROWTH": "no"})
     assert load(environ=settings.to_json()) == settings

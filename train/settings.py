@@ -276,6 +276,9 @@ def load_settings(
     if warn:
         for message in likely_typos(list(dotenv)):
             warn(f"{dotenv_path}: {message}")
+        # `make train EPOCH=3` arrives here as an environment variable too: said, not silently ignored
+        for message in likely_typos(list(environ)):
+            warn(f"environment (or make variable): {message}")
 
     raw: dict[str, str] = {}
     for field in FIELDS:
