@@ -1,6 +1,10 @@
 import os
 import sys
 
+# TensorFlow's C++ INFO lines (XLA service, "Compiled cluster using XLA!", ...) off unless asked for: warnings
+# and errors still show. The few it prints before it reads this setting remain (absl logging, TF 2.21).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
 from train.cli import app
 
 try:
