@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import types
@@ -101,3 +102,28 @@ def test_bad_environment_value_in_a_real_process_is_one_line_without_traceback(t
         "error: GPUS='0,0' names a GPU twice: use all, none, or distinct GPU indices without spaces, like 0 or 0,1"
     ]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("target", ["missing/result.json", "."])
+def test_unwritable_json_path_is_refused_before_any_work(target, tmp_path, monkeypatch):
+    """A fake `train.training.check` records whether the trial run started: it must not."""
+    started = []
+    module = types.SimpleNamespace(check=lambda settings, **options: started.append(settings))
+    monkeypatch.setitem(sys.modules, "train.training", module)
+    result = invoke(["check", "--json", target], {}, tmp_path, monkeypatch)
+    assert result.exit_code == 2
+    assert result.output.startswith(f"error: --json {target}")
+    assert len(result.output.strip().splitlines()) == 1
+    assert started == []
+
+
+def test_check_writes_its_json_result_whole(tmp_path, monkeypatch):
+    """A fake `train.training.check` returns a fixed result: what is tested is the writing of it."""
+    result_of_check = {"table": "the table", "recommended_batch_size": 64}
+    module = types.SimpleNamespace(check=lambda settings, **options: dict(result_of_check))
+    monkeypatch.setitem(sys.modules, "train.training", module)
+    result = invoke(["check", "--json", "out.json"], {}, tmp_path, monkeypatch)
+    assert result.exit_code == 0, result.output
+    assert "the table" in result.output
+    assert json.loads((tmp_path / "out.json").read_text()) == {"recommended_batch_size": 64}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]  # no temporary file left

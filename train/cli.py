@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -90,10 +91,30 @@ def _print_json(payload: Any) -> None:
     typer.echo(json.dumps(payload, indent=2))
 
 
+def _check_json_path(path: Path | None) -> None:
+    """`--json PATH` can be written: found before minutes of work, not after them."""
+    if path is None:
+        return
+    folder = path.parent
+    if path.is_dir():
+        raise SettingsError(f"--json {path} is a directory: give a file name, like {path / 'result.json'}")
+    if not folder.is_dir():
+        raise SettingsError(f"--json {path}: the directory {folder} does not exist; create it or write elsewhere")
+    if not os.access(folder, os.W_OK):
+        raise SettingsError(f"--json {path}: the directory {folder} is not writable; write elsewhere")
+
+
 def _write_json(path: Path | None, payload: Any) -> None:
-    """`--json PATH`: the result for scripts, beside what was printed."""
-    if path is not None:
-        path.write_text(json.dumps(payload, indent=2) + "\n")
+    """`--json PATH`: the result for scripts, beside what was printed; the whole file or none."""
+    if path is None:
+        return
+    temporary = path.with_name(f".{path.name}.tmp")
+    try:
+        temporary.write_text(json.dumps(payload, indent=2) + "\n")
+        os.replace(temporary, path)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        raise TrainingError(f"could not write --json {path} ({error.strerror}); the result is printed above") from None
 
 
 @app.command()
@@ -134,6 +155,7 @@ def check(
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the result as JSON here.")] = None,  # noqa: UP045
 ) -> None:
     """Trial-run a few real steps at a small batch, then find the largest batch that fits and recommend one."""
+    _check_json_path(json_path)  # before TensorFlow loads
     from train.training import check as run_check
 
     result = run_check(settings, start_batch=start_batch, max_batch=max_batch, steps=steps)
@@ -155,6 +177,7 @@ def bench(
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the result as JSON here.")] = None,  # noqa: UP045
 ) -> None:
     """Examples/s of this template's loop against its input ceiling, Keras fit and the tutorials' way."""
+    _check_json_path(json_path)
     from train.bench import format_benchmark, parse_levers, run_benchmark
 
     result = run_benchmark(
