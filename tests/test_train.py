@@ -142,6 +142,7 @@ def test_evaluate_checkpoint_and_exported_model_agree_with_the_summary(tmp_path,
         report = json.loads(result.stdout[result.stdout.index("{") :])
         assert report["accuracy"] == pytest.approx(expected)
         assert report["examples"] == 2048
+        assert "WARNING:tensorflow" not in result.stderr  # e.g. about checkpoint values left unrestored
 
 
 def test_unknown_dataset_is_one_line_with_the_closest_names(tmp_path, tfds_data_dir):

@@ -251,6 +251,9 @@ def setup_runtime(settings: Settings, backend: DeviceBackend | None = None, loca
 
     from train.gpus import TensorFlowDevices
 
+    # TFDS logs through absl, which gives the root logger a handler: TensorFlow's Python warnings, passed on to
+    # it as well as printed by TensorFlow's own handler, showed twice.
+    tf.get_logger().propagate = False
     resolution = resolve(settings, configure_devices(settings, backend or TensorFlowDevices()), local_only)
     keras.mixed_precision.set_global_policy(resolution.precision)  # before any model or optimizer is made
     if resolution.strategy_name == "multi_worker":

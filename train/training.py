@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
@@ -128,6 +129,14 @@ def _export(model: keras.Model, output_dir: Path) -> dict[str, str]:
     shutil.rmtree(saved_model, ignore_errors=True)
     os.replace(staging, saved_model)
     return {"keras": str(keras_path), "saved_model": str(saved_model)}
+
+
+def make_checkpoint(model: keras.Model) -> tf.train.Checkpoint:
+    """What a checkpoint holds: the model, its optimizer and the loop's step; fit saves it, evaluate restores it."""
+    # The loop's own step count: the optimizer's `iterations` stays behind it where a mixed_float16 step
+    # skips its update (gradients overflowed), and resuming must start where the run stopped, not earlier.
+    step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+    return tf.train.Checkpoint(model=model, optimizer=model.optimizer, step=step_counter)
 
 
 def restore_newest(checkpoint: tf.train.Checkpoint, checkpoint_dir: Path, say: Say) -> str | None:
@@ -343,10 +352,8 @@ def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Sa
     train_loss, train_accuracy = make_metrics(runtime)
     if chief:
         model.summary()
-    # The loop's own step count: the optimizer's `iterations` stays behind it where a mixed_float16 step
-    # skips its update (gradients overflowed), and resuming must start where the run stopped, not earlier.
-    step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, step=step_counter)
+    checkpoint = make_checkpoint(model)
+    step_counter = checkpoint.step
     if multi:
         manager = WorkerCheckpoints(checkpoint, checkpoint_dir, settings.keep_checkpoints, runtime)
         restored = restore_from_chief(
@@ -596,12 +603,16 @@ def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> dic
         source = str(path)
     else:
         model = _build(settings, runtime, data)
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
-        source = restore_newest(checkpoint, settings.output_dir / "checkpoints", say)
+        source = restore_newest(make_checkpoint(model), settings.output_dir / "checkpoints", say)
         if not source:
             raise SettingsError(f"OUTPUT_DIR={settings.output_dir} has no checkpoint: run fit first")
     metrics = _evaluator(model)(data.eval, runtime.global_batch)
     return {"source": source, "split": settings.eval_split, "examples": len(data.eval), **metrics}
+
+
+class _WithoutRetracingWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "triggered tf.function retracing" not in record.getMessage()
 
 
 def check(
@@ -652,7 +663,14 @@ def check(
         f"Trial run: {steps} steps per batch size on {runtime.replicas} replica(s) ({runtime.strategy_name}), "
         f"from BATCH_SIZE={min(start_batch, cap)} up to {cap} per replica."
     )
-    probe = probe_batch_sizes(trial, start_batch, cap)
+    # Every trial traces the step for its own batch shape, on purpose: TensorFlow's warning about frequent
+    # retracing would only alarm.
+    quiet = _WithoutRetracingWarning()
+    tf.get_logger().addFilter(quiet)
+    try:
+        probe = probe_batch_sizes(trial, start_batch, cap)
+    finally:
+        tf.get_logger().removeFilter(quiet)
     return {
         "resolved": runtime.describe(),
         "steps_per_trial": steps,
