@@ -47,8 +47,12 @@ def test_flag_beats_environment_beats_dotenv_beats_default(tmp_path):
 
 def test_empty_flag_value_is_not_the_same_as_unset():
     assert load(flags={"GPUS": None}).gpus == "all"
-    with pytest.raises(SettingsError, match=r"^GPUS=''"):
+    with pytest.raises(SettingsError, match=r"^GPUS=''.*; or leave GPUS out for its default, all$"):
         load(flags={"GPUS": ""})
+
+
+def test_empty_value_means_unset_where_the_default_is_empty():
+    assert load(environ={"GPU_MEMORY_LIMIT_MB": "", "TFDS_DATA_DIR": ""}).gpu_memory_limit_mb is None
 
 
 def test_gpus_forms():

@@ -263,6 +263,15 @@ def likely_typos(names: list[str]) -> list[str]:
     return warnings
 
 
+def _parse(field: Field, text: str) -> Any:
+    try:
+        return field.parse(field.env, text)
+    except SettingsError as error:
+        if text == "" and field.default:  # `GPUS=` is a value, not "unset": say how to get the default
+            raise SettingsError(f"{error}; or leave {field.env} out for its default, {field.default}") from None
+        raise
+
+
 def load_settings(
     flags: Mapping[str, str | None] | None = None,
     environ: Mapping[str, str] | None = None,
@@ -288,7 +297,7 @@ def load_settings(
                 break
         else:
             raw[field.env] = field.default
-    values = {field.attr: field.parse(field.env, raw[field.env]) for field in FIELDS}
+    values = {field.attr: _parse(field, raw[field.env]) for field in FIELDS}
     settings = Settings(**values, cluster=parse_tf_config(environ.get("TF_CONFIG")))
 
     if settings.gpu_memory_limit_mb is not None and settings.memory_growth:
