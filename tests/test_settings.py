@@ -133,6 +133,13 @@ def test_dotenv_typo_of_a_setting_is_warned(tmp_path):
     assert not any("MY_OWN_VAR" in w for w in warnings)
 
 
+def test_dotenv_setting_set_twice_keeps_the_last_value_and_says_so(tmp_path):
+    warnings: list[str] = []
+    settings = load(dotenv_text="EPOCHS=5\nSEED=1\nEPOCHS=3\nSEED=1\n", tmp_path=tmp_path, warn=warnings.append)
+    assert settings.epochs == 3
+    assert warnings == [f"{tmp_path / '.env'}:3: EPOCHS='3' sets EPOCHS again (line 1: '5'); the last one counts"]
+
+
 def test_environment_typo_of_a_setting_is_warned():
     """`make train EPOCH=3` exports EPOCH to the CLI's environment: it is named, not silently ignored."""
     warnings: list[str] = []

@@ -230,11 +230,15 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
 
-def read_dotenv(path: Path) -> dict[str, str]:
-    """Read a `.env` file strictly: a line python-dotenv cannot parse is an error with its line number."""
+def read_dotenv(path: Path, warn: Callable[[str], None] | None = None) -> dict[str, str]:
+    """Read a `.env` file strictly: a line python-dotenv cannot parse is an error with its line number.
+
+    A name set twice keeps its last value, as python-dotenv and Docker read it; `warn` hears of it.
+    """
     if not path.is_file():
         return {}
     values: dict[str, str] = {}
+    lines: dict[str, int] = {}
     with path.open(encoding="utf-8") as stream:
         for binding in parse_stream(stream):
             if binding.error or (binding.key is not None and binding.value is None):
@@ -242,8 +246,15 @@ def read_dotenv(path: Path) -> dict[str, str]:
                 raise SettingsError(
                     f"{path}:{binding.original.line}: cannot read {line!r}: use NAME=value, one per line"
                 )
-            if binding.key is not None:
-                values[binding.key] = binding.value
+            if binding.key is None:
+                continue
+            key, value = binding.key, binding.value
+            if warn and key in values and values[key] != value:
+                warn(
+                    f"{path}:{binding.original.line}: {key}={value!r} sets {key} again (line {lines[key]}: "
+                    f"{values[key]!r}); the last one counts"
+                )
+            values[key], lines[key] = value, binding.original.line
     return values
 
 
@@ -281,7 +292,7 @@ def load_settings(
     """Resolve every setting: flag > environment > `.env` > default. Raises SettingsError."""
     flags = {name: value for name, value in (flags or {}).items() if value is not None}
     environ = os.environ if environ is None else environ
-    dotenv = read_dotenv(Path(dotenv_path))
+    dotenv = read_dotenv(Path(dotenv_path), warn)
     if warn:
         for message in likely_typos(list(dotenv)):
             warn(f"{dotenv_path}: {message}")
