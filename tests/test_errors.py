@@ -28,3 +28,11 @@ def test_a_plain_message_keeps_its_first_line_and_an_empty_one_names_the_type():
     assert first_line(OSError("No space left on device\nmore")) == "No space left on device"
     assert first_line(OSError("File exists: runs/default\nmore")) == "File exists: runs/default"  # not a stack frame
     assert first_line(KeyError()) == "KeyError"
+
+
+def test_a_long_line_is_cut_at_a_word_and_says_so():
+    message = "HTTPSConnectionPool(host='storage.googleapis.com', port=443): Max retries exceeded with url"
+    assert first_line(ConnectionError(message), 60) == "HTTPSConnectionPool(host='storage.googleapis.com',..."
+    assert len(first_line(ConnectionError(message), 60)) <= 60
+    assert first_line(ConnectionError(message), len(message)) == message
+    assert first_line(ConnectionError("x" * 100), 10) == "xxxxxxx..."

@@ -333,7 +333,7 @@ def _best_keras_fit(settings: Settings, runtime, data, trial_seconds: float, say
                     contender.measure(min(0.2, trial_seconds))  # traces
                     examples, seconds = contender.measure(trial_seconds)
                 except Exception as error:  # what crashes under MirroredStrategy varies: say it, try the next
-                    crashed.append(f"{tried}: {type(error).__name__}: {first_line(error)[:160]}")
+                    crashed.append(f"{tried}: {type(error).__name__}: {first_line(error, 160)}")
                     say(f"  keras_fit trial: {crashed[-1]}")
                     continue
                 ran.append((examples / seconds, contender))

@@ -131,7 +131,7 @@ def _prepare(builder, settings: Settings) -> None:
         data_dir = Path(builder.data_dir).parent.parent if settings.tfds_data_dir is None else settings.tfds_data_dir
         raise SettingsError(
             f"DATASET={settings.dataset!r} is not prepared in {data_dir} and could not be made "
-            f"({type(error).__name__}: {first_line(error)[:200]}): on a machine with network run "
+            f"({type(error).__name__}: {first_line(error, 200)}): on a machine with network run "
             f"scripts/prepare-dataset.sh {settings.dataset} DIR, then set TFDS_DATA_DIR=DIR"
         ) from None
 
@@ -150,7 +150,7 @@ def _check_split(builder, setting: str, split: str) -> int | None:
     try:
         examples = int(builder.info.splits[split].num_examples)
     except Exception as error:  # a malformed slice: TFDS raises several types
-        raise SettingsError(f"{setting}={split!r} cannot be read: {first_line(error)[:200]}") from None
+        raise SettingsError(f"{setting}={split!r} cannot be read: {first_line(error, 200)}") from None
     if examples == 0:
         raise SettingsError(f"{setting}={split!r} of {builder.info.full_name} has no examples")
     return examples
@@ -182,7 +182,7 @@ def _feature_keys(builder, settings: Settings) -> tuple[str, str]:
 
 def _damaged(builder, error: BaseException) -> SettingsError:
     return SettingsError(
-        f"DATASET={builder.info.full_name} in {builder.data_dir} cannot be read ({first_line(error)[:160]}): "
+        f"DATASET={builder.info.full_name} in {builder.data_dir} cannot be read ({first_line(error, 160)}): "
         "the prepared files are incomplete or damaged; delete that directory and run again to prepare it anew"
     )
 

@@ -22,15 +22,21 @@ _FUNCTION_NODE = re.compile(r"\{\{function_node [^}]*\}\}\s*")
 _NOISE = ("Graph execution error", "Detected at node", 'File "', "[[", "root error", "successful operations", "Cf. ")
 
 
-def first_line(error: BaseException) -> str:
+def first_line(error: BaseException, limit: int | None = None) -> str:
     """The one line of an exception's message that says what went wrong; TensorFlow's run to dozens of lines.
 
-    Its status line where it has one (without the code), else the first line that is not TensorFlow's wrapping.
+    Its status line where it has one (without the code), else the first line that is not TensorFlow's wrapping;
+    longer than `limit` characters, cut at a space and ended with "...".
     """
     lines = [_FUNCTION_NODE.sub("", line).strip() for line in str(error).splitlines()]
     lines = [line for line in lines if line]
     status = [line for line in lines if _STATUS.match(line)]
     if status:
-        return _STATUS.sub("", status[0])
-    useful = [line for line in lines if not line.startswith(_NOISE)]
-    return (useful or lines or [type(error).__name__])[0]
+        line = _STATUS.sub("", status[0])
+    else:
+        useful = [line for line in lines if not line.startswith(_NOISE)]
+        line = (useful or lines or [type(error).__name__])[0]
+    if limit is None or len(line) <= limit:
+        return line
+    cut = line[: limit - 3]
+    return (cut.rsplit(" ", 1)[0] if " " in cut else cut) + "..."

@@ -153,7 +153,7 @@ def restore_newest(checkpoint: tf.train.Checkpoint, checkpoint_dir: Path, say: S
         # Damage shows as IndexError, DataLossError, ValueError, ...: each means "not this one".
         except Exception as error:
             failed.append(prefix.name)
-            say(f"warning: checkpoint {prefix.name} does not load ({first_line(error)[:160]}).")
+            say(f"warning: checkpoint {prefix.name} does not load ({first_line(error, 160)}).")
             continue
         if failed:
             say(f"warning: {', '.join(failed)} could not be loaded; resuming from the previous one, {prefix.name}.")
@@ -173,7 +173,7 @@ def save_checkpoint(manager: tf.train.CheckpointManager, step: int) -> None:
         manager.save(checkpoint_number=step)
     except (OSError, tf.errors.OpError) as error:
         raise TrainingError(
-            f"could not write checkpoint ckpt-{step} to {manager.directory} ({first_line(error)[:160]}); "
+            f"could not write checkpoint ckpt-{step} to {manager.directory} ({first_line(error, 160)}); "
             f"the previous checkpoint {manager.latest_checkpoint} is intact: free space and run again to resume"
         ) from None
 
@@ -426,7 +426,7 @@ def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Sa
                 if data.in_memory:
                     raise
                 raise TrainingError(
-                    f"reading the streamed {data.name} failed while training ({first_line(error)[:160]}): its "
+                    f"reading the streamed {data.name} failed while training ({first_line(error, 160)}): its "
                     f"prepared files are damaged; the last checkpoint {manager.latest_checkpoint} is intact. Delete "
                     "the dataset's directory, prepare it anew and run again to resume"
                 ) from None
@@ -599,7 +599,7 @@ def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> dic
             with runtime.strategy.scope():
                 model = keras.saving.load_model(path)  # safe_mode stays on: no arbitrary code from the file
         except ValueError as error:
-            raise SettingsError(f"{path} cannot be loaded safely: {first_line(error)[:200]}") from None
+            raise SettingsError(f"{path} cannot be loaded safely: {first_line(error, 200)}") from None
         source = str(path)
     else:
         model = _build(settings, runtime, data)

@@ -175,7 +175,7 @@ def restore_from_chief(
         except (AssertionError, ValueError, tf.errors.OpError) as error:
             problem = (
                 f"worker {runtime.worker_index} cannot read the chief's checkpoint {name} as {prefix} "
-                f"({first_line(error)[:160]}): OUTPUT_DIR must be the same shared storage (NFS, a mounted bucket, "
+                f"({first_line(error, 160)}): OUTPUT_DIR must be the same shared storage (NFS, a mounted bucket, "
                 "...) on every worker"
             )
     _verdicts(runtime, "restore_verdict", problem, timeout_s, TrainingError)
