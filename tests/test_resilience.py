@@ -270,6 +270,8 @@ class UnreachableData(tfds.core.GeneratorBasedBuilder):
             "image": tfds.features.Image(shape=(4, 4, 1)), "label": tfds.features.ClassLabel(num_classes=2)}))
 
     def _split_generators(self, dl_manager):
+        # what TFDS leaves of a download that fails: the empty folder it was going to write to
+        (dl_manager.download_dir / "unreachable_data" / "images.gz.tmp.0123").mkdir(parents=True)
         raise ConnectionError("Failed to resolve 'data.example.invalid' (faked by the test)")
 
     def _generate_examples(self):
@@ -283,6 +285,7 @@ def test_failed_download_is_a_clear_error_and_leaves_the_data_dir_usable(tmp_pat
     (package / "__init__.py").write_text(FAILING_DOWNLOAD)
     data_dir = tmp_path / "data"
     shutil.copytree(tfds_data_dir, data_dir)
+    before = sorted(data_dir.rglob("*"))
     script = "import sys, unreachable_data\nfrom train.cli import app\napp(sys.argv[1:], prog_name='train')\n"
     env = clean_env(TFDS_DATA_DIR=data_dir, OUTPUT_DIR=tmp_path / "run", DATASET="unreachable_data")
     env["PYTHONPATH"] += os.pathsep + str(package.parent)
@@ -293,7 +296,8 @@ def test_failed_download_is_a_clear_error_and_leaves_the_data_dir_usable(tmp_pat
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: DATASET='unreachable_data' is not prepared in {data_dir} and could not be made")
     assert "scripts/prepare-dataset.sh unreachable_data DIR, then set TFDS_DATA_DIR=DIR" in last
-    assert not [p for p in data_dir.rglob("*") if "unreachable_data" in str(p) and p.is_file()]
+    assert not [p for p in data_dir.rglob("*") if "unreachable_data" in str(p)]
+    assert sorted(data_dir.rglob("*")) == before  # as it was
     assert run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=data_dir, OUTPUT_DIR=tmp_path / "ok", **QUICK).returncode == 0
 
 

@@ -15,6 +15,7 @@ a tf.data pipeline per worker prefetches them.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import os
@@ -123,12 +124,29 @@ def _open_builder(settings: Settings):
         raise SettingsError(f"DATASET={settings.dataset!r} cannot be opened: {first_line(error)}") from None
 
 
+def _directories(root: Path) -> set[Path]:
+    return {Path(directory) for directory, _, _ in os.walk(root)}
+
+
 def _prepare(builder, settings: Settings) -> None:
-    """Make sure the data is on disk: generated locally, or downloaded once if it must be."""
+    """Make sure the data is on disk: generated locally, or downloaded once if it must be.
+
+    A failed preparation leaves the data dir as it was: TFDS prepares into a temporary directory and keeps
+    what it downloaded (a retry goes on from there), and the empty folders it made for it are removed here.
+    """
+    if builder.is_prepared():
+        return
+    data_dir = Path(str(builder.data_dir_root))  # str: TFDS's own path type, which may name a bucket
+    # the dataset's own folder and the downloads, where TFDS makes folders before it knows the download fails
+    roots = (data_dir / Path(str(builder.data_dir)).relative_to(data_dir).parts[0], data_dir / "downloads")
+    before = set().union(*(_directories(root) for root in roots))
     try:
         builder.download_and_prepare()
     except Exception as error:
-        data_dir = Path(builder.data_dir).parent.parent if settings.tfds_data_dir is None else settings.tfds_data_dir
+        made = set().union(*(_directories(root) for root in roots)) - before
+        for directory in sorted(made, key=lambda path: len(path.parts), reverse=True):  # the deepest first
+            with contextlib.suppress(OSError):  # not empty: a file in it is kept
+                directory.rmdir()
         raise SettingsError(
             f"DATASET={settings.dataset!r} is not prepared in {data_dir} and could not be made "
             f"({type(error).__name__}: {first_line(error, 200)}): on a machine with network run "
