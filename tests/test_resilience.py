@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, clean_env, read_summary, run_train, same_weights
+from train.errors import SettingsError
 
 QUICK = {"EPOCHS": 2, "STEPS_PER_EPOCH": 40, "CHECKPOINT_EVERY": 25, "LOG_EVERY": 20, "KEEP_CHECKPOINTS": 3}
 LONG = {"BATCH_SIZE": 16, "EPOCHS": 3, "STEPS_PER_CALL": 4, "CHECKPOINT_EVERY": 40, "LOG_EVERY": 1000}
@@ -179,9 +180,25 @@ def test_unwritable_output_dir_is_found_before_any_device_work(tmp_path, small_f
     assert result.returncode == 2
     assert result.stderr.strip() == (
         f"error: OUTPUT_DIR={read_only / 'run'} is not writable by UID {os.getuid()} (Read-only file system at "
-        f"{read_only}): fix the owner or permissions (docker: build the image with this UID), or use another OUTPUT_DIR"
+        f"{read_only}): use another OUTPUT_DIR"
     )
     assert "No GPU found" not in result.stdout  # devices were never touched
+
+
+def test_output_dir_without_permission_says_to_fix_the_owner(tmp_path, monkeypatch):
+    """Root writes anywhere, so the denial is faked at the probe's `open`, the one write check_output_dir makes."""
+    from train import rundir
+
+    def denied(path, mode="r", *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(rundir, "open", denied, raising=False)
+    with pytest.raises(SettingsError) as caught:
+        rundir.check_output_dir(tmp_path / "run")
+    assert str(caught.value) == (
+        f"OUTPUT_DIR={tmp_path / 'run'} is not writable by UID {os.getuid()} (Permission denied at {tmp_path}): "
+        "fix the owner or permissions (docker: build the image with this UID), or use another OUTPUT_DIR"
+    )
 
 
 def test_full_disk_at_start_is_found_before_any_device_work(tmp_path, small_filesystem):

@@ -40,9 +40,12 @@ def check_output_dir(path: Path) -> None:
     except OSError as error:
         if error.errno == errno.ENOSPC:
             raise SettingsError(f"OUTPUT_DIR={path} is on a full filesystem: free space at {existing}") from None
+        if error.errno in (errno.EACCES, errno.EPERM):
+            fix = "fix the owner or permissions (docker: build the image with this UID), or use another OUTPUT_DIR"
+        else:  # a read-only or special filesystem (/proc): no owner to fix
+            fix = "use another OUTPUT_DIR"
         raise SettingsError(
-            f"OUTPUT_DIR={path} is not writable by UID {os.getuid()} ({error.strerror} at {existing}): "
-            "fix the owner or permissions (docker: build the image with this UID), or use another OUTPUT_DIR"
+            f"OUTPUT_DIR={path} is not writable by UID {os.getuid()} ({error.strerror} at {existing}): {fix}"
         ) from None
     finally:
         if created:
