@@ -119,7 +119,10 @@ def test_finished_run_started_again_trains_no_further(tmp_path, tfds_data_dir):
     assert again["steps"] == first["steps"] == 80
     assert again["resumed_from_step"] == 80
     assert again["eval"] == first["eval"]
-    assert "already at step 80 of 80: nothing to train, evaluating again" in result.stdout
+    assert (
+        "already at step 80 of 80 (EPOCHS=2 x 40; the steps taken count, at whatever batch size): "
+        "nothing to train, evaluating again"
+    ) in result.stdout
     assert "warning: resuming with settings changed" not in result.stdout
 
 

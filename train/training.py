@@ -404,14 +404,17 @@ def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Sa
             span = (
                 f"steps {start_step}-{total_steps}"
                 if start_step < total_steps
-                else f"already at step {start_step} of {total_steps}: nothing to train, evaluating again"
+                else (
+                    f"already at step {start_step} of {total_steps} (EPOCHS={settings.epochs} x {steps_per_epoch}; "
+                    "the steps taken count, at whatever batch size): nothing to train, evaluating again"
+                )
             )
             say(
                 f"Training {data.name} on {runtime.replicas} replica(s){workers} "
                 f"({runtime.strategy_name}: {', '.join(runtime.devices)}"
                 f"{' on each worker' if multi else ''}), "
                 f"global batch {runtime.global_batch} = {runtime.per_replica_batch} per replica x {runtime.replicas}, "
-                f"{steps_per_epoch} steps per epoch, {span}; "
+                f"{steps_per_epoch} step{'s' if steps_per_epoch != 1 else ''} per epoch, {span}; "
                 f"{describe_feed(data, feed)}, XLA {'on' if jit_compile else 'off'}."
             )
             train_steps = make_train_steps(model, runtime, train_loss, train_accuracy, feed, jit_compile)
