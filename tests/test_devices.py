@@ -97,12 +97,22 @@ def test_any_index_without_gpus_is_an_error():
         configure_devices(settings(GPUS="0"), FakeDevices(0))
 
 
-def test_all_without_gpus_trains_on_cpu_and_says_so():
+def test_all_without_gpus_trains_on_cpu_and_says_so(monkeypatch):
+    monkeypatch.setattr("train.runtime.cpu_cores", lambda: 2)  # fakes the machine's core count
     fake = FakeDevices(0)
     plan = configure_devices(settings(CPU_DEVICES="2"), fake)
     assert plan.notes == ("No GPU found: training on CPU.",)
     assert fake.cpu_split == 2
     assert plan.training_devices == ("/cpu:0", "/cpu:1")
+
+
+def test_more_cpu_devices_than_cores_is_said(monkeypatch):
+    monkeypatch.setattr("train.runtime.cpu_cores", lambda: 2)  # fakes the machine's core count
+    plan = configure_devices(settings(CPU_DEVICES="8"), FakeDevices(0))
+    assert plan.notes[-1] == (
+        "CPU_DEVICES=8 on 2 CPU core(s): the replicas share the cores, which tests the multi-replica path "
+        "but does not speed it up."
+    )
 
 
 def test_devices_already_initialised_is_a_clear_error():

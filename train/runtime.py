@@ -7,6 +7,7 @@ global batch: BATCH_SIZE x the replicas of every worker.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,6 +35,11 @@ class DevicePlan:
         if self.visible_gpus:
             return tuple(f"/gpu:{i}" for i in range(len(self.visible_gpus)))
         return tuple(f"/cpu:{i}" for i in range(self.cpu_devices))
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on (a container's or taskset's limit included)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def configure_devices(settings: Settings, backend: DeviceBackend) -> DevicePlan:
@@ -67,6 +73,12 @@ def configure_devices(settings: Settings, backend: DeviceBackend) -> DevicePlan:
                 backend.set_memory_growth(gpu, settings.memory_growth)
         if settings.cpu_devices > 1:
             backend.split_cpu(settings.cpu_devices)
+            cores = cpu_cores()
+            if not chosen and settings.cpu_devices > cores:
+                notes.append(
+                    f"CPU_DEVICES={settings.cpu_devices} on {cores} CPU core(s): the replicas share the cores, "
+                    "which tests the multi-replica path but does not speed it up."
+                )
     except RuntimeError as error:
         # TensorFlow's message is "... cannot be modified after being initialized".
         raise SettingsError(
