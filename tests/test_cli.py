@@ -127,3 +127,15 @@ def test_check_writes_its_json_result_whole(tmp_path, monkeypatch):
     assert "the table" in result.output
     assert json.loads((tmp_path / "out.json").read_text()) == {"recommended_batch_size": 64}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]  # no temporary file left
+
+
+def test_check_json_through_a_symlink_writes_its_target(tmp_path, monkeypatch):
+    """A fake `train.training.check` returns a fixed result: what is tested is where it is written."""
+    module = types.SimpleNamespace(check=lambda settings, **options: {"table": "", "recommended_batch_size": 8})
+    monkeypatch.setitem(sys.modules, "train.training", module)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "latest.json").symlink_to(tmp_path / "results" / "run1.json")
+    result = invoke(["check", "--json", "latest.json"], {}, tmp_path, monkeypatch)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "latest.json").is_symlink()
+    assert json.loads((tmp_path / "results" / "run1.json").read_text()) == {"recommended_batch_size": 8}

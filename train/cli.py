@@ -95,9 +95,13 @@ def _check_json_path(path: Path | None) -> None:
     """`--json PATH` can be written: found before minutes of work, not after them."""
     if path is None:
         return
-    folder = path.parent
     if path.is_dir():
         raise SettingsError(f"--json {path} is a directory: give a file name, like {path / 'result.json'}")
+    if path.exists():  # a file, a pipe, /dev/stdout: written in place
+        if not os.access(path, os.W_OK):
+            raise SettingsError(f"--json {path} is not writable; write elsewhere")
+        return
+    folder = path.parent
     if not folder.is_dir():
         raise SettingsError(f"--json {path}: the directory {folder} does not exist; create it or write elsewhere")
     if not os.access(folder, os.W_OK):
@@ -105,15 +109,26 @@ def _check_json_path(path: Path | None) -> None:
 
 
 def _write_json(path: Path | None, payload: Any) -> None:
-    """`--json PATH`: the result for scripts, beside what was printed; the whole file or none."""
+    """`--json PATH`: the result for scripts, beside what was printed.
+
+    A regular file is replaced whole or not at all (through a temporary file beside it, where a symlink
+    points); a pipe or /dev/stdout is written to as it is.
+    """
     if path is None:
         return
-    temporary = path.with_name(f".{path.name}.tmp")
+    text = json.dumps(payload, indent=2) + "\n"
+    target = Path(os.path.realpath(path))
     try:
-        temporary.write_text(json.dumps(payload, indent=2) + "\n")
-        os.replace(temporary, path)
+        if target.exists() and not target.is_file():
+            target.write_text(text)
+            return
+        temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            temporary.write_text(text)
+            os.replace(temporary, target)
+        finally:
+            temporary.unlink(missing_ok=True)
     except OSError as error:
-        temporary.unlink(missing_ok=True)
         raise TrainingError(f"could not write --json {path} ({error.strerror}); the result is printed above") from None
 
 
