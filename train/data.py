@@ -124,26 +124,37 @@ def _open_builder(settings: Settings):
         raise SettingsError(f"DATASET={settings.dataset!r} cannot be opened: {first_line(error)}") from None
 
 
-def _directories(root: Path) -> set[Path]:
-    return {Path(directory) for directory, _, _ in os.walk(root)}
+def _directories(root: Path, depth: int) -> set[Path]:
+    """Folders at most `depth` levels below `root` (root included, if it exists)."""
+    found = set()
+    for directory, subdirectories, _ in os.walk(root):
+        found.add(Path(directory))
+        if len(Path(directory).relative_to(root).parts) >= depth:
+            subdirectories.clear()  # the downloads' extracted archives can be large trees: not walked
+    return found
 
 
 def _prepare(builder, settings: Settings) -> None:
     """Make sure the data is on disk: generated locally, or downloaded once if it must be.
 
-    A failed preparation leaves the data dir as it was: TFDS prepares into a temporary directory and keeps
-    what it downloaded (a retry goes on from there), and the empty folders it made for it are removed here.
+    A failed preparation leaves no dataset behind: TFDS prepares into a temporary directory and keeps what
+    it downloaded (a retry goes on from there), and the empty folders it made for it are removed here.
     """
-    if builder.is_prepared():
+    if tf.io.gfile.exists(builder.data_dir):  # prepared: what download_and_prepare would only say, too
         return
     data_dir = Path(str(builder.data_dir_root))  # str: TFDS's own path type, which may name a bucket
-    # the dataset's own folder and the downloads, where TFDS makes folders before it knows the download fails
+    # The dataset's own folder and the downloads, where TFDS makes folders (dataset/version/.tmp,
+    # downloads/dataset/file.tmp.ID) before it knows that the download fails.
     roots = (data_dir / Path(str(builder.data_dir)).relative_to(data_dir).parts[0], data_dir / "downloads")
-    before = set().union(*(_directories(root) for root in roots))
+
+    def folders() -> set[Path]:
+        return _directories(roots[0], depth=4) | _directories(roots[1], depth=2)
+
+    before = folders()
     try:
         builder.download_and_prepare()
     except Exception as error:
-        made = set().union(*(_directories(root) for root in roots)) - before
+        made = folders() - before
         for directory in sorted(made, key=lambda path: len(path.parts), reverse=True):  # the deepest first
             with contextlib.suppress(OSError):  # not empty: a file in it is kept
                 directory.rmdir()
