@@ -36,3 +36,8 @@ def test_a_long_line_is_cut_at_a_word_and_says_so():
     assert len(first_line(ConnectionError(message), 60)) <= 60
     assert first_line(ConnectionError(message), len(message)) == message
     assert first_line(ConnectionError("x" * 100), 10) == "xxxxxxx..."
+
+
+def test_a_long_path_is_cut_inside_rather_than_dropped():
+    message = "Failed to open gs://bucket/" + "a" * 200
+    assert first_line(OSError(message), 60) == message[:57] + "..."

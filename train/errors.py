@@ -38,5 +38,8 @@ def first_line(error: BaseException, limit: int | None = None) -> str:
         line = (useful or lines or [type(error).__name__])[0]
     if limit is None or len(line) <= limit:
         return line
-    cut = line[: limit - 3]
-    return (cut.rsplit(" ", 1)[0] if " " in cut else cut) + "..."
+    cut = line[: max(0, limit - 3)]
+    space = cut.rfind(" ")
+    if space >= 0 and space > len(cut) - 20:  # at a word ending near the limit; a long path or URL is cut inside
+        cut = cut[:space]
+    return cut + "..."
