@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from train.settings import FIELDS
+from train.settings import ENVIRONMENT_TYPO_CUTOFF, FIELDS, likely_typos
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 def clean_env(**settings: object) -> dict[str, str]:
     """The process environment without any setting of the user's, plus the given ones."""
     not_passed = {f.env for f in FIELDS} | {"TF_CONFIG"}  # a TF_CONFIG in the shell would make every run multi-worker
+    not_passed |= set(likely_typos(os.environ, ENVIRONMENT_TYPO_CUTOFF))  # their warnings would add lines to stderr
     env = {name: value for name, value in os.environ.items() if name not in not_passed}
     env.update({name: str(value) for name, value in settings.items()})
     env["PYTHONPATH"] = str(REPO)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import types
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import clean_env
 from train.cli import app
-from train.settings import FIELDS
+from train.settings import ENVIRONMENT_TYPO_CUTOFF, FIELDS, likely_typos
 
 runner = CliRunner()
 
@@ -37,8 +38,8 @@ def fake_training(monkeypatch):
 def invoke(args, env=None, tmp_path=None, monkeypatch=None):
     if monkeypatch is not None:
         monkeypatch.chdir(tmp_path)  # no stray .env
-        for field in FIELDS:
-            monkeypatch.delenv(field.env, raising=False)
+        for name in [field.env for field in FIELDS] + list(likely_typos(os.environ, ENVIRONMENT_TYPO_CUTOFF)):
+            monkeypatch.delenv(name, raising=False)
     return runner.invoke(app, args, env={"COLUMNS": "200", **(env or {})})
 
 

@@ -13,7 +13,7 @@ import difflib
 import json
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -258,20 +258,33 @@ def read_dotenv(path: Path, warn: Callable[[str], None] | None = None) -> dict[s
     return values
 
 
-def likely_typos(names: list[str]) -> list[str]:
-    """Warnings for names that are not settings but look like one (`BATCHSIZE` for `BATCH_SIZE`)."""
+ENVIRONMENT_TYPO_CUTOFF = 0.9  # EPOCH for EPOCHS (0.91) and MEMORY_GROW (0.92) warn; GPU for GPUS (0.86) does not
+
+
+def likely_typos(names: Iterable[str], cutoff: float = 0.8) -> dict[str, str]:
+    """Names that are not settings but look like one, each with the setting it resembles (`BATCHSIZE`: `BATCH_SIZE`).
+
+    `cutoff`: how alike (difflib's ratio) a name must be beyond differing only in case and underscores.
+    """
     known = list(FIELDS_BY_ENV)
     squashed = {env.replace("_", ""): env for env in known}
-    warnings = []
+    typos = {}
     for name in names:
         if name in FIELDS_BY_ENV:
             continue
         guess = squashed.get(name.upper().replace("_", "")) or next(
-            iter(difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.8)), None
+            iter(difflib.get_close_matches(name.upper(), known, n=1, cutoff=cutoff)), None
         )
         if guess:
-            warnings.append(f"{name} is not a setting; did you mean {guess}?")
-    return warnings
+            typos[name] = guess
+    return typos
+
+
+def _typo_warnings(names: Iterable[str], where: str, cutoff: float = 0.8) -> list[str]:
+    return [
+        f"{where}: {name} is not a setting; did you mean {guess}?"
+        for name, guess in likely_typos(names, cutoff).items()
+    ]
 
 
 def _parse(field: Field, text: str) -> Any:
@@ -294,11 +307,12 @@ def load_settings(
     environ = os.environ if environ is None else environ
     dotenv = read_dotenv(Path(dotenv_path), warn)
     if warn:
-        for message in likely_typos(list(dotenv)):
-            warn(f"{dotenv_path}: {message}")
-        # `make train EPOCH=3` arrives here as an environment variable too: said, not silently ignored
-        for message in likely_typos(list(environ)):
-            warn(f"environment (or make variable): {message}")
+        typos = _typo_warnings(dotenv, str(dotenv_path))
+        # `make train EPOCH=3` arrives as an environment variable: said, not silently ignored. Closer alike than
+        # in .env, which holds only settings: the environment holds everything (GPU, CHECKPOINT_DIR).
+        typos += _typo_warnings(environ, "environment (or make variable)", ENVIRONMENT_TYPO_CUTOFF)
+        for message in typos:
+            warn(message)
 
     raw: dict[str, str] = {}
     for field in FIELDS:
