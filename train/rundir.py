@@ -40,6 +40,8 @@ def check_output_dir(path: Path) -> None:
     except OSError as error:
         if error.errno == errno.ENOSPC:
             raise SettingsError(f"OUTPUT_DIR={path} is on a full filesystem: free space at {existing}") from None
+        if error.errno == errno.EDQUOT:
+            raise SettingsError(f"OUTPUT_DIR={path} is over its disk quota: free space at {existing}") from None
         if error.errno in (errno.EACCES, errno.EPERM):
             fix = "fix the owner or permissions (docker: build the image with this UID), or use another OUTPUT_DIR"
         else:  # a read-only or special filesystem (/proc): no owner to fix

@@ -38,7 +38,7 @@ class DevicePlan:
 
 
 def cpu_cores() -> int:
-    """The cores this process may run on (a container's or taskset's limit included)."""
+    """The cores this process may run on (a cpuset or taskset limits them; a CPU quota like docker --cpus does not)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
