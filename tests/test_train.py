@@ -242,3 +242,49 @@ def test_calls_end_at_every_log_checkpoint_and_epoch_step_and_at_the_end():
     assert lengths == [32, 18, 32, 18, 28, 22, 32, 18, 32, 18, 6, 32, 12]  # none longer than STEPS_PER_CALL
     ends = {sum(lengths[: index + 1]) for index in range(len(lengths))}
     assert {50, 100, 128, 150, 200, 250, 256, 300} <= ends
+
+
+BRANCHING_MODEL = '''
+import sys
+import keras
+from keras import layers
+import train.training
+
+
+class Branching(layers.Layer):
+    """`if` on a tensor's value: in a graph this needs autograph, which Keras applies to each layer's call."""
+
+    def call(self, features):
+        if keras.ops.mean(features) > 100.0:
+            return features * 0.0
+        return features
+
+    def compute_output_spec(self, features):
+        return features
+
+
+def build_model(input_dim, num_classes, learning_rate):
+    model = keras.Sequential(
+        [keras.Input(shape=(input_dim,)), Branching(), layers.Dense(num_classes, activation="softmax")]
+    )
+    model.compile(keras.optimizers.Adam(learning_rate), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+train.training.build_model = build_model  # the fork's model, as if train/model.py had been edited
+from train.cli import app
+
+app(sys.argv[1:], prog_name="train")
+'''
+
+
+def test_a_model_with_python_branches_on_tensors_trains(tmp_path, tfds_data_dir):
+    """The loop is traced without autograph; a layer's own `if tensor:` still works."""
+    script = tmp_path / "branching.py"
+    script.write_text(BRANCHING_MODEL)
+    env = clean_env(TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=tmp_path / "run", EPOCHS=1, STEPS_PER_EPOCH=5)
+    result = subprocess.run(
+        [sys.executable, str(script), "fit"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_summary(tmp_path / "run")["steps"] == 5

@@ -240,8 +240,8 @@ def make_train_steps(model: keras.Model, runtime: Runtime, train_loss, train_acc
         train_loss.update_state(per_example)
         train_accuracy.update_state(labels, probabilities)
 
-    # autograph=False: the loop is written as the graph op it is. Converting it and all it calls (the model's
-    # layers too) took 0.3-0.4 s of every run's first call: a model's own branches on tensors use keras.ops.cond.
+    # autograph=False: the loop is written as the graph op it is; converting it and the step took 0.3-0.4 s of
+    # every run's first call. (Keras still converts each layer's `call`, so a model's Python branches work.)
     @tf.function(jit_compile=jit_compile, autograph=False)
     def train_steps(call_args, steps):
         def one_step(step):
