@@ -240,13 +240,15 @@ def test_disk_filling_up_mid_run_ends_clearly_and_the_previous_checkpoint_still_
     assert summary["steps"] == summary["total_steps"]
 
 
-@pytest.mark.parametrize("in_memory", ["true", "false"])
-def test_damaged_data_dir_is_a_clear_error_and_is_left_as_it_was(tmp_path, tfds_data_dir, in_memory):
+@pytest.mark.parametrize(
+    ("in_memory", "missing"),
+    [("true", "*train.tfrecord*"), ("false", "*train.tfrecord*"), ("true", "dataset_info.json")],
+)
+def test_damaged_data_dir_is_a_clear_error_and_is_left_as_it_was(tmp_path, tfds_data_dir, in_memory, missing):
     data_dir = tmp_path / "data"
     shutil.copytree(tfds_data_dir, data_dir)
     shutil.rmtree(data_dir / "synthetic_clusters/1.0.0/train-arrays-cache", ignore_errors=True)
-    shard = next(data_dir.glob("synthetic_clusters/1.0.0/*train.tfrecord*"))
-    shard.unlink()
+    next(data_dir.glob(f"synthetic_clusters/1.0.0/{missing}")).unlink()
     before = sorted(p.name for p in data_dir.rglob("*"))
     result = run_train(
         "fit", cwd=tmp_path, TFDS_DATA_DIR=data_dir, OUTPUT_DIR=tmp_path / "run", DATA_IN_MEMORY=in_memory

@@ -244,6 +244,20 @@ def test_calls_end_at_every_log_checkpoint_and_epoch_step_and_at_the_end():
     assert {50, 100, 128, 150, 200, 250, 256, 300} <= ends
 
 
+@pytest.mark.parametrize("steps_per_call", ["32", "100000000000000000000"])
+def test_the_feed_plans_for_the_longest_call_fit_makes_not_for_steps_per_call(steps_per_call):
+    """A huge STEPS_PER_CALL once made the feed plan millions of passes ahead (all memory); calls are cut anyway."""
+    from train.settings import load_settings
+    from train.training import call_steps, longest_call
+
+    settings = load_settings({"STEPS_PER_CALL": steps_per_call, "LOG_EVERY": "50", "CHECKPOINT_EVERY": "100"})
+    lengths, step = [], 0
+    while step < 1000:
+        lengths.append(call_steps(settings, step, steps_per_epoch=40, total_steps=1000))
+        step += lengths[-1]
+    assert longest_call(settings, steps_per_epoch=40) == max(lengths) == min(int(steps_per_call), 40)
+
+
 BRANCHING_MODEL = '''
 import sys
 import keras

@@ -572,7 +572,7 @@ def run_benchmark(
         raise SettingsError(f"unknown contenders {unknown}: use some of {', '.join(CONTENDERS)}")
     from train.data import PipelineFeed, load_data, make_feed
     from train.runtime import setup_runtime
-    from train.training import describe_feed, jit_compile_for
+    from train.training import _steps_per_epoch, describe_feed, jit_compile_for, longest_call
 
     runtime = setup_runtime(settings)
     for note in runtime.notes:
@@ -593,8 +593,10 @@ def run_benchmark(
         f"STEPS_PER_CALL={settings.steps_per_call}; {repetitions} round(s) of {seconds_per_measurement:g} s each."
     )
 
+    block = longest_call(settings, _steps_per_epoch(settings, data, runtime))  # the longest call fit makes
+
     def template_feed():
-        return make_feed(runtime.strategy, data.train, runtime.global_batch, settings.seed, 0, settings.steps_per_call)
+        return make_feed(runtime.strategy, data.train, runtime.global_batch, settings.seed, 0, block)
 
     built: list[_Contender] = []
     for name in CONTENDERS:
@@ -608,10 +610,10 @@ def run_benchmark(
         elif name == "in_memory":
             contender = _loop_contender(name, settings, runtime, data, _SameBatchFeed(runtime, data), jit_compile)
         elif name == "in_memory_batches":
-            if laid_out_bytes(runtime, data, settings.steps_per_call) > LAID_OUT_BYTES:
+            if laid_out_bytes(runtime, data, block) > LAID_OUT_BYTES:
                 say(f"  left out: one call's batches take more than {LAID_OUT_BYTES >> 20} MiB laid out")
                 continue
-            feed = _LaidOutBatchesFeed(runtime, data, settings.steps_per_call)
+            feed = _LaidOutBatchesFeed(runtime, data, block)
             contender = _loop_contender(name, settings, runtime, data, feed, jit_compile)
         elif name == "in_memory_dataset":
             feed = PipelineFeed(_same_batch_dataset(runtime, data))

@@ -188,7 +188,8 @@ def _check_split(builder, setting: str, split: str) -> int | None:
 def _count(builder, split: str) -> int:
     try:
         return int(builder.as_dataset(split=split).reduce(np.int64(0), lambda count, _: count + 1))
-    except (tf.errors.OpError, OSError) as error:
+    # KeyError: the prepared dataset_info.json that lists the splits is gone
+    except (tf.errors.OpError, OSError, KeyError) as error:
         raise _damaged(builder, error) from None
 
 

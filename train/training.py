@@ -399,8 +399,9 @@ def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Sa
             start_step = int(step_counter.numpy())
             workers = f" on {runtime.workers} workers" if multi else ""
             feed = make_feed(
-                runtime.strategy, data.train, runtime.global_batch, settings.seed, start_step, settings.steps_per_call
-            )
+                runtime.strategy, data.train, runtime.global_batch, settings.seed, start_step,
+                longest_call(settings, steps_per_epoch),
+            )  # fmt: skip
             span = (
                 f"steps {start_step}-{total_steps}"
                 if start_step < total_steps
@@ -511,6 +512,11 @@ def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Sa
     if multi and not interrupted:
         wait_for_chief(runtime, END_BARRIER_SECONDS)
     return summary
+
+
+def longest_call(settings: Settings, steps_per_epoch: int) -> int:
+    """The most steps `call_steps` ever gives: what a feed plans ahead for (not a huge STEPS_PER_CALL)."""
+    return min(settings.steps_per_call, steps_per_epoch, settings.checkpoint_every, settings.log_every)
 
 
 def call_steps(settings: Settings, step: int, steps_per_epoch: int, total_steps: int) -> int:
