@@ -386,7 +386,7 @@ def test_workers_with_different_settings_stop_before_training_naming_the_differe
     finally:
         for p in processes:
             p.kill()
-    expected = "error: worker 1 does not match the chief: BATCH_SIZE='32' here but '16' on the chief."
+    expected = "error: worker 1 does not match the chief: BATCH_SIZE='32' on worker 1 but '16' on the chief."
     for log in logs:
         assert log.read_text().strip().splitlines()[-1].startswith(expected)
     assert codes == [2, 2]

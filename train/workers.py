@@ -114,7 +114,9 @@ def check_same_settings(runtime: Runtime, settings: Settings) -> None:
     mine["local replicas"] = str(len(runtime.devices))
     chiefs = json.loads(share_from_chief(runtime, "settings", json.dumps(mine), timeout_s))
     differ = [
-        f"{name}={mine[name]!r} here but {chiefs[name]!r} on the chief" for name in mine if mine[name] != chiefs[name]
+        f"{name}={mine[name]!r} on worker {runtime.worker_index} but {chiefs[name]!r} on the chief"  # said on both
+        for name in mine
+        if mine[name] != chiefs[name]
     ]
     problem = (
         f"worker {runtime.worker_index} does not match the chief: {'; '.join(differ)}. Give every worker the same "
