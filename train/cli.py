@@ -23,7 +23,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from train.errors import SettingsError, TrainingError
-from train.rundir import StopRequest, preflight
+from train.rundir import StopRequest, preflight, write_json
 from train.settings import FIELDS, Settings, load_settings
 
 EXIT_FAILED = 1  # also TrainingError's; SettingsError exits 2
@@ -109,25 +109,11 @@ def _check_json_path(path: Path | None) -> None:
 
 
 def _write_json(path: Path | None, payload: Any) -> None:
-    """`--json PATH`: the result for scripts, beside what was printed.
-
-    A regular file is replaced whole or not at all (through a temporary file beside it, where a symlink
-    points); a pipe or /dev/stdout is written to as it is.
-    """
+    """`--json PATH`: the result for scripts, beside what was printed."""
     if path is None:
         return
-    text = json.dumps(payload, indent=2) + "\n"
-    target = Path(os.path.realpath(path))
     try:
-        if target.exists() and not target.is_file():
-            target.write_text(text)
-            return
-        temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        try:
-            temporary.write_text(text)
-            os.replace(temporary, target)
-        finally:
-            temporary.unlink(missing_ok=True)
+        write_json(path, payload)
     except OSError as error:
         raise TrainingError(f"could not write --json {path} ({error.strerror}); the result is printed above") from None
 

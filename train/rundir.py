@@ -6,6 +6,7 @@ No TensorFlow here: a wrong UID on a mounted volume or a full disk is caught in 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import signal
@@ -18,6 +19,22 @@ from train.settings import Settings
 
 PROBE_BYTES = 1 << 20  # a write of this size must succeed: a nearly full disk fails here, not at step 10,000
 MIN_FREE_BYTES = 64 << 20  # room for a few checkpoints of a small model, the export and the logs
+
+
+def write_json(path: Path, payload: Any) -> None:
+    """JSON for scripts and later runs. A regular file is replaced whole or not at all (through a temporary
+    file beside it, where a symlink points); a pipe or /dev/stdout is written to as it is. Raises OSError."""
+    text = json.dumps(payload, indent=2) + "\n"
+    target = Path(os.path.realpath(path))
+    if target.exists() and not target.is_file():
+        target.write_text(text)
+        return
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(text)
+        os.replace(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def check_output_dir(path: Path) -> None:

@@ -372,10 +372,6 @@ def _check_combinations(settings: Settings) -> None:
         )
 
 
-def write_settings(settings: Settings, path: Path) -> None:
-    path.write_text(json.dumps(settings.to_json(), indent=2) + "\n")
-
-
 # What a step and its data are: changing one of these between a run's starts changes what resuming continues.
 RUN_DEFINING = (
     "DATASET", "TRAIN_SPLIT", "FEATURE_KEY", "LABEL_KEY", "BATCH_SIZE", "GPUS", "CPU_DEVICES", "STRATEGY",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import math
 import os
@@ -38,9 +37,9 @@ from train.data import (
 from train.errors import SettingsError, TrainingError, first_line
 from train.model import build_model
 from train.probe import format_probe
-from train.rundir import StopRequest, checkpoints_newest_first, preflight
+from train.rundir import StopRequest, checkpoints_newest_first, preflight, write_json
 from train.runtime import Runtime, setup_runtime
-from train.settings import Settings, changed_settings, write_settings
+from train.settings import Settings, changed_settings
 from train.workers import (
     PEER_ERRORS,
     ClusterPreemption,
@@ -72,12 +71,6 @@ def _per_example_loss(model: keras.Model) -> Callable[[tf.Tensor, tf.Tensor], tf
 
 def _next_multiple(step: int, every: int) -> int:
     return (step // every + 1) * every
-
-
-def _atomic_write_json(path: Path, payload: dict[str, Any]) -> None:
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(payload, indent=2) + "\n")
-    os.replace(temporary, path)
 
 
 def _build(settings: Settings, runtime: Runtime, data: Data) -> keras.Model:
@@ -346,7 +339,7 @@ def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Sa
     changed = changed_settings(output_dir / "settings.json", settings) if chief else []
     if chief:
         output_dir.mkdir(parents=True, exist_ok=True)
-        write_settings(settings, output_dir / "settings.json")
+        write_json(output_dir / "settings.json", settings.to_json())
 
     model = _build(settings, runtime, data)
     train_loss, train_accuracy = make_metrics(runtime)
@@ -508,7 +501,7 @@ def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Sa
             f"model exported to {output_dir / 'model.keras'} and {output_dir / 'saved_model'}."
         )
     if chief:
-        _atomic_write_json(output_dir / "summary.json", summary)
+        write_json(output_dir / "summary.json", summary)
     if multi and not interrupted:
         wait_for_chief(runtime, END_BARRIER_SECONDS)
     return summary
