@@ -18,7 +18,7 @@ class TrainingError(RuntimeError):
 # TensorFlow wraps what went wrong: a status line "INVALID_ARGUMENT: ..." (after "(0) " when several ops
 # failed) amid "Graph execution error:", the Python stack of the op and a "{{function_node ...}}" prefix.
 _STATUS = re.compile(r"^(\(\d+\) )?[A-Z][A-Z_]{4,}:\s*")
-_FUNCTION_NODE = re.compile(r"\{\{function_node [^}]*\}\}\s*")
+FUNCTION_NODE = re.compile(r"\{\{function_node [^}]*\}\}\s*")
 _NOISE = ("Graph execution error", "Detected at node", 'File "', "[[", "root error", "successful operations", "Cf. ")
 
 
@@ -28,7 +28,7 @@ def first_line(error: BaseException, limit: int | None = None) -> str:
     Its status line where it has one (without the code), else the first line that is not TensorFlow's wrapping;
     longer than `limit` characters, cut at a space and ended with "...".
     """
-    lines = [_FUNCTION_NODE.sub("", line).strip() for line in str(error).splitlines()]
+    lines = [FUNCTION_NODE.sub("", line).strip() for line in str(error).splitlines()]
     lines = [line for line in lines if line]
     status = [line for line in lines if _STATUS.match(line)]
     if status:

@@ -508,8 +508,11 @@ def _fit(settings: Settings, runtime: Runtime, stop: StopRequest | None, say: Sa
 
 
 def longest_call(settings: Settings, steps_per_epoch: int) -> int:
-    """The most steps `call_steps` ever gives: what a feed plans ahead for (not a huge STEPS_PER_CALL)."""
-    return min(settings.steps_per_call, steps_per_epoch, settings.checkpoint_every, settings.log_every)
+    """The most steps `call_steps` ever gives: what a feed plans ahead for (not a huge STEPS_PER_CALL).
+
+    The first call: from step 0 every boundary is a whole period away, from any later step at most that.
+    """
+    return call_steps(settings, 0, steps_per_epoch, total_steps=steps_per_epoch)
 
 
 def call_steps(settings: Settings, step: int, steps_per_epoch: int, total_steps: int) -> int:

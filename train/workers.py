@@ -24,7 +24,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context  # the coordination service's key-value store (no public API)
 from tensorflow.python.util import deprecation
 
-from train.errors import SettingsError, TrainingError, first_line
+from train.errors import FUNCTION_NODE, SettingsError, TrainingError, first_line
 from train.runtime import Runtime
 from train.settings import Settings
 
@@ -56,7 +56,7 @@ def peer_error_cause(error: BaseException) -> str:
     """The informative part of TensorFlow's many-line message about a lost peer, on one line."""
     kept = []
     for line in str(error).splitlines():
-        line = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", line).strip()
+        line = FUNCTION_NODE.sub("", line).strip()
         line = line.replace("Collective ops is aborted by: ", "")
         line = re.sub(r"\s*\[type\.googleapis\.com/[^\]]*\]", "", line)
         if line and not line.startswith(_NOISE) and not line.startswith('File "') and "most recent call" not in line:
