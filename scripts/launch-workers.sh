@@ -23,4 +23,4 @@ if [[ $# -lt 1 ]]; then
     exit 2
 fi
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PYTHON" -m train.launch "$@"
+exec "$PYTHON" -m train.cluster.launch "$@"

@@ -10,16 +10,34 @@ from pathlib import Path
 
 import pytest
 
-from train.settings import ENVIRONMENT_TYPO_CUTOFF, FIELDS, likely_typos
+from train.settings import (
+    DEFAULT_MODEL,
+    ENVIRONMENT_TYPO_CUTOFF,
+    FIELDS,
+    FIELDS_BY_ENV,
+    likely_typos,
+    project_defaults_path,
+    read_dotenv,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+def engine_defaults() -> dict[str, str]:
+    """The template's own defaults for MODEL and for whatever a fork's project/defaults.env sets: the engine's
+    tests name what they train (the documented model, the default dataset), so a fork's defaults cannot
+    change them."""
+    path = project_defaults_path()
+    forked = read_dotenv(path) if path else {}
+    return {"MODEL": DEFAULT_MODEL, **{name: FIELDS_BY_ENV[name].default for name in forked if name in FIELDS_BY_ENV}}
+
+
 def clean_env(**settings: object) -> dict[str, str]:
-    """The process environment without any setting of the user's, plus the given ones."""
+    """The process environment without any setting of the user's, plus the engine's defaults and the given ones."""
     not_passed = {f.env for f in FIELDS} | {"TF_CONFIG"}  # a TF_CONFIG in the shell would make every run multi-worker
     not_passed |= set(likely_typos(os.environ, ENVIRONMENT_TYPO_CUTOFF))  # their warnings would add lines to stderr
     env = {name: value for name, value in os.environ.items() if name not in not_passed}
+    env.update(engine_defaults())
     env.update({name: str(value) for name, value in settings.items()})
     env["PYTHONPATH"] = str(REPO)
     return env
@@ -62,7 +80,7 @@ def tfds_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A TFDS data dir with the default dataset generated once, offline."""
     data_dir = tmp_path_factory.mktemp("tensorflow_datasets")
     script = (
-        "import sys, tensorflow_datasets as tfds, train.synthetic_clusters\n"
+        "import sys, tensorflow_datasets as tfds, train.data.synthetic_clusters\n"
         "tfds.builder('synthetic_clusters', data_dir=sys.argv[1]).download_and_prepare()\n"
     )
     subprocess.run([sys.executable, "-c", script, str(data_dir)], check=True, env=clean_env(), capture_output=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import clean_env, run_train
-from train.bench import CONTENDERS, RATIO_GOALS, format_benchmark
+from train.tools.bench import CONTENDERS, RATIO_GOALS, format_benchmark
 from train.cli import app
 
 SHORT = ("--repetitions", "1", "--seconds", "0.2")

@@ -11,7 +11,7 @@ import types
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import clean_env
+from tests.conftest import clean_env, engine_defaults
 from train.cli import app
 from train.settings import ENVIRONMENT_TYPO_CUTOFF, FIELDS, likely_typos
 
@@ -20,18 +20,14 @@ runner = CliRunner()
 
 @pytest.fixture
 def fake_training(monkeypatch):
-    """Fakes `train.training` (the TensorFlow library the commands call) to capture what they pass it."""
+    """Fakes `train.fit` (the TensorFlow library the commands call) to capture what they pass it."""
     calls = {}
 
-    class TrainingError(RuntimeError):
-        pass
-
-    def fit(settings, **options):
+    def fit(settings, stop, **options):
         calls["fit"] = settings
         return {"interrupted": calls.get("interrupt", False)}
 
-    module = types.SimpleNamespace(fit=fit, EXIT_PREEMPTED=42, TrainingError=TrainingError)
-    monkeypatch.setitem(sys.modules, "train.training", module)
+    monkeypatch.setitem(sys.modules, "train.fit", types.SimpleNamespace(fit=fit))
     return calls
 
 
@@ -40,7 +36,7 @@ def invoke(args, env=None, tmp_path=None, monkeypatch=None):
         monkeypatch.chdir(tmp_path)  # no stray .env
         for name in [field.env for field in FIELDS] + list(likely_typos(os.environ, ENVIRONMENT_TYPO_CUTOFF)):
             monkeypatch.delenv(name, raising=False)
-    return runner.invoke(app, args, env={"COLUMNS": "200", **(env or {})})
+    return runner.invoke(app, args, env={"COLUMNS": "200", **engine_defaults(), **(env or {})})
 
 
 def test_fit_help_shows_every_flag_with_its_environment_variable():
@@ -107,10 +103,10 @@ def test_bad_environment_value_in_a_real_process_is_one_line_without_traceback(t
 
 @pytest.mark.parametrize("target", ["missing/result.json", "."])
 def test_unwritable_json_path_is_refused_before_any_work(target, tmp_path, monkeypatch):
-    """A fake `train.training.check` records whether the trial run started: it must not."""
+    """A fake `train.tools.check.check` records whether the trial run started: it must not."""
     started = []
     module = types.SimpleNamespace(check=lambda settings, **options: started.append(settings))
-    monkeypatch.setitem(sys.modules, "train.training", module)
+    monkeypatch.setitem(sys.modules, "train.tools.check", module)
     result = invoke(["check", "--json", target], {}, tmp_path, monkeypatch)
     assert result.exit_code == 2
     assert result.output.startswith(f"error: --json {target}")
@@ -119,10 +115,10 @@ def test_unwritable_json_path_is_refused_before_any_work(target, tmp_path, monke
 
 
 def test_check_writes_its_json_result_whole(tmp_path, monkeypatch):
-    """A fake `train.training.check` returns a fixed result: what is tested is the writing of it."""
+    """A fake `train.tools.check.check` returns a fixed result: what is tested is the writing of it."""
     result_of_check = {"table": "the table", "recommended_batch_size": 64}
     module = types.SimpleNamespace(check=lambda settings, **options: dict(result_of_check))
-    monkeypatch.setitem(sys.modules, "train.training", module)
+    monkeypatch.setitem(sys.modules, "train.tools.check", module)
     result = invoke(["check", "--json", "out.json"], {}, tmp_path, monkeypatch)
     assert result.exit_code == 0, result.output
     assert "the table" in result.output
@@ -131,9 +127,9 @@ def test_check_writes_its_json_result_whole(tmp_path, monkeypatch):
 
 
 def test_check_json_through_a_symlink_writes_its_target(tmp_path, monkeypatch):
-    """A fake `train.training.check` returns a fixed result: what is tested is where it is written."""
+    """A fake `train.tools.check.check` returns a fixed result: what is tested is where it is written."""
     module = types.SimpleNamespace(check=lambda settings, **options: {"table": "", "recommended_batch_size": 8})
-    monkeypatch.setitem(sys.modules, "train.training", module)
+    monkeypatch.setitem(sys.modules, "train.tools.check", module)
     (tmp_path / "results").mkdir()
     (tmp_path / "latest.json").symlink_to(tmp_path / "results" / "run1.json")
     result = invoke(["check", "--json", "latest.json"], {}, tmp_path, monkeypatch)

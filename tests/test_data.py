@@ -12,20 +12,23 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import clean_env, read_summary, run_train, same_weights
-from train.host_memory import GIB, available_memory_bytes, hold_in_memory
+from train.devices.host_memory import GIB, available_memory_bytes, fits_in_memory, memory_note
 
 ORDER = """
 import json, sys
 import numpy as np
-from train.data import eval_dataset, load_data, make_feed, train_dataset
-from train.runtime import setup_runtime
+from train.data import Split, load_data, make_feed, train_dataset
+from train.devices.runtime import setup_runtime
 from train.settings import load_settings
 
 settings = load_settings()
 runtime = setup_runtime(settings)
 data = load_data(settings)
 batch = runtime.global_batch
-rows = np.concatenate([features.numpy() for features, _ in eval_dataset(data.train, 4096)])
+if isinstance(data.train, Split):
+    rows = data.train.features
+else:
+    rows = np.concatenate([features.numpy() for features, _ in data.train.read(shuffle_files=False).batch(4096)])
 index = {row.tobytes(): i for i, row in enumerate(rows)}  # an example's position in the split, from its features
 assert len(index) == len(rows)
 passes = len(data.train) // batch
@@ -143,7 +146,7 @@ def test_in_memory_splits_are_cached_beside_the_prepared_files_and_a_damaged_cac
         return result.stdout.strip().splitlines()[-1]
 
     from_tfds = load()
-    caches = sorted(cache_dir.glob("*.npz"))
+    caches = sorted(cache_dir.glob("*.npy"))
     assert [path.name.split("@")[0] for path in caches] == ["test", "train"]
     assert load() == from_tfds  # read back from the cache: the same arrays
 
@@ -154,15 +157,18 @@ def test_in_memory_splits_are_cached_beside_the_prepared_files_and_a_damaged_cac
     assert not list(cache_dir.glob("*.tmp"))
 
 
-def test_data_in_memory_auto_streams_only_what_does_not_fit_and_says_so():
-    assert hold_in_memory("auto", 4 * GIB, 16 * GIB) == (True, None)
-    assert hold_in_memory("auto", 4 * GIB, None) == (True, None)  # unknown: as before, in memory
-    in_memory, note = hold_in_memory("auto", 9 * GIB, 16 * GIB)
-    assert not in_memory
-    assert note.startswith("The splits need 9.0 GiB as float32, 16.0 GiB available: streaming")
-    in_memory, note = hold_in_memory("true", 9 * GIB, 16 * GIB)
-    assert in_memory and note.startswith("warning: DATA_IN_MEMORY=true")
-    assert hold_in_memory("false", 1, 16 * GIB)[0] is False
+def test_data_in_memory_auto_counts_what_holding_costs_for_every_worker_on_the_host_and_says_so():
+    assert fits_in_memory(4 * GIB, 16 * GIB)  # 1.5 x 4 = 6 GiB in half of 16
+    assert fits_in_memory(4 * GIB, None)  # unknown: in memory
+    assert not fits_in_memory(6 * GIB, 16 * GIB)  # 9 GiB: more than half
+    assert not fits_in_memory(4 * GIB, 16 * GIB, workers_here=2)  # two copies on this host
+    assert memory_note("auto", True, 4 * GIB, 16 * GIB, 1) is None
+    note = memory_note("auto", False, 6 * GIB, 16 * GIB, 1)
+    assert note.startswith("The splits need 6.0 GiB as stored, 16.0 GiB available: streaming")
+    note = memory_note("auto", False, 4 * GIB, 16 * GIB, 2)
+    assert note.startswith("The splits need 4.0 GiB as stored x 2 workers on this host, 16.0 GiB available")
+    assert memory_note("true", False, 6 * GIB, 16 * GIB, 1).startswith("warning: DATA_IN_MEMORY=true")
+    assert memory_note("false", True, 1, 16 * GIB, 1).startswith("DATA_IN_MEMORY=false: streaming")
 
 
 def test_available_memory_is_the_least_of_the_host_and_the_container_headroom(tmp_path):
@@ -189,7 +195,9 @@ def test_jit_compile_true_where_xla_cannot_compile_the_call_is_refused_before_an
     )
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: JIT_COMPILE=true is not allowed here (mirrored, 2 replicas, CPU_DEVICES=2)")
+    assert last.startswith(
+        "error: JIT_COMPILE=true is not allowed with MirroredStrategy on CPU devices (2 replicas, CPU_DEVICES=2)"
+    )
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()
 

@@ -1,6 +1,6 @@
 """Device configuration through the GPU seam, with fake GPUs: no test machine has one.
 
-`FakeDevices` stands in for `train.gpus.TensorFlowDevices`, the only object that makes
+`FakeDevices` stands in for `train.devices.backend.TensorFlowDevices`, the only object that makes
 tf.config calls; it records what `configure_devices` applied.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from train.errors import SettingsError
-from train.runtime import choose_precision, choose_strategy, configure_devices, resolve
+from train.devices.runtime import choose_precision, choose_strategy, configure_devices, resolve
 from train.settings import load_settings
 
 
@@ -98,7 +98,7 @@ def test_any_index_without_gpus_is_an_error():
 
 
 def test_all_without_gpus_trains_on_cpu_and_says_so(monkeypatch):
-    monkeypatch.setattr("train.runtime.cpu_cores", lambda: 2)  # fakes the machine's core count
+    monkeypatch.setattr("train.devices.runtime.cpu_cores", lambda: 2)  # fakes the machine's core count
     fake = FakeDevices(0)
     plan = configure_devices(settings(CPU_DEVICES="2"), fake)
     assert plan.notes == ("No GPU found: training on CPU.",)
@@ -107,7 +107,7 @@ def test_all_without_gpus_trains_on_cpu_and_says_so(monkeypatch):
 
 
 def test_more_cpu_devices_than_cores_is_said(monkeypatch):
-    monkeypatch.setattr("train.runtime.cpu_cores", lambda: 2)  # fakes the machine's core count
+    monkeypatch.setattr("train.devices.runtime.cpu_cores", lambda: 2)  # fakes the machine's core count
     plan = configure_devices(settings(CPU_DEVICES="8"), FakeDevices(0))
     assert plan.notes[-1] == (
         "CPU_DEVICES=8 on 2 CPU core(s): the replicas share the cores, which tests the multi-replica path "
@@ -140,8 +140,10 @@ def test_strategy_choice(requested, devices, expected, said):
 @pytest.mark.parametrize(
     ("gpus", "capability", "requested", "policy"),
     [
-        (2, (8, 0), "auto", "mixed_float16"),  # tensor cores
-        (2, (7, 0), "auto", "mixed_float16"),
+        (2, (8, 0), "auto", "mixed_bfloat16"),  # A100, L4, H100: bfloat16, no loss scaling
+        (1, (9, 0), "auto", "mixed_bfloat16"),
+        (2, (7, 0), "auto", "mixed_float16"),  # V100: float16 tensor cores
+        (1, (7, 5), "auto", "mixed_float16"),  # T4
         (1, (6, 1), "auto", "float32"),  # no tensor cores: float16 would be slower
         (1, None, "auto", "float32"),  # capability unknown
         (0, None, "auto", "float32"),  # CPU: bfloat16 measured slower there

@@ -1,6 +1,6 @@
 """The device doctor: each diagnosis from made-up facts, through the same device seam as training.
 
-`FakeDevices` (from test_devices) stands in for `train.gpus.TensorFlowDevices`; here it also
+`FakeDevices` (from test_devices) stands in for `train.devices.backend.TensorFlowDevices`; here it also
 reports GPU names, memory and TensorFlow's build.
 """
 
@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import run_train
 from tests.test_devices import FakeDevices
-from train.doctor import collect_report, format_report
+from train.tools.doctor import collect_report, format_report
 from train.settings import load_settings
 
 CUDA_BUILD = {"is_cuda_build": True, "cuda_version": "12.5.1", "cudnn_version": "9"}

@@ -41,7 +41,7 @@ def test_doctor_reports_every_gpu_with_name_and_memory(tmp_path, gpus):
 def test_memory_growth_is_applied_to_every_visible_gpu(tmp_path, gpus):
     script = (
         "import tensorflow as tf\n"
-        "from train.runtime import setup_runtime\n"
+        "from train.devices.runtime import setup_runtime\n"
         "from train.settings import load_settings\n"
         "setup_runtime(load_settings({'GPUS': 'all', 'MEMORY_GROWTH': 'true'}))\n"
         "print([tf.config.experimental.get_memory_growth(g) for g in tf.config.get_visible_devices('GPU')])\n"

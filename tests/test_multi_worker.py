@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, clean_env, read_summary, run_train
-from train.cluster import parse_tf_config
+from train.cluster.tf_config import parse_tf_config
 from train.errors import SettingsError
-from train.launch import free_ports, tf_configs
+from train.cluster.launch import free_ports, tf_configs
 from train.settings import load_settings
 
 DEAD_PEER_BOUND = 20.0  # seconds: measured 1-9 s for SIGKILL; generous for a loaded 2-core machine
@@ -91,7 +91,7 @@ def test_tf_config_with_a_single_host_strategy_and_multi_worker_without_it_are_e
 
 
 def test_global_batch_counts_every_replica_of_every_worker():
-    from train.runtime import DevicePlan, resolve
+    from train.devices.runtime import DevicePlan, resolve
 
     settings = load_settings({"BATCH_SIZE": "32"}, {"TF_CONFIG": json.dumps(GOOD)}, "/nonexistent/.env")
     gpus = DevicePlan(4, (0, 1, 2, 3), True, None, 1, ())
@@ -317,7 +317,7 @@ SHARDS = """
 import json, sys
 import numpy as np
 from train.data import Split, batches_per_pass, train_dataset
-from train.runtime import setup_runtime
+from train.devices.runtime import setup_runtime
 from train.settings import load_settings
 
 runtime = setup_runtime(load_settings({"BATCH_SIZE": "4"}))
@@ -432,7 +432,7 @@ def test_sigterm_to_the_launcher_stops_every_worker_with_42(tmp_path, tfds_data_
     run = tmp_path / "run"
     env = clean_env(TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=run, **SETTINGS | {"EPOCHS": 20})
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "train.launch", "2", "--", "fit"],
+        [sys.executable, "-m", "train.cluster.launch", "2", "--", "fit"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:

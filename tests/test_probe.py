@@ -1,6 +1,6 @@
 """The batch probe, and running out of memory during fit.
 
-Out-of-memory is faked at `train.training.run_steps`, the seam every real training step goes
+Out-of-memory is faked at `train.step.TrainCalls`, the seam every real training call goes
 through: above a threshold it raises TensorFlow's own ResourceExhaustedError instead of running.
 """
 
@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from tests.conftest import clean_env, read_summary, run_train
-from train.probe import Trial, probe_batch_sizes
+from train.tools.probe import Trial, probe_batch_sizes
 
 
 def fake_trial(threshold: int, calls: list[int]):
@@ -36,12 +36,14 @@ def test_probe_doubles_then_narrows_to_the_threshold_and_recommends_below_it():
 
 def test_probe_stops_at_the_cap_when_nothing_runs_out_of_memory():
     calls: list[int] = []
-    probe = probe_batch_sizes(fake_trial(10**9, calls), start=16, cap=100)
+    probe = probe_batch_sizes(fake_trial(10**9, calls), start=16, cap=100, current=32)
     assert calls == [16, 32, 64, 100]
     assert probe.smallest_failure is None
-    assert probe.recommended == 100  # the fastest measured
+    # Memory set no limit, so the trials measured speed alone: the batch asked for stays (not the fastest, 100).
+    assert probe.recommended == 32
     assert "nothing ran out of memory up to the cap of 100" in probe.message
-    assert probe.message.endswith("so tune LEARNING_RATE with it)")
+    assert "measured speed only" in probe.message
+    assert probe.message.endswith("Recommended BATCH_SIZE=32: keep it")
 
 
 def test_probe_says_so_when_even_the_first_batch_does_not_fit():
@@ -52,16 +54,16 @@ def test_probe_says_so_when_even_the_first_batch_does_not_fit():
 
 FAKE_OOM = """
 import sys, tensorflow as tf
-import train.training
-real_run_steps = train.training.run_steps
+from train.step import TrainCalls
+real_call = TrainCalls.__call__
 LIMIT = int(sys.argv[1])  # global batch above which the fake device is out of memory
 
-def run_steps(train_steps, feed, steps, global_batch):
-    if global_batch > LIMIT:
+def call(self, steps):
+    if self.global_batch > LIMIT:
         raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor (faked by the test)")
-    return real_run_steps(train_steps, feed, steps, global_batch)
+    return real_call(self, steps)
 
-train.training.run_steps = run_steps
+TrainCalls.__call__ = call
 from train.cli import app
 app(sys.argv[2:], prog_name="train")
 """

@@ -18,7 +18,7 @@ def load(flags=None, environ=None, dotenv_text=None, tmp_path: Path | None = Non
     if dotenv_text is not None:
         dotenv = tmp_path / ".env"
         dotenv.write_text(dotenv_text)
-    return load_settings(flags or {}, environ or {}, dotenv, warn=warn)
+    return load_settings(flags or {}, environ or {}, dotenv, warn=warn, defaults_path=None)
 
 
 def test_defaults_when_nothing_is_set():
@@ -108,16 +108,16 @@ def test_memory_cap_with_memory_growth_is_an_error():
 
 
 @pytest.mark.parametrize(
-    ("environ", "message"),
-    [
-        ({"JIT_COMPILE": "true", "STRATEGY": "mirrored"}, "JIT_COMPILE=true is not allowed with STRATEGY=mirrored"),
-        ({"JIT_COMPILE": "true", "DATA_IN_MEMORY": "false"}, "JIT_COMPILE=true is not allowed with DATA_IN_MEMORY"),
-    ],
+    "environ", [{"STRATEGY": "mirrored", "GPUS": "none"}, {"CPU_DEVICES": "2", "GPUS": "none"}]
 )
-def test_xla_where_it_cannot_compile_the_call_is_refused_before_tensorflow(environ, message):
-    with pytest.raises(SettingsError, match=f"^{message}"):
-        load(environ=environ)
+def test_xla_of_a_step_mirrored_on_cpu_devices_is_refused_before_tensorflow(environ):
+    with pytest.raises(SettingsError, match=r"^JIT_COMPILE=true is not allowed with MirroredStrategy on CPU devices"):
+        load(environ={**environ, "JIT_COMPILE": "true"})
     assert load(environ={**environ, "JIT_COMPILE": "auto"}).jit_compile == "auto"
+
+
+def test_xla_with_a_streamed_split_is_allowed_it_compiles_the_replica_step():
+    assert load(environ={"JIT_COMPILE": "true", "DATA_IN_MEMORY": "false"}).jit_compile == "true"
 
 
 def test_malformed_dotenv_line_is_refused_with_file_and_line(tmp_path):

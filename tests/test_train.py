@@ -173,12 +173,13 @@ def test_real_dataset_name_under_tfds_mock_data(tmp_path):
     """`tfds.testing.mock_data` fakes MNIST's examples (random, with MNIST's features): no download."""
     script = (
         "import json, sys, tensorflow_datasets as tfds\n"
+        "from train.fit import fit\n"
+        "from train.rundir import StopRequest\n"
         "from train.settings import load_settings\n"
-        "from train.training import fit\n"
-        "with tfds.testing.mock_data(num_examples=256):\n"
+        "with tfds.testing.mock_data(num_examples=256), StopRequest() as stop:\n"
         "    flags = {'DATASET': 'mnist', 'OUTPUT_DIR': sys.argv[1], 'EPOCHS': '1', 'BATCH_SIZE': '32'}\n"
         "    settings = load_settings(flags)\n"
-        "    fit(settings, say=lambda message: None)\n"
+        "    fit(settings, stop, say=lambda message: None)\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path / "run")],
@@ -232,7 +233,7 @@ def test_dataset_prepared_in_a_data_dir_trains_offline_without_its_builder_code(
 
 def test_calls_end_at_every_log_checkpoint_and_epoch_step_and_at_the_end():
     from train.settings import load_settings
-    from train.training import call_steps
+    from train.loop import call_steps
 
     settings = load_settings({"STEPS_PER_CALL": "32", "LOG_EVERY": "50", "CHECKPOINT_EVERY": "100"})
     lengths, step = [], 0
@@ -248,7 +249,7 @@ def test_calls_end_at_every_log_checkpoint_and_epoch_step_and_at_the_end():
 def test_the_feed_plans_for_the_longest_call_fit_makes_not_for_steps_per_call(steps_per_call):
     """A huge STEPS_PER_CALL once made the feed plan millions of passes ahead (all memory); calls are cut anyway."""
     from train.settings import load_settings
-    from train.training import call_steps, longest_call
+    from train.loop import call_steps, longest_call
 
     settings = load_settings({"STEPS_PER_CALL": steps_per_call, "LOG_EVERY": "50", "CHECKPOINT_EVERY": "100"})
     lengths, step = [], 0
@@ -259,10 +260,8 @@ def test_the_feed_plans_for_the_longest_call_fit_makes_not_for_steps_per_call(st
 
 
 BRANCHING_MODEL = '''
-import sys
 import keras
 from keras import layers
-import train.training
 
 
 class Branching(layers.Layer):
@@ -277,28 +276,23 @@ class Branching(layers.Layer):
         return features
 
 
-def build_model(input_dim, num_classes, learning_rate):
+def build_model(input_shape, num_classes, learning_rate):
     model = keras.Sequential(
-        [keras.Input(shape=(input_dim,)), Branching(), layers.Dense(num_classes, activation="softmax")]
+        [keras.Input(shape=input_shape), Branching(), layers.Dense(num_classes, activation="softmax")]
     )
     model.compile(keras.optimizers.Adam(learning_rate), "sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
-
-
-train.training.build_model = build_model  # the fork's model, as if train/model.py had been edited
-from train.cli import app
-
-app(sys.argv[1:], prog_name="train")
 '''
 
 
 def test_a_model_with_python_branches_on_tensors_trains(tmp_path, tfds_data_dir):
     """The loop is traced without autograph; a layer's own `if tensor:` still works."""
-    script = tmp_path / "branching.py"
-    script.write_text(BRANCHING_MODEL)
-    env = clean_env(TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=tmp_path / "run", EPOCHS=1, STEPS_PER_EPOCH=5)
+    (tmp_path / "branching.py").write_text(BRANCHING_MODEL)
+    env = clean_env(
+        MODEL="branching.py", TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=tmp_path / "run", EPOCHS=1, STEPS_PER_EPOCH=5
+    )
     result = subprocess.run(
-        [sys.executable, str(script), "fit"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "train", "fit"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert read_summary(tmp_path / "run")["steps"] == 5

@@ -1,12 +1,12 @@
-"""Train the documented Keras model on a TFDS dataset, on CPU, one GPU or all of them.
+"""Train a Keras model (MODEL) on a TFDS dataset, on CPU, one GPU, all of them, or several machines.
 
     python -m train devices                   # what TensorFlow sees, what the settings resolve to
     python -m train fit                       # train; run it again to resume from the last checkpoint
     python -m train fit --gpus 0,1 --epochs 3 # flags beat environment variables, which beat .env
     CPU_DEVICES=2 python -m train fit         # 2 replicas of MirroredStrategy on a machine without GPUs
-    python -m train evaluate                  # the latest checkpoint on EVAL_SPLIT
+    python -m train evaluate                  # the latest checkpoint on EVAL_SPLIT, with the run's settings
 
-Each command only resolves the settings and calls the library in `train.training`.
+Each command only resolves the settings and calls the library (`train.fit`, `train.tools`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,9 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from train.errors import SettingsError, TrainingError
+from train.errors import EXIT_FAILED, EXIT_PREEMPTED, BusyError, SettingsError, TrainingError
 from train.rundir import StopRequest, preflight, write_json
 from train.settings import FIELDS, Settings, load_settings
-
-EXIT_FAILED = 1  # also TrainingError's; SettingsError exits 2
 
 app = typer.Typer(
     help=__doc__.split("\n\n")[0],
@@ -42,12 +40,15 @@ def _fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
-def with_settings(command: Callable[..., Any]) -> Callable[..., Any]:
+def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool = False) -> Any:
     """Give a command one flag per setting, and hand it the resolved, validated `Settings`.
 
     Flags are declared as text and parsed by `train.settings`, so a bad value reads the same
-    whether it came from a flag, the environment or `.env`: one line, exit code 2.
+    whether it came from a flag, the environment or `.env`: one line, exit code 2. `from_run`: the
+    run directory's settings.json fills in what flags and the environment leave (evaluate).
     """
+    if command is None:
+        return functools.partial(with_settings, from_run=from_run)
     hints = typing.get_type_hints(command, include_extras=True)  # real objects, not `from __future__` strings
     own = [
         p.replace(annotation=hints[p.name])
@@ -76,9 +77,10 @@ def with_settings(command: Callable[..., Any]) -> Callable[..., Any]:
     def run(**kwargs: Any) -> Any:
         flags = {field.env: kwargs.pop(field.attr) for field in FIELDS}
         try:
-            settings = load_settings(flags, warn=lambda message: typer.echo(f"warning: {message}", err=True))
+            warn = lambda message: typer.echo(f"warning: {message}", err=True)  # noqa: E731
+            settings = load_settings(flags, warn=warn, from_run=from_run)
             return command(settings, **kwargs)
-        except (SettingsError, TrainingError) as error:
+        except (SettingsError, TrainingError, BusyError) as error:
             _fail(str(error), error.exit_code)
 
     del run.__wrapped__  # typer must see the signature below, not the command's own
@@ -124,24 +126,23 @@ def fit(settings: Settings) -> None:
     """Train, checkpointing as it goes; resumes from OUTPUT_DIR's latest checkpoint."""
     preflight(settings)  # the run directory's problems in the first second, before TensorFlow loads
     with StopRequest() as stop:  # from now on, SIGTERM means "save and exit 42", even while TF loads
-        from train.training import EXIT_PREEMPTED
-        from train.training import fit as run_fit
+        from train.fit import fit as run_fit
 
-        summary = run_fit(settings, stop=stop)
+        summary = run_fit(settings, stop)
     if summary["interrupted"]:
         raise typer.Exit(EXIT_PREEMPTED)
 
 
 @app.command()
-@with_settings
+@with_settings(from_run=True)
 def evaluate(
     settings: Settings,
     exported: Annotated[
         bool, typer.Option(help="Evaluate OUTPUT_DIR/model.keras instead of the latest checkpoint.")
     ] = False,
 ) -> None:
-    """Loss and accuracy on EVAL_SPLIT, printed as JSON."""
-    from train.training import evaluate as run_evaluate
+    """Every compiled metric on EVAL_SPLIT, printed as JSON; the run's settings.json fills in the settings."""
+    from train.fit import evaluate as run_evaluate
 
     _print_json(run_evaluate(settings, exported=exported))
 
@@ -157,7 +158,7 @@ def check(
 ) -> None:
     """Trial-run a few real steps at a small batch, then find the largest batch that fits and recommend one."""
     _check_json_path(json_path)  # before TensorFlow loads
-    from train.training import check as run_check
+    from train.tools.check import check as run_check
 
     result = run_check(settings, start_batch=start_batch, max_batch=max_batch, steps=steps)
     typer.echo(result.pop("table"))
@@ -179,7 +180,7 @@ def bench(
 ) -> None:
     """Examples/s of this template's loop against its input ceiling, Keras fit and the tutorials' way."""
     _check_json_path(json_path)
-    from train.bench import format_benchmark, parse_levers, run_benchmark
+    from train.tools.bench import format_benchmark, parse_levers, run_benchmark
 
     result = run_benchmark(
         settings,
@@ -200,7 +201,7 @@ def devices(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (stable schema) for scripts.")] = False,
 ) -> None:
     """Devices, versions, GPU environment and what the settings resolve to, with diagnoses and fixes."""
-    from train.doctor import device_report, format_report
+    from train.tools.doctor import device_report, format_report
 
     report = device_report(settings)
     typer.echo(json.dumps(report, indent=2) if as_json else format_report(report))

@@ -1,18 +1,30 @@
-"""The two kinds of failure a user sees as one line, and their exit codes. No TensorFlow here."""
+"""The failures a user sees as one line, and every exit code of `python -m train`. No TensorFlow here."""
 
 import re
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # TrainingError: training cannot go on; the last checkpoint is intact
+EXIT_BAD_INPUT = 2  # SettingsError: fix the named setting; nothing was written
+EXIT_PREEMPTED = 42  # stopped by SIGTERM/Ctrl-C after a checkpoint: start me again (TensorFlow's own code for it)
+EXIT_BUSY = 75  # BusyError: another live process trains in this run directory; try again later (sysexits' TEMPFAIL)
 
 
 class SettingsError(ValueError):
     """A bad input: the message names the setting, the value and what is allowed. Exit code 2."""
 
-    exit_code = 2
+    exit_code = EXIT_BAD_INPUT
 
 
 class TrainingError(RuntimeError):
     """Training cannot go on (out of memory, a non-finite loss, a full disk); checkpoints are intact. Exit code 1."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILED
+
+
+class BusyError(RuntimeError):
+    """The run directory is held by another live process (its lock): nothing was written. Exit code 75."""
+
+    exit_code = EXIT_BUSY
 
 
 # TensorFlow wraps what went wrong: a status line "INVALID_ARGUMENT: ..." (after "(0) " when several ops

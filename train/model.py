@@ -1,29 +1,277 @@
-"""The model: replace this file to train your own.
+"""MODEL in: the fork's compiled model, checked against the data, and the model that trains and is exported.
 
-The contract with the training loop: `build_model` returns a compiled Keras model whose
-`optimizer` and `loss` the loop uses; it is called inside the strategy's scope.
+The contract a model file keeps is one function, `build_model(input_shape, num_classes, learning_rate)`,
+returning a compiled `keras.Model` (examples/mlp.py says it in full). Around it the engine puts what the
+data needs and the export must carry: an `Input` of the feature's stored shape and dtype, named after the
+feature, then, for a TFDS image, the scaling of uint8 to [0, 1]. That composed model (`Built.serving`) is
+what trains, what evaluates and what `model.keras` and `saved_model/` hold, so the export serves exactly
+what was evaluated.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import importlib.util
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
 import keras
-from keras import layers
+import numpy as np
+import tensorflow as tf
+
+from train.data.source import DatasetSpec
+from train.errors import SettingsError, first_line
+from train.keras_seams import all_layers, build_metrics_and_loss, gradients_come_summed, inner_optimizers
+from train.settings import Settings, is_model_path
+
+# A replica's random stream is the seed's, moved by this much per replica id: replicas and workers draw
+# different numbers (Dropout masks, augmentations), each reproducible from SEED.
+REPLICA_SEED_STRIDE = 1_000_003
+CONVOLUTIONS = (
+    keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D, keras.layers.Conv1DTranspose,
+    keras.layers.Conv2DTranspose, keras.layers.Conv3DTranspose, keras.layers.DepthwiseConv1D,
+    keras.layers.DepthwiseConv2D, keras.layers.SeparableConv1D, keras.layers.SeparableConv2D,
+)  # fmt: skip
 
 
-def build_model(input_dim: int, num_classes: int, learning_rate: float) -> keras.Model:
-    """The documented model: Dense(64, relu) -> Dense(num_classes, softmax), adam, sparse CE, accuracy."""
-    model = keras.Sequential(
-        [
-            keras.Input(shape=(input_dim,)),
-            layers.Dense(64, activation="relu"),
-            # float32 even under a mixed-precision policy: softmax and the loss need its range and precision.
-            layers.Dense(num_classes, activation="softmax", dtype="float32"),
-        ],
-        name="classifier",
+@dataclass(frozen=True)
+class Built:
+    """The fork's compiled model (`network`: its loss, metrics, optimizer) and the model that trains and is
+    exported (`serving`: input, scaling, then `network`); `seeds`: every random layer's state."""
+
+    network: keras.Model
+    serving: keras.Model
+    spec: DatasetSpec
+    seeds: tuple[tf.Variable, ...]
+
+    @property
+    def optimizer(self) -> keras.optimizers.Optimizer:
+        return self.network.optimizer
+
+    @property
+    def loss_scaled(self) -> bool:
+        """Whether float16 loss scaling is on (Keras wraps the optimizer under mixed_float16)."""
+        return isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
+
+    @property
+    def loss_scale(self) -> float | None:
+        return float(self.optimizer.dynamic_scale.numpy()) if self.loss_scaled else None
+
+    @property
+    def convolutional(self) -> bool:
+        return any(isinstance(layer, CONVOLUTIONS) for layer in all_layers(self.serving))
+
+    def layer_without_xla(self) -> str | None:
+        """The first layer that says XLA cannot compile it (`supports_jit = False`), by name and class."""
+        for layer in all_layers(self.serving):
+            if not getattr(layer, "supports_jit", True):
+                return f"{layer.name} ({type(layer).__name__})"
+        return None
+
+
+def load_build_model(text: str):
+    """MODEL's `build_model` function. Raises SettingsError."""
+    try:
+        if is_model_path(text):
+            path = Path(text).expanduser().resolve()
+            name = f"train_model_{path.stem}"
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module  # so the classes it defines can be found again by name
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(text)
+    except Exception as error:
+        raise SettingsError(
+            f"MODEL={text!r} could not be imported ({type(error).__name__}: {first_line(error, 200)})"
+        ) from None
+    build = getattr(module, "build_model", None)
+    if not callable(build):
+        raise SettingsError(
+            f"MODEL={text!r} has no build_model: define build_model(input_shape, num_classes, learning_rate) "
+            "returning a compiled keras.Model (see examples/mlp.py)"
+        )
+    return build
+
+
+def _call_build_model(settings: Settings, spec: DatasetSpec) -> keras.Model:
+    build = load_build_model(settings.model)
+    arguments = f"({spec.feature_shape}, {spec.num_classes}, {settings.learning_rate})"
+    try:
+        network = build(spec.feature_shape, spec.num_classes, settings.learning_rate)
+    except Exception as error:
+        raise SettingsError(
+            f"MODEL={settings.model!r}: build_model{arguments} raised {type(error).__name__}: {first_line(error, 240)}"
+        ) from None
+    if not isinstance(network, keras.Model):
+        raise SettingsError(
+            f"MODEL={settings.model!r}: build_model returned {type(network).__name__}, not a keras.Model"
+        )
+    if not network.compiled or network.optimizer is None:
+        raise SettingsError(
+            f"MODEL={settings.model!r}: build_model returned a model that is not compiled: call "
+            "model.compile(optimizer=..., loss=..., metrics=[...]) before returning it"
+        )
+    return network
+
+
+def _check_optimizer(settings: Settings, optimizer: keras.optimizers.Optimizer) -> None:
+    """Refuse the optimizer options that would not mean on N replicas what they mean on one."""
+    for each in inner_optimizers(optimizer):
+        if getattr(each, "gradient_accumulation_steps", None):
+            raise SettingsError(
+                f"MODEL={settings.model!r} compiles with gradient_accumulation_steps="
+                f"{each.gradient_accumulation_steps}, which Keras cannot run inside a distributed training loop: "
+                "raise BATCH_SIZE (or add replicas) for the same global batch instead"
+            )
+        if getattr(each, "use_ema", False) and getattr(each, "ema_overwrite_frequency", None):
+            raise SettingsError(
+                f"MODEL={settings.model!r} compiles with use_ema and ema_overwrite_frequency="
+                f"{each.ema_overwrite_frequency}, which Keras cannot run inside a distributed training loop: "
+                "keep use_ema and leave ema_overwrite_frequency unset (the template evaluates and exports "
+                "the averaged weights)"
+            )
+
+
+def _spec_batch(spec: DatasetSpec, model_input: bool) -> tuple[Any, Any]:
+    """A symbolic batch of the dataset: as stored, or (`model_input`) as the network gets it, after scaling."""
+    dtype = "float32" if model_input and spec.is_image else spec.feature_dtype
+    features = keras.KerasTensor((None, *spec.feature_shape), dtype)
+    return features, keras.KerasTensor((None, *spec.label_shape), spec.label_dtype)
+
+
+def _serving_model(network: keras.Model, spec: DatasetSpec) -> keras.Model:
+    inputs = keras.Input(shape=spec.feature_shape, dtype=spec.feature_dtype, name=spec.feature_key)
+    features = keras.layers.Rescaling(1.0 / 255, name="scale_to_unit_range")(inputs) if spec.is_image else inputs
+    return keras.Model(inputs, network(features), name=f"{network.name}_serving")
+
+
+def build(settings: Settings, spec: DatasetSpec, strategy) -> Built:
+    """MODEL's model for this dataset, made inside the strategy's scope, checked, with its optimizer built.
+
+    Raises SettingsError for a model that breaks the contract, before anything is written."""
+    keras.utils.set_random_seed(settings.seed)
+    with strategy.scope():
+        network = _call_build_model(settings, spec)
+        _check_optimizer(settings, network.optimizer)
+        serving = _serving_model(network, spec)
+        try:
+            build_metrics_and_loss(network, *_spec_batch(spec, model_input=True))
+        except Exception as error:
+            raise SettingsError(
+                f"MODEL={settings.model!r}: its output {_output_shape(network)} does not fit the labels of "
+                f"{spec.name} (LABEL_KEY={spec.label_key!r}: {_label_kind(spec)}): {first_line(error, 200)}"
+            ) from None
+        if not network.optimizer.built:  # (the symbolic build builds it too) now, so a checkpoint restores into it
+            network.optimizer.build(network.trainable_variables)
+        gradients_come_summed(network.optimizer)
+    weights = {id(variable) for variable in serving.weights}
+    seeds = tuple(variable.value for variable in serving.variables if id(variable) not in weights)
+    built = Built(network, serving, spec, seeds)
+    spread_seeds(built, strategy)
+    return built
+
+
+def _output_shape(network: keras.Model) -> str:
+    with contextlib.suppress(Exception):
+        return str(tuple(network.output.shape))
+    return "(unknown shape)"
+
+
+def _label_kind(spec: DatasetSpec) -> str:
+    if spec.label_shape == () and spec.num_classes is not None:
+        return f"a class of {spec.num_classes}"
+    if spec.label_shape == ():
+        return f"a {spec.label_dtype} value"
+    return f"{spec.label_dtype} of shape {spec.label_shape}"
+
+
+def spread_seeds(built: Built, strategy) -> None:
+    """Give each replica its own random stream: after the model is made and after every restore.
+
+    A random layer's state is mirrored: every replica starts from the same value and updates its own copy
+    alike, so without this all replicas would draw the same masks. Replica r's copy moves by r x the stride;
+    replica 0's, the one a checkpoint saves, stays the seed's own.
+    """
+    if strategy.num_replicas_in_sync == 1 or not built.seeds:
+        return
+
+    @tf.function(autograph=False)
+    def spread():
+        def move():
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            for state in built.seeds:
+                state.assign_add(tf.stack([tf.cast(replica, state.dtype) * REPLICA_SEED_STRIDE, 0]))
+
+        strategy.run(move)
+
+    spread()
+
+
+@contextlib.contextmanager
+def averaged_weights(built: Built) -> Iterator[None]:
+    """With `use_ema`, the weights' moving averages in place of the weights, and the weights back after."""
+    optimizer = next((each for each in inner_optimizers(built.optimizer) if getattr(each, "use_ema", False)), None)
+    if optimizer is None:
+        yield
+        return
+    variables = built.network.trainable_variables
+    kept = [tf.identity(variable.value) for variable in variables]
+    optimizer.finalize_variable_values(variables)
+    try:
+        yield
+    finally:
+        for variable, value in zip(variables, kept, strict=True):
+            variable.assign(value)
+
+
+def use_averaged_weights(built: Built) -> None:
+    """With `use_ema`, put the moving averages in place for good (evaluate, after restoring a checkpoint)."""
+    for each in inner_optimizers(built.optimizer):
+        if getattr(each, "use_ema", False):
+            each.finalize_variable_values(built.network.trainable_variables)
+
+
+def serving_signature(spec: DatasetSpec) -> tf.TensorSpec:
+    return tf.TensorSpec((None, *spec.feature_shape), spec.feature_dtype, name=spec.feature_key)
+
+
+def export(built: Built, output_dir: Path) -> dict[str, str]:
+    """`model.keras` for Keras and `saved_model/` for TF Serving, each replaced whole or not at all.
+
+    Both take the feature as stored (`spec.feature_key`, its shape and dtype) and call the model with
+    training=False: random layers (augmentation, dropout) are off in what is served."""
+    serving = built.serving
+    keras_path = output_dir / "model.keras"
+    staging_keras = output_dir / "model.tmp.keras"
+    serving.save(staging_keras)
+    os.replace(staging_keras, keras_path)
+
+    saved_model = output_dir / "saved_model"
+    staging = output_dir / "saved_model.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    archive = keras.export.ExportArchive()
+    archive.track(serving)
+    archive.add_endpoint(
+        name="serve", fn=lambda features: serving(features, training=False), input_signature=[serving_signature(built.spec)]
     )
-    model.compile(
-        optimizer=keras.optimizers.Adam(learning_rate=learning_rate),
-        loss="sparse_categorical_crossentropy",
-        metrics=["accuracy"],
-    )
-    return model
+    archive.write_out(str(staging), verbose=False)
+    shutil.rmtree(saved_model, ignore_errors=True)
+    os.replace(staging, saved_model)
+    return {"keras": str(keras_path), "saved_model": str(saved_model)}
+
+
+def weights_fingerprint(built: Built) -> str:
+    """sha256 of every weight, in order: equal on every worker of a multi-worker run."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for weight in built.serving.weights:
+        digest.update(np.asarray(weight.numpy()).tobytes())
+    return digest.hexdigest()

@@ -5,17 +5,21 @@ No TensorFlow here: a wrong UID on a mounted volume or a full disk is caught in 
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import os
 import re
 import signal
+import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from train.errors import SettingsError
-from train.settings import Settings
+from train.errors import BusyError, SettingsError
+from train.settings import Settings, model_fingerprint
 
 PROBE_BYTES = 1 << 20  # a write of this size must succeed: a nearly full disk fails here, not at step 10,000
 MIN_FREE_BYTES = 64 << 20  # room for a few checkpoints of a small model, the export and the logs
@@ -76,9 +80,107 @@ def check_output_dir(path: Path) -> None:
         )
 
 
+LOCK = ".lock"  # in OUTPUT_DIR: held (flock) by the process that trains there; it says who that is
+RUN = "run.json"  # in OUTPUT_DIR: what the run's first start resolved (model hash, XLA, data in memory, precision)
+
+
+class RunLock:
+    """One writer per run directory: an exclusive flock on OUTPUT_DIR/.lock, held until the process ends.
+
+    The kernel drops the lock when its holder dies (SIGKILL, a lost pod's process), so a stale lock never
+    blocks; the file only says who holds it. Local filesystems honour it across processes; NFSv4 too (a dead
+    node's lock lasts until its lease ends, ~90 s); FUSE mounts such as gcsfuse lock per host only.
+    """
+
+    def __init__(self, output_dir: Path) -> None:
+        self.output_dir = output_dir
+        self._stream: Any = None
+
+    @property
+    def path(self) -> Path:
+        return self.output_dir / LOCK
+
+    def acquire(self) -> None:
+        """Take the lock, creating OUTPUT_DIR if needed, or raise BusyError naming the holder (writes nothing)."""
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        stream = open(self.path, "a+")  # noqa: SIM115 (held open for the process's life: the lock is its descriptor)
+        try:
+            fcntl.flock(stream, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            stream.close()
+            if error.errno in (errno.EAGAIN, errno.EACCES):
+                raise busy(self.output_dir) from None
+            raise SettingsError(f"OUTPUT_DIR={self.output_dir} cannot be locked ({error.strerror})") from None
+        stream.seek(0)
+        stream.truncate()
+        stream.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}) + "\n")
+        stream.flush()
+        self._stream = stream
+
+    def release(self) -> None:
+        if self._stream is not None:
+            self._stream.close()  # closing the descriptor releases the lock
+            self._stream = None
+
+
+def holder(output_dir: Path) -> str | None:
+    """Who holds OUTPUT_DIR's lock right now ("pid 123 on host h"), or None if nobody does. Takes nothing."""
+    path = output_dir / LOCK
+    try:
+        stream = open(path)  # noqa: SIM115
+    except OSError:
+        return None
+    with stream:
+        try:
+            fcntl.flock(stream, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                info = json.loads(stream.read() or "{}")
+                return f"pid {info['pid']} on host {info['host']}"
+            except (ValueError, KeyError, TypeError):
+                return "another process"
+        fcntl.flock(stream, fcntl.LOCK_UN)
+    return None
+
+
+def busy(output_dir: Path) -> BusyError:
+    who = holder(output_dir) or "another process"
+    return BusyError(
+        f"OUTPUT_DIR={output_dir} is in use: {who} trains in it. Nothing was written; run again once it has "
+        "ended (a restart policy may retry), or use another OUTPUT_DIR"
+    )
+
+
+def read_run(output_dir: Path) -> dict[str, Any]:
+    """What the run's first start resolved (empty for a new run, or a file that is not ours)."""
+    with contextlib.suppress(OSError, ValueError):
+        recorded = json.loads((output_dir / RUN).read_text())
+        if isinstance(recorded, dict):
+            return recorded
+    return {}
+
+
+def check_same_model(settings: Settings) -> None:
+    """A run directory holding checkpoints of another model is refused in one line (they would not load)."""
+    recorded = read_run(settings.output_dir).get("model_sha256")
+    if not recorded or not checkpoints_newest_first(settings.output_dir / "checkpoints"):
+        return
+    now = model_fingerprint(settings.model)
+    if now != recorded:
+        raise SettingsError(
+            f"MODEL={settings.model!r} is not the model OUTPUT_DIR={settings.output_dir} was trained with: its code "
+            f"differs (sha256 {now[:12]}, the run's {recorded[:12]}), so the run's checkpoints would not load into "
+            "it. Use another OUTPUT_DIR for this model, or put the run's model back"
+        )
+
+
 def preflight(settings: Settings) -> None:
     """Everything about the run directory that can be known before TensorFlow loads."""
     check_output_dir(settings.output_dir)
+    check_same_model(settings)
+    chief = settings.cluster is None or settings.cluster.is_chief
+    if chief and holder(settings.output_dir) is not None:  # the other workers share the chief's directory
+        raise busy(settings.output_dir)
     existing = checkpoints_newest_first(settings.output_dir / "checkpoints")
     if existing and settings.resume == "never":
         raise SettingsError(

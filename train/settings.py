@@ -8,8 +8,11 @@ Precedence, stated once (see `load_settings`):
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
+import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -22,7 +25,7 @@ from typing import Any
 # and a typo that silently drops a setting is what this template refuses to do.
 from dotenv.parser import parse_stream
 
-from train.cluster import EXAMPLE, Cluster, parse_tf_config
+from train.cluster.tf_config import EXAMPLE, Cluster, parse_tf_config
 from train.errors import SettingsError
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
@@ -111,6 +114,53 @@ def _dataset(name: str, text: str) -> str:
     return text
 
 
+DEFAULT_MODEL = "examples.mlp"  # the documented model: Dense(64, relu) -> Dense(num_classes, softmax)
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def is_model_path(text: str) -> bool:
+    """MODEL names a file when it has a / or ends in .py; otherwise it is a module name."""
+    return "/" in text or text.endswith(".py")
+
+
+def model_source(text: str) -> Path | None:
+    """The file MODEL names (a path, or a module's source), None where it cannot be found. Imports nothing but a
+    module's parent packages (their `__init__`), so no TensorFlow."""
+    if is_model_path(text):
+        path = Path(text).expanduser()
+        return path if path.is_file() else None
+    if not _MODULE.fullmatch(text):
+        return None
+    try:
+        spec = importlib.util.find_spec(text)
+    except (ImportError, ValueError):  # a parent package that does not exist
+        return None
+    return Path(spec.origin) if spec is not None and spec.origin and spec.origin.endswith(".py") else None
+
+
+def model_fingerprint(text: str) -> str:
+    """sha256 of MODEL's code: its syntax tree, so comments and formatting may change but the code may not."""
+    source = model_source(text)
+    assert source is not None, text  # validated by _model
+    tree = ast.dump(ast.parse(source.read_text(encoding="utf-8")))
+    return hashlib.sha256(tree.encode()).hexdigest()
+
+
+def _model(name: str, text: str) -> str:
+    text = _text(name, text)
+    if model_source(text) is not None:
+        return text
+    if is_model_path(text):
+        raise SettingsError(
+            f"{name}={text!r} is not a file (from {Path.cwd()}): give a .py file that defines build_model, "
+            f"or a module name like {DEFAULT_MODEL}"
+        )
+    raise SettingsError(
+        f"{name}={text!r} is not an importable module: give a module name like {DEFAULT_MODEL} or project.model, "
+        "or a .py file path (with a / or ending in .py)"
+    )
+
+
 def _path(name: str, text: str) -> Path:
     return Path(_text(name, text)).expanduser()
 
@@ -121,12 +171,19 @@ def _optional_path(name: str, text: str) -> Path | None:
 
 @dataclass(frozen=True)
 class Field:
-    """One setting: its environment name, its default as text, how to parse it, and what it means."""
+    """One setting: its environment name, its default as text, how to parse it, what it means, and two marks.
+
+    `defines_run`: it shapes what a step computes or which batches it reads, so a resume that changes it
+    warns. `workers_agree`: every worker of a multi-worker run must have the same value (it fixes the data
+    order, the math, or where the collectives of training calls and checkpoint saves fall).
+    """
 
     env: str
     default: str
     parse: Callable[[str, str], Any]
     help: str
+    defines_run: bool = False
+    workers_agree: bool = False
 
     @property
     def attr(self) -> str:
@@ -138,41 +195,45 @@ class Field:
 
 
 # The one table of settings. `.env.example` and every command's `--help` are checked against it.
+# R: defines the run (a resume that changes it warns). W: every worker must agree on it.
+R, W, RW = {"defines_run": True}, {"workers_agree": True}, {"defines_run": True, "workers_agree": True}
 FIELDS: tuple[Field, ...] = (
-    Field("GPUS", "all", _gpus, "GPUs to train on: all, none, or indices like 0,1."),
+    Field("MODEL", DEFAULT_MODEL, _model, "build_model's home: a .py file (has / or .py) or a module name.", **RW),
+    Field("GPUS", "all", _gpus, "GPUs to train on: all, none, or indices like 0,1.", **R),
     Field("MEMORY_GROWTH", "true", _bool, "Allocate GPU memory as needed instead of all of it up front."),
     Field("GPU_MEMORY_LIMIT_MB", "", _optional_positive_int, "Cap per GPU in MiB (needs MEMORY_GROWTH=false)."),
-    Field("STRATEGY", "auto", _choice(STRATEGIES), "auto, one_device, mirrored or multi_worker (see README)."),
-    Field("CROSS_DEVICE_OPS", "auto", _choice(ALL_REDUCES), "MirroredStrategy's all-reduce (auto: see README)."),
-    Field("CPU_DEVICES", "1", _positive_int, "Split the CPU into N logical devices (multi-replica without GPUs)."),
-    Field("DATASET", "synthetic_clusters", _dataset, "TFDS dataset, optionally name/config:version."),
+    Field("STRATEGY", "auto", _choice(STRATEGIES), "auto, one_device, mirrored or multi_worker (see README).", **RW),
+    Field("CROSS_DEVICE_OPS", "auto", _choice(ALL_REDUCES), "MirroredStrategy's all-reduce (auto: see docs).", **W),
+    Field("CPU_DEVICES", "1", _positive_int, "Split the CPU into N logical devices (multi-replica without GPUs).", **R),
+    Field("DATASET", "synthetic_clusters", _dataset, "TFDS dataset, optionally name/config:version.", **RW),
     Field("TFDS_DATA_DIR", "", _optional_path, "Where TFDS keeps prepared datasets (TFDS default if empty)."),
-    Field("DATA_IN_MEMORY", "auto", _choice(AUTO_TRUE_FALSE), "auto: splits in memory if they fit, else streamed."),
-    Field("TRAIN_SPLIT", "train", _text, "TFDS split to train on, e.g. train or train[:90%]."),
-    Field("EVAL_SPLIT", "test", _text, "TFDS split to evaluate on."),
-    Field("FEATURE_KEY", "", _optional_text, "Input feature; default: the dataset's supervised keys, else image."),
-    Field("LABEL_KEY", "", _optional_text, "Class label feature; default: supervised keys, else label."),
-    Field("BATCH_SIZE", "128", _positive_int, "Examples per replica per step; global batch = this x replicas."),
-    Field("EPOCHS", "5", _positive_int, "Number of epochs."),
-    Field("STEPS_PER_EPOCH", "", _optional_positive_int, "Steps per epoch; default: one pass over the split."),
-    Field("STEPS_PER_CALL", "32", _positive_int, "Most steps per tf.function call (cut at log, checkpoint, epoch)."),
-    Field("JIT_COMPILE", "auto", _choice(AUTO_TRUE_FALSE), "XLA for the training call; auto: on for one CPU device."),
-    Field("MIXED_PRECISION", "auto", _choice(PRECISIONS), "auto: mixed_float16 on GPUs of compute 7.0+, else off."),
-    Field("LEARNING_RATE", "0.001", _positive_float, "Adam learning rate."),
-    Field("SEED", "42", _non_negative_int, "Seed for weights and data order: same seed, same run."),
+    Field("DATA_IN_MEMORY", "auto", _choice(AUTO_TRUE_FALSE), "auto: splits in memory if they fit, else streamed.", **RW),
+    Field("TRAIN_SPLIT", "train", _text, "TFDS split to train on, e.g. train or train[:90%].", **RW),
+    Field("EVAL_SPLIT", "test", _text, "TFDS split to evaluate on.", **W),
+    Field("FEATURE_KEY", "", _optional_text, "Input feature; default: the dataset's supervised keys, else image.", **RW),
+    Field("LABEL_KEY", "", _optional_text, "Label feature; default: the dataset's supervised keys, else label.", **RW),
+    Field("BATCH_SIZE", "128", _positive_int, "Examples per replica per step; global batch = this x replicas.", **RW),
+    Field("EPOCHS", "5", _positive_int, "Number of epochs.", **W),
+    Field("STEPS_PER_EPOCH", "", _optional_positive_int, "Steps per epoch; default: one pass over the split.", **RW),
+    Field("STEPS_PER_CALL", "32", _positive_int, "Most steps per tf.function call (cut at log, checkpoint, epoch).", **W),
+    Field("JIT_COMPILE", "auto", _choice(AUTO_TRUE_FALSE), "XLA for the training step; auto: where it is faster.", **RW),
+    Field("MIXED_PRECISION", "auto", _choice(PRECISIONS), "auto: bfloat16 on compute 8.0+, float16 on 7.x, else off.", **RW),
+    Field("LEARNING_RATE", "0.001", _positive_float, "Learning rate, passed to build_model.", **RW),
+    Field("SEED", "42", _non_negative_int, "Seed for weights, data order and random layers: same seed, same run.", **RW),
     Field("OUTPUT_DIR", "runs/default", _path, "Run directory: checkpoints, logs, summary, exported model."),
-    Field("CHECKPOINT_EVERY", "100", _positive_int, "Save a checkpoint every N steps (and at each epoch end)."),
+    Field("CHECKPOINT_EVERY", "100", _positive_int, "Save a checkpoint every N steps (and at each epoch end).", **W),
     Field("KEEP_CHECKPOINTS", "3", _positive_int, "How many recent checkpoints to keep."),
-    Field("LOG_EVERY", "50", _positive_int, "Print progress and write TensorBoard scalars every N steps."),
+    Field("LOG_EVERY", "50", _positive_int, "Print progress and write TensorBoard scalars every N steps.", **W),
     Field("RESUME", "auto", _choice(RESUME_MODES), "auto resumes from OUTPUT_DIR's checkpoints; never refuses them."),
     Field("AUTO_BATCH", "false", _bool, "On out-of-memory, halve BATCH_SIZE and go on from the last checkpoint."),
     Field("WORKER_START_TIMEOUT", "600", _positive_int, "Multi-worker: seconds to wait for all workers to join."),
-)
+)  # fmt: skip
 FIELDS_BY_ENV = {field.env: field for field in FIELDS}
 
 
 @dataclass(frozen=True)
 class Settings:
+    model: str
     gpus: str | tuple[int, ...]
     memory_growth: bool
     gpu_memory_limit_mb: int | None
@@ -296,33 +357,56 @@ def _parse(field: Field, text: str) -> Any:
         raise
 
 
+def project_defaults_path() -> Path | None:
+    """`project/defaults.env`: the fork's own defaults, committed with its model (found where `project` imports)."""
+    try:
+        spec = importlib.util.find_spec("project")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "defaults.env"
+
+
+RUN_SETTINGS = "settings.json"  # in OUTPUT_DIR: the settings a run was started with
+
+
 def load_settings(
     flags: Mapping[str, str | None] | None = None,
     environ: Mapping[str, str] | None = None,
     dotenv_path: Path | str = ".env",
     warn: Callable[[str], None] | None = None,
+    defaults_path: Path | None | str = "project",
+    from_run: bool = False,
 ) -> Settings:
-    """Resolve every setting: flag > environment > `.env` > default. Raises SettingsError."""
+    """Resolve every setting. Raises SettingsError. The precedence, highest first:
+
+        command-line flag > environment > [the run's settings.json] > .env > project/defaults.env > default
+
+    `from_run` (evaluate): the settings.json of the OUTPUT_DIR the layers above it and below it resolve to
+    supplies what neither a flag nor the environment sets, so evaluate scores the run as it was trained.
+    `defaults_path`: the fork's defaults file ("project": the `project` package's `defaults.env`; None: none).
+    """
     flags = {name: value for name, value in (flags or {}).items() if value is not None}
     environ = os.environ if environ is None else environ
     dotenv = read_dotenv(Path(dotenv_path), warn)
+    if defaults_path == "project":
+        defaults_path = project_defaults_path()
+    project = read_dotenv(Path(defaults_path), warn) if defaults_path else {}
     if warn:
         typos = _typo_warnings(dotenv, str(dotenv_path))
+        typos += _typo_warnings(project, str(defaults_path))
         # `make train EPOCH=3` arrives as an environment variable: said, not silently ignored. Closer alike than
         # in .env, which holds only settings: the environment holds everything (GPU, CHECKPOINT_DIR).
         typos += _typo_warnings(environ, "environment (or make variable)", ENVIRONMENT_TYPO_CUTOFF)
         for message in typos:
             warn(message)
+    layers = [flags, environ, dotenv, project]
+    if from_run:
+        output_dir = _parse(FIELDS_BY_ENV["OUTPUT_DIR"], _resolve("OUTPUT_DIR", layers))
+        layers.insert(2, _run_settings(output_dir / RUN_SETTINGS))
 
-    raw: dict[str, str] = {}
-    for field in FIELDS:
-        for layer in (flags, environ, dotenv):
-            if field.env in layer:
-                raw[field.env] = layer[field.env]
-                break
-        else:
-            raw[field.env] = field.default
-    values = {field.attr: _parse(field, raw[field.env]) for field in FIELDS}
+    values = {field.attr: _parse(field, _resolve(field.env, layers)) for field in FIELDS}
     settings = Settings(**values, cluster=parse_tf_config(environ.get("TF_CONFIG")))
 
     if settings.gpu_memory_limit_mb is not None and settings.memory_growth:
@@ -334,6 +418,27 @@ def load_settings(
         raise SettingsError("GPU_MEMORY_LIMIT_MB is set but GPUS=none: there is no GPU to cap")
     _check_combinations(settings)
     return settings
+
+
+def _resolve(name: str, layers: Iterable[Mapping[str, str]]) -> str:
+    """The text of a setting: the first layer that sets it, else its default."""
+    for layer in layers:
+        if name in layer:
+            return layer[name]
+    return FIELDS_BY_ENV[name].default
+
+
+def _run_settings(path: Path) -> dict[str, str]:
+    """A run's settings.json as a layer: only names that are settings, only text values."""
+    try:
+        saved = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as error:
+        raise SettingsError(f"{path} cannot be read ({error}): it is not a run's settings; use another OUTPUT_DIR")
+    if not isinstance(saved, dict):
+        raise SettingsError(f"{path} is not a run's settings (not a JSON object); use another OUTPUT_DIR")
+    return {name: value for name, value in saved.items() if name in FIELDS_BY_ENV and isinstance(value, str)}
 
 
 def _check_combinations(settings: Settings) -> None:
@@ -349,15 +454,11 @@ def _check_combinations(settings: Settings) -> None:
             "STRATEGY=multi_worker needs TF_CONFIG, which is not set: set it on every worker, like "
             f"TF_CONFIG='{EXAMPLE}', or start the workers with scripts/launch-workers.sh N"
         )
-    if settings.jit_compile == "true" and settings.data_in_memory == "false":
+    if settings.jit_compile == "true" and settings.gpus == "none" and _mirrors_cpus(settings):
         raise SettingsError(
-            "JIT_COMPILE=true is not allowed with DATA_IN_MEMORY=false: XLA compiles the step only where it "
-            "gathers its batch from the split in memory; use JIT_COMPILE=auto or false"
-        )
-    if settings.jit_compile == "true" and (settings.strategy == "mirrored" or settings.multi_worker):
-        raise SettingsError(
-            f"JIT_COMPILE=true is not allowed with STRATEGY={settings.strategy}: XLA cannot compile a step whose "
-            "variables are mirrored on several devices; use JIT_COMPILE=auto or false"
+            f"JIT_COMPILE=true is not allowed with MirroredStrategy on CPU devices (GPUS=none, STRATEGY="
+            f"{settings.strategy}, CPU_DEVICES={settings.cpu_devices}): XLA cannot compile a step whose variables "
+            "are mirrored on several CPU devices; use JIT_COMPILE=auto or false"
         )
     if settings.cross_device_ops != "auto" and (settings.strategy == "one_device" or settings.multi_worker):
         raise SettingsError(
@@ -372,11 +473,17 @@ def _check_combinations(settings: Settings) -> None:
         )
 
 
+def _mirrors_cpus(settings: Settings) -> bool:
+    """Whether the strategy mirrors variables over several CPU devices of this host (known without TensorFlow)."""
+    if settings.multi_worker:
+        return False
+    return settings.strategy == "mirrored" or (settings.strategy == "auto" and settings.cpu_devices > 1)
+
+
 # What a step and its data are: changing one of these between a run's starts changes what resuming continues.
-RUN_DEFINING = (
-    "DATASET", "TRAIN_SPLIT", "FEATURE_KEY", "LABEL_KEY", "BATCH_SIZE", "GPUS", "CPU_DEVICES", "STRATEGY",
-    "STEPS_PER_EPOCH", "SEED", "LEARNING_RATE", "MIXED_PRECISION",
-)  # fmt: skip
+RUN_DEFINING = tuple(field.env for field in FIELDS if field.defines_run)
+# What every worker of a multi-worker run must have alike (compared by train.cluster.workers before training).
+WORKERS_AGREE = tuple(field.env for field in FIELDS if field.workers_agree)
 
 
 def changed_settings(path: Path, settings: Settings) -> list[tuple[str, str, str]]:

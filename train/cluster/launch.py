@@ -1,6 +1,6 @@
 """Run N workers of a multi-worker job on this host, for trying it out and for the tests.
 
-    python -m train.launch 2 -- fit --epochs 3       # or: scripts/launch-workers.sh 2 fit --epochs 3
+    python -m train.cluster.launch 2 -- fit --epochs 3       # or: scripts/launch-workers.sh 2 fit --epochs 3
 
 Each worker is `python -m train ARGS` with STRATEGY=multi_worker and its own TF_CONFIG naming free
 loopback ports (127.0.0.1 only). Their output is interleaved line by line, each line prefixed with
@@ -25,7 +25,8 @@ import threading
 import time
 from typing import IO
 
-EXIT_PREEMPTED = 42
+from train.errors import EXIT_PREEMPTED
+
 GRACE = 30.0  # seconds the others get to end by themselves after one worker failed
 
 
@@ -116,7 +117,7 @@ def launch(count: int, args: list[str], env: dict[str, str] | None = None, grace
 
 
 def main(argv: list[str]) -> int:
-    usage = "usage: python -m train.launch N [--] COMMAND [ARGS...]   e.g. python -m train.launch 2 -- fit --epochs 3"
+    usage = "usage: python -m train.cluster.launch N [--] COMMAND [ARGS...]   e.g. python -m train.cluster.launch 2 -- fit --epochs 3"
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return 0 if argv else 2

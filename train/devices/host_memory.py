@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-MEMORY_FRACTION = 0.5  # DATA_IN_MEMORY=auto holds the splits when their float32 arrays fit in this much
+MEMORY_FRACTION = 0.5  # DATA_IN_MEMORY=auto holds the splits when what they cost takes at most this much
+# What holding a split costs, against its bytes as stored: the array itself (TensorFlow shares it, no copy),
+# plus the chunks it is read in and what the feed plans (measured: tests/test_memory.py keeps it under this).
+PEAK_PER_BYTE = 1.5
 GIB = 1 << 30
 
 
@@ -33,16 +36,24 @@ def available_memory_bytes(root: Path = Path("/")) -> int | None:
     return min(found) if found else None
 
 
-def hold_in_memory(setting: str, needed_bytes: int, available_bytes: int | None) -> tuple[bool, str | None]:
-    """DATA_IN_MEMORY (auto, true, false) against the splits' float32 size: (in memory?, a note to say or None)."""
+def fits_in_memory(held_bytes: int, available_bytes: int | None, workers_here: int = 1) -> bool:
+    """Whether the splits fit: their cost, for each worker this host runs, in MEMORY_FRACTION of what is left."""
+    if available_bytes is None:
+        return True
+    return workers_here * PEAK_PER_BYTE * held_bytes <= MEMORY_FRACTION * available_bytes
+
+
+def memory_note(setting: str, fits: bool, held_bytes: int, available_bytes: int | None, workers_here: int) -> str | None:
+    """What to say about DATA_IN_MEMORY's outcome: streaming, or holding splits that may not fit; else None."""
     if setting == "false":
-        return False, "DATA_IN_MEMORY=false: streaming the splits from the prepared TFDS files."
-    if available_bytes is None or needed_bytes <= MEMORY_FRACTION * available_bytes:
-        return True, None
-    size = f"{needed_bytes / GIB:.1f} GiB as float32, {available_bytes / GIB:.1f} GiB available"
+        return "DATA_IN_MEMORY=false: streaming the splits from the prepared TFDS files."
+    if fits or available_bytes is None:
+        return None
+    workers = f" x {workers_here} workers on this host" if workers_here > 1 else ""
+    size = f"{held_bytes / GIB:.1f} GiB as stored{workers}, {available_bytes / GIB:.1f} GiB available"
     if setting == "true":
-        return True, f"warning: DATA_IN_MEMORY=true holds the splits in memory although they may not fit ({size})."
-    return False, (
+        return f"warning: DATA_IN_MEMORY=true holds the splits in memory although they may not fit ({size})."
+    return (
         f"The splits need {size}: streaming them from the prepared TFDS files "
         "(DATA_IN_MEMORY=true holds them in memory anyway)."
     )

@@ -1,7 +1,7 @@
 """Find the per-replica batch that fits: double until a step runs out of memory or a cap, then narrow.
 
-Pure logic over a `trial(batch) -> Trial` function; `train.training.check` supplies the real one,
-which runs real training steps through the same `run_steps` seam as `fit`.
+Pure logic over a `trial(batch) -> Trial` function; `train.tools.check` supplies the real one, which runs
+real training steps through the same `TrainCalls` as `fit`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def _round_down(batch: float) -> int:
     return max(1, int(batch) // 8 * 8 if batch >= 8 else int(batch))
 
 
-def probe_batch_sizes(trial: Callable[[int], Trial], start: int, cap: int) -> Probe:
+def probe_batch_sizes(trial: Callable[[int], Trial], start: int, cap: int, current: int | None = None) -> Probe:
+    """Trials from `start` up to `cap`; `current` (BATCH_SIZE) is what to keep where memory set no limit."""
     trials: list[Trial] = []
     largest_fit = smallest_failure = None
     batch = min(start, cap)
@@ -75,16 +76,19 @@ def probe_batch_sizes(trial: Callable[[int], Trial], start: int, cap: int) -> Pr
         recommended = _round_down(largest_fit * HEADROOM)
         message = (
             f"largest batch that fit: {largest_fit} per replica; out of memory at {smallest_failure}. "
-            f"Recommended BATCH_SIZE={recommended} ({int(HEADROOM * 100)}% of the largest, for headroom)"
+            f"Recommended BATCH_SIZE={recommended} ({int(HEADROOM * 100)}% of the largest, for headroom; "
+            f"{BATCH_CAVEAT})"
         )
     else:
+        # No failure: memory set no limit (always so on CPU). The trials then measured speed alone, and a
+        # larger batch is fewer steps an epoch and another learning rate: keep the batch that was asked for.
         fastest = max((t for t in trials if t.fits), key=lambda t: t.examples_per_sec or 0.0)
-        recommended = fastest.per_replica_batch
+        recommended = current or fastest.per_replica_batch
         message = (
-            f"nothing ran out of memory up to the cap of {largest_fit} per replica (on CPU memory is not the limit). "
-            f"Recommended BATCH_SIZE={recommended}, the fastest measured"
+            f"nothing ran out of memory up to the cap of {largest_fit} per replica (on CPU memory is not the limit, "
+            f"so these trials measured speed only; the fastest was {fastest.per_replica_batch}). "
+            f"Recommended BATCH_SIZE={recommended}: keep it"
         )
-    message += f" ({BATCH_CAVEAT})"
     return Probe(tuple(trials), largest_fit, smallest_failure, recommended, message)
 
 

@@ -8,12 +8,12 @@ global batch: BATCH_SIZE x the replicas of every worker.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from train.cluster import Cluster, StartupDeadline
+from train.cluster.tf_config import Cluster, StartupDeadline
+from train.devices.backend import DeviceBackend
 from train.errors import SettingsError, TrainingError
-from train.gpus import DeviceBackend
 from train.settings import Settings
 
 
@@ -98,18 +98,26 @@ def configure_devices(settings: Settings, backend: DeviceBackend) -> DevicePlan:
     )
 
 
-TENSOR_CORES = (7, 0)  # compute capability from which float16 matrix math runs on tensor cores (Volta on)
+TENSOR_CORES = (7, 0)  # compute capability from which float16 matrix math runs on tensor cores (V100, T4)
+BFLOAT16_CORES = (8, 0)  # ... and from which bfloat16 does too (A100, L4, H100, H200): no loss scaling needed
+
+
+def auto_precision(plan: DevicePlan) -> tuple[str, str]:
+    """What MIXED_PRECISION=auto resolves to on these devices, and why."""
+    capabilities = plan.compute_capabilities
+    if not plan.visible_gpus:
+        return "float32", "no GPU: float32 (CPUs have no faster 16-bit math; bfloat16 measured slower here)"
+    if all(c and c >= BFLOAT16_CORES for c in capabilities):
+        return "mixed_bfloat16", "every GPU has compute capability 8.0+: bfloat16, which needs no loss scaling"
+    if all(c and c >= TENSOR_CORES for c in capabilities):
+        return "mixed_float16", "every GPU has compute capability 7.x+: float16 tensor cores, with loss scaling"
+    return "float32", "a GPU below compute capability 7.0 (or of unknown capability): float32"
 
 
 def choose_precision(requested: str, plan: DevicePlan) -> tuple[str, tuple[str, ...]]:
-    """MIXED_PRECISION as a Keras dtype policy name, and what to say about it.
-
-    auto: mixed_float16 where every visible GPU has tensor cores; float32 elsewhere. On this template's CPU
-    benchmark mixed_bfloat16 was slower than float32 (README, How fast), so the CPU default stays float32.
-    """
+    """MIXED_PRECISION as a Keras dtype policy name, and what to say about it."""
     if requested == "auto":
-        tensor_cores = plan.visible_gpus and all(c and c >= TENSOR_CORES for c in plan.compute_capabilities)
-        return ("mixed_float16" if tensor_cores else "float32"), ()
+        return auto_precision(plan)[0], ()
     if requested == "off":
         return "float32", ()
     if requested == "mixed_float16" and not plan.visible_gpus:
@@ -239,18 +247,72 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
     return Resolution(name, devices, settings.batch_size, plan, plan.notes + notes, None, precision, cross_device_ops)
 
 
+def choose_xla(
+    requested: str, runtime: Resolution, whole_call: bool, convolutional: bool, layer_without_xla: str | None
+) -> tuple[bool, str]:
+    """JIT_COMPILE resolved for this model on these devices, and why (the start line says it). Raises
+    SettingsError for JIT_COMPILE=true where XLA cannot compile the step.
+
+    `whole_call`: the feed lets XLA compile the whole training call (rows gathered in the step); otherwise
+    only the replica step is compiled and the tf.data iterator stays outside, as tensorflow/models does.
+    auto is never the slow choice measured here (docs/performance.md): on one CPU device gathering from
+    memory XLA made the MLP about 3x faster, and a small CNN 25x slower (XLA's CPU convolutions); `check`
+    measures both for the model at hand. On one GPU auto is Keras's own default (on); under strategies of
+    more than one GPU it stays off, as Keras has it (keras PR #18716), until `make test-gpu` measures it.
+    """
+    on_gpus = bool(runtime.plan.visible_gpus)
+    if requested == "false":
+        return False, "JIT_COMPILE=false"
+    if layer_without_xla:
+        if requested == "true":
+            raise SettingsError(
+                f"JIT_COMPILE=true is not allowed with this model: layer {layer_without_xla} says XLA cannot "
+                "compile it (supports_jit = False); use JIT_COMPILE=auto or false"
+            )
+        return False, f"auto: layer {layer_without_xla} cannot be compiled by XLA"
+    if not on_gpus and runtime.strategy_name == "mirrored":
+        if requested == "true":
+            raise SettingsError(
+                f"JIT_COMPILE=true is not allowed with MirroredStrategy on CPU devices ({len(runtime.devices)} "
+                f"replicas, CPU_DEVICES={runtime.plan.cpu_devices}): XLA cannot compile a step whose variables are "
+                "mirrored on several CPU devices; use JIT_COMPILE=auto or false"
+            )
+        return False, "auto: XLA cannot compile a step mirrored on CPU devices"
+    if requested == "true":
+        if on_gpus and runtime.replicas > 1 and runtime.precision == "mixed_float16":
+            raise SettingsError(
+                "JIT_COMPILE=true is not allowed with MIXED_PRECISION=mixed_float16 on more than one GPU: Keras "
+                "reports hangs there (keras#20763) and make test-gpu has not shown it runs; use "
+                "MIXED_PRECISION=mixed_bfloat16 (compute capability 8.0+), or JIT_COMPILE=auto or false"
+            )
+        return True, "JIT_COMPILE=true" + ("" if whole_call else ", the replica step (tf.data stays outside)")
+    if on_gpus:
+        if runtime.replicas > 1:
+            return False, "auto: off under a strategy of several GPUs, as Keras has it"
+        return True, "auto: on for one GPU, Keras's own default"
+    if runtime.strategy_name == "multi_worker" or not whole_call:
+        return False, "auto: off on CPU where tf.data feeds the step"
+    if convolutional:
+        return False, "auto: off for a convolutional model on CPU, where XLA's convolutions are slower"
+    return True, "auto: on for one CPU device gathering its rows from memory"
+
+
 @dataclass(frozen=True)
-class Runtime:
-    """The built strategy and its resolution (replicas, batches) in one object."""
+class Runtime(Resolution):
+    """The resolution with its strategy built: what every other part of a run is made under."""
 
-    strategy: Any  # tf.distribute.Strategy
-    resolution: Resolution
+    strategy: Any = None  # tf.distribute.Strategy
 
-    def __getattr__(self, name: str) -> Any:  # runtime.global_batch, runtime.replicas, ...
-        return getattr(self.resolution, name)
+    @property
+    def on_gpus(self) -> bool:
+        return bool(self.plan.visible_gpus)
 
-    def with_batch(self, per_replica_batch: int) -> Runtime:
-        return Runtime(self.strategy, self.resolution.with_batch(per_replica_batch))
+    def with_precision(self, precision: str) -> Runtime:
+        """The dtype policy the run settled on (the cluster's answer to MIXED_PRECISION=auto), set for Keras."""
+        import keras
+
+        keras.mixed_precision.set_global_policy(precision)  # before any model or optimizer is made
+        return replace(self, precision=precision)
 
 
 def setup_runtime(settings: Settings, backend: DeviceBackend | None = None, local_only: bool = False) -> Runtime:
@@ -258,16 +320,14 @@ def setup_runtime(settings: Settings, backend: DeviceBackend | None = None, loca
 
     Multi-worker: blocks until every worker of TF_CONFIG has joined, at most WORKER_START_TIMEOUT seconds.
     """
-    import keras
     import tensorflow as tf
 
-    from train.gpus import TensorFlowDevices
+    from train.devices.backend import TensorFlowDevices
 
     # TFDS logs through absl, which gives the root logger a handler: TensorFlow's Python warnings, passed on to
     # it as well as printed by TensorFlow's own handler, showed twice.
     tf.get_logger().propagate = False
     resolution = resolve(settings, configure_devices(settings, backend or TensorFlowDevices()), local_only)
-    keras.mixed_precision.set_global_policy(resolution.precision)  # before any model or optimizer is made
     if resolution.strategy_name == "multi_worker":
         strategy = _multi_worker_strategy(settings, resolution)
     elif resolution.strategy_name == "mirrored":
@@ -283,7 +343,8 @@ def setup_runtime(settings: Settings, backend: DeviceBackend | None = None, loca
     else:
         strategy = tf.distribute.OneDeviceStrategy(resolution.devices[0])
     assert strategy.num_replicas_in_sync == resolution.replicas
-    return Runtime(strategy, resolution)
+    runtime = Runtime(**{f.name: getattr(resolution, f.name) for f in fields(Resolution)}, strategy=strategy)
+    return runtime.with_precision(resolution.precision)  # what this host resolves; a cluster may settle otherwise
 
 
 def _multi_worker_strategy(settings: Settings, resolution: Resolution) -> Any:

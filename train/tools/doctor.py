@@ -16,8 +16,8 @@ from importlib import metadata
 from typing import Any
 
 from train.errors import SettingsError
-from train.gpus import DeviceBackend
-from train.runtime import configure_devices, resolve
+from train.devices.backend import DeviceBackend
+from train.devices.runtime import configure_devices, resolve
 from train.settings import Settings
 
 SCHEMA = 1
@@ -223,7 +223,7 @@ def device_report(settings: Settings) -> dict[str, Any]:
     import keras
     import tensorflow as tf
 
-    from train.gpus import TensorFlowDevices
+    from train.devices.backend import TensorFlowDevices
 
     versions = {"tensorflow": tf.__version__, "keras": keras.__version__}
     return collect_report(settings, TensorFlowDevices(), dict(os.environ), shm_bytes(), cuda_libraries(), versions)

@@ -1,0 +1,77 @@
+"""What a checkpoint holds, and saving and restoring it: the model, its optimizer (loss scale and moving
+averages included), every random layer's state, and the loop's own step and skip counts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import tensorflow as tf
+
+from train.errors import TrainingError, first_line
+from train.model import Built, spread_seeds
+from train.rundir import checkpoints_newest_first
+
+Say = Callable[[str], None]
+
+
+def make_checkpoint(built: Built) -> tf.train.Checkpoint:
+    """fit saves it, evaluate restores it.
+
+    The loop's own step count: the optimizer's `iterations` stays behind it where a mixed_float16 step skips
+    its update (gradients overflowed), and resuming must start where the run stopped, not earlier. The random
+    layers' states (`SeedGenerator`s: Dropout, augmentation) are not Keras variables a Checkpoint of the
+    model finds, so they are listed here: without them a resumed run would draw other random numbers.
+    """
+    return tf.train.Checkpoint(
+        model=built.network,
+        optimizer=built.optimizer,
+        seeds=list(built.seeds),
+        step=tf.Variable(0, dtype=tf.int64, trainable=False, name="step"),
+        skipped_steps=tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps"),
+    )
+
+
+def restore_newest(checkpoint: tf.train.Checkpoint, checkpoint_dir: Path, say: Say) -> str | None:
+    """Restore the newest checkpoint of this run directory that loads; warn about each one that does not.
+
+    Returns None when the directory has no checkpoint. Raises TrainingError when it has some and none
+    loads: starting over would overwrite them.
+    """
+    candidates = checkpoints_newest_first(checkpoint_dir)
+    failed = []
+    for prefix in candidates:
+        try:
+            checkpoint.restore(str(prefix)).assert_existing_objects_matched()
+        # Damage shows as IndexError, DataLossError, ValueError, ...: each means "not this one".
+        except Exception as error:
+            failed.append(prefix.name)
+            say(f"warning: checkpoint {prefix.name} does not load ({first_line(error, 160)}).")
+            continue
+        if failed:
+            say(f"warning: {', '.join(failed)} could not be loaded; resuming from the previous one, {prefix.name}.")
+        return str(prefix)
+    if failed:
+        raise TrainingError(
+            f"no checkpoint in {checkpoint_dir} loads ({', '.join(failed)}): they are corrupt, or from another model "
+            "or dataset. They are left as they are: use another OUTPUT_DIR, or delete them to start over"
+        )
+    return None
+
+
+def restored(built: Built, strategy) -> None:
+    """After a restore: every replica's copy of a random layer's state holds the saved one; spread them again."""
+    spread_seeds(built, strategy)
+
+
+def save_checkpoint(manager, step: int, skipped: int) -> None:
+    """Save, or end clearly: TensorFlow writes to temporary files, so the previous checkpoint stays loadable."""
+    manager.checkpoint.step.assign(step)
+    manager.checkpoint.skipped_steps.assign(skipped)
+    try:
+        manager.save(checkpoint_number=step)
+    except (OSError, tf.errors.OpError) as error:
+        raise TrainingError(
+            f"could not write checkpoint ckpt-{step} to {manager.directory} ({first_line(error, 160)}); "
+            f"the previous checkpoint {manager.latest_checkpoint} is intact: free space and run again to resume"
+        ) from None

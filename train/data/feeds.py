@@ -1,0 +1,280 @@
+"""Batches for the training step and for evaluation, in an order that is a pure function of (SEED, step).
+
+So a resumed run reads exactly the batches an uninterrupted one would, and replicas and workers take disjoint
+slices of every global batch:
+
+- in memory: pass p over the split is the permutation stateless_shuffle(range(N), seed=(SEED, p));
+- streamed: pass p reads the files in one fixed shuffled order through a shuffle buffer seeded by (SEED, p).
+
+A feed hands batches to the training step (see `make_feed`): on CPU devices the step gathers its rows from
+the split in memory itself, with no tf.data in the loop (`RowsFeed`); on GPUs, across workers and when
+streaming, a tf.data pipeline per worker prefetches them (`PipelineFeed`). Features and labels reach the
+model as the dataset stores them; scaling and augmentation are layers of the model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from train.data.source import Split, StreamedSplit, TrainSplit
+from train.errors import SettingsError
+
+GATHER_BATCHES = 32  # training batches gathered by one op in the in-memory tf.data pipeline
+
+
+def batches_per_pass(split: TrainSplit, global_batch: int, setting: str = "TRAIN_SPLIT") -> int:
+    """Whole global batches in one pass over the split (the remainder waits for the next pass)."""
+    batches = len(split) // global_batch
+    if batches == 0:
+        raise SettingsError(
+            f"{setting} has {len(split)} examples, fewer than one global batch of {global_batch}: lower BATCH_SIZE"
+        )
+    return batches
+
+
+def pass_order(examples: int, seed: int, pass_number) -> tf.Tensor:
+    """The order of an in-memory split's examples in pass `pass_number`: the same in a graph and eagerly."""
+    seeds = tf.stack([tf.constant(seed, tf.int64), tf.cast(pass_number, tf.int64)])
+    return tf.random.experimental.stateless_shuffle(tf.range(examples, dtype=tf.int64), seed=seeds)
+
+
+def _local_replicas(replicas: int, context: tf.distribute.InputContext) -> tuple[int, int]:
+    """(how many, the first) of the replicas one input pipeline feeds: all of a worker's, or one (PER_REPLICA)."""
+    local = replicas // context.num_input_pipelines
+    return local, context.input_pipeline_id * local
+
+
+def train_dataset(strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int):
+    """Per-replica training batches from `start_step` on, forever, as a distributed tf.data dataset.
+
+    The k-th global batch of a pass is cut into per-replica slices, replica r taking slice r. A restart at
+    step s rebuilds the plan and skips s batches: of indices in memory; of examples read, when streaming.
+    """
+    pass_batches = batches_per_pass(split, global_batch)
+    first_pass, offset = divmod(start_step, pass_batches)
+    replicas = strategy.num_replicas_in_sync
+    per_replica = global_batch // replicas
+    if isinstance(split, StreamedSplit):
+        return distribute(strategy, _streamed(split, replicas, per_replica, pass_batches, seed, first_pass, offset))
+    features, labels = split.tensors
+
+    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        local, first_replica = _local_replicas(replicas, context)
+
+        def pass_indices(pass_number):
+            order = pass_order(len(split), seed, pass_number)
+            plan = tf.reshape(order[: pass_batches * global_batch], [pass_batches, replicas, per_replica])
+            ours = plan[:, first_replica : first_replica + local, :]
+            return tf.data.Dataset.from_tensor_slices(tf.reshape(ours, [pass_batches * local, per_replica]))
+
+        indices = tf.data.Dataset.range(first_pass, np.iinfo(np.int64).max).flat_map(pass_indices).skip(offset * local)
+        # One gather per GATHER_BATCHES batches, then handed out one by one: tf.data's cost is per element.
+        blocks = indices.batch(GATHER_BATCHES).map(
+            lambda index: (tf.gather(features, index), tf.gather(labels, index)),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+        return blocks.unbatch().prefetch(tf.data.AUTOTUNE)
+
+    return distribute(strategy, dataset_fn)
+
+
+def _streamed(
+    split: StreamedSplit, replicas: int, per_replica: int, pass_batches: int, seed: int, first_pass: int, offset: int
+):
+    """The dataset_fn of a streamed split: every input pipeline reads the same global batches, keeps its slices.
+
+    Each worker reads the whole stream (and drops the others' rows): simple and exactly the order of one
+    worker; the cost is reading (workers - 1) times more, which matters only once reading is the bottleneck.
+    """
+    examples = split.read(shuffle_files=True, seed=seed)
+    feature_shape, label_shape = list(split.spec.feature_shape), list(split.spec.label_shape)
+
+    def one_pass(pass_number):
+        shuffled = examples.shuffle(split.shuffle_buffer, seed=tf.constant(seed, tf.int64) * 1_000_003 + pass_number)
+        return shuffled.batch(replicas * per_replica, drop_remainder=True).take(pass_batches)
+
+    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        local, first_replica = _local_replicas(replicas, context)
+
+        def ours(features, labels):  # after batching: one vectorised op per batch, not one per example
+            features = tf.reshape(features, [replicas, per_replica, *feature_shape])
+            labels = tf.reshape(labels, [replicas, per_replica, *label_shape])
+            return features[first_replica : first_replica + local], labels[first_replica : first_replica + local]
+
+        batches = tf.data.Dataset.range(first_pass, np.iinfo(np.int64).max).flat_map(one_pass).skip(offset)
+        return batches.map(ours, num_parallel_calls=tf.data.AUTOTUNE).unbatch().prefetch(tf.data.AUTOTUNE)
+
+    return dataset_fn
+
+
+def distribute(strategy, dataset_fn):
+    """The per-replica datasets as `strategy.run` takes them.
+
+    On GPUs, tf.distribute's default: one input pipeline per worker, prefetched to every GPU. On CPU devices
+    that MultiDeviceIterator costs more per step than a small model's step itself, so each replica gets a
+    plain tf.data iterator on the host: one replica takes the dataset as it is, several take one pipeline
+    each (PER_REPLICA) without a copy to the device they already share.
+    """
+    if _on_gpus(strategy) or isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return strategy.distribute_datasets_from_function(dataset_fn)
+    if strategy.num_replicas_in_sync == 1:
+        return dataset_fn(tf.distribute.InputContext())
+    options = tf.distribute.InputOptions(
+        experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
+        experimental_fetch_to_device=False,
+    )
+    return strategy.distribute_datasets_from_function(dataset_fn, options)
+
+
+def _on_gpus(strategy) -> bool:
+    return any("GPU" in device.upper() for device in strategy.extended.worker_devices)
+
+
+class RowsFeed:
+    """An in-memory split on CPU devices: no tf.data in the loop. The step gathers its own rows.
+
+    The host plans whole passes (`pass_order`, as [batches, replicas, per_replica] row numbers). A call takes
+    a window of the passes it can reach, the same tensor for every call that starts in the same pass and of
+    one shape (so the step is traced once), and the index of its first step in it; every step of the call
+    gathers its replica's batch from the split inside the compiled function. A tf.data iterator read once per
+    step cost more than a small model's step itself, and so did planning each call's rows on the host
+    (docs/performance.md).
+    """
+
+    compilable = True  # everything the step reads is a tensor: XLA can compile the whole call
+
+    def __init__(self, split: Split, replicas: int, global_batch: int, seed: int, start_step: int, longest: int):
+        self.pass_batches = batches_per_pass(split, global_batch)
+        self.shape = (replicas, global_batch // replicas)
+        self.seed, self.step, self.longest, self.examples = seed, start_step, longest, len(split)
+        # The passes a call of up to `longest` steps can touch, from any step of its first pass.
+        self.passes_per_window = -(-(self.pass_batches - 1 + longest) // self.pass_batches)
+        # int32 row numbers where they fit: the XLA-compiled call ran faster than with int64.
+        self.index_type = np.int32 if len(split) <= np.iinfo(np.int32).max else np.int64
+        self.features, self.labels = split.tensors
+        self._plans: dict[int, np.ndarray] = {}
+        self._window_pass: int | None = None
+        self._window: tf.Tensor | None = None
+
+    def _pass_plan(self, pass_number: int) -> np.ndarray:
+        plan = self._plans.get(pass_number)
+        if plan is None:
+            order = pass_order(self.examples, self.seed, pass_number).numpy()
+            whole = self.pass_batches * self.shape[0] * self.shape[1]
+            plan = order[:whole].astype(self.index_type).reshape(self.pass_batches, *self.shape)
+        return plan
+
+    def call_args(self, steps: int) -> tuple[tf.Tensor, ...]:
+        """The next `steps` steps' input (at most `longest`); moves on by `steps`."""
+        if not 0 < steps <= self.longest:
+            raise ValueError(f"a call of {steps} steps: RowsFeed plans calls of 1 to {self.longest} steps")
+        first_pass, first_batch = divmod(self.step, self.pass_batches)
+        if first_pass != self._window_pass:  # once a pass: the next window, reusing the plans it shares
+            passes = range(first_pass, first_pass + self.passes_per_window)
+            self._plans = {number: self._pass_plan(number) for number in passes}
+            with tf.device("/cpu:0"):
+                self._window = tf.constant(np.concatenate([self._plans[number] for number in passes]))
+            self._window_pass = first_pass
+        self.step += steps
+        return self.features, self.labels, self._window, tf.constant(first_batch, tf.int32)
+
+    @staticmethod
+    def step_args(call_args, step):
+        features, labels, window, first_batch = call_args
+        # tf.gather, not window[first_batch + step]: XLA takes a slice's start as a compile-time constant
+        # where it can, and compiled the call anew for every value of first_batch.
+        return features, labels, tf.gather(window, first_batch + step)
+
+    @staticmethod
+    def replica_batch(features, labels, rows):
+        ours = rows[tf.distribute.get_replica_context().replica_id_in_sync_group]
+        return tf.gather(features, ours), tf.gather(labels, ours)
+
+
+class PipelineFeed:
+    """A distributed tf.data dataset: one `next()` per step, inside the call."""
+
+    compilable = False  # XLA cannot compile an iterator's get_next: only the replica step is compiled
+
+    def __init__(self, distributed) -> None:
+        self.iterator = iter(distributed)
+
+    def call_args(self, steps: int) -> tuple[Any, ...]:
+        del steps  # the iterator moves on by itself
+        return (self.iterator,)
+
+    @staticmethod
+    def step_args(call_args, step):
+        del step
+        return next(call_args[0])
+
+    @staticmethod
+    def replica_batch(features, labels):
+        return features, labels
+
+
+Feed = RowsFeed | PipelineFeed
+
+
+def gathers_in_step(strategy, split: TrainSplit) -> bool:
+    """Whether the feed is a `RowsFeed`: an in-memory split on the CPU devices of one host."""
+    host_cpus = not _on_gpus(strategy) and not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    return isinstance(split, Split) and host_cpus
+
+
+def make_feed(strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int, longest: int) -> Feed:
+    """Rows gathered by the step for an in-memory split on one host's CPU devices; a tf.data pipeline otherwise.
+
+    `longest`: the most steps a call takes (what RowsFeed plans ahead for).
+    """
+    if gathers_in_step(strategy, split):
+        return RowsFeed(split, strategy.num_replicas_in_sync, global_batch, seed, start_step, longest)
+    return PipelineFeed(train_dataset(strategy, split, global_batch, seed, start_step))
+
+
+def eval_steps(split: TrainSplit, global_batch: int) -> int:
+    """Global batches that cover the split once (the last one partial)."""
+    return -(-len(split) // global_batch)
+
+
+def _share(rows, replica, replicas: int):
+    """[start, end) of a batch of `rows` rows that replica `replica` evaluates: the rows split as evenly as they
+    go (a partial last batch leaves some replicas fewer rows, or none)."""
+    rows = tf.cast(rows, tf.int64)
+    return replica * rows // replicas, (replica + 1) * rows // replicas
+
+
+def eval_dataset(strategy, split: TrainSplit, global_batch: int):
+    """Every example of the split exactly once, in order, cut into `eval_steps` global batches, each split over
+    every replica of every worker: so any number of replicas reports exactly what one device would, and every
+    replica runs the same number of steps (no collective waits on a replica that ran out)."""
+    replicas = strategy.num_replicas_in_sync
+    steps = eval_steps(split, global_batch)
+    examples = len(split)
+
+    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        local, first_replica = _local_replicas(replicas, context)
+        if isinstance(split, Split):
+            features, labels = split.tensors
+
+            def rows(index):
+                base = index // local * global_batch
+                start, end = _share(tf.minimum(tf.constant(global_batch, tf.int64), examples - base), first_replica + index % local, replicas)
+                return features[base + start : base + end], labels[base + start : base + end]
+
+            return tf.data.Dataset.range(steps * local).map(rows).prefetch(tf.data.AUTOTUNE)
+
+        def ours(features, labels):
+            def rows(replica):
+                start, end = _share(tf.shape(labels, tf.int64)[0], replica, replicas)
+                return features[start:end], labels[start:end]
+
+            return tf.data.Dataset.range(first_replica, first_replica + local).map(rows)
+
+        batches = split.read(shuffle_files=False).batch(global_batch)
+        return batches.flat_map(ours).prefetch(tf.data.AUTOTUNE)
+
+    return distribute(strategy, dataset_fn), steps

@@ -1,0 +1,2 @@
+"""Devices, then the distribution strategy, in that order (`runtime`); the one seam for TensorFlow's device
+calls, which tests replace with fake GPUs (`backend`); and the host's memory left (`host_memory`)."""

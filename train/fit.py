@@ -1,0 +1,397 @@
+"""`fit` and `evaluate`: what the CLI calls, each returning plain data.
+
+One training path for every strategy: devices, then the strategy, then the data and the model in its
+scope; an explicit loop (train.loop) of `tf.function` calls under `strategy.run` (train.step); checkpoints
+that a restart resumes from at step granularity. Keras 3 `model.fit` cannot serve multi-worker strategies
+(keras-team/keras#20585) and its BackupAndRestore resumes only per epoch; this loop runs on one device,
+N GPUs or N workers alike. What multi-worker does differently sits behind `peers` (train.cluster.workers).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from train.checkpoints import make_checkpoint, restore_newest, save_checkpoint
+from train.cluster.agreement import Decision, reconcile, report
+from train.cluster.workers import SingleHost, connect
+from train.data import Data, Dataset, batches_per_pass, gathers_in_step, load_data, make_feed, open_dataset
+from train.devices.host_memory import available_memory_bytes, memory_note
+from train.devices.runtime import Runtime, auto_precision, choose_xla, setup_runtime
+from train.errors import SettingsError, TrainingError, first_line
+from train.loop import Outcome, Schedule, check_finite, longest_call, run_loop, write_scalars
+from train.model import Built, averaged_weights, build, export, spread_seeds, use_averaged_weights, weights_fingerprint
+from train.progress import Lines, format_metrics
+from train.rundir import RUN, RunLock, StopRequest, check_same_model, preflight, read_run, write_json
+from train.settings import RUN_SETTINGS, WORKERS_AGREE, Settings, changed_settings, model_fingerprint
+from train.step import Evaluator, make_train_calls
+
+Say = Callable[[str], None]
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+def steps_per_epoch(settings: Settings, data: Data, global_batch: int) -> int:
+    """STEPS_PER_EPOCH, or one pass over the split. Raises SettingsError for a split under one global batch."""
+    return settings.steps_per_epoch or batches_per_pass(data.train, global_batch)
+
+
+def _workers_here(runtime: Runtime) -> int:
+    """The workers TF_CONFIG places on this host (each holds its own copy of the data in memory)."""
+    if runtime.cluster is None:
+        return 1
+    host = runtime.cluster.address.rpartition(":")[0]
+    local = {host, "localhost", "127.0.0.1", socket.gethostname()} if host in ("localhost", "127.0.0.1") else {host}
+    return sum(address.rpartition(":")[0] in local for address in runtime.cluster.addresses)
+
+
+def agree(settings: Settings, runtime: Runtime, peers: SingleHost, dataset: Dataset) -> Decision:
+    """Every worker's settings, model and facts against the chief's, and one answer for each auto."""
+    spec = dataset.spec
+    facts = {
+        "local replicas": len(runtime.devices),
+        "examples": f"{spec.train_examples} train, {spec.eval_examples} eval",
+        "feature": f"{spec.feature_key} {list(spec.feature_shape)} {spec.feature_dtype}",
+        "label": f"{spec.label_key} {list(spec.label_shape)} {spec.label_dtype}",
+    }
+    recorded = read_run(settings.output_dir) if peers.is_chief else {}
+    text = settings.to_json()
+    mine = report(
+        {name: text[name] for name in WORKERS_AGREE}, model_fingerprint(settings.model), facts,
+        dataset.fits_in_memory(_workers_here(runtime)), auto_precision(runtime.plan)[0], recorded,
+    )  # fmt: skip
+    return reconcile(peers.all_gather("report", mine))
+
+
+def _decide_xla(settings: Settings, runtime: Runtime, peers: SingleHost, built: Built, whole_call: bool, jit: str):
+    """XLA on or off, decided once per run on the chief (and reused on resume), the same on every worker."""
+    recorded = read_run(settings.output_dir).get("jit_compile") if peers.is_chief else None
+    if jit == "auto" and recorded is not None:
+        try:
+            choose_xla("true" if recorded else "false", runtime, whole_call, built.convolutional, None)
+            on, why = bool(recorded), "auto: as this run's first start decided"
+        except SettingsError:
+            on, why = False, "auto: this run's first start had it on, but it cannot be here"
+    else:
+        on, why = choose_xla(jit, runtime, whole_call, built.convolutional, built.layer_without_xla())
+    on = peers.share_from_chief("jit", "1" if on else "0") == "1"
+    return on, why if peers.is_chief else "as the chief decided"
+
+
+@dataclass
+class Run:
+    """Everything a training run is made of, and what it does between calls (train.loop.run_loop calls it)."""
+
+    settings: Settings
+    runtime: Runtime
+    peers: SingleHost
+    data: Data
+    built: Built
+    jit_compile: bool
+    jit_why: str
+    say: Say
+    checkpoint: Any = None
+    manager: Any = None
+    writers: dict[str, Any] = field(default_factory=dict)
+    evaluate: Evaluator | None = None
+    progress: Any = None
+    resumed_from: int | None = None
+
+    @property
+    def output_dir(self) -> Path:
+        return self.settings.output_dir
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.output_dir / "checkpoints"
+
+    # --- between calls (train.loop) ---
+
+    def should_stop(self, step: int, saved_step: int, skipped: int) -> bool:
+        return self.peers.should_stop(step, saved_step)
+
+    def check(self, result, step: int, skipped: int) -> None:
+        check_finite(result, step, self.built.loss_scale, skipped, self.manager.latest_checkpoint)
+
+    def log(self, step: int, result, examples_per_sec: float | None) -> None:
+        self.progress.log(step, result.metrics, examples_per_sec)
+        write_scalars(self.writers["train"], step, result.metrics, examples_per_sec=examples_per_sec or 0.0)
+
+    def end_epoch(self, epoch: int, step: int) -> None:
+        with averaged_weights(self.built):
+            metrics = self.evaluate(self.data.eval, self.runtime.global_batch)
+        self.progress.evaluated(epoch, metrics)
+        write_scalars(self.writers["eval"], step, metrics)
+
+    def save(self, step: int, skipped: int) -> None:
+        save_checkpoint(self.manager, step, skipped)
+
+
+def _start(settings: Settings, runtime: Runtime, peers: SingleHost, say: Say) -> Run:
+    """Agree, load the data, build and check the model, decide XLA: everything before the run directory."""
+    for note in runtime.notes:
+        say(note)
+    if runtime.cluster is not None:
+        writes = f", chief: writes {settings.output_dir}" if peers.is_chief else ""
+        say(f"Worker {peers.worker_index} of {peers.workers} ({runtime.cluster.address}{writes}): all workers joined.")
+    dataset = open_dataset(settings)
+    decision = agree(settings, runtime, peers, dataset)
+    runtime = runtime.with_precision(decision.precision)
+    data = dataset.load(settings, decision.data_in_memory)
+    note = memory_note(settings.data_in_memory, decision.data_in_memory, data.spec.held_bytes,
+                       available_memory_bytes(), _workers_here(runtime))  # fmt: skip
+    for line in (*decision.notes, *((note,) if note else ())):
+        say(line)
+    steps_per_epoch(settings, data, runtime.global_batch)  # a split under one global batch: before writing
+    built = build(settings, data.spec, runtime.strategy)  # a model that breaks the contract: before writing
+    whole_call = gathers_in_step(runtime.strategy, data.train)  # the feed lets XLA compile the whole call
+    jit, why = _decide_xla(settings, runtime, peers, built, whole_call, decision.jit_compile)
+    return Run(settings, runtime, peers, data, built, jit, why, say)
+
+
+def _open_run_dir(run: Run, lock: RunLock) -> None:
+    """From here on the run directory is written (by the chief only): lock, settings, checkpoints, logs."""
+    settings, say = run.settings, run.say
+    changed: list[tuple[str, str, str]] = []
+    if run.peers.is_chief:
+        lock.acquire()
+        changed = changed_settings(run.output_dir / RUN_SETTINGS, settings)
+        write_json(run.output_dir / RUN_SETTINGS, settings.to_json())
+        recorded = read_run(run.output_dir)
+        write_json(run.output_dir / RUN, {
+            "model": settings.model, "model_sha256": model_fingerprint(settings.model),
+            "jit_compile": run.jit_compile, "data_in_memory": run.data.in_memory, "precision": run.runtime.precision,
+            **{key: recorded[key] for key in ("jit_compile", "data_in_memory", "precision") if key in recorded},
+        })  # fmt: skip
+        run.built.serving.summary(print_fn=lambda line, **_: say(line))
+    run.checkpoint = make_checkpoint(run.built)
+    run.manager = run.peers.checkpoint_manager(run.checkpoint, run.checkpoint_dir, settings.keep_checkpoints)
+    restored = run.peers.restore(run.checkpoint, run.checkpoint_dir, say)
+    if restored:
+        spread_seeds(run.built, run.runtime.strategy)
+        run.resumed_from = int(run.checkpoint.step.numpy())
+        say(f"Resuming from {restored} at step {run.resumed_from}.")
+        if run.peers.is_chief and changed:
+            say(
+                "warning: resuming with settings changed since this run directory's last start: "
+                + ", ".join(f"{name} {before or '(unset)'} -> {now or '(unset)'}" for name, before, now in changed)
+                + ". The steps taken stay; the rest follow the new values (a new OUTPUT_DIR starts over)."
+            )
+    else:
+        save_checkpoint(run.manager, 0, 0)  # the initial weights: what AUTO_BATCH restarts from before step 1
+    logs = run.output_dir / "logs"
+    make = tf.summary.create_file_writer if run.peers.is_chief else (lambda _: tf.summary.create_noop_writer())
+    run.writers = {name: make(str(logs / name)) for name in ("train", "eval")}
+    run.evaluate = Evaluator(run.built, run.runtime.strategy)
+
+
+def _describe(run: Run, schedule: Schedule, start_step: int) -> str:
+    runtime, data = run.runtime, run.data
+    if start_step < schedule.total_steps:
+        span = f"steps {start_step}-{schedule.total_steps}"
+    else:
+        span = (
+            f"already at step {start_step} of {schedule.total_steps} (EPOCHS={run.settings.epochs} x "
+            f"{schedule.steps_per_epoch}; the steps taken count, at whatever batch size): nothing to train, "
+            "evaluating again"
+        )
+    workers = f" on {runtime.workers} workers" if runtime.workers > 1 else ""
+    where = "in memory" if data.in_memory else "streamed from the TFDS files"
+    how = "gathered inside the step" if gathers_in_step(runtime.strategy, data.train) else "fed by tf.data"
+    per_epoch = f"{schedule.steps_per_epoch} step{'s' if schedule.steps_per_epoch != 1 else ''} per epoch"
+    return (
+        f"Training {data.name} on {runtime.replicas} replica(s){workers} ({runtime.strategy_name}: "
+        f"{', '.join(runtime.devices)}{' on each worker' if workers else ''}), global batch {runtime.global_batch} = "
+        f"{runtime.per_replica_batch} per replica x {runtime.replicas}, {per_epoch}, {span}; {runtime.precision}; "
+        f"data {where}, batches {how}, XLA {'on' if run.jit_compile else 'off'} ({run.jit_why})."
+    )
+
+
+def _train(run: Run) -> Outcome:
+    """The loop, at BATCH_SIZE; on out-of-memory with AUTO_BATCH, again from the last checkpoint at half."""
+    settings, say = run.settings, run.say
+    run.peers.watch_stops(lambda step: save_checkpoint(run.manager, step, int(run.checkpoint.skipped_steps)))
+    while True:
+        runtime = run.runtime
+        schedule = Schedule(settings, steps_per_epoch(settings, run.data, runtime.global_batch))
+        start = int(run.checkpoint.step.numpy())
+        feed = make_feed(runtime.strategy, run.data.train, runtime.global_batch, settings.seed, start,
+                         longest_call(settings, schedule.steps_per_epoch))  # fmt: skip
+        say(_describe(run, schedule, start))
+        calls = make_train_calls(run.built, runtime.strategy, feed, runtime.global_batch, run.jit_compile)
+        run.progress = Lines(say, schedule.total_steps, schedule.steps_per_epoch, settings.epochs)
+        try:
+            return run_loop(calls, schedule, start, int(run.checkpoint.skipped_steps.numpy()), run)
+        # What reading damaged TFRecords raises: lost bytes, a missing file, fewer examples than recorded.
+        except (tf.errors.DataLossError, tf.errors.NotFoundError, tf.errors.FailedPreconditionError) as error:
+            if run.data.in_memory:
+                raise
+            raise TrainingError(
+                f"reading the streamed {run.data.name} failed while training ({first_line(error, 160)}): its "
+                f"prepared files are damaged; the last checkpoint {run.manager.latest_checkpoint} is intact. Delete "
+                "the dataset's directory, prepare it anew and run again to resume"
+            ) from None
+        except tf.errors.ResourceExhaustedError:
+            _halve_batch(run)
+
+
+def _halve_batch(run: Run) -> None:
+    """Out of memory: AUTO_BATCH goes on from the last checkpoint at half the batch; otherwise a clear error."""
+    runtime, settings = run.runtime, run.settings
+    failed, picture = runtime.per_replica_batch, memory_picture(runtime)
+    if not settings.auto_batch or failed == 1:
+        raise TrainingError(
+            f"out of memory at BATCH_SIZE={failed} per replica (global batch {runtime.global_batch}); {picture}; "
+            f"the last checkpoint {run.manager.latest_checkpoint} is intact. Lower BATCH_SIZE (e.g. {max(1, failed // 2)}), "
+            f"set MEMORY_GROWTH=true{'' if runtime.workers > 1 else ', or AUTO_BATCH=true to halve it'}"
+        ) from None
+    run.runtime = runtime.with_batch(failed // 2)
+    restore_newest(run.checkpoint, run.checkpoint_dir, run.say)
+    spread_seeds(run.built, runtime.strategy)
+    run.built.network.reset_metrics()
+    run.say(
+        f"AUTO_BATCH: out of memory at BATCH_SIZE={failed} ({picture}); continuing from {run.manager.latest_checkpoint} "
+        f"with BATCH_SIZE={run.runtime.per_replica_batch} (global batch {run.runtime.global_batch})."
+    )
+
+
+def memory_picture(runtime: Runtime) -> str:
+    """Per-GPU memory now and at peak, or a note that the devices do not report it."""
+    if not runtime.plan.visible_gpus:
+        return "memory: not reported on CPU"
+    from train.devices.backend import TensorFlowDevices
+
+    devices = TensorFlowDevices()
+    parts = []
+    for logical in range(len(runtime.plan.visible_gpus)):
+        info = devices.memory_info(f"GPU:{logical}")
+        parts.append(f"GPU:{logical} {info['current'] >> 20} MiB now, {info['peak'] >> 20} MiB peak")
+    return "memory: " + "; ".join(parts)
+
+
+def _summary(run: Run, outcome: Outcome, fingerprint: str) -> dict[str, Any]:
+    runtime, schedule = run.runtime, Schedule(run.settings, steps_per_epoch(run.settings, run.data, run.runtime.global_batch))
+    return {
+        "dataset": run.data.name,
+        "model": run.settings.model,
+        "model_sha256": model_fingerprint(run.settings.model),
+        "strategy": runtime.strategy_name,
+        "workers": runtime.workers,
+        "replicas": runtime.replicas,
+        "per_replica_batch": runtime.per_replica_batch,
+        "global_batch": runtime.global_batch,
+        "data_in_memory": run.data.in_memory,
+        "jit_compile": run.jit_compile,
+        "precision": runtime.precision,
+        "cross_device_ops": runtime.cross_device_ops,
+        "steps": outcome.step,
+        "total_steps": schedule.total_steps,
+        "steps_per_epoch": schedule.steps_per_epoch,
+        "epochs_completed": outcome.step // schedule.steps_per_epoch,
+        "resumed_from_step": run.resumed_from,
+        "interrupted": outcome.interrupted,
+        "skipped_steps": outcome.skipped,
+        "loss_scale": run.built.loss_scale,
+        "examples_per_sec": outcome.examples_per_sec,
+        "checkpoint": run.manager.latest_checkpoint,
+        "weights_sha256": fingerprint,
+        "train": None,
+        "eval": None,
+        "exported_model": None,
+    }
+
+
+def _finish(run: Run, outcome: Outcome) -> dict[str, Any]:
+    """Evaluate both splits (every worker takes part), export and write the summary (the chief)."""
+    for writer in run.writers.values():
+        writer.flush()
+    fingerprint = weights_fingerprint(run.built)
+    summary = _summary(run, outcome, fingerprint)
+    if outcome.interrupted:
+        run.say(f"Stopped {run.peers.stopped_by()} at step {outcome.step}; checkpoint saved. Run the same "
+                "command again to resume.")  # fmt: skip
+        if run.peers.is_chief:
+            write_json(run.output_dir / "summary.json", summary)
+        return summary
+    run.peers.agree_on_weights(fingerprint)
+    with averaged_weights(run.built):
+        summary["train"] = run.evaluate(run.data.train, run.runtime.global_batch)
+        summary["eval"] = run.evaluate(run.data.eval, run.runtime.global_batch)
+        if run.peers.is_chief:
+            try:
+                summary["exported_model"] = export(run.built, run.output_dir)
+            except OSError as error:
+                raise TrainingError(
+                    f"could not export the model to {run.output_dir} ({error.strerror}); checkpoint "
+                    f"{run.manager.latest_checkpoint} is intact: free space and run again to export"
+                ) from None
+    if run.peers.is_chief:
+        write_json(run.output_dir / "summary.json", summary)
+    same = f" (the same on all {run.runtime.workers} workers)" if run.runtime.workers > 1 else ""
+    exported = (f"; model exported to {run.output_dir / 'model.keras'} and {run.output_dir / 'saved_model'}"
+                if run.peers.is_chief else "; the chief exports the model")  # fmt: skip
+    run.say(f"Done: {outcome.step} steps; weights sha256 {fingerprint[:16]}{same}; eval "
+            f"{format_metrics(summary['eval'])}{exported}.")  # fmt: skip
+    run.peers.done()
+    return summary
+
+
+def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> dict[str, Any]:
+    """Train (or resume) to EPOCHS x steps per epoch; returns the summary also written to summary.json.
+
+    `stop` is the SIGTERM/Ctrl-C flag (the CLI installs it before TensorFlow loads). Multi-worker
+    (TF_CONFIG): every worker calls this; the chief writes the run directory, the others only train.
+    """
+    preflight(settings)  # before any device work: a wrong UID, a full disk, a busy directory, another model
+    runtime = setup_runtime(settings)
+    peers = connect(runtime, stop, settings.worker_start_timeout)
+    lock = RunLock(settings.output_dir)
+    try:
+        with peers.guard("starting"):
+            run = _start(settings, runtime, peers, say)
+            _open_run_dir(run, lock)
+        with peers.guard("training", run.checkpoint_dir):
+            outcome = _train(run)
+            return _finish(run, outcome)
+    finally:
+        peers.close()
+        lock.release()
+
+
+def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> dict[str, Any]:
+    """Every compiled metric on EVAL_SPLIT, of the latest checkpoint or of the exported `model.keras`.
+
+    `settings` are the run's (the CLI reads its settings.json under the flags and environment)."""
+    check_same_model(settings)
+    runtime = setup_runtime(settings, local_only=True)  # on this host, even where TF_CONFIG names a cluster
+    precision = read_run(settings.output_dir).get("precision")
+    if settings.mixed_precision == "auto" and precision:
+        runtime = runtime.with_precision(precision)
+    data = load_data(settings)
+    built = build(settings, data.spec, runtime.strategy)  # its compiled loss and metrics score either source
+    if exported:
+        path = settings.output_dir / "model.keras"
+        if not path.is_file():
+            raise SettingsError(f"OUTPUT_DIR={settings.output_dir} has no model.keras: run fit to the end first")
+        try:
+            with runtime.strategy.scope():
+                predict = keras.saving.load_model(path)  # safe_mode stays on: no arbitrary code from the file
+        except ValueError as error:
+            raise SettingsError(f"{path} cannot be loaded safely: {first_line(error, 200)}") from None
+        source = str(path)
+    else:
+        predict = None
+        source = restore_newest(make_checkpoint(built), settings.output_dir / "checkpoints", say)
+        if not source:
+            raise SettingsError(f"OUTPUT_DIR={settings.output_dir} has no checkpoint: run fit first")
+        use_averaged_weights(built)  # the weights fit evaluated and exported, where the optimizer averages them
+    metrics = Evaluator(built, runtime.strategy, predict)(data.eval, runtime.global_batch)
+    return {"source": source, "split": settings.eval_split, "examples": len(data.eval), **metrics}

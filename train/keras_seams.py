@@ -1,0 +1,50 @@
+"""The few places the engine reaches below Keras's public API, each for a reason a test guards.
+
+Keras 3.15.1 (pinned in pyproject.toml). If an upgrade moves one of these, the tests named here fail:
+
+- `model._symbolic_build`: what `model.fit` calls to create the compiled metrics and loss before the first
+  step, inside the strategy's scope (metrics made lazily inside a tf.function break under tf.distribute). It
+  also traces the loss on the label's spec, which is how a model whose output does not fit the labels is
+  found before the run directory is written (tests/test_model_contract.py).
+- `model._loss_tracker`: the `Mean` named "loss" that `model.fit` and `model.evaluate` report, so the loop's
+  "loss" is theirs (tests/test_metrics.py).
+- `optimizer._all_reduce_sum_gradients`: Keras's TensorFlow optimizer sums the replicas' gradients inside
+  `apply`, after clipping them per replica and after a LossScaleOptimizer has judged "finite" on one replica's
+  local gradients. The loop all-reduces first instead, so that clipping and loss scaling see the global
+  gradient, and turns this second sum off (tests/test_replicas.py: 2 replicas against 1, clipping, overflow).
+- `model._flatten_layers`: every layer, nested ones included, as Keras's own `model_supports_jit` walks them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import keras
+
+
+def build_metrics_and_loss(model: keras.Model, features: Any, labels: Any) -> None:
+    """Create the compiled metrics' and loss's state from one batch's spec (arrays or KerasTensors)."""
+    model._symbolic_build(data_batch=(features, labels))
+
+
+def loss_tracker(model: keras.Model) -> keras.metrics.Mean:
+    return model._loss_tracker
+
+
+def inner_optimizers(optimizer: keras.optimizers.Optimizer) -> Iterator[keras.optimizers.Optimizer]:
+    """The optimizer and, for a LossScaleOptimizer, the one it wraps (which does the update)."""
+    yield optimizer
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if inner is not None:
+        yield from inner_optimizers(inner)
+
+
+def gradients_come_summed(optimizer: keras.optimizers.Optimizer) -> None:
+    """Make `apply` take gradients already summed over the replicas (it would sum them again)."""
+    for each in inner_optimizers(optimizer):
+        each._all_reduce_sum_gradients = list  # the (gradient, variable) pairs as they are
+
+
+def all_layers(model: keras.Model) -> list[keras.layers.Layer]:
+    return list(model._flatten_layers(include_self=False))

@@ -1,0 +1,157 @@
+"""The training loop: calls of up to STEPS_PER_CALL steps, and between them what happens on time.
+
+A call ends early at every epoch end, LOG_EVERY and CHECKPOINT_EVERY step and at the end of training, so
+logging, evaluation, checkpoints and a requested stop all fall between calls, at the same step on every
+worker (a save is a collective there).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import tensorflow as tf
+
+from train.errors import TrainingError
+from train.settings import Settings
+from train.step import CallResult, TrainCalls
+
+Say = Callable[[str], None]
+
+
+def _next_multiple(step: int, every: int) -> int:
+    return (step // every + 1) * every
+
+
+def call_steps(settings: Settings, step: int, steps_per_epoch: int, total_steps: int) -> int:
+    """The length of the call that starts at `step`: STEPS_PER_CALL, cut at the next epoch end, checkpoint,
+    log step or the end of training (so those happen between calls, on time)."""
+    boundary = min(
+        total_steps,
+        _next_multiple(step, steps_per_epoch),
+        _next_multiple(step, settings.checkpoint_every),
+        _next_multiple(step, settings.log_every),
+    )
+    return min(settings.steps_per_call, boundary - step)
+
+
+def longest_call(settings: Settings, steps_per_epoch: int) -> int:
+    """The most steps `call_steps` ever gives: what a feed plans ahead for (not a huge STEPS_PER_CALL).
+
+    The first call: from step 0 every boundary is a whole period away, from any later step at most that.
+    """
+    return call_steps(settings, 0, steps_per_epoch, total_steps=steps_per_epoch)
+
+
+@dataclass
+class Schedule:
+    """When things happen: the epochs, and the steps at which the loop logs, evaluates and saves."""
+
+    settings: Settings
+    steps_per_epoch: int
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps_per_epoch * self.settings.epochs
+
+    def epoch_end(self, step: int) -> bool:
+        return step % self.steps_per_epoch == 0
+
+    def logs(self, step: int) -> bool:
+        return step % self.settings.log_every == 0 or self.epoch_end(step) or step == self.total_steps
+
+    def saves(self, step: int) -> bool:
+        return step % self.settings.checkpoint_every == 0 or self.epoch_end(step) or step == self.total_steps
+
+
+@dataclass
+class Outcome:
+    step: int
+    examples_per_sec: float | None
+    interrupted: bool
+    skipped: int
+
+
+class Throughput:
+    """Examples per second over the calls so far, the first one (which traces the graph) left out."""
+
+    def __init__(self, global_batch: int) -> None:
+        self.global_batch, self.steps, self.seconds, self.calls = global_batch, 0, 0.0, 0
+
+    def add(self, steps: int, seconds: float) -> None:
+        if self.calls:
+            self.steps, self.seconds = self.steps + steps, self.seconds + seconds
+        self.calls += 1
+
+    @property
+    def per_sec(self) -> float | None:
+        return round(self.steps * self.global_batch / self.seconds, 1) if self.seconds else None
+
+
+def check_finite(result: CallResult, step: int, loss_scale: float | None, skipped: int, last_checkpoint) -> None:
+    """Stop on a loss that is no longer a number, telling a float16 overflow from a divergence.
+
+    Under loss scaling an overflowed step is skipped (and counts in no metric): that is an overflow, and
+    training goes on. A non-finite loss at a finite scale, or a scale that fell below 1, is a divergence.
+    """
+    loss = result.loss
+    kept = f"stopped without saving these weights (last good checkpoint: {last_checkpoint})"
+    if loss_scale is None:
+        if not math.isfinite(loss):
+            raise TrainingError(f"the training loss became {loss} by step {step}; {kept}. Try a lower LEARNING_RATE.")
+        return
+    if loss_scale < 1:
+        raise TrainingError(
+            f"training diverged by step {step}: float16 overflowed so often that the loss scale fell to "
+            f"{loss_scale:g} ({skipped} steps skipped); {kept}. Try a lower LEARNING_RATE, or "
+            "MIXED_PRECISION=mixed_bfloat16 (compute capability 8.0+) or off."
+        )
+    if not math.isfinite(loss):
+        raise TrainingError(
+            f"training diverged by step {step}: the loss became {loss} at loss scale {loss_scale:g} (an overflow "
+            f"would have been skipped: {skipped} were); {kept}. Try a lower LEARNING_RATE."
+        )
+
+
+def run_loop(
+    calls: TrainCalls,
+    schedule: Schedule,
+    start_step: int,
+    skipped: int,
+    between: Any,
+) -> Outcome:
+    """Steps from `start_step` to the schedule's end; returns where it stopped and why.
+
+    `between` is the run (train.fit.Run): it says whether to stop, logs, evaluates and saves between calls,
+    in that order. A stop is checked before every call, on every worker alike (see train.cluster.workers).
+    """
+    step = saved_step = start_step
+    throughput = Throughput(calls.global_batch)
+    while step < schedule.total_steps:
+        if between.should_stop(step, saved_step, skipped):
+            return Outcome(step, throughput.per_sec, True, skipped)
+        steps = call_steps(schedule.settings, step, schedule.steps_per_epoch, schedule.total_steps)
+        started = time.perf_counter()
+        result = calls(steps)  # returns once the steps have run: it reads their metrics
+        throughput.add(steps, time.perf_counter() - started)
+        step, skipped = step + steps, skipped + result.skipped
+        between.check(result, step, skipped)
+        if schedule.logs(step):
+            between.log(step, result, throughput.per_sec)
+        if schedule.epoch_end(step):
+            between.end_epoch(step // schedule.steps_per_epoch, step)
+        if schedule.saves(step):
+            between.save(step, skipped)
+            saved_step = step
+    return Outcome(step, throughput.per_sec, False, skipped)
+
+
+def write_scalars(writer, step: int, metrics: dict[str, float | list], **extra: float | None) -> None:
+    """TensorBoard scalars: every scalar metric, and the extras given."""
+    with writer.as_default(step=step):
+        for name, value in {**metrics, **extra}.items():
+            if isinstance(value, float | int):
+                tf.summary.scalar(name, value)
