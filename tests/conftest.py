@@ -85,3 +85,17 @@ def tfds_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     subprocess.run([sys.executable, "-c", script, str(data_dir)], check=True, env=clean_env(), capture_output=True)
     return data_dir
+
+
+@pytest.fixture(scope="session")
+def examples_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A TFDS data dir with the examples' datasets generated once, offline: synthetic_images (the CNN's,
+    PNG-encoded as TFDS stores cifar10), synthetic_values (regression) and synthetic_tags (multi-label)."""
+    data_dir = tmp_path_factory.mktemp("example_datasets")
+    script = (
+        "import sys, tensorflow_datasets as tfds, train.data.synthetic_images, tests.datasets\n"
+        "for name in ('synthetic_images', 'synthetic_values', 'synthetic_tags'):\n"
+        "    tfds.builder(name, data_dir=sys.argv[1]).download_and_prepare()\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(data_dir)], check=True, env=clean_env(), capture_output=True)
+    return data_dir

@@ -1,0 +1,65 @@
+"""Datasets the tests generate locally (TFDS builders; importing this package registers them).
+
+    synthetic_values  8 float features and a float32 value: a regression label (num_classes None)
+    synthetic_tags    16 float features and a (5,) multi-hot label (num_classes 5)
+
+The template's own offline datasets (synthetic_clusters, synthetic_images) live in train/data/.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+FEATURES = 8
+
+
+class SyntheticValues(tfds.core.GeneratorBasedBuilder):
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        return self.dataset_info_from_configs(
+            features=tfds.features.FeaturesDict(
+                {
+                    "features": tfds.features.Tensor(shape=(FEATURES,), dtype=np.float32),
+                    "value": tfds.features.Scalar(dtype=np.float32),
+                }
+            ),
+            supervised_keys=("features", "value"),
+        )
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate(2048, seed=1), "test": self._generate(512, seed=2)}
+
+    def _generate(self, count, seed):
+        weights = np.random.default_rng(0).normal(size=FEATURES)
+        rng = np.random.default_rng(seed)
+        for index in range(count):
+            features = rng.normal(size=FEATURES).astype(np.float32)
+            value = float(features @ weights + np.sin(features[0]) + rng.normal(scale=0.1))
+            yield index, {"features": features, "value": np.float32(value)}
+
+
+class SyntheticTags(tfds.core.GeneratorBasedBuilder):
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        return self.dataset_info_from_configs(
+            features=tfds.features.FeaturesDict(
+                {
+                    "features": tfds.features.Tensor(shape=(16,), dtype=np.float32),
+                    "tags": tfds.features.Tensor(shape=(5,), dtype=np.int64),
+                }
+            ),
+            supervised_keys=("features", "tags"),
+        )
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate(2048, seed=1), "test": self._generate(512, seed=2)}
+
+    def _generate(self, count, seed):
+        directions = np.random.default_rng(0).normal(size=(5, 16))
+        rng = np.random.default_rng(seed)
+        for index in range(count):
+            features = rng.normal(size=16).astype(np.float32)
+            yield index, {"features": features, "tags": (directions @ features > 0.5).astype(np.int64)}

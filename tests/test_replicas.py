@@ -1,0 +1,78 @@
+"""N replicas mean what one means: optimizer options, metrics and float16 loss scaling, on 2 logical CPUs and
+on 2 workers on 127.0.0.1, each in fresh processes (tests/harness/replicas.py runs the engine's own build,
+feed and training calls)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, clean_env
+from train.cluster.launch import free_ports, tf_configs
+
+SCHEDULE = {"module": "keras.optimizers.schedules", "class_name": "ExponentialDecay",
+            "config": {"initial_learning_rate": 0.05, "decay_steps": 4, "decay_rate": 0.5}}  # fmt: skip
+OPTIONS = [
+    {},
+    {"clipnorm": 0.05},  # Keras clips each replica's gradients before summing them: 2.7e-1 apart, measured
+    {"global_clipnorm": 0.05},
+    {"clipvalue": 0.001},
+    {"class_name": "AdamW", "weight_decay": 0.1},
+    {"learning_rate": SCHEDULE},
+    {"use_ema": True},
+]
+
+
+def harness(*args: str, **env: str) -> dict:
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.harness.replicas", *args],
+        cwd=REPO, env=clean_env(**env), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_optimizer_options_and_metrics_mean_on_two_replicas_what_they_mean_on_one():
+    """12 steps at a global batch of 64: 1 replica of 64 against 2 of 32, the same model and data."""
+    report = harness("same", *(json.dumps(options) for options in OPTIONS))
+    for options, outcome in report.items():
+        assert outcome["moved"] > 0.1, options  # the weights did train
+        assert outcome["max_difference"] < 1e-4, (options, outcome["max_difference"])
+        assert outcome["metrics_two"] == pytest.approx(outcome["metrics_one"], rel=1e-5), options
+        assert set(outcome["metrics_one"]) == {"loss", "accuracy", "top3"}  # every compiled metric, by its name
+
+
+def test_an_overflow_on_one_replica_is_skipped_by_every_replica_and_halves_the_scale_once():
+    """mixed_float16 on 2 logical CPUs; replica 1's input x1000 for one step (Keras judged replica 0 alone)."""
+    outcome = harness("overflow")
+    assert outcome["replicas"] == 2
+    assert outcome["skipped"] == [1, 0]  # the overflowed step skipped, the next one applied
+    assert outcome["scale"] == [32768.0, 16384.0, 16384.0]
+    assert outcome["unchanged_by_overflow"] and outcome["finite"] and outcome["replica_copies_equal"]
+    assert outcome["moved_after_normal_step"]
+
+
+def test_an_overflow_on_one_worker_is_skipped_by_every_worker():
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.harness.replicas", "overflow"],
+            cwd=REPO, env=clean_env(TF_CONFIG=config, WORKER_START_TIMEOUT=60),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for config in tf_configs(free_ports(2))
+    ]
+    try:
+        outputs = [p.communicate(timeout=180) for p in processes]
+    finally:
+        for p in processes:
+            p.kill()
+    assert [p.returncode for p in processes] == [0, 0], [err[-2000:] for _, err in outputs]
+    chief, other = (json.loads(out.strip().splitlines()[-1]) for out, _ in outputs)
+    assert (chief["worker"], other["worker"]) == (0, 1) and chief["replicas"] == 2
+    for outcome in (chief, other):
+        assert outcome["skipped"] == [1, 0] and outcome["scale"] == [32768.0, 16384.0, 16384.0]
+        assert outcome["unchanged_by_overflow"] and outcome["finite"]
+    assert chief["weights_sha"] == other["weights_sha"]
