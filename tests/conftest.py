@@ -33,12 +33,15 @@ def engine_defaults() -> dict[str, str]:
 
 
 def clean_env(**settings: object) -> dict[str, str]:
-    """The process environment without any setting of the user's, plus the engine's defaults and the given ones."""
+    """The process environment without any setting of the user's, plus the engine's defaults and the given ones
+    (a setting given as None is left out: unset)."""
     not_passed = {f.env for f in FIELDS} | {"TF_CONFIG"}  # a TF_CONFIG in the shell would make every run multi-worker
     not_passed |= set(likely_typos(os.environ, ENVIRONMENT_TYPO_CUTOFF))  # their warnings would add lines to stderr
     env = {name: value for name, value in os.environ.items() if name not in not_passed}
     env.update(engine_defaults())
     env.update({name: str(value) for name, value in settings.items()})
+    for name in [name for name, value in settings.items() if value is None]:
+        del env[name]
     env["PYTHONPATH"] = str(REPO)
     return env
 

@@ -211,3 +211,28 @@ def test_default_fit_compiles_the_call_with_xla_and_mirrored_does_not(tmp_path: 
         summary = read_summary(output_dir)
         assert summary["replicas"] == replicas and summary["jit_compile"] is jit and summary["data_in_memory"]
         assert f"batches gathered inside the step, XLA {'on' if jit else 'off'}" in result.stdout
+
+
+UINT8 = """
+import json
+from train.data import load_data
+from train.settings import load_settings
+data = load_data(load_settings())
+features, tensor = data.train.features, data.train.tensors[0]
+before = int(tensor[0, 0, 0, 0])
+features[0, 0, 0, 0] ^= 1  # changed in the array: seen in the tensor only if they are the same memory
+print(json.dumps({"dtype": features.dtype.name, "shape": list(features.shape), "held_bytes": data.spec.held_bytes,
+                  "aligned": features.ctypes.data % 64 == 0, "shared": int(tensor[0, 0, 0, 0]) == before ^ 1}))
+"""
+
+
+def test_images_are_held_in_memory_as_stored_one_byte_a_value_shared_with_tensorflow(tmp_path, examples_data_dir):
+    result = subprocess.run(
+        [sys.executable, "-c", UINT8], cwd=tmp_path, capture_output=True, text=True,
+        env=clean_env(TFDS_DATA_DIR=examples_data_dir, DATASET="synthetic_images", MODEL="examples.cnn"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    held = json.loads(result.stdout.strip().splitlines()[-1])
+    assert held["dtype"] == "uint8" and held["shape"] == [8192, 32, 32, 3]
+    assert held["held_bytes"] == (8192 + 1024) * (32 * 32 * 3 + 8)  # what DATA_IN_MEMORY=auto counts
+    assert held["aligned"] and held["shared"]  # TensorFlow's tensor is the array's memory: no copy

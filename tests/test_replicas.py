@@ -76,3 +76,13 @@ def test_an_overflow_on_one_worker_is_skipped_by_every_worker():
         assert outcome["skipped"] == [1, 0] and outcome["scale"] == [32768.0, 16384.0, 16384.0]
         assert outcome["unchanged_by_overflow"] and outcome["finite"]
     assert chief["weights_sha"] == other["weights_sha"]
+
+
+def test_replicas_draw_their_own_random_numbers_and_the_same_ones_again_from_the_same_seed():
+    """Augmentation and dropout under MirroredStrategy: without their own streams every replica would flip,
+    shift and drop alike (their state is mirrored)."""
+    first, again = harness("random"), harness("random")
+    assert first["seed_states"] >= 3  # RandomFlip, RandomTranslation and Dropout each keep one
+    assert not first["replicas_draw_alike"]
+    assert first["inference_alike"]  # nothing random where training=False
+    assert first["first_draw"] == again["first_draw"]  # reproducible from SEED

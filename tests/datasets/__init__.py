@@ -29,9 +29,9 @@ class SyntheticValues(tfds.core.GeneratorBasedBuilder):
         )
 
     def _split_generators(self, dl_manager):
-        return {"train": self._generate(2048, seed=1), "test": self._generate(512, seed=2)}
+        return {"train": self._generate_examples(2048, seed=1), "test": self._generate_examples(512, seed=2)}
 
-    def _generate(self, count, seed):
+    def _generate_examples(self, count, seed):
         weights = np.random.default_rng(0).normal(size=FEATURES)
         rng = np.random.default_rng(seed)
         for index in range(count):
@@ -55,9 +55,9 @@ class SyntheticTags(tfds.core.GeneratorBasedBuilder):
         )
 
     def _split_generators(self, dl_manager):
-        return {"train": self._generate(2048, seed=1), "test": self._generate(512, seed=2)}
+        return {"train": self._generate_examples(2048, seed=1), "test": self._generate_examples(512, seed=2)}
 
-    def _generate(self, count, seed):
+    def _generate_examples(self, count, seed):
         directions = np.random.default_rng(0).normal(size=(5, 16))
         rng = np.random.default_rng(seed)
         for index in range(count):

@@ -3,6 +3,7 @@
     python -m tests.harness.replicas same OPTIONS_JSON...  # 1 vs 2 replicas at one global batch, per option set
     python -m tests.harness.replicas overflow              # replica 1's input x1000 for one step, mixed_float16
     TF_CONFIG=... python -m tests.harness.replicas overflow  # the same on 2 workers: worker 1's input
+    python -m tests.harness.replicas random                # what the CNN example's random layers draw per replica
 
 Prints one JSON object. The model is tests/harness/options_model.py, whose optimizer options come from the
 TEST_OPTIMIZER environment variable (JSON), so each option set is the same model and data otherwise.
@@ -106,9 +107,34 @@ def overflow() -> dict:
     }
 
 
+def random_draws() -> dict:
+    """The CNN example (augmentation, dropout) on 2 logical CPUs: one image batch through each replica."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice())
+    spec = DatasetSpec("images", "image", "label", (32, 32, 3), "uint8", True, (), "int64", 10, 64, 0)
+    settings = load_settings({"MODEL": "examples.cnn"}, environ={}, defaults_path=None)
+    built = build(settings, spec, strategy)
+    images = tf.constant(np.random.default_rng(0).integers(0, 256, size=(4, 32, 32, 3)), tf.uint8)
+
+    def outputs(training: bool) -> list[np.ndarray]:
+        run = tf.function(lambda: strategy.run(lambda: built.serving(images, training=training)))
+        return [np.asarray(t) for t in strategy.experimental_local_results(run())]
+
+    training, inference = outputs(True), outputs(False)
+    return {
+        "replicas_draw_alike": bool(np.array_equal(training[0], training[1])),
+        "inference_alike": bool(np.array_equal(inference[0], inference[1])),
+        "first_draw": __import__("hashlib").sha256(training[0].tobytes()).hexdigest(),
+        "seed_states": len(built.seeds),
+    }
+
+
 if __name__ == "__main__":
     mode, args = sys.argv[1], sys.argv[2:]
-    if mode == "same":
+    if mode == "random":
+        print(json.dumps(random_draws()))
+    elif mode == "same":
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
         print(json.dumps(same(args)))

@@ -1,0 +1,135 @@
+"""MODEL: where build_model comes from, each way a model can break the contract (one line, exit 2, nothing
+written), and a run directory that refuses a model other than its own."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, clean_env, read_summary, run_train
+from train.errors import SettingsError
+from train.settings import load_settings
+
+GOOD = (REPO / "examples" / "mlp.py").read_text()
+BAD_MODELS = {
+    "no_build_model": ("import keras\n", "has no build_model: define build_model(input_shape, num_classes, "),
+    "raises": (
+        "def build_model(input_shape, num_classes, learning_rate):\n    raise RuntimeError('no GPU budget today')\n",
+        "build_model((32,), 10, 0.001) raised RuntimeError: no GPU budget today",
+    ),
+    "not_compiled": (
+        "import keras\ndef build_model(input_shape, num_classes, learning_rate):\n"
+        "    return keras.Sequential([keras.Input(input_shape), keras.layers.Dense(num_classes)])\n",
+        "build_model returned a model that is not compiled: call model.compile(",
+    ),
+    "output_does_not_fit": (  # categorical cross-entropy wants one-hot labels; the dataset's are class numbers
+        GOOD.replace('"sparse_categorical_crossentropy"', '"categorical_crossentropy"'),
+        "does not fit the labels of synthetic_clusters/1.0.0 (LABEL_KEY='label': a class of 10)",
+    ),
+    "accumulates_gradients": (
+        GOOD.replace("learning_rate=learning_rate)", "learning_rate=learning_rate, gradient_accumulation_steps=2)"),
+        "compiles with gradient_accumulation_steps=2, which Keras cannot run inside a distributed training loop",
+    ),
+    "overwrites_with_ema": (
+        GOOD.replace("learning_rate=learning_rate)", "learning_rate=learning_rate, use_ema=True, "
+                     "ema_overwrite_frequency=10)"),  # fmt: skip
+        "compiles with use_ema and ema_overwrite_frequency=10, which Keras cannot run inside",
+    ),
+    "does_not_import": ("import not_a_module_anywhere\n", "could not be imported (ModuleNotFoundError: No module"),
+}
+
+BUILD_EACH = """
+import json, sys
+from train.data import load_data
+from train.devices.runtime import setup_runtime
+from train.errors import SettingsError
+from train.model import build
+from train.settings import load_settings
+settings = load_settings()
+runtime, data, said = setup_runtime(settings), load_data(settings), {}
+for path in sys.argv[1:]:
+    try:
+        build(settings.replace(model=path), data.spec, runtime.strategy)
+        said[path] = None
+    except SettingsError as error:
+        said[path] = str(error)
+print(json.dumps(said))
+"""
+
+
+def test_each_way_a_model_breaks_the_contract_is_one_line_naming_it(tmp_path, tfds_data_dir):
+    """All of them built in one process, through the engine's `build` (what fit, evaluate and check call)."""
+    paths = {}
+    for name, (source, _) in BAD_MODELS.items():
+        paths[name] = tmp_path / f"{name}.py"
+        paths[name].write_text(source)
+    result = subprocess.run(
+        [sys.executable, "-c", BUILD_EACH, *map(str, paths.values())],
+        cwd=tmp_path, env=clean_env(TFDS_DATA_DIR=tfds_data_dir), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = json.loads(result.stdout.strip().splitlines()[-1])
+    for name, (_, expected) in BAD_MODELS.items():
+        message = said[str(paths[name])]
+        assert message is not None, name
+        assert message.startswith(f"MODEL={str(paths[name])!r}"), message
+        assert expected in message, (name, message)
+        assert "\n" not in message
+
+
+def test_a_bad_model_stops_fit_with_exit_2_before_the_run_directory_is_written(tmp_path, tfds_data_dir):
+    (tmp_path / "broken.py").write_text(BAD_MODELS["output_does_not_fit"][0])
+    result = run_train("fit", cwd=tmp_path, MODEL="broken.py", TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=tmp_path / "run")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: MODEL='broken.py': its output (None, 10)")
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("missing.py", "MODEL='missing.py' is not a file (from "),
+        ("models/missing", "MODEL='models/missing' is not a file (from "),
+        ("no_such_package.model", "MODEL='no_such_package.model' is not an importable module"),
+        ("not a module", "MODEL='not a module' is not an importable module"),
+    ],
+)
+def test_a_model_that_cannot_be_found_is_refused_before_tensorflow(text, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SettingsError, match=f"^{re.escape(message)}"):
+        load_settings({"MODEL": text}, environ={}, dotenv_path=tmp_path / ".env", defaults_path=None)
+
+
+def test_model_names_a_file_by_path_and_a_module_by_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.py").write_text(GOOD)
+    assert load_settings({"MODEL": "mine.py"}, environ={}, defaults_path=None).model == "mine.py"
+    assert load_settings({"MODEL": "examples.cnn"}, environ={}, defaults_path=None).model == "examples.cnn"
+
+
+def test_a_run_refuses_another_model_in_one_line_and_resumes_through_a_comment_change(tmp_path, tfds_data_dir):
+    model = tmp_path / "mine.py"
+    model.write_text(GOOD)
+    settings = {"MODEL": str(model), "TFDS_DATA_DIR": tfds_data_dir, "OUTPUT_DIR": tmp_path / "run",
+                "STEPS_PER_EPOCH": 10, "EPOCHS": 1}  # fmt: skip
+    assert run_train("fit", cwd=tmp_path, **settings).returncode == 0
+    recorded = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert recorded["model"] == str(model) and len(recorded["model_sha256"]) == 64
+
+    model.write_text(GOOD.replace("layers.Dense(64,", "layers.Dense(32,"))
+    result = run_train("fit", cwd=tmp_path, **{**settings, "EPOCHS": 2})
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: MODEL={str(model)!r} is not the model OUTPUT_DIR={tmp_path / 'run'} was trained with")
+    assert "tensorflow" not in result.stderr.lower()  # refused before TensorFlow loads
+
+    model.write_text("# a comment and a blank line change nothing\n\n" + GOOD)
+    result = run_train("fit", cwd=tmp_path, **{**settings, "EPOCHS": 2})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_summary(tmp_path / "run")["resumed_from_step"] == 10
