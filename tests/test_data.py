@@ -236,3 +236,17 @@ def test_images_are_held_in_memory_as_stored_one_byte_a_value_shared_with_tensor
     assert held["dtype"] == "uint8" and held["shape"] == [8192, 32, 32, 3]
     assert held["held_bytes"] == (8192 + 1024) * (32 * 32 * 3 + 8)  # what DATA_IN_MEMORY=auto counts
     assert held["aligned"] and held["shared"]  # TensorFlow's tensor is the array's memory: no copy
+
+
+def test_xla_compiles_the_replica_step_of_a_streamed_split_and_learns_the_same(tmp_path, tfds_data_dir):
+    """tf.data's iterator stays outside XLA (get_next cannot be compiled): only the replica step is."""
+    quick = {"TFDS_DATA_DIR": tfds_data_dir, "DATA_IN_MEMORY": "false", "EPOCHS": 1, "STEPS_PER_EPOCH": 30}
+    losses, said = {}, {}
+    for jit in ("true", "false"):
+        result = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / jit, JIT_COMPILE=jit, **quick)
+        assert result.returncode == 0, result.stderr[-3000:]
+        summary = read_summary(tmp_path / jit)
+        assert summary["jit_compile"] is (jit == "true") and summary["data_in_memory"] is False
+        losses[jit], said[jit] = summary["eval"]["loss"], result.stdout
+    assert "batches fed by tf.data, XLA on (JIT_COMPILE=true, the replica step (tf.data stays outside))" in said["true"]
+    assert losses["true"] == pytest.approx(losses["false"], rel=1e-3)

@@ -368,29 +368,51 @@ def test_every_example_is_read_exactly_once_per_pass_across_workers(tmp_path, tf
         assert r["resumed"] == r["seen"][5:]  # a restart at step 5 reads what the uninterrupted run reads
 
 
-def test_workers_with_different_settings_stop_before_training_naming_the_difference(tmp_path, tfds_data_dir):
+def run_workers(tmp_path: Path, per_worker: list[dict], data_dir: Path, **common: object) -> list[tuple[int, str]]:
+    """`python -m train fit` on each worker with its own settings; their exit codes and logs."""
     run = tmp_path / "run"
-    configs = tf_configs(free_ports(2))
     processes, logs = [], []
-    for index, (config, batch) in enumerate(zip(configs, (16, 32), strict=True)):
-        env = clean_env(
-            **SETTINGS | {"BATCH_SIZE": batch}, STRATEGY="multi_worker", TFDS_DATA_DIR=tfds_data_dir,
-            OUTPUT_DIR=run, TF_CONFIG=config,
-        )  # fmt: skip
-        logs.append(tmp_path / f"mismatch{index}.log")
+    for index, (config, own) in enumerate(zip(tf_configs(free_ports(len(per_worker))), per_worker, strict=True)):
+        env = clean_env(**{**SETTINGS, **common, **own}, STRATEGY="multi_worker", TFDS_DATA_DIR=data_dir,
+                        OUTPUT_DIR=run, TF_CONFIG=config)  # fmt: skip
+        logs.append(tmp_path / f"worker{index}-{time.monotonic_ns()}.log")
         with open(logs[-1], "wb") as stream:
             processes.append(subprocess.Popen([sys.executable, "-m", "train", "fit"], cwd=tmp_path, env=env,
                                               stdout=stream, stderr=subprocess.STDOUT))  # fmt: skip
     try:
-        codes = [p.wait(timeout=90) for p in processes]
+        codes = [p.wait(timeout=120) for p in processes]
     finally:
         for p in processes:
             p.kill()
+    return [(code, log.read_text()) for code, log in zip(codes, logs, strict=True)]
+
+
+def test_workers_with_different_settings_stop_before_training_naming_the_difference(tmp_path, tfds_data_dir):
+    outcomes = run_workers(tmp_path, [{"BATCH_SIZE": 16}, {"BATCH_SIZE": 32}], tfds_data_dir)
     expected = "error: worker 1 does not match the chief: BATCH_SIZE='32' on worker 1 but '16' on the chief."
-    for log in logs:
-        assert log.read_text().strip().splitlines()[-1].startswith(expected)
-    assert codes == [2, 2]
-    assert not list(run.glob("checkpoints/*"))
+    for _, log in outcomes:
+        assert log.strip().splitlines()[-1].startswith(expected)
+    assert [code for code, _ in outcomes] == [2, 2]
+    assert not list((tmp_path / "run").glob("checkpoints/*"))
+
+
+def test_an_auto_settles_on_the_value_another_worker_gives_and_every_worker_says_so(tmp_path, tfds_data_dir):
+    """The chief could hold the splits (auto), worker 1 streams them (false): both stream, in the same order."""
+    outcomes = run_workers(tmp_path, [{"DATA_IN_MEMORY": "auto"}, {"DATA_IN_MEMORY": "false"}], tfds_data_dir,
+                           STEPS_PER_EPOCH=20, EPOCHS=1)  # fmt: skip
+    assert [code for code, _ in outcomes] == [0, 0], outcomes[0][1][-3000:]
+    for _, log in outcomes:
+        assert "data streamed from the TFDS files, batches fed by tf.data" in log
+    assert read_summary(tmp_path / "run")["data_in_memory"] is False
+
+
+def test_explicit_values_that_differ_are_refused_on_every_worker(tmp_path, tfds_data_dir):
+    outcomes = run_workers(tmp_path, [{"DATA_IN_MEMORY": "true"}, {"DATA_IN_MEMORY": "false"}], tfds_data_dir)
+    assert [code for code, _ in outcomes] == [2, 2]
+    for _, log in outcomes:
+        last = log.strip().splitlines()[-1]
+        assert last.startswith("error: worker 1 does not match the chief: DATA_IN_MEMORY='false' on worker 1 but "
+                               "'true' on the chief.")  # fmt: skip
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -94,6 +95,7 @@ def test_sigkill_loses_only_steps_after_the_last_checkpoint_and_ends_with_the_sa
     process.kill()
     process.communicate()
     assert not (output_dir / "summary.json").exists()
+    assert (output_dir / ".lock").is_file()  # the dead process's lock file stays; its lock went with it
 
     result = run_train("fit", cwd=tmp_path, **settings)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -137,6 +139,32 @@ def test_no_loadable_checkpoint_is_an_error_that_leaves_them_as_they_are(tmp_pat
     assert result.stderr.strip().splitlines()[-1].startswith("error: no checkpoint in ")
     assert "They are left as they are" in result.stderr
     assert {p.name: p.read_bytes() for p in (output_dir / "checkpoints").iterdir()} == before
+
+
+def test_under_float16_loss_scaling_a_divergence_is_told_from_an_overflow(tmp_path, tfds_data_dir):
+    """Every step overflows at this learning rate: each is skipped and halves the scale, until it is below 1."""
+    result = run_train(
+        "fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=tmp_path / "run", LEARNING_RATE="1e30",
+        MIXED_PRECISION="mixed_float16", LOG_EVERY=1, STEPS_PER_EPOCH=40, EPOCHS=1,
+    )  # fmt: skip
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: training diverged by step "), last
+    assert "float16 overflowed so often that the loss scale fell to 0.5" in last
+    assert "stopped without saving these weights" in last
+
+
+def test_a_float16_run_reports_its_loss_scale_and_skipped_steps_and_float32_none(tmp_path, tfds_data_dir):
+    for precision in ("mixed_float16", "off"):
+        output_dir = tmp_path / precision
+        result = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=output_dir, EPOCHS=1,
+                           STEPS_PER_EPOCH=20, MIXED_PRECISION=precision, CPU_DEVICES=2)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        summary = read_summary(output_dir)
+        if precision == "off":
+            assert (summary["loss_scale"], summary["skipped_steps"]) == (None, 0)
+        else:
+            assert summary["loss_scale"] >= 1 and isinstance(summary["skipped_steps"], int)
 
 
 def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path, tfds_data_dir):
@@ -400,3 +428,54 @@ def test_tensorboard_is_bound_to_localhost_unless_asked():
         ["make", "-n", "tensorboard", "TENSORBOARD_HOST=0.0.0.0"], cwd=REPO, capture_output=True, text=True
     )
     assert "--host 0.0.0.0" in dry_run.stdout
+
+
+@pytest.mark.slow
+def test_a_second_fit_on_a_run_directory_in_use_is_refused_at_once_naming_its_holder(tmp_path, tfds_data_dir):
+    output_dir = tmp_path / "run"
+    settings = {"TFDS_DATA_DIR": tfds_data_dir, "OUTPUT_DIR": output_dir, **LONG}
+    first = start_fit(tmp_path, **settings)
+    try:
+        wait_for_checkpoint(output_dir)
+        written_at_start = [output_dir / name for name in (".lock", "settings.json", "run.json")]
+        before = [path.stat().st_mtime_ns for path in written_at_start]
+        started = time.monotonic()
+        second = run_train("fit", cwd=tmp_path, **settings)
+        took = time.monotonic() - started
+        assert second.returncode == 75, second.stderr[-3000:]
+        assert second.stderr.strip().splitlines() == [
+            f"error: OUTPUT_DIR={output_dir} is in use: pid {first.pid} on host {socket.gethostname()} trains in "
+            "it. Nothing was written; run again once it has ended (a restart policy may retry), or use another "
+            "OUTPUT_DIR"
+        ]
+        assert took < 5  # refused before TensorFlow loads
+        assert [path.stat().st_mtime_ns for path in written_at_start] == before  # (checkpoints: the first run's)
+        evaluated = run_train("evaluate", cwd=tmp_path, **settings)  # evaluate only reads: it may run beside
+        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    finally:
+        first.kill()
+        first.communicate()
+
+
+HOLD = "import sys, time; from pathlib import Path; from train.rundir import RunLock; RunLock(Path(sys.argv[1])).acquire(); print('held', flush=True); time.sleep(60)"
+
+
+def test_the_lock_is_the_kernels_one_writer_and_a_dead_holder_leaves_none(tmp_path):
+    """Without TensorFlow: another process takes the lock, then is SIGKILLed (as a lost pod's process is)."""
+    from train.errors import BusyError
+    from train.rundir import RunLock, holder
+
+    holding = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / "run")], env=clean_env(),
+                               stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holding.stdout.readline().strip() == "held"
+        assert holder(tmp_path / "run") == f"pid {holding.pid} on host {socket.gethostname()}"
+        with pytest.raises(BusyError, match=f"pid {holding.pid} on host"):
+            RunLock(tmp_path / "run").acquire()
+    finally:
+        holding.kill()
+        holding.wait()
+    assert holder(tmp_path / "run") is None
+    lock = RunLock(tmp_path / "run")
+    lock.acquire()
+    lock.release()

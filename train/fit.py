@@ -291,7 +291,8 @@ def _summary(run: Run, outcome: Outcome, fingerprint: str) -> dict[str, Any]:
         "data_in_memory": run.data.in_memory,
         "jit_compile": run.jit_compile,
         "precision": runtime.precision,
-        "cross_device_ops": runtime.cross_device_ops,
+        # Under XLA on several replicas TensorFlow uses its own collective all-reduce, whatever CROSS_DEVICE_OPS says.
+        "cross_device_ops": "xla collective" if run.jit_compile and runtime.replicas > 1 else runtime.cross_device_ops,
         "steps": outcome.step,
         "total_steps": schedule.total_steps,
         "steps_per_epoch": schedule.steps_per_epoch,

@@ -63,3 +63,30 @@ class SyntheticTags(tfds.core.GeneratorBasedBuilder):
         for index in range(count):
             features = rng.normal(size=16).astype(np.float32)
             yield index, {"features": features, "tags": (directions @ features > 0.5).astype(np.int64)}
+
+
+class WideValues(tfds.core.GeneratorBasedBuilder):
+    """4,000 x 16,384 float32 features (262 MB) in 10 classes: big enough to measure what holding it costs."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    WIDTH, TRAIN, TEST = 16_384, 4_000, 250
+
+    def _info(self):
+        return self.dataset_info_from_configs(
+            features=tfds.features.FeaturesDict(
+                {
+                    "features": tfds.features.Tensor(shape=(self.WIDTH,), dtype=np.float32),
+                    "label": tfds.features.ClassLabel(num_classes=10),
+                }
+            ),
+            supervised_keys=("features", "label"),
+        )
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples(self.TRAIN, 1), "test": self._generate_examples(self.TEST, 2)}
+
+    def _generate_examples(self, count, seed):
+        rng = np.random.default_rng(seed)
+        block = rng.normal(size=(256, self.WIDTH)).astype(np.float32)  # reused rows: generating is not the point
+        for index in range(count):
+            yield index, {"features": block[index % 256], "label": index % 10}

@@ -41,6 +41,14 @@ def pass_order(examples: int, seed: int, pass_number) -> tf.Tensor:
     return tf.random.experimental.stateless_shuffle(tf.range(examples, dtype=tf.int64), seed=seeds)
 
 
+def _no_copy(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """A pipeline that reads an in-memory split's tensors without copying them: tf.data's default graph
+    optimisations serialise the pipeline, captured tensors and all (a whole extra copy of the split)."""
+    options = tf.data.Options()
+    options.experimental_optimization.apply_default_optimizations = False
+    return dataset.with_options(options)
+
+
 def _local_replicas(replicas: int, context: tf.distribute.InputContext) -> tuple[int, int]:
     """(how many, the first) of the replicas one input pipeline feeds: all of a worker's, or one (PER_REPLICA)."""
     local = replicas // context.num_input_pipelines
@@ -76,7 +84,7 @@ def train_dataset(strategy, split: TrainSplit, global_batch: int, seed: int, sta
             lambda index: (tf.gather(features, index), tf.gather(labels, index)),
             num_parallel_calls=tf.data.AUTOTUNE,
         )
-        return blocks.unbatch().prefetch(tf.data.AUTOTUNE)
+        return _no_copy(blocks.unbatch().prefetch(tf.data.AUTOTUNE))
 
     return distribute(strategy, dataset_fn)
 
@@ -265,7 +273,7 @@ def eval_dataset(strategy, split: TrainSplit, global_batch: int):
                 start, end = _share(tf.minimum(tf.constant(global_batch, tf.int64), examples - base), first_replica + index % local, replicas)
                 return features[base + start : base + end], labels[base + start : base + end]
 
-            return tf.data.Dataset.range(steps * local).map(rows).prefetch(tf.data.AUTOTUNE)
+            return _no_copy(tf.data.Dataset.range(steps * local).map(rows).prefetch(tf.data.AUTOTUNE))
 
         def ours(features, labels):
             def rows(replica):

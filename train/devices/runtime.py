@@ -176,6 +176,7 @@ class Resolution:
     notes: tuple[str, ...]
     cluster: Cluster | None = None  # set for multi_worker only
     precision: str = "float32"  # the Keras dtype policy
+    precision_why: str = ""
     cross_device_ops: str | None = None  # mirrored: the all-reduce; None is TensorFlow's own choice
 
     @property
@@ -217,6 +218,7 @@ class Resolution:
             "global_batch": self.global_batch,
             "workers": self.workers,
             "precision": self.precision,
+            "precision_why": self.precision_why,
             "cross_device_ops": self.cross_device_ops,
             "cluster": self.cluster.describe() if self.cluster else None,
             "notes": list(self.notes),
@@ -232,6 +234,7 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
         requested, workers = "auto", 0
     name, notes = choose_strategy(requested, len(plan.training_devices), workers)
     precision, precision_notes = choose_precision(settings.mixed_precision, plan)
+    why = auto_precision(plan)[1] if settings.mixed_precision == "auto" else f"MIXED_PRECISION={settings.mixed_precision}"
     if name == "multi_worker":
         # MultiWorkerMirroredStrategy runs one replica per visible GPU, or one on the CPU: a split CPU does not count.
         devices = plan.training_devices if plan.visible_gpus else plan.training_devices[:1]
@@ -240,11 +243,13 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
                 f"CPU_DEVICES={plan.cpu_devices} does not apply to multi_worker: a worker without GPUs is one replica.",
             )
         notes += precision_notes
-        return Resolution(name, devices, settings.batch_size, plan, plan.notes + notes, cluster, precision)
+        return Resolution(name, devices, settings.batch_size, plan, plan.notes + notes, cluster, precision, None, why)
     devices = plan.training_devices if name == "mirrored" else plan.training_devices[:1]
     cross_device_ops, ops_notes = choose_cross_device_ops(settings.cross_device_ops, name, plan)
     notes += precision_notes + ops_notes
-    return Resolution(name, devices, settings.batch_size, plan, plan.notes + notes, None, precision, cross_device_ops)
+    return Resolution(
+        name, devices, settings.batch_size, plan, plan.notes + notes, None, precision, cross_device_ops, why
+    )
 
 
 def choose_xla(

@@ -1,0 +1,46 @@
+"""In memory means once in memory: what holding the splits costs, measured as the peak RSS of real fits.
+
+The bound (peak RSS minus a tiny fit's) <= 1.5 x the splits' bytes as stored is what DATA_IN_MEMORY=auto
+counts per worker on the host (train.devices.host_memory.PEAK_PER_BYTE)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import clean_env
+from train.devices.host_memory import PEAK_PER_BYTE
+
+WIDE_BYTES = (4_000 + 250) * (16_384 * 4 + 8)  # wide_values (tests/datasets): 262 MB of float32, and the labels
+
+
+@pytest.fixture(scope="module")
+def wide_data_dir(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("wide")
+    script = "import sys, tensorflow_datasets as tfds, tests.datasets\ntfds.builder('wide_values', data_dir=sys.argv[1]).download_and_prepare()"
+    subprocess.run([sys.executable, "-c", script, str(data_dir)], check=True, env=clean_env(), capture_output=True)
+    return data_dir
+
+
+def peak_rss_of_fit(cwd, **settings) -> int:
+    """The peak resident memory of a `python -m train fit` process, in bytes (the kernel's own account)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "train", "fit"], cwd=cwd, env=clean_env(EPOCHS=1, STEPS_PER_EPOCH=5, **settings),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    _, status, usage = os.wait4(process.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, process.stderr.read().decode()[-3000:]
+    return usage.ru_maxrss * 1024
+
+
+@pytest.mark.slow
+def test_holding_a_split_costs_at_most_one_and_a_half_times_its_bytes(tmp_path, tfds_data_dir, wide_data_dir):
+    tiny = peak_rss_of_fit(tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=tmp_path / "tiny")
+    wide = {"DATASET": "wide_values", "TFDS_DATA_DIR": wide_data_dir, "BATCH_SIZE": 32, "DATA_IN_MEMORY": "true"}
+    first = peak_rss_of_fit(tmp_path, **wide, OUTPUT_DIR=tmp_path / "first")  # read from the TFDS files
+    again = peak_rss_of_fit(tmp_path, **wide, OUTPUT_DIR=tmp_path / "again")  # read from the arrays cache
+    for peak in (first, again):
+        assert peak - tiny <= PEAK_PER_BYTE * WIDE_BYTES, f"{(peak - tiny) / WIDE_BYTES:.2f} x the split's bytes"
