@@ -243,13 +243,16 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
                 f"CPU_DEVICES={plan.cpu_devices} does not apply to multi_worker: a worker without GPUs is one replica.",
             )
         notes += precision_notes
-        return Resolution(name, devices, settings.batch_size, plan, plan.notes + notes, cluster, precision, None, why)
+        return Resolution(
+            name, devices, settings.batch_size, plan, plan.notes + notes, cluster, precision=precision, precision_why=why
+        )
     devices = plan.training_devices if name == "mirrored" else plan.training_devices[:1]
     cross_device_ops, ops_notes = choose_cross_device_ops(settings.cross_device_ops, name, plan)
     notes += precision_notes + ops_notes
     return Resolution(
-        name, devices, settings.batch_size, plan, plan.notes + notes, None, precision, cross_device_ops, why
-    )
+        name, devices, settings.batch_size, plan, plan.notes + notes, None,
+        precision=precision, precision_why=why, cross_device_ops=cross_device_ops,
+    )  # fmt: skip
 
 
 def choose_xla(
