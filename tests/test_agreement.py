@@ -55,7 +55,7 @@ def test_a_resume_keeps_what_the_runs_first_start_decided():
     ],
 )
 def test_explicit_values_that_differ_are_refused_naming_them(chief, other, named):
-    with pytest.raises(SettingsError, match="^worker 1 does not match the chief: ") as raised:
+    with pytest.raises(SettingsError, match=r"^worker 1 does not match the chief: ") as raised:
         reconcile([worker(**chief), worker(**other)])
     assert named in str(raised.value)
 

@@ -12,16 +12,15 @@ import pytest
 
 from tests.conftest import clean_env, run_train
 from train.tools.bench import CONTENDERS, RATIO_GOALS, format_benchmark
-from train.cli import app
 
 SHORT = ("--repetitions", "1", "--seconds", "0.2")
 
 
 def run_bench(*args: str, cwd: Path, data_dir: Path, timeout: float = 600, **settings: object) -> dict:
-    """`python -m train.bench ARGS --json FILE` in a fresh process; returns the JSON it wrote."""
+    """`python -m train bench ARGS --json FILE` in a fresh process; returns the JSON it wrote."""
     out = cwd / "bench.json"
     result = subprocess.run(
-        [sys.executable, "-m", "train.bench", *args, "--json", str(out)],
+        [sys.executable, "-m", "train", "bench", *args, "--json", str(out)],
         cwd=cwd,
         env=clean_env(TFDS_DATA_DIR=data_dir, **settings),
         capture_output=True,
@@ -29,7 +28,7 @@ def run_bench(*args: str, cwd: Path, data_dir: Path, timeout: float = 600, **set
         timeout=timeout,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "goals (README, How fast):" in result.stdout
+    assert "goals (docs/performance.md):" in result.stdout
     return json.loads(out.read_text())
 
 
@@ -51,16 +50,12 @@ def test_short_benchmark_measures_every_contender_and_the_three_ratios(tmp_path,
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    "bench" not in {command.name or command.callback.__name__ for command in app.registered_commands},
-    reason="`python -m train bench` is not wired into train/cli.py yet",
-)
 def test_bench_command_takes_the_settings_as_flags(tmp_path, tfds_data_dir):
     out = tmp_path / "bench.json"
     args = ("--batch-size", "64", "--steps-per-call", "8", "--no-startup", "--json", str(out))
     result = run_train("bench", *SHORT, *args, cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "goals (README, How fast):" in result.stdout
+    assert "goals (docs/performance.md):" in result.stdout
     written = json.loads(out.read_text())
     assert (written["resolved"]["global_batch"], written["steps_per_call"]) == (64, 8)
     assert all(contender["examples_per_sec"] > 0 for contender in written["contenders"].values())
@@ -105,7 +100,7 @@ def test_levers_are_measured_value_by_value_and_a_refused_value_is_reported(tmp_
     assert without["examples_per_sec"] > 0 and without["resolved"]["template"].endswith("XLA off")
     assert with_xla["examples_per_sec"] is None  # XLA cannot compile a mirrored step: refused, and said why
     assert with_xla["error"].startswith(
-        "error: JIT_COMPILE=true is not allowed here (mirrored, 2 replicas, CPU_DEVICES=2)"
+        "error: JIT_COMPILE=true is not allowed with MirroredStrategy on CPU devices (2 replicas, CPU_DEVICES=2)"
     )
     all_reduces = result["levers"]["CROSS_DEVICE_OPS"]
     assert [value["value"] for value in all_reduces] == ["auto", "hierarchical_copy"]
@@ -126,8 +121,9 @@ def test_the_report_names_every_figure_and_says_which_goals_are_met():
     contender = {"runs": [100.0], "spread": None, "global_batch": 128, "strategy": "one_device", "crashed": []}
     result = {
         "dataset": "d/1.0.0",
+        "model": "examples.mlp",
         "train_examples": 1000,
-        "input_dim": 32,
+        "feature": {"shape": [32], "dtype": "float32"},
         "resolved": {"replicas": 1, "strategy": "one_device", "global_batch": 128},
         "steps_per_call": 32,
         "tensorflow": "2.x",
@@ -184,6 +180,6 @@ def test_the_report_names_every_figure_and_says_which_goals_are_met():
 
 
 def test_importing_the_benchmark_does_not_start_tensorflow():
-    code = "import sys, train.bench; print('tensorflow' in sys.modules)"
+    code = "import sys, train.tools.bench; print('tensorflow' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr[-2000:]

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from train.errors import SettingsError
 from train.devices.runtime import choose_precision, choose_strategy, configure_devices, resolve
+from train.errors import SettingsError
 from train.settings import load_settings
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from tests.conftest import run_train
 from tests.test_devices import FakeDevices
-from train.tools.doctor import collect_report, format_report
 from train.settings import load_settings
+from train.tools.doctor import collect_report, format_report
 
 CUDA_BUILD = {"is_cuda_build": True, "cuda_version": "12.5.1", "cudnn_version": "9"}
 MATCHING_LIBRARIES = {"cuda": ["12.5.82 (pip nvidia-cuda-runtime-cu12)"], "cudnn": ["9.3.0.75 (pip nvidia-cudnn-cu12)"]}

@@ -7,7 +7,6 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -36,8 +35,9 @@ BAD_MODELS = {
         "compiles with gradient_accumulation_steps=2, which Keras cannot run inside a distributed training loop",
     ),
     "overwrites_with_ema": (
-        GOOD.replace("learning_rate=learning_rate)", "learning_rate=learning_rate, use_ema=True, "
-                     "ema_overwrite_frequency=10)"),  # fmt: skip
+        GOOD.replace(
+            "learning_rate=learning_rate)", "learning_rate=learning_rate, use_ema=True, ema_overwrite_frequency=10)"
+        ),
         "compiles with use_ema and ema_overwrite_frequency=10, which Keras cannot run inside",
     ),
     "does_not_import": ("import not_a_module_anywhere\n", "could not be imported (ModuleNotFoundError: No module"),
@@ -126,7 +126,9 @@ def test_a_run_refuses_another_model_in_one_line_and_resumes_through_a_comment_c
     result = run_train("fit", cwd=tmp_path, **{**settings, "EPOCHS": 2})
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"error: MODEL={str(model)!r} is not the model OUTPUT_DIR={tmp_path / 'run'} was trained with")
+    assert last.startswith(
+        f"error: MODEL={str(model)!r} is not the model OUTPUT_DIR={tmp_path / 'run'} was trained with"
+    )
     assert "tensorflow" not in result.stderr.lower()  # refused before TensorFlow loads
 
     model.write_text("# a comment and a blank line change nothing\n\n" + GOOD)

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, clean_env, read_summary, run_train
+from train.cluster.launch import free_ports, tf_configs
 from train.cluster.tf_config import parse_tf_config
 from train.errors import SettingsError
-from train.cluster.launch import free_ports, tf_configs
 from train.settings import load_settings
 
 DEAD_PEER_BOUND = 20.0  # seconds: measured 1-9 s for SIGKILL; generous for a loaded 2-core machine

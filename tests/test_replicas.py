@@ -59,9 +59,12 @@ def test_an_overflow_on_one_worker_is_skipped_by_every_worker():
     processes = [
         subprocess.Popen(
             [sys.executable, "-m", "tests.harness.replicas", "overflow"],
-            cwd=REPO, env=clean_env(TF_CONFIG=config, WORKER_START_TIMEOUT=60),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            cwd=REPO,
+            env=clean_env(TF_CONFIG=config, WORKER_START_TIMEOUT=60),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for config in tf_configs(free_ports(2))
     ]
     try:

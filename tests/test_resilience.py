@@ -457,7 +457,10 @@ def test_a_second_fit_on_a_run_directory_in_use_is_refused_at_once_naming_its_ho
         first.communicate()
 
 
-HOLD = "import sys, time; from pathlib import Path; from train.rundir import RunLock; RunLock(Path(sys.argv[1])).acquire(); print('held', flush=True); time.sleep(60)"
+HOLD = (
+    "import sys, time; from pathlib import Path; from train.rundir import RunLock\n"
+    "RunLock(Path(sys.argv[1])).acquire(); print('held', flush=True); time.sleep(60)"
+)
 
 
 def test_the_lock_is_the_kernels_one_writer_and_a_dead_holder_leaves_none(tmp_path):

@@ -107,9 +107,7 @@ def test_memory_cap_with_memory_growth_is_an_error():
     assert settings.gpu_memory_limit_mb == 4096
 
 
-@pytest.mark.parametrize(
-    "environ", [{"STRATEGY": "mirrored", "GPUS": "none"}, {"CPU_DEVICES": "2", "GPUS": "none"}]
-)
+@pytest.mark.parametrize("environ", [{"STRATEGY": "mirrored", "GPUS": "none"}, {"CPU_DEVICES": "2", "GPUS": "none"}])
 def test_xla_of_a_step_mirrored_on_cpu_devices_is_refused_before_tensorflow(environ):
     with pytest.raises(SettingsError, match=r"^JIT_COMPILE=true is not allowed with MirroredStrategy on CPU devices"):
         load(environ={**environ, "JIT_COMPILE": "true"})

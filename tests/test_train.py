@@ -232,8 +232,8 @@ def test_dataset_prepared_in_a_data_dir_trains_offline_without_its_builder_code(
 
 
 def test_calls_end_at_every_log_checkpoint_and_epoch_step_and_at_the_end():
-    from train.settings import load_settings
     from train.loop import call_steps
+    from train.settings import load_settings
 
     settings = load_settings({"STEPS_PER_CALL": "32", "LOG_EVERY": "50", "CHECKPOINT_EVERY": "100"})
     lengths, step = [], 0
@@ -248,8 +248,8 @@ def test_calls_end_at_every_log_checkpoint_and_epoch_step_and_at_the_end():
 @pytest.mark.parametrize("steps_per_call", ["32", "100000000000000000000"])
 def test_the_feed_plans_for_the_longest_call_fit_makes_not_for_steps_per_call(steps_per_call):
     """A huge STEPS_PER_CALL once made the feed plan millions of passes ahead (all memory); calls are cut anyway."""
-    from train.settings import load_settings
     from train.loop import call_steps, longest_call
+    from train.settings import load_settings
 
     settings = load_settings({"STEPS_PER_CALL": steps_per_call, "LOG_EVERY": "50", "CHECKPOINT_EVERY": "100"})
     lengths, step = [], 0

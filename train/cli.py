@@ -176,11 +176,14 @@ def bench(
     levers: Annotated[
         str, typer.Option(help="Also measure each value of: all levers, or some, like JIT_COMPILE,STEPS_PER_CALL.")
     ] = "",
+    contenders: Annotated[
+        str, typer.Option(help="Only these ways of training, like template,in_memory (default: all of them).")
+    ] = "",
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the result as JSON here.")] = None,  # noqa: UP045
 ) -> None:
     """Examples/s of this template's loop against its input ceiling, Keras fit and the tutorials' way."""
     _check_json_path(json_path)
-    from train.tools.bench import format_benchmark, parse_levers, run_benchmark
+    from train.tools.bench import CONTENDERS, format_benchmark, parse_levers, run_benchmark
 
     result = run_benchmark(
         settings,
@@ -189,6 +192,7 @@ def bench(
         include_startup=startup,
         compare_replicas=compare_replicas,
         levers=parse_levers(levers),
+        contenders=tuple(contenders.split(",")) if contenders else CONTENDERS,
     )
     typer.echo(format_benchmark(result))
     _write_json(json_path, result)

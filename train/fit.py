@@ -250,7 +250,8 @@ def _halve_batch(run: Run) -> None:
     if not settings.auto_batch or failed == 1:
         raise TrainingError(
             f"out of memory at BATCH_SIZE={failed} per replica (global batch {runtime.global_batch}); {picture}; "
-            f"the last checkpoint {run.manager.latest_checkpoint} is intact. Lower BATCH_SIZE (e.g. {max(1, failed // 2)}), "
+            f"the last checkpoint {run.manager.latest_checkpoint} is intact. Lower BATCH_SIZE "
+            f"(e.g. {max(1, failed // 2)}), "
             f"set MEMORY_GROWTH=true{'' if runtime.workers > 1 else ', or AUTO_BATCH=true to halve it'}"
         ) from None
     run.runtime = runtime.with_batch(failed // 2)
@@ -258,7 +259,8 @@ def _halve_batch(run: Run) -> None:
     spread_seeds(run.built, runtime.strategy)
     run.built.network.reset_metrics()
     run.say(
-        f"AUTO_BATCH: out of memory at BATCH_SIZE={failed} ({picture}); continuing from {run.manager.latest_checkpoint} "
+        f"AUTO_BATCH: out of memory at BATCH_SIZE={failed} ({picture}); continuing from "
+        f"{run.manager.latest_checkpoint} "
         f"with BATCH_SIZE={run.runtime.per_replica_batch} (global batch {run.runtime.global_batch})."
     )
 
@@ -278,7 +280,10 @@ def memory_picture(runtime: Runtime) -> str:
 
 
 def _summary(run: Run, outcome: Outcome, fingerprint: str) -> dict[str, Any]:
-    runtime, schedule = run.runtime, Schedule(run.settings, steps_per_epoch(run.settings, run.data, run.runtime.global_batch))
+    runtime, schedule = (
+        run.runtime,
+        Schedule(run.settings, steps_per_epoch(run.settings, run.data, run.runtime.global_batch)),
+    )
     return {
         "dataset": run.data.name,
         "model": run.settings.model,

@@ -259,7 +259,9 @@ def export(built: Built, output_dir: Path) -> dict[str, str]:
     archive = keras.export.ExportArchive()
     archive.track(serving)
     archive.add_endpoint(
-        name="serve", fn=lambda features: serving(features, training=False), input_signature=[serving_signature(built.spec)]
+        name="serve",
+        fn=lambda features: serving(features, training=False),
+        input_signature=[serving_signature(built.spec)],
     )
     archive.write_out(str(staging), verbose=False)
     shutil.rmtree(saved_model, ignore_errors=True)

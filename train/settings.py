@@ -204,22 +204,22 @@ FIELDS: tuple[Field, ...] = (
     Field("GPU_MEMORY_LIMIT_MB", "", _optional_positive_int, "Cap per GPU in MiB (needs MEMORY_GROWTH=false)."),
     Field("STRATEGY", "auto", _choice(STRATEGIES), "auto, one_device, mirrored or multi_worker (see README).", **RW),
     Field("CROSS_DEVICE_OPS", "auto", _choice(ALL_REDUCES), "MirroredStrategy's all-reduce (auto: see docs).", **W),
-    Field("CPU_DEVICES", "1", _positive_int, "Split the CPU into N logical devices (multi-replica without GPUs).", **R),
+    Field("CPU_DEVICES", "1", _positive_int, "Split the CPU into N logical devices (replicas without GPUs).", **R),
     Field("DATASET", "synthetic_clusters", _dataset, "TFDS dataset, optionally name/config:version.", **RW),
     Field("TFDS_DATA_DIR", "", _optional_path, "Where TFDS keeps prepared datasets (TFDS default if empty)."),
-    Field("DATA_IN_MEMORY", "auto", _choice(AUTO_TRUE_FALSE), "auto: splits in memory if they fit, else streamed.", **RW),
+    Field("DATA_IN_MEMORY", "auto", _choice(AUTO_TRUE_FALSE), "auto: in memory if they fit, else streamed.", **RW),
     Field("TRAIN_SPLIT", "train", _text, "TFDS split to train on, e.g. train or train[:90%].", **RW),
     Field("EVAL_SPLIT", "test", _text, "TFDS split to evaluate on.", **W),
-    Field("FEATURE_KEY", "", _optional_text, "Input feature; default: the dataset's supervised keys, else image.", **RW),
-    Field("LABEL_KEY", "", _optional_text, "Label feature; default: the dataset's supervised keys, else label.", **RW),
-    Field("BATCH_SIZE", "128", _positive_int, "Examples per replica per step; global batch = this x replicas.", **RW),
+    Field("FEATURE_KEY", "", _optional_text, "Input feature; default: supervised keys, else image.", **RW),
+    Field("LABEL_KEY", "", _optional_text, "Label feature; default: supervised keys, else label.", **RW),
+    Field("BATCH_SIZE", "128", _positive_int, "Examples per replica per step (global: x replicas).", **RW),
     Field("EPOCHS", "5", _positive_int, "Number of epochs.", **W),
     Field("STEPS_PER_EPOCH", "", _optional_positive_int, "Steps per epoch; default: one pass over the split.", **RW),
-    Field("STEPS_PER_CALL", "32", _positive_int, "Most steps per tf.function call (cut at log, checkpoint, epoch).", **W),
-    Field("JIT_COMPILE", "auto", _choice(AUTO_TRUE_FALSE), "XLA for the training step; auto: where it is faster.", **RW),
-    Field("MIXED_PRECISION", "auto", _choice(PRECISIONS), "auto: bfloat16 on compute 8.0+, float16 on 7.x, else off.", **RW),
+    Field("STEPS_PER_CALL", "32", _positive_int, "Most steps per tf.function call (cut at log, save, epoch).", **W),
+    Field("JIT_COMPILE", "auto", _choice(AUTO_TRUE_FALSE), "XLA for the training step; auto: where faster.", **RW),
+    Field("MIXED_PRECISION", "auto", _choice(PRECISIONS), "auto: bf16 on compute 8.0+, fp16 on 7.x, else off.", **RW),
     Field("LEARNING_RATE", "0.001", _positive_float, "Learning rate, passed to build_model.", **RW),
-    Field("SEED", "42", _non_negative_int, "Seed for weights, data order and random layers: same seed, same run.", **RW),
+    Field("SEED", "42", _non_negative_int, "Seed of weights, data order, random layers: same run.", **RW),
     Field("OUTPUT_DIR", "runs/default", _path, "Run directory: checkpoints, logs, summary, exported model."),
     Field("CHECKPOINT_EVERY", "100", _positive_int, "Save a checkpoint every N steps (and at each epoch end).", **W),
     Field("KEEP_CHECKPOINTS", "3", _positive_int, "How many recent checkpoints to keep."),
@@ -376,7 +376,7 @@ def load_settings(
     environ: Mapping[str, str] | None = None,
     dotenv_path: Path | str = ".env",
     warn: Callable[[str], None] | None = None,
-    defaults_path: Path | None | str = "project",
+    defaults_path: Path | str | None = "project",
     from_run: bool = False,
 ) -> Settings:
     """Resolve every setting. Raises SettingsError. The precedence, highest first:
@@ -435,7 +435,8 @@ def _run_settings(path: Path) -> dict[str, str]:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as error:
-        raise SettingsError(f"{path} cannot be read ({error}): it is not a run's settings; use another OUTPUT_DIR")
+        message = f"{path} cannot be read ({error}): it is not a run's settings; use another OUTPUT_DIR"
+        raise SettingsError(message) from None
     if not isinstance(saved, dict):
         raise SettingsError(f"{path} is not a run's settings (not a JSON object); use another OUTPUT_DIR")
     return {name: value for name, value in saved.items() if name in FIELDS_BY_ENV and isinstance(value, str)}

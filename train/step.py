@@ -113,7 +113,9 @@ def make_train_calls(built: Built, strategy, feed: Feed, global_batch: int, jit_
         return finite
 
     whole_call = jit_compile and feed.compilable
-    step_fn = tf.function(replica_step, jit_compile=True, autograph=False) if jit_compile and not whole_call else replica_step
+    step_fn = (
+        tf.function(replica_step, jit_compile=True, autograph=False) if jit_compile and not whole_call else replica_step
+    )
 
     # autograph=False: the loop is written as the graph op it is; converting it and the step took 0.3-0.4 s of
     # every run's first call. (Keras still converts each layer's `call`, so a model's Python branches work.)

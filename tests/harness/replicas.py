@@ -111,7 +111,9 @@ def random_draws() -> dict:
     """The CNN example (augmentation, dropout) on 2 logical CPUs: one image batch through each replica."""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice())
+    strategy = tf.distribute.MirroredStrategy(
+        ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()
+    )
     spec = DatasetSpec("images", "image", "label", (32, 32, 3), "uint8", True, (), "int64", 10, 64, 0)
     settings = load_settings({"MODEL": "examples.cnn"}, environ={}, defaults_path=None)
     built = build(settings, spec, strategy)

@@ -93,7 +93,9 @@ def reconcile(reports: list[dict[str, Any]]) -> Decision:
         in_memory = everywhere
         if not everywhere and reports[0]["fits_in_memory"]:
             short = [_where(i) for i, r in enumerate(reports) if not r["fits_in_memory"]]
-            notes.append(f"DATA_IN_MEMORY=auto: streaming on every worker: the splits do not fit on {', '.join(short)}.")
+            notes.append(
+                f"DATA_IN_MEMORY=auto: streaming on every worker: the splits do not fit on {', '.join(short)}."
+            )
     precision = _explicit(reports, "MIXED_PRECISION")
     if precision is not None:
         policy = "float32" if precision == "off" else precision

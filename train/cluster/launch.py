@@ -117,7 +117,10 @@ def launch(count: int, args: list[str], env: dict[str, str] | None = None, grace
 
 
 def main(argv: list[str]) -> int:
-    usage = "usage: python -m train.cluster.launch N [--] COMMAND [ARGS...]   e.g. python -m train.cluster.launch 2 -- fit --epochs 3"
+    usage = (
+        "usage: python -m train.cluster.launch N [--] COMMAND [ARGS...]   "
+        "e.g. python -m train.cluster.launch 2 -- fit --epochs 3"
+    )
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return 0 if argv else 2

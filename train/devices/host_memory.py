@@ -43,7 +43,9 @@ def fits_in_memory(held_bytes: int, available_bytes: int | None, workers_here: i
     return workers_here * PEAK_PER_BYTE * held_bytes <= MEMORY_FRACTION * available_bytes
 
 
-def memory_note(setting: str, fits: bool, held_bytes: int, available_bytes: int | None, workers_here: int) -> str | None:
+def memory_note(
+    setting: str, fits: bool, held_bytes: int, available_bytes: int | None, workers_here: int
+) -> str | None:
     """What to say about DATA_IN_MEMORY's outcome: streaming, or holding splits that may not fit; else None."""
     if setting == "false":
         return "DATA_IN_MEMORY=false: streaming the splits from the prepared TFDS files."

@@ -234,7 +234,9 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
         requested, workers = "auto", 0
     name, notes = choose_strategy(requested, len(plan.training_devices), workers)
     precision, precision_notes = choose_precision(settings.mixed_precision, plan)
-    why = auto_precision(plan)[1] if settings.mixed_precision == "auto" else f"MIXED_PRECISION={settings.mixed_precision}"
+    why = (
+        auto_precision(plan)[1] if settings.mixed_precision == "auto" else f"MIXED_PRECISION={settings.mixed_precision}"
+    )
     if name == "multi_worker":
         # MultiWorkerMirroredStrategy runs one replica per visible GPU, or one on the CPU: a split CPU does not count.
         devices = plan.training_devices if plan.visible_gpus else plan.training_devices[:1]
@@ -244,7 +246,14 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
             )
         notes += precision_notes
         return Resolution(
-            name, devices, settings.batch_size, plan, plan.notes + notes, cluster, precision=precision, precision_why=why
+            name,
+            devices,
+            settings.batch_size,
+            plan,
+            plan.notes + notes,
+            cluster,
+            precision=precision,
+            precision_why=why,
         )
     devices = plan.training_devices if name == "mirrored" else plan.training_devices[:1]
     cross_device_ops, ops_notes = choose_cross_device_ops(settings.cross_device_ops, name, plan)

@@ -1,11 +1,12 @@
 """`python -m train bench`: how near is the training loop to what this machine can do, and what holds it back?
 
-In one process, with the normal settings (DATASET, BATCH_SIZE, STRATEGY, CPU_DEVICES, GPUS, STEPS_PER_CALL, and
-LOG_EVERY, CHECKPOINT_EVERY, STEPS_PER_EPOCH where they cut calls short), these ways of training the same model on
-the same data are measured in examples per second:
+In one process, with the normal settings (MODEL, DATASET, BATCH_SIZE, STRATEGY, CPU_DEVICES, GPUS, STEPS_PER_CALL,
+and LOG_EVERY, CHECKPOINT_EVERY, STEPS_PER_EPOCH where they cut calls short), these ways of training the same model
+on the same data are measured in examples per second (train.tools.contenders builds each from the engine's public
+parts; the benchmark never reaches inside the engine):
 
-  1  template           the template's own path: `make_train_steps` + `run_steps` on `make_feed`, in the calls
-                        `fit` makes (without what `fit` does between them: logging, checkpoints, evaluation)
+  1  template           the template's own path: `make_train_calls` on `make_feed`, in the calls `fit` makes,
+                        XLA as `fit` decides (without what `fit` does between calls: logging, checkpoints, evaluation)
   2  in_memory          the same loop and step (XLA as in 1) fed one batch held in memory: no input at all, the ceiling
   2b in_memory_dataset  that batch repeated by tf.data, distributed as `train_dataset` is: the iterator alone
   2c in_memory_batches  a new batch each step, the call's batches laid out one after another: no gather, no plan
@@ -18,7 +19,7 @@ Every contender has its own fresh model and is warmed up (traced) before it is t
 for `repetitions` rounds in a rotating order; each measurement runs whole calls until `seconds_per_measurement`
 have passed and counts the examples. The median over the rounds is reported, and the spread as the noise.
 Ratios 1/2 (is the input the bottleneck?), 1/3 (against Keras fit) and 1/4 (against the tutorials) are checked
-against the goals in README (How fast); 1/2b and 2b/2 say whether a gap is the pipeline's work or tf.data's iterator,
+against the goals in docs/performance.md; 1/2b and 2b/2 say whether a gap is the pipeline's work or tf.data's iterator,
 1/2c and 2c/2 whether it is the template's input (its gather and plan, or its tf.data pipeline) or that the
 batch changes at all (a batch that never changes stays hot in cache, and XLA may keep work on it out of the loop).
 Optionally, in subprocesses (TensorFlow fixes its devices once per process): start-up times, and one logical
@@ -27,7 +28,6 @@ CPU device against MirroredStrategy on two.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -36,12 +36,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from train.errors import SettingsError, TrainingError, first_line
-from train.settings import FIELDS, Settings, load_settings
+from train.errors import SettingsError, TrainingError
+from train.settings import FIELDS, Settings
 
 SCHEMA = 1
 CONTENDERS = ("template", "in_memory", "in_memory_dataset", "in_memory_batches", "keras_fit", "keras_numpy")
@@ -75,7 +74,6 @@ RATIO_MEANING = {
 HELP_GOAL_SECONDS = 0.3
 FIT_VS_IMPORT_GOAL = 1.6
 REPLICAS_GOAL = 0.8
-TUTORIAL_BATCH = 32  # Keras fit's default batch_size
 KERAS_TRIAL_SECONDS = 0.75
 LAID_OUT_BYTES = 512 << 20  # row 2c copies one call's batches; above this it is left out rather than risk memory
 TINY_FIT = {"EPOCHS": 1, "STEPS_PER_EPOCH": 20}
@@ -83,266 +81,6 @@ TINY_FIT = {"EPOCHS": 1, "STEPS_PER_EPOCH": 20}
 STARTUP_ROUNDS = 3
 
 Say = Callable[[str], None]
-
-
-@dataclass
-class _Contender:
-    """One way of training. `measure(seconds)` trains for about that long and returns (examples, seconds)."""
-
-    name: str
-    measure: Callable[[float], tuple[int, float]]
-    batch: int  # global batch
-    strategy: str
-    note: str
-    crashed: list[str] = field(default_factory=list)
-
-
-# --- 1, 2, 2b and 2c: the template's own loop --------------------------------------------------------------------
-
-
-def _loop_contender(name: str, settings: Settings, runtime, data, feed, jit_compile: bool) -> _Contender:
-    """The loop as `fit` runs it: calls as long as `fit` makes them (STEPS_PER_CALL, cut at epoch ends,
-    CHECKPOINT_EVERY and LOG_EVERY), each returning the loss (which waits for the call)."""
-    from train.training import _build, _steps_per_epoch, call_steps, make_metrics, make_train_steps, run_steps
-
-    model = _build(settings, runtime, data)
-    train_loss, train_accuracy = make_metrics(runtime)
-    train_steps = make_train_steps(model, runtime, train_loss, train_accuracy, feed, jit_compile)
-    steps_per_epoch, global_batch = _steps_per_epoch(settings, data, runtime), runtime.global_batch
-    step = 0  # goes on from one measurement to the next, as a run's step does
-
-    def measure(seconds: float) -> tuple[int, float]:
-        nonlocal step
-        examples = 0
-        started = time.perf_counter()
-        while True:
-            steps = call_steps(settings, step, steps_per_epoch, sys.maxsize)
-            run_steps(train_steps, feed, steps, global_batch)  # returns the loss, as _train_loop reads it
-            examples, step = examples + steps * global_batch, step + steps
-            elapsed = time.perf_counter() - started
-            if elapsed >= seconds:
-                return examples, elapsed
-
-    note = f"STEPS_PER_CALL={settings.steps_per_call}, XLA {'on' if jit_compile else 'off'}"
-    return _Contender(name, measure, global_batch, runtime.strategy_name, note)
-
-
-class _SameBatchFeed:
-    """A feed that is no input at all: every step of every call trains on the same batch, handed over once.
-
-    Replica r gets rows [r * per_replica, (r + 1) * per_replica) of the train split. Inside the compiled call
-    the step only slices its replica's part: what the step costs when its input costs nothing.
-    """
-
-    compilable = True
-
-    def __init__(self, runtime, data) -> None:
-        import tensorflow as tf
-
-        shape = (runtime.replicas, runtime.per_replica_batch)
-        features, labels = _first_rows(data, runtime.global_batch)
-        self.batch = tf.constant(features.reshape(*shape, -1)), tf.constant(labels.reshape(shape))
-
-    def call_args(self, steps: int):
-        return self.batch
-
-    @staticmethod
-    def step_args(call_args, step):
-        return call_args
-
-    @staticmethod
-    def replica_batch(features, labels):
-        import tensorflow as tf
-
-        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-        return features[replica], labels[replica]
-
-
-class _LaidOutBatchesFeed(_SameBatchFeed):
-    """A new batch every step with no input work: the call's batches, taken in order from the split and laid
-    out one after another in memory, handed over once; step k of a call slices batch k."""
-
-    def __init__(self, runtime, data, block: int) -> None:
-        import numpy as np
-        import tensorflow as tf
-
-        shape = (block, runtime.replicas, runtime.per_replica_batch)
-        count = block * runtime.global_batch
-        features, labels = _first_rows(data, count)
-        if len(labels) < count:  # a split shorter than one call: its rows again, in order
-            rows = np.resize(np.arange(len(labels)), count)
-            features, labels = features[rows], labels[rows]
-        self.batch = tf.constant(features.reshape(*shape, -1)), tf.constant(labels.reshape(shape))
-
-    @staticmethod
-    def step_args(call_args, step):
-        features, labels = call_args
-        return features[step], labels[step]
-
-
-def laid_out_bytes(runtime, data, block: int) -> int:
-    """What row 2c holds: the features of one call's batches as float32 (the arrays are copied about twice)."""
-    return block * runtime.global_batch * data.input_dim * 4
-
-
-def _first_rows(data, count: int):
-    """The first `count` training examples as NumPy arrays, in memory or read from the stream."""
-    from train.data import Split, eval_dataset
-
-    if isinstance(data.train, Split):
-        return data.train.features[:count], data.train.labels[:count]
-    features, labels = next(iter(eval_dataset(data.train, count)))
-    return features.numpy(), labels.numpy()
-
-
-def _same_batch_dataset(runtime, data):
-    """One per-replica batch repeated, distributed as `train_dataset` is: tf.data's machinery without the work."""
-    import tensorflow as tf
-
-    from train.data import distribute
-
-    per_replica = runtime.per_replica_batch
-    features, labels = _first_rows(data, runtime.global_batch)
-
-    def dataset_fn(context):
-        start = context.input_pipeline_id * (runtime.replicas // context.num_input_pipelines) * per_replica
-        batch = (features[start : start + per_replica], labels[start : start + per_replica])
-        return tf.data.Dataset.from_tensors(batch).repeat()
-
-    return distribute(runtime.strategy, dataset_fn)
-
-
-# --- 3 and 4: Keras model.fit --------------------------------------------------------------------------------
-
-
-def keras_pipeline(data, global_batch: int):
-    """The tuned tf.data pipeline for `model.fit`: indices reshuffled every pass, batched, then one gather.
-
-    (Measured against shuffling examples one by one before batching, it was as fast or faster.)
-    """
-    import tensorflow as tf
-
-    split = data.train
-    with tf.device("/cpu:0"):
-        features, labels = tf.constant(split.features), tf.constant(split.labels)
-    indices = tf.data.Dataset.range(len(split)).shuffle(len(split), reshuffle_each_iteration=True)
-    batches = indices.batch(global_batch, drop_remainder=True).repeat()
-    batches = batches.map(lambda index: (tf.gather(features, index), tf.gather(labels, index)), tf.data.AUTOTUNE)
-    return batches.prefetch(tf.data.AUTOTUNE)
-
-
-def _clock(seconds: float):
-    """A Keras callback: times `model.fit` from the end of its first execution on, and stops it after `seconds`.
-
-    The first execution of every `fit` call makes that call's iterator: a cost of measuring in slices, which
-    one long `fit` pays once, so it is left out, in Keras's favour.
-    """
-    import keras
-
-    class Clock(keras.callbacks.Callback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.started: float | None = None
-            self.ended: float | None = None
-            self.first_step = self.last_step = 0
-
-        def _step(self) -> int:
-            return int(self.model.optimizer.iterations.numpy())
-
-        def on_train_batch_end(self, batch, logs=None):  # synchronous: fit waited for the execution
-            now = time.perf_counter()
-            if self.started is None:
-                self.started, self.first_step = now, self._step()
-            elif now - self.started >= seconds:
-                self.ended, self.last_step = now, self._step()
-                self.model.stop_training = True
-
-    return Clock()
-
-
-def _keras_contender(
-    name: str,
-    settings: Settings,
-    strategy,
-    strategy_name: str,
-    data,
-    numpy: bool,
-    global_batch: int,
-    steps_per_execution: int = 1,
-    jit_compile: bool | None = None,
-) -> _Contender:
-    """A fresh model from `build_model`, trained by `model.fit`; recompiled with these settings unless `numpy`."""
-    import keras
-
-    from train.model import build_model
-
-    keras.utils.set_random_seed(settings.seed)
-    with strategy.scope():
-        model = build_model(data.input_dim, data.num_classes, settings.learning_rate)
-        if not numpy:  # the tutorials keep the compile defaults
-            config = model.get_compile_config()
-            config.update(steps_per_execution=steps_per_execution, jit_compile=jit_compile)
-            model.compile_from_config(config)
-
-    if numpy:
-        batch = TUTORIAL_BATCH
-
-        def fit(clock) -> None:  # arrays, default batch size, shuffled every epoch
-            model.fit(data.train.features, data.train.labels, epochs=10**6, verbose=0, callbacks=[clock])
-
-    else:
-        batch = global_batch
-        dataset = keras_pipeline(data, batch)
-
-        def fit(clock) -> None:
-            model.fit(dataset, epochs=1, steps_per_epoch=10**9, shuffle=False, verbose=0, callbacks=[clock])
-
-    def measure(seconds: float) -> tuple[int, float]:
-        clock = _clock(seconds)
-        with strategy.scope():
-            fit(clock)
-        if clock.ended is None or clock.started is None:
-            raise TrainingError("model.fit stopped before the measurement ended")
-        return (clock.last_step - clock.first_step) * batch, clock.ended - clock.started
-
-    note = f"steps_per_execution={model.steps_per_execution}, jit_compile={model.jit_compile}"
-    return _Contender(name, measure, batch, strategy_name, note)
-
-
-def _best_keras_fit(settings: Settings, runtime, data, trial_seconds: float, say: Say) -> _Contender:
-    """Keras fit at its best here: the largest steps_per_execution that runs, XLA on or off, whichever is faster.
-
-    A setting that crashes under the runtime's strategy is said and skipped; one device only if none runs.
-    """
-    import tensorflow as tf
-
-    strategies = [(runtime.strategy, runtime.strategy_name)]
-    if runtime.replicas > 1:
-        strategies.append((tf.distribute.OneDeviceStrategy(runtime.devices[0]), "one_device"))
-    crashed: list[str] = []
-    for strategy, strategy_name in strategies:
-        for steps_per_execution in sorted({settings.steps_per_call, 1}, reverse=True):
-            ran: list[tuple[float, _Contender]] = []
-            for jit_compile in (True, False):
-                tried = f"{strategy_name}, steps_per_execution={steps_per_execution}, jit_compile={jit_compile}"
-                try:
-                    contender = _keras_contender(
-                        "keras_fit", settings, strategy, strategy_name, data, False, runtime.global_batch,
-                        steps_per_execution, jit_compile,
-                    )  # fmt: skip
-                    contender.measure(min(0.2, trial_seconds))  # traces
-                    examples, seconds = contender.measure(trial_seconds)
-                except Exception as error:  # what crashes under MirroredStrategy varies: say it, try the next
-                    crashed.append(f"{tried}: {type(error).__name__}: {first_line(error, 160)}")
-                    say(f"  keras_fit trial: {crashed[-1]}")
-                    continue
-                ran.append((examples / seconds, contender))
-                say(f"  keras_fit trial: {tried}: {examples / seconds:,.0f} examples/s")
-            if ran:
-                contender = max(ran, key=lambda pair: pair[0])[1]
-                contender.crashed = crashed
-                return contender
-    raise TrainingError("Keras model.fit crashed with every setting: " + "; ".join(crashed))
 
 
 # --- start-up and replicas: subprocesses ---------------------------------------------------------------------
@@ -371,6 +109,14 @@ def _timed_run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float =
     if result.returncode != 0:
         raise SubprocessFailed(argv, result.returncode, (result.stderr.strip().splitlines() or ["(no output)"])[-1])
     return seconds
+
+
+def _bench_argv(out: Path, repetitions: int, seconds: float, contenders: str) -> list[str]:
+    """`python -m train bench` measuring only these contenders in a process of its own, its result as JSON."""
+    return [
+        sys.executable, "-m", "train", "bench", "--json", str(out), "--repetitions", str(repetitions),
+        "--seconds", str(seconds), "--contenders", contenders, "--no-startup",
+    ]  # fmt: skip
 
 
 def measure_startup(settings: Settings, repetitions: int = STARTUP_ROUNDS, say: Say = print) -> dict[str, Any]:
@@ -429,8 +175,7 @@ def compare_replica_counts(
         order = [*configs, *reversed(configs)] if repetitions > 1 else list(configs)
         for index, name in enumerate(order):
             out = Path(temporary) / f"{index}.json"
-            argv = [sys.executable, "-m", "train.bench", "--json", str(out), "--repetitions", str(repetitions)]
-            argv += ["--seconds", str(seconds_per_measurement), "--contenders", "template,in_memory", "--no-startup"]
+            argv = _bench_argv(out, repetitions, seconds_per_measurement, "template,in_memory")
             _timed_run(argv, _child_env(settings, **configs[name]), Path(temporary))
             child = json.loads(out.read_text())
             resolved[name] = child["resolved"]
@@ -512,8 +257,7 @@ def compare_levers(
                 if index in errors:
                     continue
                 out = Path(temporary) / f"{lever}-{index}.json"
-                argv = [sys.executable, "-m", "train.bench", "--json", str(out), "--repetitions", str(repetitions)]
-                argv += ["--seconds", str(seconds_per_measurement), "--contenders", "template", "--no-startup"]
+                argv = _bench_argv(out, repetitions, seconds_per_measurement, "template")
                 try:
                     _timed_run(argv, _child_env(settings, **values[index]), Path(temporary))
                 except SubprocessFailed as error:
@@ -553,6 +297,74 @@ def _goal(name: str, value: float | None, target: float, at_least: bool = True) 
     return {"goal": name, "value": value, "target": target, "comparison": ">=" if at_least else "<", "met": met}
 
 
+def build_contenders(settings: Settings, runtime, data, names: tuple[str, ...], trial_seconds: float, say: Say) -> list:
+    """Each contender named, made and warmed up (tracing and first calls, not counted)."""
+    from train.data import Split
+    from train.fit import steps_per_epoch
+    from train.loop import longest_call
+    from train.tools import contenders as c
+
+    longest = longest_call(settings, steps_per_epoch(settings, data, runtime.global_batch))  # fit's longest call
+    made = []
+    for name in CONTENDERS:
+        if name not in names:
+            continue
+        say(f"Building and warming up {name} ...")
+        if name == "template":
+            contender = c.loop_contender(name, settings, runtime, data)
+            say(f"  the template: {contender.note}")
+        elif name == "in_memory":
+            contender = c.loop_contender(name, settings, runtime, data, lambda: c.SameBatchFeed(runtime, data))
+        elif name == "in_memory_batches":
+            if c.laid_out_bytes(runtime, data, longest) > LAID_OUT_BYTES:
+                say(f"  left out: one call's batches take more than {LAID_OUT_BYTES >> 20} MiB laid out")
+                continue
+            contender = c.loop_contender(
+                name, settings, runtime, data, lambda: c.LaidOutBatchesFeed(runtime, data, longest)
+            )
+        elif name == "in_memory_dataset":
+            contender = c.loop_contender(
+                name, settings, runtime, data, lambda: c.same_batch_dataset_feed(runtime, data)
+            )
+        elif not isinstance(data.train, Split):
+            say(f"  left out: the splits are streamed, and {name} takes them from memory")
+            continue
+        elif name == "keras_fit":
+            contender = c.best_keras_fit(settings, runtime, data, trial_seconds, say)
+        else:
+            contender = c.keras_contender(name, settings, runtime.strategy, runtime.strategy_name, data, True, 0)
+        contender.measure(min(0.5, trial_seconds))
+        made.append(contender)
+    return made
+
+
+def measure_rounds(contenders: list, repetitions: int, seconds: float, say: Say) -> dict[str, Any]:
+    """Interleaved rounds in a rotating order (none always first or last); the median and spread of each."""
+    runs: dict[str, list[float]] = {contender.name: [] for contender in contenders}
+    for repetition in range(repetitions):
+        shift = repetition % len(contenders)
+        for contender in contenders[shift:] + contenders[:shift]:
+            examples, elapsed = contender.measure(seconds)
+            runs[contender.name].append(examples / elapsed)
+        say(f"  round {repetition + 1}/{repetitions}: " + ", ".join(f"{n} {v[-1]:,.0f}" for n, v in runs.items()))
+    results = {}
+    for contender in contenders:
+        values = runs[contender.name]
+        median = statistics.median(values)
+        results[contender.name] = {
+            "label": LABELS[contender.name],
+            "examples_per_sec": median,
+            "runs": values,
+            # (max - min) / median of the rounds; one round has none (not 0%)
+            "spread": (max(values) - min(values)) / median if len(values) > 1 else None,
+            "global_batch": contender.batch,
+            "strategy": contender.strategy,
+            "settings": contender.note,
+            "crashed": contender.crashed,
+        }
+    return results
+
+
 def run_benchmark(
     settings: Settings,
     repetitions: int = 5,
@@ -569,85 +381,26 @@ def run_benchmark(
     """
     unknown = sorted(set(contenders) - set(CONTENDERS))
     if unknown or not contenders:
-        raise SettingsError(f"unknown contenders {unknown}: use some of {', '.join(CONTENDERS)}")
-    from train.data import PipelineFeed, load_data, make_feed
-    from train.runtime import setup_runtime
-    from train.training import _steps_per_epoch, describe_feed, jit_compile_for, longest_call
-
-    runtime = setup_runtime(settings)
-    for note in runtime.notes:
-        say(note)
-    data = load_data(settings)
-    for note in data.notes:
-        say(note)
-    if not data.in_memory and {"keras_fit", "keras_numpy"} & set(contenders):
-        contenders = tuple(c for c in contenders if c not in ("keras_fit", "keras_numpy"))
-        say("The splits are streamed: Keras fit (3 and 4), which takes them from memory here, is left out.")
+        raise SettingsError(f"--contenders {','.join(unknown)} is not a contender: use some of {', '.join(CONTENDERS)}")
     import tensorflow as tf
 
-    jit_compile = jit_compile_for(settings, runtime, data.train)
+    from train.data import load_data
+    from train.devices.runtime import setup_runtime
 
+    runtime = setup_runtime(settings)
+    data = load_data(settings)
+    for note in (*runtime.notes, *data.notes):
+        say(note)
+    spec = data.spec
     say(
-        f"Benchmark: {data.name}, {len(data.train)} examples x {data.input_dim} features; {runtime.replicas} "
-        f"replica(s) ({runtime.strategy_name}: {', '.join(runtime.devices)}), global batch {runtime.global_batch}, "
-        f"STEPS_PER_CALL={settings.steps_per_call}; {repetitions} round(s) of {seconds_per_measurement:g} s each."
+        f"Benchmark: {data.name}, {len(data.train)} examples of {list(spec.feature_shape)} {spec.feature_dtype}; "
+        f"MODEL={settings.model}; {runtime.replicas} replica(s) "
+        f"({runtime.strategy_name}: {', '.join(runtime.devices)}), "
+        f"global batch {runtime.global_batch}, STEPS_PER_CALL={settings.steps_per_call}; {repetitions} round(s) of "
+        f"{seconds_per_measurement:g} s each."
     )
-
-    block = longest_call(settings, _steps_per_epoch(settings, data, runtime))  # the longest call fit makes
-
-    def template_feed():
-        return make_feed(runtime.strategy, data.train, runtime.global_batch, settings.seed, 0, block)
-
-    built: list[_Contender] = []
-    for name in CONTENDERS:
-        if name not in contenders:
-            continue
-        say(f"Building and warming up {name} ...")
-        if name == "template":
-            feed = template_feed()
-            say(f"  the template's feed: {describe_feed(data, feed)}, XLA {'on' if jit_compile else 'off'}")
-            contender = _loop_contender(name, settings, runtime, data, feed, jit_compile)
-        elif name == "in_memory":
-            contender = _loop_contender(name, settings, runtime, data, _SameBatchFeed(runtime, data), jit_compile)
-        elif name == "in_memory_batches":
-            if laid_out_bytes(runtime, data, block) > LAID_OUT_BYTES:
-                say(f"  left out: one call's batches take more than {LAID_OUT_BYTES >> 20} MiB laid out")
-                continue
-            feed = _LaidOutBatchesFeed(runtime, data, block)
-            contender = _loop_contender(name, settings, runtime, data, feed, jit_compile)
-        elif name == "in_memory_dataset":
-            feed = PipelineFeed(_same_batch_dataset(runtime, data))
-            contender = _loop_contender(name, settings, runtime, data, feed, False)
-        elif name == "keras_fit":
-            contender = _best_keras_fit(settings, runtime, data, min(KERAS_TRIAL_SECONDS, seconds_per_measurement), say)
-        else:
-            contender = _keras_contender(name, settings, runtime.strategy, runtime.strategy_name, data, True, 0)
-        contender.measure(min(0.5, seconds_per_measurement))  # warm-up: tracing and first calls, not counted
-        built.append(contender)
-
-    runs: dict[str, list[float]] = {contender.name: [] for contender in built}
-    for repetition in range(repetitions):
-        shift = repetition % len(built)
-        for contender in built[shift:] + built[:shift]:  # rotating: no contender always runs first or last
-            examples, seconds = contender.measure(seconds_per_measurement)
-            runs[contender.name].append(examples / seconds)
-        say(f"  round {repetition + 1}/{repetitions}: " + ", ".join(f"{n} {v[-1]:,.0f}" for n, v in runs.items()))
-
-    results: dict[str, Any] = {}
-    for contender in built:
-        values = runs[contender.name]
-        median = statistics.median(values)
-        results[contender.name] = {
-            "label": LABELS[contender.name],
-            "examples_per_sec": median,
-            "runs": values,
-            # (max - min) / median of the rounds; one round has none (not 0%)
-            "spread": (max(values) - min(values)) / median if len(values) > 1 else None,
-            "global_batch": contender.batch,
-            "strategy": contender.strategy,
-            "settings": contender.note,
-            "crashed": contender.crashed,
-        }
+    made = build_contenders(settings, runtime, data, contenders, min(KERAS_TRIAL_SECONDS, seconds_per_measurement), say)
+    results = measure_rounds(made, repetitions, seconds_per_measurement, say)
     ratios = {
         name: results[a]["examples_per_sec"] / results[b]["examples_per_sec"]
         for name, (a, b) in RATIOS.items()
@@ -655,50 +408,46 @@ def run_benchmark(
     }
     goals = [_goal(f"{name} {RATIO_MEANING[name]}", ratios.get(name), target) for name, target in RATIO_GOALS.items()]
     result: dict[str, Any] = {
-        "schema": SCHEMA,
-        "dataset": data.name,
-        "train_examples": len(data.train),
-        "input_dim": data.input_dim,
-        "resolved": runtime.describe(),
-        "steps_per_call": settings.steps_per_call,
-        "tensorflow": tf.__version__,
-        "repetitions": repetitions,
-        "seconds_per_measurement": seconds_per_measurement,
-        "contenders": results,
-        "ratios": ratios,
-        "startup": None,
-        "replicas": None,
-        "levers": None,
-        "goals": goals,
-    }
-    if include_startup:
+        "schema": SCHEMA, "dataset": data.name, "model": settings.model, "train_examples": len(data.train),
+        "feature": {"shape": list(spec.feature_shape), "dtype": spec.feature_dtype}, "resolved": runtime.describe(),
+        "steps_per_call": settings.steps_per_call, "tensorflow": tf.__version__, "repetitions": repetitions,
+        "seconds_per_measurement": seconds_per_measurement, "contenders": results, "ratios": ratios,
+        "startup": None, "replicas": None, "levers": None, "goals": goals,
+    }  # fmt: skip
+    _in_subprocesses(result, settings, runtime, repetitions, seconds_per_measurement, say,
+                     include_startup, compare_replicas, levers)  # fmt: skip
+    return result
+
+
+def _in_subprocesses(result, settings, runtime, repetitions, seconds, say, startup, replicas, levers) -> None:
+    """The measurements that need processes of their own (TensorFlow fixes its devices once per process)."""
+    goals = result["goals"]
+    if startup:
         say("Start-up: python -m train --help, import tensorflow, a tiny fit (subprocesses) ...")
-        startup = measure_startup(settings, repetitions=max(1, min(STARTUP_ROUNDS, repetitions)), say=say)
-        result["startup"] = startup
-        goals.append(_goal("python -m train --help, seconds", startup["help_seconds"], HELP_GOAL_SECONDS, False))
-        goals.append(_goal("tiny fit / import tensorflow", startup["tiny_fit_vs_import"], FIT_VS_IMPORT_GOAL, False))
-    if compare_replicas:
-        say("Replicas: one logical CPU device against MirroredStrategy on two (subprocesses) ...")
-        replicas = compare_replica_counts(
-            settings, repetitions=max(1, min(2, repetitions)), seconds_per_measurement=seconds_per_measurement, say=say
+        result["startup"] = measured = measure_startup(
+            settings, repetitions=max(1, min(STARTUP_ROUNDS, repetitions)), say=say
         )
-        result["replicas"] = replicas
+        goals.append(_goal("python -m train --help, seconds", measured["help_seconds"], HELP_GOAL_SECONDS, False))
+        goals.append(_goal("tiny fit / import tensorflow", measured["tiny_fit_vs_import"], FIT_VS_IMPORT_GOAL, False))
+    if replicas:
+        say("Replicas: one logical CPU device against MirroredStrategy on two (subprocesses) ...")
+        result["replicas"] = measured = compare_replica_counts(settings, max(1, min(2, repetitions)), seconds, say)
         goals.append(
-            _goal("mirrored on 2 CPU devices / one device", replicas["mirrored_2_vs_one_device"], REPLICAS_GOAL)
+            _goal("mirrored on 2 CPU devices / one device", measured["mirrored_2_vs_one_device"], REPLICAS_GOAL)
         )
     if levers:
         say(f"Levers: {', '.join(levers)}, one subprocess per value ...")
         result["levers"] = compare_levers(
-            settings, levers, bool(runtime.plan.visible_gpus), max(1, min(2, repetitions)), seconds_per_measurement, say
+            settings, levers, bool(runtime.plan.visible_gpus), max(1, min(2, repetitions)), seconds, say
         )
-    return result
 
 
 def format_benchmark(result: dict[str, Any]) -> str:
     """The result as a table, the ratios and the goals, met or not."""
     resolved = result["resolved"]
     lines = [
-        f"{result['dataset']}: {result['train_examples']} examples x {result['input_dim']} features; "
+        f"{result['dataset']}: {result['train_examples']} examples of {result['feature']['shape']} "
+        f"{result['feature']['dtype']}; MODEL={result['model']}; "
         f"{resolved['replicas']} replica(s) ({resolved['strategy']}), global batch {resolved['global_batch']}, "
         f"STEPS_PER_CALL={result['steps_per_call']}; TensorFlow {result['tensorflow']}",
         f"median of {result['repetitions']} interleaved round(s) of {result['seconds_per_measurement']:g} s; "
@@ -760,7 +509,7 @@ def format_benchmark(result: dict[str, Any]) -> str:
                     f"  {value['label']:<{width}} {rate:>12,.0f}  {against}  "
                     f"{resolved['strategy']}, {resolved['precision']}, {resolved['template']}"
                 )
-    lines += ["", "goals (README, How fast):"]
+    lines += ["", "goals (docs/performance.md):"]
     for goal in result["goals"]:
         value = "n/a" if goal["value"] is None else f"{goal['value']:.2f}"
         verdict = {True: "met", False: "NOT met", None: "not measured"}[goal["met"]]
@@ -777,38 +526,3 @@ def parse_levers(text: str) -> tuple[str, ...]:
     if unknown:
         raise SettingsError(f"--levers {','.join(unknown)} is not a lever: use all or some of {', '.join(LEVERS)}")
     return levers
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m train.bench`: the benchmark with the settings from the environment and .env (no flags)."""
-    parser = argparse.ArgumentParser(prog="python -m train.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", type=Path, help="also write the result as JSON here")
-    parser.add_argument("--repetitions", type=int, default=5, help="interleaved rounds (default 5)")
-    parser.add_argument("--seconds", type=float, default=1.5, help="seconds per measurement (default 1.5)")
-    parser.add_argument("--compare-replicas", action="store_true", help="also 1 against 2 logical CPU devices")
-    parser.add_argument("--no-startup", action="store_true", help="skip the start-up measurements")
-    parser.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated subset")
-    parser.add_argument("--levers", default="", help=f"all, or some of {','.join(LEVERS)}: each value measured")
-    args = parser.parse_args(argv)
-    try:
-        result = run_benchmark(
-            load_settings(),
-            repetitions=args.repetitions,
-            seconds_per_measurement=args.seconds,
-            say=lambda message: print(message, flush=True),
-            include_startup=not args.no_startup,
-            compare_replicas=args.compare_replicas,
-            contenders=tuple(args.contenders.split(",")),
-            levers=parse_levers(args.levers),
-        )
-    except (SettingsError, TrainingError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return error.exit_code
-    print(format_benchmark(result), flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -80,7 +80,9 @@ def check(
         except tf.errors.ResourceExhaustedError as error:
             return Trial(per_replica_batch, global_batch, fits=False, error=str(error).splitlines()[0][:120])
         peaks = tuple(devices.memory_info(gpu)["peak"] / (1 << 20) for gpu in gpus) or None
-        result = Trial(per_replica_batch, global_batch, True, 1000 * seconds / steps, steps * global_batch / seconds, peaks)
+        result = Trial(
+            per_replica_batch, global_batch, True, 1000 * seconds / steps, steps * global_batch / seconds, peaks
+        )
         xla = xla_rates.get(per_replica_batch)
         also = f" (XLA on {xla['on']:,.0f}, off {xla['off']:,.0f})" if xla else ""
         say(f"  BATCH_SIZE={per_replica_batch:<6} fits: {result.examples_per_sec:,.0f} examples/s{also}")
@@ -104,8 +106,10 @@ def check(
         verdict = "on" if 2 * faster > len(xla_rates) else "off"
         agrees = "agrees" if verdict == ("on" if jit else "off") else "does NOT agree: set JIT_COMPILE=" + (
             "true" if verdict == "on" else "false")  # fmt: skip
-        table += f"\nXLA: faster {verdict} at {faster if verdict == 'on' else len(xla_rates) - faster} of " \
-                 f"{len(xla_rates)} batch sizes; JIT_COMPILE=auto chose {'on' if jit else 'off'}, which {agrees}"
+        table += (
+            f"\nXLA: faster {verdict} at {faster if verdict == 'on' else len(xla_rates) - faster} of "
+            f"{len(xla_rates)} batch sizes; JIT_COMPILE=auto chose {'on' if jit else 'off'}, which {agrees}"
+        )
     return {
         "resolved": runtime.describe(),
         "steps_per_trial": steps,

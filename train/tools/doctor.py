@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from typing import Any
 
-from train.errors import SettingsError
 from train.devices.backend import DeviceBackend
 from train.devices.runtime import configure_devices, resolve
+from train.errors import SettingsError
 from train.settings import Settings
 
 SCHEMA = 1

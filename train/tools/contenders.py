@@ -1,0 +1,258 @@
+"""The ways of training that `bench` measures against each other, each built from the engine's public parts.
+
+A contender trains a fresh copy of the same model (`train.model.build`) on the same data and measures how many
+examples a second it takes. The template's own contender is what `fit` runs: its feed (`make_feed`), its
+training calls (`make_train_calls`) in the lengths `fit` cuts them (`call_steps`), XLA as `fit` decides it. The
+ceilings feed the same training calls batches that cost nothing to make (through the engine's `Feed` seam), so
+the gap to them is what the input costs; Keras `model.fit` trains the same model as Keras would.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from train.data import Data, PipelineFeed, Split, distribute, gathers_in_step, make_feed
+from train.devices.runtime import Runtime, choose_xla
+from train.errors import TrainingError, first_line
+from train.fit import steps_per_epoch
+from train.loop import call_steps, longest_call
+from train.model import build
+from train.settings import Settings
+from train.step import make_train_calls
+
+TUTORIAL_BATCH = 32  # Keras fit's default batch_size
+Say = Callable[[str], None]
+
+
+@dataclass
+class Contender:
+    """One way of training. `measure(seconds)` trains for about that long and returns (examples, seconds)."""
+
+    name: str
+    measure: Callable[[float], tuple[int, float]]
+    batch: int  # global batch
+    strategy: str
+    note: str
+    crashed: list[str] = field(default_factory=list)
+
+
+def template_xla(settings: Settings, runtime: Runtime, data: Data, built) -> tuple[bool, str]:
+    """XLA as `fit` decides it for this model, data and devices."""
+    whole_call = gathers_in_step(runtime.strategy, data.train)
+    return choose_xla(settings.jit_compile, runtime, whole_call, built.convolutional, built.layer_without_xla())
+
+
+def loop_contender(name: str, settings: Settings, runtime: Runtime, data: Data, feed_for=None) -> Contender:
+    """The training loop as `fit` runs it: calls as long as `fit` makes them (STEPS_PER_CALL, cut at epoch ends,
+    CHECKPOINT_EVERY and LOG_EVERY), each returning the metrics (which waits for the call). `feed_for(built,
+    longest)` gives another feed than the template's own (a ceiling)."""
+    built = build(settings, data.spec, runtime.strategy)
+    jit, _ = template_xla(settings, runtime, data, built)
+    per_epoch, global_batch = steps_per_epoch(settings, data, runtime.global_batch), runtime.global_batch
+    longest = longest_call(settings, per_epoch)
+    feed = (feed_for or (lambda: make_feed(runtime.strategy, data.train, global_batch, settings.seed, 0, longest)))()
+    jit = jit and (feed.compilable or not gathers_in_step(runtime.strategy, data.train))
+    calls = make_train_calls(built, runtime.strategy, feed, global_batch, jit)
+    step = 0  # goes on from one measurement to the next, as a run's step does
+
+    def measure(seconds: float) -> tuple[int, float]:
+        nonlocal step
+        examples, started = 0, time.perf_counter()
+        while True:
+            steps = call_steps(settings, step, per_epoch, sys.maxsize)
+            calls(steps)
+            examples, step = examples + steps * global_batch, step + steps
+            elapsed = time.perf_counter() - started
+            if elapsed >= seconds:
+                return examples, elapsed
+
+    note = f"STEPS_PER_CALL={settings.steps_per_call}, XLA {'on' if jit else 'off'}"
+    return Contender(name, measure, global_batch, runtime.strategy_name, note)
+
+
+def _first_rows(data: Data, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first `count` training examples as NumPy arrays, in memory or read from the stream."""
+    if isinstance(data.train, Split):
+        return data.train.features[:count], data.train.labels[:count]
+    batch = next(iter(data.train.read(shuffle_files=False).batch(count)))
+    return batch[0].numpy(), batch[1].numpy()
+
+
+class SameBatchFeed:
+    """No input at all: every step of every call trains on the same batch, handed over once. Replica r gets
+    rows [r x per_replica, (r + 1) x per_replica) of the train split; the step only slices its part."""
+
+    compilable = True
+
+    def __init__(self, runtime: Runtime, data: Data) -> None:
+        shape = (runtime.replicas, runtime.per_replica_batch)
+        features, labels = _first_rows(data, runtime.global_batch)
+        self.batch = (
+            tf.constant(features.reshape(*shape, *features.shape[1:])),
+            tf.constant(labels.reshape(*shape, *labels.shape[1:])),
+        )
+
+    def call_args(self, steps: int):
+        return self.batch
+
+    @staticmethod
+    def step_args(call_args, step):
+        return call_args
+
+    @staticmethod
+    def replica_batch(features, labels):
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        return features[replica], labels[replica]
+
+
+class LaidOutBatchesFeed(SameBatchFeed):
+    """A new batch every step with no input work: a call's batches, taken in order from the split and laid out
+    one after another in memory, handed over once; step k of a call slices batch k."""
+
+    def __init__(self, runtime: Runtime, data: Data, longest: int) -> None:
+        count = longest * runtime.global_batch
+        features, labels = _first_rows(data, count)
+        if len(labels) < count:  # a split shorter than one call: its rows again, in order
+            rows = np.resize(np.arange(len(labels)), count)
+            features, labels = features[rows], labels[rows]
+        shape = (longest, runtime.replicas, runtime.per_replica_batch)
+        self.batch = (
+            tf.constant(features.reshape(*shape, *features.shape[1:])),
+            tf.constant(labels.reshape(*shape, *labels.shape[1:])),
+        )
+
+    @staticmethod
+    def step_args(call_args, step):
+        features, labels = call_args
+        return features[step], labels[step]
+
+
+def laid_out_bytes(runtime: Runtime, data: Data, longest: int) -> int:
+    """What the laid-out ceiling holds: one call's batches as stored."""
+    return longest * runtime.global_batch * data.spec.example_bytes
+
+
+def same_batch_dataset_feed(runtime: Runtime, data: Data) -> PipelineFeed:
+    """One per-replica batch repeated through tf.data, distributed as the template's pipeline is: the iterator's
+    own cost, without the pipeline's work."""
+    per_replica = runtime.per_replica_batch
+    features, labels = _first_rows(data, runtime.global_batch)
+
+    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        start = context.input_pipeline_id * (runtime.replicas // context.num_input_pipelines) * per_replica
+        return tf.data.Dataset.from_tensors(
+            (features[start : start + per_replica], labels[start : start + per_replica])
+        ).repeat()
+
+    return PipelineFeed(distribute(runtime.strategy, dataset_fn))
+
+
+# --- Keras model.fit ------------------------------------------------------------------------------------------
+
+
+def keras_pipeline(data: Data, global_batch: int) -> tf.data.Dataset:
+    """The tuned tf.data pipeline for `model.fit`: indices reshuffled every pass, batched, then one gather."""
+    features, labels = data.train.tensors
+    indices = tf.data.Dataset.range(len(data.train)).shuffle(len(data.train), reshuffle_each_iteration=True)
+    batches = indices.batch(global_batch, drop_remainder=True).repeat()
+    batches = batches.map(lambda index: (tf.gather(features, index), tf.gather(labels, index)), tf.data.AUTOTUNE)
+    return batches.prefetch(tf.data.AUTOTUNE)
+
+
+def _clock(seconds: float) -> keras.callbacks.Callback:
+    """Times `model.fit` from the end of its first execution on, and stops it after `seconds`.
+
+    The first execution of every `fit` call makes that call's iterator: a cost of measuring in slices, which
+    one long `fit` pays once, so it is left out, in Keras's favour.
+    """
+
+    class Clock(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.started: float | None = None
+            self.ended: float | None = None
+            self.first_step = self.last_step = 0
+
+        def _step(self) -> int:
+            return int(self.model.optimizer.iterations.numpy())
+
+        def on_train_batch_end(self, batch, logs=None):  # synchronous: fit waited for the execution
+            now = time.perf_counter()
+            if self.started is None:
+                self.started, self.first_step = now, self._step()
+            elif now - self.started >= seconds:
+                self.ended, self.last_step = now, self._step()
+                self.model.stop_training = True
+
+    return Clock()
+
+
+def keras_contender(
+    name: str, settings: Settings, strategy: Any, strategy_name: str, data: Data, tutorial: bool, global_batch: int,
+    steps_per_execution: int = 1, jit_compile: bool | None = None,
+) -> Contender:  # fmt: skip
+    """The same model (as exported: input, scaling, the fork's model) trained by `model.fit`, compiled as
+    build_model compiled it; `tutorial`: numpy arrays at fit's default batch, else with these settings."""
+    built = build(settings, data.spec, strategy)
+    model = built.serving
+    with strategy.scope():
+        config = built.network.get_compile_config()
+        if not tutorial:
+            config.update(steps_per_execution=steps_per_execution, jit_compile=jit_compile)
+        model.compile_from_config(config)
+    batch = TUTORIAL_BATCH if tutorial else global_batch
+    dataset = None if tutorial else keras_pipeline(data, batch)
+
+    def measure(seconds: float) -> tuple[int, float]:
+        clock = _clock(seconds)
+        with strategy.scope():
+            if tutorial:  # arrays, default batch size, shuffled every epoch
+                model.fit(data.train.features, data.train.labels, epochs=10**6, verbose=0, callbacks=[clock])
+            else:
+                model.fit(dataset, epochs=1, steps_per_epoch=10**9, shuffle=False, verbose=0, callbacks=[clock])
+        if clock.ended is None or clock.started is None:
+            raise TrainingError("model.fit stopped before the measurement ended")
+        return (clock.last_step - clock.first_step) * batch, clock.ended - clock.started
+
+    note = f"steps_per_execution={model.steps_per_execution}, jit_compile={model.jit_compile}"
+    return Contender(name, measure, batch, strategy_name, note)
+
+
+def best_keras_fit(settings: Settings, runtime: Runtime, data: Data, trial_seconds: float, say: Say) -> Contender:
+    """Keras fit at its best here: the largest steps_per_execution that runs, XLA on or off, whichever is faster.
+
+    A setting that crashes under the runtime's strategy is said and skipped; one device only if none runs.
+    """
+    strategies = [(runtime.strategy, runtime.strategy_name)]
+    if runtime.replicas > 1:
+        strategies.append((tf.distribute.OneDeviceStrategy(runtime.devices[0]), "one_device"))
+    crashed: list[str] = []
+    for strategy, strategy_name in strategies:
+        for steps_per_execution in sorted({settings.steps_per_call, 1}, reverse=True):
+            ran: list[tuple[float, Contender]] = []
+            for jit in (True, False):
+                tried = f"{strategy_name}, steps_per_execution={steps_per_execution}, jit_compile={jit}"
+                try:
+                    contender = keras_contender("keras_fit", settings, strategy, strategy_name, data, False,
+                                                runtime.global_batch, steps_per_execution, jit)  # fmt: skip
+                    contender.measure(min(0.2, trial_seconds))  # traces
+                    examples, seconds = contender.measure(trial_seconds)
+                except Exception as error:  # what crashes under MirroredStrategy varies: say it, try the next
+                    crashed.append(f"{tried}: {type(error).__name__}: {first_line(error, 160)}")
+                    say(f"  keras_fit trial: {crashed[-1]}")
+                    continue
+                ran.append((examples / seconds, contender))
+                say(f"  keras_fit trial: {tried}: {examples / seconds:,.0f} examples/s")
+            if ran:
+                contender = max(ran, key=lambda pair: pair[0])[1]
+                contender.crashed = crashed
+                return contender
+    raise TrainingError("Keras model.fit crashed with every setting: " + "; ".join(crashed))
