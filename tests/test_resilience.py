@@ -348,6 +348,48 @@ def test_failed_download_is_a_clear_error_and_leaves_the_data_dir_usable(tmp_pat
     assert run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=data_dir, OUTPUT_DIR=tmp_path / "ok", **QUICK).returncode == 0
 
 
+OFFLINE_DOWNLOAD = """
+import tensorflow_datasets as tfds
+
+class OfflineData(tfds.core.GeneratorBasedBuilder):
+    \"\"\"A dataset that downloads from a host that refuses (a port on 127.0.0.1 nobody listens on).\"\"\"
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        return self.dataset_info_from_configs(features=tfds.features.FeaturesDict({
+            "image": tfds.features.Image(shape=(4, 4, 1)), "label": tfds.features.ClassLabel(num_classes=2)}))
+
+    def _split_generators(self, dl_manager):
+        path = dl_manager.download_and_extract({"train": "http://127.0.0.1:PORT/train.tar.gz"})
+        return {"train": self._generate_examples(path)}
+
+    def _generate_examples(self, path):
+        yield from ()
+"""
+
+
+def test_a_download_host_that_cannot_be_reached_is_said_within_seconds(tmp_path):
+    """Not TFDS's minutes of retries: a plain connect first, to a port on 127.0.0.1 that refuses."""
+    from train.cluster.launch import free_ports
+
+    package = tmp_path / "builders" / "offline_data"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(OFFLINE_DOWNLOAD.replace("PORT", str(free_ports(1)[0])))
+    script = "import sys, offline_data\nfrom train.cli import app\napp(sys.argv[1:], prog_name='train')\n"
+    env = clean_env(TFDS_DATA_DIR=tmp_path / "data", OUTPUT_DIR=tmp_path / "run", DATASET="offline_data")
+    env["PYTHONPATH"] += os.pathsep + str(package.parent)
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", script, "fit"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    took = time.monotonic() - started
+    assert result.returncode == 2, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: DATASET='offline_data' is not prepared in "), last
+    assert "the download host 127.0.0.1:" in last and "cannot be reached" in last
+    assert "on a machine with network run scripts/prepare-dataset.sh offline_data DIR" in last
+    assert took < 10 + 10, took  # within 10 s of TensorFlow loading (measured: the import alone takes 3-8 s here)
+    assert "urllib3" not in result.stderr and "Retrying" not in result.stderr
+
+
 @pytest.mark.parametrize(
     ("settings", "expected"),
     [

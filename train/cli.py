@@ -64,6 +64,7 @@ def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool =
                 Optional[str],  # noqa: UP045 (typer reads this annotation at run time)
                 typer.Option(
                     field.flag,
+                    metavar=field.metavar,
                     help=f"{field.help} (env: {field.env}; default: {field.default or 'unset'})",
                     show_default=False,
                     rich_help_panel="Settings",

@@ -27,7 +27,7 @@ from train.devices.runtime import Runtime, auto_precision, choose_xla, setup_run
 from train.errors import SettingsError, TrainingError, first_line
 from train.loop import Outcome, Schedule, check_finite, longest_call, run_loop, write_scalars
 from train.model import Built, averaged_weights, build, export, spread_seeds, use_averaged_weights, weights_fingerprint
-from train.progress import Lines, format_metrics
+from train.progress import evaluation_notice, format_metrics, reporter
 from train.rundir import RUN, RunLock, StopRequest, check_same_model, preflight, read_run, write_json
 from train.settings import RUN_SETTINGS, WORKERS_AGREE, Settings, changed_settings, model_fingerprint
 from train.step import Evaluator, make_train_calls
@@ -104,6 +104,7 @@ class Run:
     evaluate: Evaluator | None = None
     progress: Any = None
     resumed_from: int | None = None
+    profiling: bool = False
 
     @property
     def output_dir(self) -> Path:
@@ -118,6 +119,22 @@ class Run:
     def should_stop(self, step: int, saved_step: int, skipped: int) -> bool:
         return self.peers.should_stop(step, saved_step)
 
+    def before_call(self, step: int) -> None:
+        """PROFILE_STEPS: the chief's trace starts before step START (counted from 1), into logs/."""
+        profile = self.settings.profile_steps
+        if profile and self.peers.is_chief and not self.profiling and profile[0] - 1 <= step < profile[1]:
+            tf.profiler.experimental.start(str(self.output_dir / "logs"))
+            self.profiling = True
+
+    def after_call(self, step: int, result, examples_per_sec: float | None) -> None:
+        self.progress.called(step, result.metrics, examples_per_sec)
+        if self.profiling and step >= self.settings.profile_steps[1]:
+            tf.profiler.experimental.stop()
+            self.profiling = False
+            where = self.output_dir / "logs" / "plugins" / "profile"
+            text = self.settings.to_json()["PROFILE_STEPS"]
+            self.say(f"PROFILE_STEPS={text}: trace written to {where} (make tensorboard, its Profile tab)")
+
     def check(self, result, step: int, skipped: int) -> None:
         check_finite(result, step, self.built.loss_scale, skipped, self.manager.latest_checkpoint)
 
@@ -126,7 +143,7 @@ class Run:
         write_scalars(self.writers["train"], step, result.metrics, examples_per_sec=examples_per_sec or 0.0)
 
     def end_epoch(self, epoch: int, step: int) -> None:
-        with averaged_weights(self.built):
+        with averaged_weights(self.built), self.progress.evaluating(self.settings.eval_split, len(self.data.eval)):
             metrics = self.evaluate(self.data.eval, self.runtime.global_batch)
         self.progress.evaluated(epoch, metrics)
         write_scalars(self.writers["eval"], step, metrics)
@@ -190,7 +207,25 @@ def _open_run_dir(run: Run, lock: RunLock) -> None:
     logs = run.output_dir / "logs"
     make = tf.summary.create_file_writer if run.peers.is_chief else (lambda _: tf.summary.create_noop_writer())
     run.writers = {name: make(str(logs / name)) for name in ("train", "eval")}
+    if run.peers.is_chief:
+        write_hparams(run, logs)
     run.evaluate = Evaluator(run.built, run.runtime.strategy)
+
+
+def write_hparams(run: Run, logs: Path) -> None:
+    """An HParams session at logs/, so that its train/ and eval/ scalars attach to it: the resolved settings
+    and what the run resolved, for TensorBoard's HParams table (runs under one parent, side by side)."""
+    from tensorboard.plugins.hparams import api as hp
+
+    values: dict[str, Any] = {}
+    for name, text in run.settings.to_json().items():
+        value = getattr(run.settings, name.lower())
+        values[name] = value if isinstance(value, bool | int | float) and not isinstance(value, tuple) else text
+    runtime = run.runtime
+    values.update(replicas=runtime.replicas, global_batch=runtime.global_batch, precision=runtime.precision,
+                  xla=run.jit_compile, data_in_memory=run.data.in_memory)  # fmt: skip
+    with tf.summary.create_file_writer(str(logs)).as_default():
+        hp.hparams(values, trial_id=str(run.output_dir))
 
 
 def _describe(run: Run, schedule: Schedule, start_step: int) -> str:
@@ -227,7 +262,9 @@ def _train(run: Run) -> Outcome:
                          longest_call(settings, schedule.steps_per_epoch))  # fmt: skip
         say(_describe(run, schedule, start))
         calls = make_train_calls(run.built, runtime.strategy, feed, runtime.global_batch, run.jit_compile)
-        run.progress = Lines(say, schedule.total_steps, schedule.steps_per_epoch, settings.epochs)
+        _say_profile(run, start)
+        run.progress = reporter(settings.progress, run.peers.is_chief, say, schedule.total_steps,
+                                schedule.steps_per_epoch, settings.epochs, start)  # fmt: skip
         try:
             return run_loop(calls, schedule, start, int(run.checkpoint.skipped_steps.numpy()), run)
         # What reading damaged TFRecords raises: lost bytes, a missing file, fewer examples than recorded.
@@ -241,6 +278,25 @@ def _train(run: Run) -> Outcome:
             ) from None
         except tf.errors.ResourceExhaustedError:
             _halve_batch(run)
+        finally:
+            run.progress.close()
+            if run.profiling:
+                tf.profiler.experimental.stop()
+                run.profiling = False
+
+
+def _say_profile(run: Run, start: int) -> None:
+    """PROFILE_STEPS on resume: a range already passed is a note; one under way is traced from here."""
+    profile = run.settings.profile_steps
+    if not profile or not run.peers.is_chief:
+        return
+    text = run.settings.to_json()["PROFILE_STEPS"]
+    if start >= profile[1]:
+        run.say(f"PROFILE_STEPS={text}: those steps were trained before this start (at step {start}): no trace.")
+    elif start >= profile[0]:
+        run.say(
+            f"PROFILE_STEPS={text}: resumed at step {start}, inside the range: tracing steps {start + 1}-{profile[1]}."
+        )
 
 
 def _halve_batch(run: Run) -> None:
@@ -296,6 +352,7 @@ def _summary(run: Run, outcome: Outcome, fingerprint: str) -> dict[str, Any]:
         "data_in_memory": run.data.in_memory,
         "jit_compile": run.jit_compile,
         "precision": runtime.precision,
+        "deterministic": runtime.deterministic,
         # Under XLA on several replicas TensorFlow uses its own collective all-reduce, whatever CROSS_DEVICE_OPS says.
         "cross_device_ops": "xla collective" if run.jit_compile and runtime.replicas > 1 else runtime.cross_device_ops,
         "steps": outcome.step,
@@ -328,9 +385,12 @@ def _finish(run: Run, outcome: Outcome) -> dict[str, Any]:
             write_json(run.output_dir / "summary.json", summary)
         return summary
     run.peers.agree_on_weights(fingerprint)
+    settings, batch = run.settings, run.runtime.global_batch
     with averaged_weights(run.built):
-        summary["train"] = run.evaluate(run.data.train, run.runtime.global_batch)
-        summary["eval"] = run.evaluate(run.data.eval, run.runtime.global_batch)
+        with evaluation_notice(run.say, settings.train_split, len(run.data.train)):
+            summary["train"] = run.evaluate(run.data.train, batch)
+        with evaluation_notice(run.say, settings.eval_split, len(run.data.eval)):
+            summary["eval"] = run.evaluate(run.data.eval, batch)
         if run.peers.is_chief:
             try:
                 summary["exported_model"] = export(run.built, run.output_dir)

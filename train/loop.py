@@ -28,22 +28,25 @@ def _next_multiple(step: int, every: int) -> int:
 
 def call_steps(settings: Settings, step: int, steps_per_epoch: int, total_steps: int) -> int:
     """The length of the call that starts at `step`: STEPS_PER_CALL, cut at the next epoch end, checkpoint,
-    log step or the end of training (so those happen between calls, on time)."""
-    boundary = min(
+    log step, the ends of PROFILE_STEPS or the end of training (so those happen between calls, on time)."""
+    boundaries = [
         total_steps,
         _next_multiple(step, steps_per_epoch),
         _next_multiple(step, settings.checkpoint_every),
         _next_multiple(step, settings.log_every),
-    )
-    return min(settings.steps_per_call, boundary - step)
+    ]
+    if settings.profile_steps:  # the trace starts before step START and ends after step END (counted from 1)
+        boundaries += [edge for edge in (settings.profile_steps[0] - 1, settings.profile_steps[1]) if edge > step]
+    return min(settings.steps_per_call, min(boundaries) - step)
 
 
 def longest_call(settings: Settings, steps_per_epoch: int) -> int:
     """The most steps `call_steps` ever gives: what a feed plans ahead for (not a huge STEPS_PER_CALL).
 
-    The first call: from step 0 every boundary is a whole period away, from any later step at most that.
+    The first call: from step 0 every boundary is a whole period away, from any later step at most that
+    (PROFILE_STEPS's two cuts only ever shorten a call).
     """
-    return call_steps(settings, 0, steps_per_epoch, total_steps=steps_per_epoch)
+    return call_steps(settings.replace(profile_steps=None), 0, steps_per_epoch, total_steps=steps_per_epoch)
 
 
 @dataclass
@@ -125,8 +128,9 @@ def run_loop(
 ) -> Outcome:
     """Steps from `start_step` to the schedule's end; returns where it stopped and why.
 
-    `between` is the run (train.fit.Run): it says whether to stop, logs, evaluates and saves between calls,
-    in that order. A stop is checked before every call, on every worker alike (see train.cluster.workers).
+    `between` is the run (train.fit.Run): it says whether to stop, starts and stops the profiler, checks
+    the loss, logs, evaluates and saves between calls, in that order. A stop is checked before every call,
+    on every worker alike (see train.cluster.workers).
     """
     step = saved_step = start_step
     throughput = Throughput(calls.global_batch)
@@ -134,11 +138,13 @@ def run_loop(
         if between.should_stop(step, saved_step, skipped):
             return Outcome(step, throughput.per_sec, True, skipped)
         steps = call_steps(schedule.settings, step, schedule.steps_per_epoch, schedule.total_steps)
+        between.before_call(step)
         started = time.perf_counter()
         result = calls(steps)  # returns once the steps have run: it reads their metrics
         throughput.add(steps, time.perf_counter() - started)
         step, skipped = step + steps, skipped + result.skipped
         between.check(result, step, skipped)
+        between.after_call(step, result, throughput.per_sec)
         if schedule.logs(step):
             between.log(step, result, throughput.per_sec)
         if schedule.epoch_end(step):

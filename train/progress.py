@@ -1,15 +1,23 @@
-"""What a run says while it trains: a progress line every LOG_EVERY steps, and each epoch's evaluation.
+"""What a run says while it trains: a live bar on a terminal, lines everywhere else (PROGRESS).
 
-The line format is kept stable for scripts that grep it:
+The line format is kept stable for scripts that grep it, one line every LOG_EVERY steps:
 
     step     40/80  epoch 1/2  loss 0.4321  accuracy 0.8750  12,345 examples/s
+
+The bar (rich, which typer brings) shows the step of the total, the epoch, the loss and every compiled
+metric, examples/s and the time left, updated after every call. Under multi-worker the chief shows the
+progress and the other workers say only what matters (their start, their end, and what goes wrong).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 Say = Callable[[str], None]
+EVALUATION_NOTICE_SECONDS = 2.0  # an evaluation that takes longer than this says that it runs
 
 
 def format_metrics(metrics: dict[str, float | list]) -> str:
@@ -27,16 +35,99 @@ def _flat(value) -> list[str]:
     return [f"{value:.4f}"]
 
 
+@contextmanager
+def evaluation_notice(say: Say, split: str, examples: int) -> Iterator[None]:
+    """Around an evaluation: said if it takes more than a moment (a large split, a slow model)."""
+    timer = threading.Timer(EVALUATION_NOTICE_SECONDS, say, args=(f"evaluating {split} ({examples:,} examples)...",))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
 class Lines:
     """Plain lines: container logs, CI, `| tee`."""
 
     def __init__(self, say: Say, total_steps: int, steps_per_epoch: int, epochs: int) -> None:
         self.say, self.total, self.steps_per_epoch, self.epochs = say, total_steps, steps_per_epoch, epochs
 
+    def called(self, step: int, metrics: dict[str, float | list], examples_per_sec: float | None) -> None:
+        """After every call (the bar moves; lines wait for `log`)."""
+
     def log(self, step: int, metrics: dict[str, float | list], examples_per_sec: float | None) -> None:
         epoch = -(-step // self.steps_per_epoch)
         speed = f"{examples_per_sec:,.0f} examples/s" if examples_per_sec else "(first call: tracing)"
         self.say(f"step {step:>7}/{self.total}  epoch {epoch}/{self.epochs}  {format_metrics(metrics)}  {speed}")
 
+    def evaluating(self, split: str, examples: int):
+        return evaluation_notice(self.say, split, examples)
+
     def evaluated(self, epoch: int, metrics: dict[str, float | list]) -> None:
         self.say(f"epoch {epoch} eval: {format_metrics(metrics)}")
+
+    def close(self) -> None:
+        pass
+
+
+class Quiet(Lines):
+    """A worker other than the chief: its start and end, not every step (the chief shows those)."""
+
+    def log(self, step: int, metrics: dict[str, float | list], examples_per_sec: float | None) -> None:
+        pass
+
+    def evaluated(self, epoch: int, metrics: dict[str, float | list]) -> None:
+        pass
+
+
+class Bar(Lines):
+    """A live bar on a terminal; what the lines would say stays above it, epoch by epoch."""
+
+    def __init__(self, say: Say, total_steps: int, steps_per_epoch: int, epochs: int, start_step: int = 0) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        super().__init__(say, total_steps, steps_per_epoch, epochs)
+        self.console = Console(file=sys.stdout)
+        self.progress = Progress(
+            TextColumn("epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[metrics]}"), TextColumn("{task.fields[speed]}"), TextColumn("ETA"),
+            TimeRemainingColumn(), console=self.console, transient=False,
+        )  # fmt: skip
+        self.task = self.progress.add_task(
+            "train", total=total_steps, completed=start_step, epoch=self._epoch(start_step), metrics="", speed=""
+        )
+        self.progress.start()
+
+    def _epoch(self, step: int) -> str:
+        return f"{max(1, -(-step // self.steps_per_epoch))}/{self.epochs}"
+
+    def called(self, step: int, metrics: dict[str, float | list], examples_per_sec: float | None) -> None:
+        speed = f"{examples_per_sec:,.0f} examples/s" if examples_per_sec else ""
+        self.progress.update(
+            self.task, completed=step, epoch=self._epoch(step), metrics=format_metrics(metrics), speed=speed
+        )
+
+    def log(self, step: int, metrics: dict[str, float | list], examples_per_sec: float | None) -> None:
+        self.called(step, metrics, examples_per_sec)
+
+    @contextmanager
+    def evaluating(self, split: str, examples: int) -> Iterator[None]:
+        with self.console.status(f"evaluating {split} ({examples:,} examples)..."):
+            yield
+
+    def evaluated(self, epoch: int, metrics: dict[str, float | list]) -> None:
+        self.progress.console.print(f"epoch {epoch} eval: {format_metrics(metrics)}", highlight=False, markup=False)
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+def reporter(mode: str, chief: bool, say: Say, total_steps: int, steps_per_epoch: int, epochs: int, start: int):
+    """PROGRESS resolved: auto is a bar where stdout is a terminal (and this is the chief), else lines."""
+    if not chief:
+        return Quiet(say, total_steps, steps_per_epoch, epochs)
+    if mode == "bar" or (mode == "auto" and sys.stdout.isatty()):
+        return Bar(say, total_steps, steps_per_epoch, epochs, start)
+    return Lines(say, total_steps, steps_per_epoch, epochs)

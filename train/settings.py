@@ -33,6 +33,7 @@ SINGLE_HOST = ("one_device", "mirrored")
 RESUME_MODES = ("auto", "never")
 AUTO_TRUE_FALSE = ("auto", "true", "false")
 PRECISIONS = ("auto", "off", "mixed_float16", "mixed_bfloat16")
+PROGRESS_MODES = ("auto", "bar", "lines")
 ALL_REDUCES = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
@@ -78,6 +79,7 @@ def _choice(allowed: tuple[str, ...]) -> Callable[[str, str], str]:
             raise SettingsError(f"{name}={text!r} is not allowed: use one of {', '.join(allowed)}")
         return text
 
+    parse.metavar = "|".join(allowed)  # type: ignore[attr-defined]
     return parse
 
 
@@ -169,6 +171,29 @@ def _optional_path(name: str, text: str) -> Path | None:
     return None if text == "" else _path(name, text)
 
 
+def _profile_steps(name: str, text: str) -> tuple[int, int] | None:
+    """`start-end`, global steps counted from 1, both ends inclusive (100-110); empty: no profiling."""
+    if text == "":
+        return None
+    allowed = "use START-END, two step numbers from 1 with START <= END, like 100-110"
+    match = re.fullmatch(r"([0-9]+)-([0-9]+)", text)
+    if not match:
+        raise SettingsError(f"{name}={text!r} is not allowed: {allowed}")
+    start, end = int(match.group(1)), int(match.group(2))
+    if start < 1 or end < start:
+        raise SettingsError(f"{name}={text!r} is not allowed: {allowed}")
+    return start, end
+
+
+for _parse, _metavar in (
+    (_positive_int, "N"), (_non_negative_int, "N"), (_optional_positive_int, "N"), (_positive_float, "X"),
+    (_bool, "true|false"), (_gpus, "all|none|0,1"), (_text, "TEXT"), (_optional_text, "TEXT"),
+    (_dataset, "NAME"), (_path, "PATH"), (_optional_path, "PATH"), (_model, "FILE|MODULE"),
+    (_profile_steps, "START-END"),
+):  # fmt: skip
+    _parse.metavar = _metavar  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True)
 class Field:
     """One setting: its environment name, its default as text, how to parse it, what it means, and two marks.
@@ -184,6 +209,11 @@ class Field:
     help: str
     defines_run: bool = False
     workers_agree: bool = False
+
+    @property
+    def metavar(self) -> str:
+        """The form of the value, for --help: N, X, true|false, PATH, the choices, ..."""
+        return getattr(self.parse, "metavar", "TEXT")
 
     @property
     def attr(self) -> str:
@@ -220,10 +250,13 @@ FIELDS: tuple[Field, ...] = (
     Field("MIXED_PRECISION", "auto", _choice(PRECISIONS), "auto: bf16 on compute 8.0+, fp16 on 7.x, else off.", **RW),
     Field("LEARNING_RATE", "0.001", _positive_float, "Learning rate, passed to build_model.", **RW),
     Field("SEED", "42", _non_negative_int, "Seed of weights, data order, random layers: same run.", **RW),
+    Field("DETERMINISTIC", "false", _bool, "Deterministic ops (same seed and hardware: same weights); slower.", **RW),
     Field("OUTPUT_DIR", "runs/default", _path, "Run directory: checkpoints, logs, summary, exported model."),
     Field("CHECKPOINT_EVERY", "100", _positive_int, "Save a checkpoint every N steps (and at each epoch end).", **W),
     Field("KEEP_CHECKPOINTS", "3", _positive_int, "How many recent checkpoints to keep."),
     Field("LOG_EVERY", "50", _positive_int, "Print progress and write TensorBoard scalars every N steps.", **W),
+    Field("PROGRESS", "auto", _choice(PROGRESS_MODES), "auto: a live bar on a terminal, else lines."),
+    Field("PROFILE_STEPS", "", _profile_steps, "TensorBoard profiler trace of these steps, like 100-110.", **W),
     Field("RESUME", "auto", _choice(RESUME_MODES), "auto resumes from OUTPUT_DIR's checkpoints; never refuses them."),
     Field("AUTO_BATCH", "false", _bool, "On out-of-memory, halve BATCH_SIZE and go on from the last checkpoint."),
     Field("WORKER_START_TIMEOUT", "600", _positive_int, "Multi-worker: seconds to wait for all workers to join."),
@@ -255,10 +288,13 @@ class Settings:
     mixed_precision: str
     learning_rate: float
     seed: int
+    deterministic: bool
     output_dir: Path
     checkpoint_every: int
     keep_checkpoints: int
     log_every: int
+    progress: str
+    profile_steps: tuple[int, int] | None
     resume: str
     auto_batch: bool
     worker_start_timeout: int
@@ -276,16 +312,17 @@ class Settings:
         """The resolved settings as environment-style text, ready to paste into a `.env`."""
         values = dataclasses.asdict(self)
 
-        def text(value: Any) -> str:
+        def text(value: Any, separator: str) -> str:
             if value is None:
                 return ""
             if isinstance(value, bool):
                 return str(value).lower()
             if isinstance(value, tuple):
-                return ",".join(map(str, value))
+                return separator.join(map(str, value))
             return str(value)
 
-        return {field.env: text(values[field.attr]) for field in FIELDS}
+        # GPUS=0,1 but PROFILE_STEPS=100-110: each tuple as its setting writes it
+        return {field.env: text(values[field.attr], "-" if field.attr == "profile_steps" else ",") for field in FIELDS}
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
@@ -460,6 +497,11 @@ def _check_combinations(settings: Settings) -> None:
             f"JIT_COMPILE=true is not allowed with MirroredStrategy on CPU devices (GPUS=none, STRATEGY="
             f"{settings.strategy}, CPU_DEVICES={settings.cpu_devices}): XLA cannot compile a step whose variables "
             "are mirrored on several CPU devices; use JIT_COMPILE=auto or false"
+        )
+    if settings.deterministic and settings.jit_compile == "true":
+        raise SettingsError(
+            "JIT_COMPILE=true is not allowed with DETERMINISTIC=true: not every XLA kernel is deterministic; use "
+            "JIT_COMPILE=auto (off while DETERMINISTIC=true) or false, or DETERMINISTIC=false"
         )
     if settings.cross_device_ops != "auto" and (settings.strategy == "one_device" or settings.multi_worker):
         raise SettingsError(

@@ -177,6 +177,7 @@ class Resolution:
     cluster: Cluster | None = None  # set for multi_worker only
     precision: str = "float32"  # the Keras dtype policy
     precision_why: str = ""
+    deterministic: bool = False  # DETERMINISTIC: TensorFlow's op determinism is on
     cross_device_ops: str | None = None  # mirrored: the all-reduce; None is TensorFlow's own choice
 
     @property
@@ -219,6 +220,7 @@ class Resolution:
             "workers": self.workers,
             "precision": self.precision,
             "precision_why": self.precision_why,
+            "deterministic": self.deterministic,
             "cross_device_ops": self.cross_device_ops,
             "cluster": self.cluster.describe() if self.cluster else None,
             "notes": list(self.notes),
@@ -261,6 +263,7 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
     return Resolution(
         name, devices, settings.batch_size, plan, plan.notes + notes, None,
         precision=precision, precision_why=why, cross_device_ops=cross_device_ops,
+        deterministic=settings.deterministic,
     )  # fmt: skip
 
 
@@ -280,6 +283,8 @@ def choose_xla(
     on_gpus = bool(runtime.plan.visible_gpus)
     if requested == "false":
         return False, "JIT_COMPILE=false"
+    if runtime.deterministic:  # JIT_COMPILE=true with it is refused with the settings
+        return False, "auto: off with DETERMINISTIC=true (not every XLA kernel is deterministic)"
     if layer_without_xla:
         if requested == "true":
             raise SettingsError(
@@ -345,6 +350,8 @@ def setup_runtime(settings: Settings, backend: DeviceBackend | None = None, loca
     # it as well as printed by TensorFlow's own handler, showed twice.
     tf.get_logger().propagate = False
     resolution = resolve(settings, configure_devices(settings, backend or TensorFlowDevices()), local_only)
+    if settings.deterministic:  # before any op runs: every kernel from here on is a deterministic one
+        tf.config.experimental.enable_op_determinism()
     if resolution.strategy_name == "multi_worker":
         strategy = _multi_worker_strategy(settings, resolution)
     elif resolution.strategy_name == "mirrored":

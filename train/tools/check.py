@@ -33,15 +33,66 @@ class _WithoutRetracingWarning(logging.Filter):
         return "triggered tf.function retracing" not in record.getMessage()
 
 
+class _Trials:
+    """Real training steps at one batch size after another, timed; with both XLA and not where `both`."""
+
+    def __init__(self, settings: Settings, runtime, data, built, jit: bool, both: bool, steps: int, say: Say) -> None:
+        self.settings, self.runtime, self.data, self.built = settings, runtime, data, built
+        self.jit, self.both, self.steps, self.say = jit, both, steps, say
+        self.gpus = [f"GPU:{i}" for i in range(len(runtime.plan.visible_gpus))]
+        self.devices = TensorFlowDevices()
+        self.xla_rates: dict[int, dict[str, float]] = {}
+
+    def _seconds(self, per_replica_batch: int, xla: bool) -> float:
+        global_batch = self.runtime.with_batch(per_replica_batch).global_batch
+        feed = make_feed(self.runtime.strategy, self.data.train, global_batch, self.settings.seed, 0, self.steps)
+        calls = make_train_calls(self.built, self.runtime.strategy, feed, global_batch, xla)  # traced per shape
+        calls(self.steps)  # warm-up: traces (and compiles) the graph for this shape
+        for gpu in self.gpus:
+            self.devices.reset_memory_stats(gpu)
+        started = time.perf_counter()
+        calls(self.steps)  # returns once the steps have finished
+        return time.perf_counter() - started
+
+    def __call__(self, per_replica_batch: int) -> Trial:
+        global_batch = self.runtime.with_batch(per_replica_batch).global_batch
+        try:
+            seconds = self._seconds(per_replica_batch, self.jit)
+            if self.both:
+                other = self._seconds(per_replica_batch, not self.jit)
+                rates = (self.steps * global_batch / seconds, self.steps * global_batch / other)
+                self.xla_rates[per_replica_batch] = dict(
+                    zip(("on", "off") if self.jit else ("off", "on"), rates, strict=True)
+                )
+        except tf.errors.ResourceExhaustedError as error:
+            return Trial(per_replica_batch, global_batch, fits=False, error=str(error).splitlines()[0][:120])
+        peaks = tuple(self.devices.memory_info(gpu)["peak"] / (1 << 20) for gpu in self.gpus) or None
+        speed = self.steps * global_batch / seconds
+        result = Trial(per_replica_batch, global_batch, True, 1000 * seconds / self.steps, speed, peaks)
+        xla = self.xla_rates.get(per_replica_batch)
+        also = f" (XLA on {xla['on']:,.0f}, off {xla['off']:,.0f})" if xla else ""
+        self.say(f"  BATCH_SIZE={per_replica_batch:<6} fits: {speed:,.0f} examples/s{also}")
+        return result
+
+    def xla_verdict(self) -> str | None:
+        """Which was faster at most batch sizes, and whether JIT_COMPILE=auto's choice agrees."""
+        if not self.xla_rates:
+            return None
+        faster_on, measured = sum(r["on"] > r["off"] for r in self.xla_rates.values()), len(self.xla_rates)
+        verdict, count = ("on", faster_on) if 2 * faster_on > measured else ("off", measured - faster_on)
+        chose = "on" if self.jit else "off"
+        setting = "true" if verdict == "on" else "false"
+        agrees = "agrees" if verdict == chose else f"does NOT agree: set JIT_COMPILE={setting}"
+        return f"XLA: faster {verdict} at {count} of {measured} batch sizes; auto chose {chose}, which {agrees}"
+
+
 def check(
     settings: Settings, start_batch: int = 16, max_batch: int = 4096, steps: int = 10, say: Say = print
 ) -> dict[str, Any]:
     """Trial-run real training steps at a small batch, then probe upward for the largest batch that fits."""
     runtime = setup_runtime(settings, local_only=True)  # on this host, even where TF_CONFIG names a cluster
-    for note in runtime.notes:
-        say(note)
     data = load_data(settings)
-    for note in data.notes:
+    for note in (*runtime.notes, *data.notes):
         say(note)
     built = build(settings, data.spec, runtime.strategy)
     whole_call = gathers_in_step(runtime.strategy, data.train)
@@ -51,43 +102,8 @@ def check(
         both = settings.jit_compile == "auto"
     except SettingsError:
         both = False
-    gpus = [f"GPU:{i}" for i in range(len(runtime.plan.visible_gpus))]
-    devices = TensorFlowDevices()
+    trials = _Trials(settings, runtime, data, built, jit, both, steps, say)
     cap = min(max_batch, len(data.train) // runtime.replicas)
-    xla_rates: dict[int, dict[str, float]] = {}
-
-    def timed(per_replica_batch: int, xla: bool) -> float:
-        global_batch = runtime.with_batch(per_replica_batch).global_batch
-        feed = make_feed(runtime.strategy, data.train, global_batch, settings.seed, 0, steps)
-        calls = make_train_calls(built, runtime.strategy, feed, global_batch, xla)  # traced per shape
-        calls(steps)  # warm-up: traces (and compiles) the graph for this shape
-        for gpu in gpus:
-            devices.reset_memory_stats(gpu)
-        started = time.perf_counter()
-        calls(steps)  # returns once the steps have finished
-        return time.perf_counter() - started
-
-    def trial(per_replica_batch: int) -> Trial:
-        global_batch = runtime.with_batch(per_replica_batch).global_batch
-        try:
-            seconds = timed(per_replica_batch, jit)
-            if both:
-                other = timed(per_replica_batch, not jit)
-                xla_rates[per_replica_batch] = {
-                    "on" if jit else "off": steps * global_batch / seconds,
-                    "off" if jit else "on": steps * global_batch / other,
-                }
-        except tf.errors.ResourceExhaustedError as error:
-            return Trial(per_replica_batch, global_batch, fits=False, error=str(error).splitlines()[0][:120])
-        peaks = tuple(devices.memory_info(gpu)["peak"] / (1 << 20) for gpu in gpus) or None
-        result = Trial(
-            per_replica_batch, global_batch, True, 1000 * seconds / steps, steps * global_batch / seconds, peaks
-        )
-        xla = xla_rates.get(per_replica_batch)
-        also = f" (XLA on {xla['on']:,.0f}, off {xla['off']:,.0f})" if xla else ""
-        say(f"  BATCH_SIZE={per_replica_batch:<6} fits: {result.examples_per_sec:,.0f} examples/s{also}")
-        return result
-
     say(
         f"Trial run: {steps} steps per batch size on {runtime.replicas} replica(s) ({runtime.strategy_name}), "
         f"from BATCH_SIZE={min(start_batch, cap)} up to {cap} per replica; XLA {'on' if jit else 'off'} ({why})."
@@ -97,19 +113,10 @@ def check(
     quiet = _WithoutRetracingWarning()
     tf.get_logger().addFilter(quiet)
     try:
-        probe = probe_batch_sizes(trial, start_batch, cap, current=settings.batch_size)
+        probe = probe_batch_sizes(trials, start_batch, cap, current=settings.batch_size)
     finally:
         tf.get_logger().removeFilter(quiet)
-    table = format_probe(probe)
-    if xla_rates:
-        faster = sum(rates["on"] > rates["off"] for rates in xla_rates.values())
-        verdict = "on" if 2 * faster > len(xla_rates) else "off"
-        agrees = "agrees" if verdict == ("on" if jit else "off") else "does NOT agree: set JIT_COMPILE=" + (
-            "true" if verdict == "on" else "false")  # fmt: skip
-        table += (
-            f"\nXLA: faster {verdict} at {faster if verdict == 'on' else len(xla_rates) - faster} of "
-            f"{len(xla_rates)} batch sizes; JIT_COMPILE=auto chose {'on' if jit else 'off'}, which {agrees}"
-        )
+    verdict = trials.xla_verdict()
     return {
         "resolved": runtime.describe(),
         "steps_per_trial": steps,
@@ -119,6 +126,10 @@ def check(
         "smallest_failure": probe.smallest_failure,
         "recommended_batch_size": probe.recommended,
         "message": probe.message,
-        "jit_compile": {"chosen": jit, "why": why, "measured": {str(b): r for b, r in xla_rates.items()} or None},
-        "table": table,
+        "jit_compile": {
+            "chosen": jit,
+            "why": why,
+            "measured": {str(b): r for b, r in trials.xla_rates.items()} or None,
+        },
+        "table": format_probe(probe) + (f"\n{verdict}" if verdict else ""),
     }

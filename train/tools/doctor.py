@@ -269,7 +269,8 @@ def format_report(report: dict[str, Any]) -> str:
         f"Resolved: strategy {resolved['strategy']} on {', '.join(resolved['devices'])}; "
         f"{resolved['replicas']} replica(s) x {resolved['per_replica_batch']} "
         f"= global batch {resolved['global_batch']}; " + _gpu_memory(resolved),
-        f"  precision: {resolved['precision']} ({resolved['precision_why']})",
+        f"  precision: {resolved['precision']} ({resolved['precision_why']}); deterministic ops: "
+        + ("on (DETERMINISTIC=true; XLA stays off)" if resolved["deterministic"] else "off (DETERMINISTIC=false)"),
     ]
     lines += [f"  {note}" for note in resolved["notes"]]
     cluster = resolved.get("cluster")

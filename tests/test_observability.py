@@ -1,0 +1,146 @@
+"""What a run shows while it trains and leaves to look at: the progress bar or lines, the TensorBoard
+profiler trace of PROFILE_STEPS, the HParams session of every run, and DETERMINISTIC's wiring."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import clean_env, read_summary, run_train
+
+QUICK = {"EPOCHS": 2, "STEPS_PER_EPOCH": 20, "LOG_EVERY": 10}
+
+
+def fit_on_a_terminal(cwd, timeout: float = 180, **settings) -> str:
+    """`python -m train fit` with its output on a pseudo-terminal, as a user at a shell sees it."""
+    leader, follower = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "train", "fit"], cwd=cwd, env=clean_env(**settings),
+                               stdin=follower, stdout=follower, stderr=follower)  # fmt: skip
+    os.close(follower)
+    output, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the child closed its end
+                break
+            if not chunk:
+                break
+            output += chunk
+        elif process.poll() is not None:
+            break
+    process.wait(timeout=30)
+    os.close(leader)
+    assert process.returncode == 0, output.decode(errors="replace")[-3000:]
+    return output.decode(errors="replace")
+
+
+def test_a_terminal_gets_a_live_bar_with_the_metrics_speed_and_time_left(tmp_path, tfds_data_dir):
+    output = fit_on_a_terminal(tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=tmp_path / "run", **QUICK)
+    assert "epoch 2/2" in output and "40/40" in output  # step of the total
+    assert "accuracy" in output and "examples/s" in output and "ETA" in output
+    assert "step      10/40" not in output  # the bar replaces the lines
+    assert "epoch 1 eval: loss" in output  # what matters stays above the bar
+
+
+def test_without_a_terminal_the_lines_keep_their_format(tmp_path, tfds_data_dir):
+    result = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=tmp_path / "run", **QUICK)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["10/40", "20/40", "30/40", "40/40"]
+    assert lines[1].split()[2:8] == ["epoch", "1/2", "loss", lines[1].split()[5], "accuracy", lines[1].split()[7]]
+    assert lines[-1].endswith("examples/s")
+    assert "\x1b[" not in result.stdout  # no terminal control codes in logs
+
+
+def test_profile_steps_writes_a_tensorboard_trace_of_those_steps(tmp_path, tfds_data_dir):
+    output_dir = tmp_path / "run"
+    result = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=output_dir, PROFILE_STEPS="5-8",
+                       **QUICK)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    traces = list((output_dir / "logs" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0
+    assert f"PROFILE_STEPS=5-8: trace written to {output_dir / 'logs' / 'plugins' / 'profile'}" in result.stdout
+
+    again = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=output_dir, PROFILE_STEPS="5-8",
+                      **{**QUICK, "EPOCHS": 3})  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "PROFILE_STEPS=5-8: those steps were trained before this start (at step 40): no trace." in again.stdout
+
+
+@pytest.mark.parametrize("text", ["8-5", "0-3", "a-b", "5"])
+def test_a_malformed_profile_range_is_exit_2_before_tensorflow(tmp_path, text):
+    result = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "run", PROFILE_STEPS=text)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: PROFILE_STEPS={text!r} is not allowed: use START-END, two step numbers from 1 with START <= END, "
+        "like 100-110"
+    ]
+
+
+EVENTS = """
+import json, sys
+from pathlib import Path
+import tensorflow as tf
+from tensorboard.plugins.hparams import plugin_data_pb2
+logs = Path(sys.argv[1])
+found = {"hparams": {}, "eval": {}}
+for path in logs.glob("events.out.tfevents.*"):
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+        for value in event.summary.value:
+            if value.metadata.plugin_data.plugin_name == "hparams":
+                data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+                for name, hparam in data.session_start_info.hparams.items():
+                    found["hparams"][name] = hparam.string_value or hparam.number_value or hparam.bool_value
+for path in (logs / "eval").glob("events.out.tfevents.*"):
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+        for value in event.summary.value:
+            found["eval"][value.tag] = float(tf.make_ndarray(value.tensor))
+print(json.dumps(found))
+"""
+
+
+def test_every_run_writes_an_hparams_session_of_its_settings_beside_its_metrics(tmp_path, tfds_data_dir):
+    import json
+
+    output_dir = tmp_path / "run"
+    result = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=output_dir, BATCH_SIZE=64, **QUICK)
+    assert result.returncode == 0, result.stderr[-3000:]
+    read = subprocess.run([sys.executable, "-c", EVENTS, str(output_dir / "logs")], env=clean_env(),
+                          capture_output=True, text=True)  # fmt: skip
+    assert read.returncode == 0, read.stderr[-3000:]
+    found = json.loads(read.stdout.strip().splitlines()[-1])
+    assert found["hparams"]["BATCH_SIZE"] == 64 and found["hparams"]["DATASET"] == "synthetic_clusters"
+    assert found["hparams"]["global_batch"] == 64 and found["hparams"]["MODEL"] == "examples.mlp"
+    assert found["eval"]["accuracy"] == pytest.approx(read_summary(output_dir)["eval"]["accuracy"], abs=1e-6)
+
+
+def test_deterministic_runs_on_two_replicas_end_with_the_same_weights_and_turn_xla_off(tmp_path, tfds_data_dir):
+    hashes = []
+    for name in ("first", "second"):
+        result = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=tmp_path / name,
+                           DETERMINISTIC="true", CPU_DEVICES=2, **QUICK)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        summary = read_summary(tmp_path / name)
+        assert summary["deterministic"] is True and summary["replicas"] == 2
+        hashes.append(summary["weights_sha256"])
+    assert hashes[0] == hashes[1]
+    one_device = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=tmp_path / "one",
+                           DETERMINISTIC="true", **QUICK)  # fmt: skip
+    assert "XLA off (auto: off with DETERMINISTIC=true" in one_device.stdout  # auto would be on here otherwise
+    assert read_summary(tmp_path / "one")["jit_compile"] is False
+
+
+def test_deterministic_with_xla_forced_on_is_refused_naming_both(tmp_path):
+    result = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "run", DETERMINISTIC="true", JIT_COMPILE="true")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "error: JIT_COMPILE=true is not allowed with DETERMINISTIC=true"
+    )
