@@ -15,6 +15,9 @@ import functools
 import inspect
 import json
 import os
+import re
+import sys
+import tempfile
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +36,33 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+
+
+_ABSL_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ ")  # absl's "I0000 00:00:1796.25 7627 " (time, thread)
+
+
+def _load_tensorflow() -> None:
+    """Import TensorFlow, printing what its C++ start-up writes to stderr once: two of its libraries log the
+    same lines (absl's notice, "Could not find cuda drivers") before TF_CPP_MIN_LOG_LEVEL applies."""
+    if "tensorflow" in sys.modules:
+        return
+    sys.stderr.flush()
+    kept = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+        finally:
+            sys.stderr.flush()
+            os.dup2(kept, 2)
+            os.close(kept)
+            captured.seek(0)
+            seen, lines = set(), []
+            for line in captured.read().decode(errors="replace").splitlines(keepends=True):
+                if _ABSL_PREFIX.sub("", line) not in seen:
+                    seen.add(_ABSL_PREFIX.sub("", line))
+                    lines.append(line)
+            os.write(2, "".join(lines).encode())
 
 
 def _fail(message: str, code: int) -> None:
@@ -127,6 +157,7 @@ def fit(settings: Settings) -> None:
     """Train, checkpointing as it goes; resumes from OUTPUT_DIR's latest checkpoint."""
     preflight(settings)  # the run directory's problems in the first second, before TensorFlow loads
     with StopRequest() as stop:  # from now on, SIGTERM means "save and exit 42", even while TF loads
+        _load_tensorflow()
         from train.fit import fit as run_fit
 
         summary = run_fit(settings, stop)
@@ -143,6 +174,7 @@ def evaluate(
     ] = False,
 ) -> None:
     """Every compiled metric on EVAL_SPLIT, printed as JSON; the run's settings.json fills in the settings."""
+    _load_tensorflow()
     from train.fit import evaluate as run_evaluate
 
     _print_json(run_evaluate(settings, exported=exported))
@@ -159,6 +191,7 @@ def check(
 ) -> None:
     """Trial-run a few real steps at a small batch, then find the largest batch that fits and recommend one."""
     _check_json_path(json_path)  # before TensorFlow loads
+    _load_tensorflow()
     from train.tools.check import check as run_check
 
     result = run_check(settings, start_batch=start_batch, max_batch=max_batch, steps=steps)
@@ -186,13 +219,15 @@ def bench(
     _check_json_path(json_path)
     from train.tools.bench import CONTENDERS, format_benchmark, parse_levers, run_benchmark
 
+    chosen_levers = parse_levers(levers)  # a bad one before TensorFlow loads
+    _load_tensorflow()
     result = run_benchmark(
         settings,
         repetitions=repetitions,
         seconds_per_measurement=seconds,
         include_startup=startup,
         compare_replicas=compare_replicas,
-        levers=parse_levers(levers),
+        levers=chosen_levers,
         contenders=tuple(contenders.split(",")) if contenders else CONTENDERS,
     )
     typer.echo(format_benchmark(result))
@@ -206,6 +241,7 @@ def devices(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (stable schema) for scripts.")] = False,
 ) -> None:
     """Devices, versions, GPU environment and what the settings resolve to, with diagnoses and fixes."""
+    _load_tensorflow()
     from train.tools.doctor import device_report, format_report
 
     report = device_report(settings)

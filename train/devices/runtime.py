@@ -106,12 +106,12 @@ def auto_precision(plan: DevicePlan) -> tuple[str, str]:
     """What MIXED_PRECISION=auto resolves to on these devices, and why."""
     capabilities = plan.compute_capabilities
     if not plan.visible_gpus:
-        return "float32", "no GPU: float32 (CPUs have no faster 16-bit math; bfloat16 measured slower here)"
+        return "float32", "no GPU: CPUs have no faster 16-bit math, and bfloat16 measured slower here"
     if all(c and c >= BFLOAT16_CORES for c in capabilities):
-        return "mixed_bfloat16", "every GPU has compute capability 8.0+: bfloat16, which needs no loss scaling"
+        return "mixed_bfloat16", "every GPU has compute capability 8.0+: bfloat16 tensor cores, no loss scaling"
     if all(c and c >= TENSOR_CORES for c in capabilities):
         return "mixed_float16", "every GPU has compute capability 7.x+: float16 tensor cores, with loss scaling"
-    return "float32", "a GPU below compute capability 7.0 (or of unknown capability): float32"
+    return "float32", "a GPU below compute capability 7.0 (or of unknown capability): no tensor cores"
 
 
 def choose_precision(requested: str, plan: DevicePlan) -> tuple[str, tuple[str, ...]]:

@@ -87,6 +87,8 @@ def collect_report(
             raise
         missing_gpus, settings = str(error), replace(settings, gpus="all")
         plan = configure_devices(settings, backend)
+        # Shown for what there is, not what would train: GPUS named GPUs, so it would not train on the CPU.
+        plan = replace(plan, notes=tuple(n for n in plan.notes if not n.startswith("No GPU found")))
     resolution = resolve(settings, plan)
     visible = set(resolution.plan.visible_gpus)
     gpus = []
@@ -237,6 +239,19 @@ def _gpu_memory(resolved: dict[str, Any]) -> str:
     return f"memory growth {'on' if resolved['memory_growth'] else 'off'}"
 
 
+def _libraries_line(report: dict[str, Any]) -> str:
+    """The CUDA and cuDNN libraries found, and what they mean for this TensorFlow."""
+    build, found = report["build"], report["cuda_libraries"]
+    listed = f"CUDA runtime {', '.join(found['cuda']) or 'none'}; cuDNN {', '.join(found['cudnn']) or 'none'}"
+    if not build["cuda_build"]:
+        return f"CUDA libraries found: {listed} (this CPU-only TensorFlow uses none of them)"
+    wanted = f"CUDA {str(build['cuda_version']).split('.')[0]} and cuDNN {str(build['cudnn_version']).split('.')[0]}"
+    return (
+        f"CUDA libraries found: {listed}. This TensorFlow loads {wanted}: the pip wheels of make setup "
+        "EXTRAS=dev,gpu where installed, else the system's (of those majors only)"
+    )
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The human table."""
     build, resolved = report["build"], report["resolved"]
@@ -247,8 +262,7 @@ def format_report(report: dict[str, Any]) -> str:
             if build["cuda_build"]
             else "CPU-only build"
         ),
-        f"CUDA libraries: {', '.join(report['cuda_libraries']['cuda']) or 'none'}; "
-        f"cuDNN: {', '.join(report['cuda_libraries']['cudnn']) or 'none'}",
+        _libraries_line(report),
         "",
         "GPUs:" if report["gpus"] else "GPUs: none seen by TensorFlow",
     ]
