@@ -141,6 +141,8 @@ def test_deterministic_runs_on_two_replicas_end_with_the_same_weights_and_turn_x
 def test_deterministic_with_xla_forced_on_is_refused_naming_both(tmp_path):
     result = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "run", DETERMINISTIC="true", JIT_COMPILE="true")
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith(
-        "error: JIT_COMPILE=true is not allowed with DETERMINISTIC=true"
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: JIT_COMPILE=true is not allowed with DETERMINISTIC=true")
     )

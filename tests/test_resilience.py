@@ -379,7 +379,9 @@ def test_a_download_host_that_cannot_be_reached_is_said_within_seconds(tmp_path)
     env = clean_env(TFDS_DATA_DIR=tmp_path / "data", OUTPUT_DIR=tmp_path / "run", DATASET="offline_data")
     env["PYTHONPATH"] += os.pathsep + str(package.parent)
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", script, "fit"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", script, "fit"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
     took = time.monotonic() - started
     assert result.returncode == 2, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
