@@ -33,11 +33,16 @@ def run_bench(*args: str, cwd: Path, data_dir: Path, timeout: float = 600, **set
 
 
 @pytest.mark.slow
-def test_short_benchmark_measures_every_contender_and_the_three_ratios(tmp_path, tfds_data_dir):
-    result = run_bench(*SHORT, "--no-startup", cwd=tmp_path, data_dir=tfds_data_dir)
+def test_short_benchmark_measures_every_contender_and_the_three_ratios_with_the_settings_as_flags(
+    tmp_path, tfds_data_dir
+):
+    result = run_bench(*SHORT, "--no-startup", "--batch-size", "64", "--steps-per-call", "8", cwd=tmp_path,
+                       data_dir=tfds_data_dir)  # fmt: skip
     assert result["schema"] == 1
-    assert result["dataset"] == "synthetic_clusters/1.0.0"
-    assert (result["resolved"]["strategy"], result["resolved"]["global_batch"]) == ("one_device", 128)
+    assert (result["dataset"], result["model"]) == ("synthetic_clusters/1.0.0", "examples.mlp")
+    assert (result["resolved"]["strategy"], result["resolved"]["global_batch"], result["steps_per_call"]) == (
+        "one_device", 64, 8,
+    )  # fmt: skip
     assert set(result["contenders"]) == set(CONTENDERS)
     for name, contender in result["contenders"].items():
         assert contender["examples_per_sec"] > 0, name
@@ -50,24 +55,26 @@ def test_short_benchmark_measures_every_contender_and_the_three_ratios(tmp_path,
 
 
 @pytest.mark.slow
-def test_bench_command_takes_the_settings_as_flags(tmp_path, tfds_data_dir):
-    out = tmp_path / "bench.json"
-    args = ("--batch-size", "64", "--steps-per-call", "8", "--no-startup", "--json", str(out))
-    result = run_train("bench", *SHORT, *args, cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "goals (docs/performance.md):" in result.stdout
-    written = json.loads(out.read_text())
-    assert (written["resolved"]["global_batch"], written["steps_per_call"]) == (64, 8)
-    assert all(contender["examples_per_sec"] > 0 for contender in written["contenders"].values())
-
-
-@pytest.mark.slow
-def test_benchmark_on_two_logical_cpus_runs_mirrored(tmp_path, tfds_data_dir):
-    """Keras fit may crash under MirroredStrategy with some settings; the benchmark says so and goes on."""
-    result = run_bench(*SHORT, "--no-startup", cwd=tmp_path, data_dir=tfds_data_dir, CPU_DEVICES=2, BATCH_SIZE=32)
+def test_on_two_logical_cpus_it_runs_mirrored_and_measures_levers_value_by_value(tmp_path, tfds_data_dir):
+    """Keras fit may crash under MirroredStrategy with some settings: the benchmark says so and goes on. A lever
+    value the settings refuse here is reported with its error."""
+    result = run_bench(
+        *SHORT, "--no-startup", "--levers", "JIT_COMPILE,CROSS_DEVICE_OPS", cwd=tmp_path, data_dir=tfds_data_dir,
+        CPU_DEVICES=2, BATCH_SIZE=32,
+    )  # fmt: skip
     assert (result["resolved"]["strategy"], result["resolved"]["global_batch"]) == ("mirrored", 64)
     assert all(contender["examples_per_sec"] > 0 for contender in result["contenders"].values())
     assert result["contenders"]["template"]["strategy"] == "mirrored"
+    without, with_xla = result["levers"]["JIT_COMPILE"]
+    assert without["examples_per_sec"] > 0 and without["resolved"]["template"].endswith("XLA off")
+    assert with_xla["examples_per_sec"] is None  # XLA cannot compile a mirrored step: refused, and said why
+    assert with_xla["error"].startswith(
+        "error: JIT_COMPILE=true is not allowed with MirroredStrategy on CPU devices (2 replicas, CPU_DEVICES=2)"
+    )
+    all_reduces = result["levers"]["CROSS_DEVICE_OPS"]
+    assert [value["value"] for value in all_reduces] == ["auto", "hierarchical_copy"]
+    assert [value["resolved"]["cross_device_ops"] for value in all_reduces] == ["reduce_to_one", "hierarchical_copy"]
+    assert all(value["examples_per_sec"] > 0 and value["resolved"]["replicas"] == 2 for value in all_reduces)
 
 
 @pytest.mark.slow
@@ -87,25 +94,6 @@ def test_startup_and_replica_comparison_run_in_subprocesses(tmp_path, tfds_data_
     assert goals["mirrored on 2 CPU devices / one device"]["met"] in (True, False)
     assert goals["1/3 faster than Keras fit at its best"]["met"] is None  # not measured: no Keras contender
     assert not list(tmp_path.glob("runs")), "the tiny fit writes to a temporary OUTPUT_DIR, not the working directory"
-
-
-@pytest.mark.slow
-def test_levers_are_measured_value_by_value_and_a_refused_value_is_reported(tmp_path, tfds_data_dir):
-    result = run_bench(
-        *SHORT, "--no-startup", "--contenders", "template", "--levers", "JIT_COMPILE,CROSS_DEVICE_OPS",
-        cwd=tmp_path, data_dir=tfds_data_dir, CPU_DEVICES=2,
-    )  # fmt: skip
-    assert result["resolved"]["strategy"] == "mirrored"
-    without, with_xla = result["levers"]["JIT_COMPILE"]
-    assert without["examples_per_sec"] > 0 and without["resolved"]["template"].endswith("XLA off")
-    assert with_xla["examples_per_sec"] is None  # XLA cannot compile a mirrored step: refused, and said why
-    assert with_xla["error"].startswith(
-        "error: JIT_COMPILE=true is not allowed with MirroredStrategy on CPU devices (2 replicas, CPU_DEVICES=2)"
-    )
-    all_reduces = result["levers"]["CROSS_DEVICE_OPS"]
-    assert [value["value"] for value in all_reduces] == ["auto", "hierarchical_copy"]
-    assert [value["resolved"]["cross_device_ops"] for value in all_reduces] == ["reduce_to_one", "hierarchical_copy"]
-    assert all(value["examples_per_sec"] > 0 and value["resolved"]["replicas"] == 2 for value in all_reduces)
 
 
 def test_unknown_lever_is_refused_before_anything_runs(tmp_path):

@@ -28,15 +28,28 @@ def cnn_settings(data_dir: Path, output_dir: Path, replicas: int) -> dict[str, o
             "BATCH_SIZE": GLOBAL_BATCH // replicas}  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["1 replica", "2 replicas"])
-def cnn_run(request, tmp_path_factory, examples_data_dir) -> tuple[int, Path, subprocess.CompletedProcess]:
-    """The CNN trained start to end: the reference for the tests below."""
-    replicas = request.param
+def train_cnn(tmp_path_factory, data_dir: Path, replicas: int) -> tuple[int, Path, subprocess.CompletedProcess]:
     output_dir = tmp_path_factory.mktemp(f"cnn{replicas}") / "run"
-    settings = cnn_settings(examples_data_dir, output_dir, replicas)
-    result = run_train("fit", cwd=output_dir.parent, **settings)
+    result = run_train("fit", cwd=output_dir.parent, **cnn_settings(data_dir, output_dir, replicas))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return replicas, output_dir, result
+
+
+@pytest.fixture(scope="module")
+def cnn_one(tmp_path_factory, examples_data_dir):
+    """The CNN trained start to end on one replica: the reference for the tests below."""
+    return train_cnn(tmp_path_factory, examples_data_dir, 1)
+
+
+@pytest.fixture(scope="module")
+def cnn_two(tmp_path_factory, examples_data_dir):
+    """... and on 2 replicas (logical CPUs)."""
+    return train_cnn(tmp_path_factory, examples_data_dir, 2)
+
+
+@pytest.fixture(params=[1, 2], ids=["1 replica", "2 replicas"])
+def cnn_run(request):
+    return request.getfixturevalue("cnn_one" if request.param == 1 else "cnn_two")
 
 
 def test_the_cnn_trains_on_images_in_their_shape_with_every_compiled_metric(cnn_run):
@@ -71,8 +84,8 @@ print(json.dumps(out))
 """
 
 
-def test_both_exports_take_the_stored_images_and_serve_what_was_evaluated(cnn_run, examples_data_dir):
-    _, run, _ = cnn_run
+def test_both_exports_take_the_stored_images_and_serve_what_was_evaluated(cnn_one, examples_data_dir):
+    _, run, _ = cnn_one
     result = subprocess.run(
         [sys.executable, "-c", EXPORTS, str(run), str(examples_data_dir)],
         env=clean_env(), capture_output=True, text=True, timeout=300,
@@ -87,8 +100,8 @@ def test_both_exports_take_the_stored_images_and_serve_what_was_evaluated(cnn_ru
         assert exports[name]["accuracy"] == pytest.approx(accuracy, abs=1e-6), name
 
 
-def test_evaluate_scores_a_forked_run_with_the_settings_it_was_trained_with(cnn_run, tmp_path):
-    _, run, _ = cnn_run
+def test_evaluate_scores_a_forked_run_with_the_settings_it_was_trained_with(cnn_two, tmp_path):
+    _, run, _ = cnn_two  # trained on 2 replicas, evaluated on the settings.json's CPU_DEVICES=2 too
     expected = read_summary(run)["eval"]
     for args in (["evaluate"], ["evaluate", "--exported"]):
         # Neither MODEL, DATASET, the splits nor the data dir given: the run's settings.json says them.

@@ -503,7 +503,7 @@ def test_a_second_fit_on_a_run_directory_in_use_is_refused_at_once_naming_its_ho
 
 HOLD = (
     "import sys, time; from pathlib import Path; from train.rundir import RunLock\n"
-    "RunLock(Path(sys.argv[1])).acquire(); print('held', flush=True); time.sleep(60)"
+    "lock = RunLock(Path(sys.argv[1])); lock.acquire(); print('held', flush=True); time.sleep(60)"
 )
 
 

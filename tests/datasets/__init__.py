@@ -75,7 +75,10 @@ class WideValues(tfds.core.GeneratorBasedBuilder):
         return self.dataset_info_from_configs(
             features=tfds.features.FeaturesDict(
                 {
-                    "features": tfds.features.Tensor(shape=(self.WIDTH,), dtype=np.float32),
+                    # stored as raw bytes: written (and read) ~10x faster than a list of 16,384 floats
+                    "features": tfds.features.Tensor(
+                        shape=(self.WIDTH,), dtype=np.float32, encoding=tfds.features.Encoding.BYTES
+                    ),
                     "label": tfds.features.ClassLabel(num_classes=10),
                 }
             ),
