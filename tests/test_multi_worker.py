@@ -387,6 +387,55 @@ def run_workers(tmp_path: Path, per_worker: list[dict], data_dir: Path, **common
     return [(code, log.read_text()) for code, log in zip(codes, logs, strict=True)]
 
 
+@pytest.fixture(scope="module")
+def sharded_data_dir(tmp_path_factory) -> Path:
+    """The default dataset prepared in 4 files (TFDS's num_shards), so that workers can split the files."""
+    data_dir = tmp_path_factory.mktemp("four_shards")
+    script = (
+        "import sys, tensorflow_datasets as tfds, train.data.synthetic_clusters\n"
+        "tfds.builder('synthetic_clusters', data_dir=sys.argv[1]).download_and_prepare("
+        "download_config=tfds.download.DownloadConfig(num_shards=4))\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(data_dir)], check=True, env=clean_env(), capture_output=True)
+    return data_dir
+
+
+@pytest.mark.parametrize("files", [4, 1], ids=["a file share each", "a chunk share of one file"])
+def test_a_streamed_split_is_read_once_per_pass_each_worker_reading_only_its_share(
+    files, tmp_path, tfds_data_dir, sharded_data_dir
+):
+    data_dir = sharded_data_dir if files == 4 else tfds_data_dir
+    outputs = [tmp_path / f"shard{i}.json" for i in range(2)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.harness.streamed_shards", str(output)], cwd=REPO,
+            env=clean_env(STRATEGY="multi_worker", TF_CONFIG=config, TFDS_DATA_DIR=data_dir, WORKER_START_TIMEOUT=60),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        for config, output in zip(tf_configs(free_ports(2)), outputs, strict=True)
+    ]
+    try:
+        for process in processes:
+            assert process.wait(timeout=120) == 0, process.stderr.read().decode()[-3000:]
+    finally:
+        for process in processes:
+            process.kill()
+    results = [json.loads(output.read_text()) for output in outputs]
+    assert [r["files"] for r in results] == [files, files]
+    assert sum(r["share"] for r in results) == results[0]["examples"] == 16384  # the shares split the split
+    passes = results[0]["passes"]
+    assert passes == min(r["share"] for r in results) // 64  # a worker's local batch: 64 per replica
+    for pass_number in range(2):
+        steps = range(pass_number * passes, (pass_number + 1) * passes)
+        per_worker = [{i for step in steps for i in r["seen"][step]} for r in results]
+        assert sum(len(seen) for seen in per_worker) == passes * 128  # no example twice, within or across workers
+        assert not per_worker[0] & per_worker[1]
+    for r in results:
+        first, second = ([i for step in range(s, s + passes) for i in r["seen"][step]] for s in (0, passes))
+        assert first != second  # each pass is its own order
+        assert r["resumed"] == r["seen"][5:]  # a restart at step 5 reads what the uninterrupted run reads
+
+
 def test_workers_with_different_settings_stop_before_training_naming_the_difference(tmp_path, tfds_data_dir):
     outcomes = run_workers(tmp_path, [{"BATCH_SIZE": 16}, {"BATCH_SIZE": 32}], tfds_data_dir)
     expected = "error: worker 1 does not match the chief: BATCH_SIZE='32' on worker 1 but '16' on the chief."

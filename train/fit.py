@@ -21,7 +21,16 @@ import tensorflow as tf
 from train.checkpoints import make_checkpoint, restore_newest, save_checkpoint
 from train.cluster.agreement import Decision, reconcile, report
 from train.cluster.workers import SingleHost, connect
-from train.data import Data, Dataset, batches_per_pass, gathers_in_step, load_data, make_feed, open_dataset
+from train.data import (
+    Data,
+    Dataset,
+    batches_per_pass,
+    gathers_in_step,
+    input_pipelines,
+    load_data,
+    make_feed,
+    open_dataset,
+)
 from train.devices.host_memory import available_memory_bytes, memory_note
 from train.devices.runtime import Runtime, auto_precision, choose_xla, setup_runtime
 from train.errors import SettingsError, TrainingError, first_line
@@ -39,9 +48,10 @@ def _say(message: str) -> None:
     print(message, flush=True)
 
 
-def steps_per_epoch(settings: Settings, data: Data, global_batch: int) -> int:
+def steps_per_epoch(settings: Settings, data: Data, runtime: Runtime) -> int:
     """STEPS_PER_EPOCH, or one pass over the split. Raises SettingsError for a split under one global batch."""
-    return settings.steps_per_epoch or batches_per_pass(data.train, global_batch)
+    pipelines = input_pipelines(runtime.strategy)
+    return settings.steps_per_epoch or batches_per_pass(data.train, runtime.global_batch, pipelines=pipelines)
 
 
 def _workers_here(runtime: Runtime) -> int:
@@ -167,7 +177,7 @@ def _start(settings: Settings, runtime: Runtime, peers: SingleHost, say: Say) ->
                        available_memory_bytes(), _workers_here(runtime))  # fmt: skip
     for line in (*decision.notes, *((note,) if note else ())):
         say(line)
-    steps_per_epoch(settings, data, runtime.global_batch)  # a split under one global batch: before writing
+    steps_per_epoch(settings, data, runtime)  # a split under one global batch: before writing
     built = build(settings, data.spec, runtime.strategy)  # a model that breaks the contract: before writing
     whole_call = gathers_in_step(runtime.strategy, data.train)  # the feed lets XLA compile the whole call
     jit, why = _decide_xla(settings, runtime, peers, built, whole_call, decision.jit_compile)
@@ -256,7 +266,7 @@ def _train(run: Run) -> Outcome:
     run.peers.watch_stops(lambda step: save_checkpoint(run.manager, step, int(run.checkpoint.skipped_steps)))
     while True:
         runtime = run.runtime
-        schedule = Schedule(settings, steps_per_epoch(settings, run.data, runtime.global_batch))
+        schedule = Schedule(settings, steps_per_epoch(settings, run.data, runtime))
         start = int(run.checkpoint.step.numpy())
         feed = make_feed(runtime.strategy, run.data.train, runtime.global_batch, settings.seed, start,
                          longest_call(settings, schedule.steps_per_epoch))  # fmt: skip
@@ -338,7 +348,7 @@ def memory_picture(runtime: Runtime) -> str:
 def _summary(run: Run, outcome: Outcome, fingerprint: str) -> dict[str, Any]:
     runtime, schedule = (
         run.runtime,
-        Schedule(run.settings, steps_per_epoch(run.settings, run.data, run.runtime.global_batch)),
+        Schedule(run.settings, steps_per_epoch(run.settings, run.data, run.runtime)),
     )
     return {
         "dataset": run.data.name,

@@ -25,9 +25,21 @@ from train.errors import SettingsError
 GATHER_BATCHES = 32  # training batches gathered by one op in the in-memory tf.data pipeline
 
 
-def batches_per_pass(split: TrainSplit, global_batch: int, setting: str = "TRAIN_SPLIT") -> int:
-    """Whole global batches in one pass over the split (the remainder waits for the next pass)."""
-    batches = len(split) // global_batch
+def input_pipelines(strategy) -> int:
+    """How many input pipelines feed the replicas (train.data.feeds.distribute): one per worker on GPUs and
+    across workers, one per replica on a host's CPU devices."""
+    if _on_gpus(strategy) or isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return strategy.num_replicas_in_sync // len(strategy.extended.worker_devices)  # the workers
+    return strategy.num_replicas_in_sync
+
+
+def batches_per_pass(split: TrainSplit, global_batch: int, setting: str = "TRAIN_SPLIT", pipelines: int = 1) -> int:
+    """Whole global batches in one pass over the split (the remainder waits for the next pass). A streamed split
+    read by several `pipelines`, each its own share, makes as many as its smallest share does."""
+    if isinstance(split, StreamedSplit):
+        batches = split.pass_batches(global_batch // pipelines, pipelines)
+    else:
+        batches = len(split) // global_batch
     if batches == 0:
         raise SettingsError(
             f"{setting} has {len(split)} examples, fewer than one global batch of {global_batch}: lower BATCH_SIZE"
@@ -61,7 +73,7 @@ def train_dataset(strategy, split: TrainSplit, global_batch: int, seed: int, sta
     The k-th global batch of a pass is cut into per-replica slices, replica r taking slice r. A restart at
     step s rebuilds the plan and skips s batches: of indices in memory; of examples read, when streaming.
     """
-    pass_batches = batches_per_pass(split, global_batch)
+    pass_batches = batches_per_pass(split, global_batch, pipelines=input_pipelines(strategy))
     first_pass, offset = divmod(start_step, pass_batches)
     replicas = strategy.num_replicas_in_sync
     per_replica = global_batch // replicas
@@ -92,28 +104,32 @@ def train_dataset(strategy, split: TrainSplit, global_batch: int, seed: int, sta
 def _streamed(
     split: StreamedSplit, replicas: int, per_replica: int, pass_batches: int, seed: int, first_pass: int, offset: int
 ):
-    """The dataset_fn of a streamed split: every input pipeline reads the same global batches, keeps its slices.
+    """The dataset_fn of a streamed split: each input pipeline reads only its share of the files (or, with fewer
+    files than pipelines, of the records), in shuffled windows, and makes its replicas' batches from it.
 
-    Each worker reads the whole stream (and drops the others' rows): simple and exactly the order of one
-    worker; the cost is reading (workers - 1) times more, which matters only once reading is the bottleneck.
+    So every example is read once per pass across all pipelines, in a new order each pass, and a restart
+    with as many pipelines reads exactly the same batches; the order is not one worker's order (each pipeline
+    shuffles its own share).
     """
-    examples = split.read(shuffle_files=True, seed=seed)
     feature_shape, label_shape = list(split.spec.feature_shape), list(split.spec.label_shape)
 
-    def one_pass(pass_number):
-        shuffled = examples.shuffle(split.shuffle_buffer, seed=tf.constant(seed, tf.int64) * 1_000_003 + pass_number)
-        return shuffled.batch(replicas * per_replica, drop_remainder=True).take(pass_batches)
-
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        local, first_replica = _local_replicas(replicas, context)
+        local, _ = _local_replicas(replicas, context)
+        count, index = context.num_input_pipelines, context.input_pipeline_id
+        local_batch = local * per_replica
 
-        def ours(features, labels):  # after batching: one vectorised op per batch, not one per example
-            features = tf.reshape(features, [replicas, per_replica, *feature_shape])
-            labels = tf.reshape(labels, [replicas, per_replica, *label_shape])
-            return features[first_replica : first_replica + local], labels[first_replica : first_replica + local]
+        def one_pass(pass_number):
+            return split.batches(index, count, seed, pass_number, local_batch).take(pass_batches)
+
+        def per_replica_batches(features, labels):  # after batching: one vectorised op per batch
+            return (
+                tf.reshape(features, [local, per_replica, *feature_shape]),
+                tf.reshape(labels, [local, per_replica, *label_shape]),
+            )
 
         batches = tf.data.Dataset.range(first_pass, np.iinfo(np.int64).max).flat_map(one_pass).skip(offset)
-        return batches.map(ours, num_parallel_calls=tf.data.AUTOTUNE).unbatch().prefetch(tf.data.AUTOTUNE)
+        batches = batches.map(per_replica_batches, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return batches.unbatch().prefetch(tf.data.AUTOTUNE)
 
     return dataset_fn
 

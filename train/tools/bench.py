@@ -304,7 +304,7 @@ def build_contenders(settings: Settings, runtime, data, names: tuple[str, ...], 
     from train.loop import longest_call
     from train.tools import contenders as c
 
-    longest = longest_call(settings, steps_per_epoch(settings, data, runtime.global_batch))  # fit's longest call
+    longest = longest_call(settings, steps_per_epoch(settings, data, runtime))  # fit's longest call
     made = []
     for name in CONTENDERS:
         if name not in names:

@@ -56,7 +56,7 @@ def loop_contender(name: str, settings: Settings, runtime: Runtime, data: Data, 
     longest)` gives another feed than the template's own (a ceiling)."""
     built = build(settings, data.spec, runtime.strategy)
     jit, _ = template_xla(settings, runtime, data, built)
-    per_epoch, global_batch = steps_per_epoch(settings, data, runtime.global_batch), runtime.global_batch
+    per_epoch, global_batch = steps_per_epoch(settings, data, runtime), runtime.global_batch
     longest = longest_call(settings, per_epoch)
     feed = (feed_for or (lambda: make_feed(runtime.strategy, data.train, global_batch, settings.seed, 0, longest)))()
     jit = jit and (feed.compilable or not gathers_in_step(runtime.strategy, data.train))
