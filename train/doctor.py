@@ -49,8 +49,12 @@ def shm_bytes(path: str = "/dev/shm") -> int | None:
 
 
 def cuda_libraries() -> dict[str, list[str]]:
-    """CUDA and cuDNN libraries this process could load: pip wheels, then the system's linker cache."""
-    found: dict[str, list[str]] = {"cuda": [], "cudnn": []}
+    """CUDA and cuDNN libraries this process could load: pip wheels, then the system's linker cache.
+
+    "driver" is the NVIDIA driver's libcuda, which no wheel brings: the host has it, and a container gets
+    it only when started with GPU access (the NVIDIA Container Toolkit mounts it in).
+    """
+    found: dict[str, list[str]] = {"cuda": [], "cudnn": [], "driver": []}
     for library, package in (("cuda", "nvidia-cuda-runtime-cu12"), ("cudnn", "nvidia-cudnn-cu12")):
         with contextlib.suppress(metadata.PackageNotFoundError):
             found[library].append(f"{metadata.version(package)} (pip {package})")
@@ -62,6 +66,7 @@ def cuda_libraries() -> dict[str, list[str]]:
     for library, pattern in (("cuda", r"libcudart\.so\.(\d+)"), ("cudnn", r"libcudnn\.so\.(\d+)")):
         for major in sorted(set(re.findall(pattern, cache))):
             found[library].append(f"{major} (system)")
+    found["driver"] = [f"libcuda.so.{major} (system)" for major in sorted(set(re.findall(r"libcuda\.so\.(\d+)", cache)))]
     return found
 
 
@@ -162,6 +167,26 @@ def diagnose(report: dict[str, Any], settings: Settings) -> list[Finding]:
             )
         )
 
+    libraries = report["cuda_libraries"]
+    if (
+        not gpus
+        and build["cuda_build"]
+        and libraries["cuda"]
+        and libraries["cudnn"]
+        and not libraries["driver"]
+        and not _nvidia_says_gpus(environment)
+    ):  # the GPU image started with plain `docker run`: the CUDA wheels are there, the driver is not
+        findings.append(
+            Finding(
+                "error" if settings.gpus != "none" else "warning",
+                "no_gpu_driver",
+                "TensorFlow has its CUDA and cuDNN libraries but no NVIDIA driver (libcuda.so.1) is visible, so it "
+                "sees no GPU: most likely a container started without --gpus (or a machine without the NVIDIA driver)",
+                "start the container with GPU access: docker run --gpus all (make docker-* GPUS=all), a nvidia.com/gpu "
+                "resource limit (Kubernetes), --gpus-per-node (Slurm); on a machine, install the NVIDIA driver",
+            )
+        )
+
     wanted_cudnn = (build.get("cudnn_version") or "").split(".")[0]
     found_cudnn = report["cuda_libraries"]["cudnn"]
     if (
@@ -248,7 +273,8 @@ def format_report(report: dict[str, Any]) -> str:
             else "CPU-only build"
         ),
         f"CUDA libraries: {', '.join(report['cuda_libraries']['cuda']) or 'none'}; "
-        f"cuDNN: {', '.join(report['cuda_libraries']['cudnn']) or 'none'}",
+        f"cuDNN: {', '.join(report['cuda_libraries']['cudnn']) or 'none'}; "
+        f"NVIDIA driver: {', '.join(report['cuda_libraries']['driver']) or 'none'}",
         "",
         "GPUs:" if report["gpus"] else "GPUs: none seen by TensorFlow",
     ]
