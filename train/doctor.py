@@ -66,7 +66,8 @@ def cuda_libraries() -> dict[str, list[str]]:
     for library, pattern in (("cuda", r"libcudart\.so\.(\d+)"), ("cudnn", r"libcudnn\.so\.(\d+)")):
         for major in sorted(set(re.findall(pattern, cache))):
             found[library].append(f"{major} (system)")
-    found["driver"] = [f"libcuda.so.{major} (system)" for major in sorted(set(re.findall(r"libcuda\.so\.(\d+)", cache)))]
+    drivers = sorted(set(re.findall(r"libcuda\.so\.(\d+)", cache)))
+    found["driver"] = [f"libcuda.so.{major} (system)" for major in drivers]
     return found
 
 
