@@ -444,4 +444,3 @@ def test_sigterm_to_the_launcher_stops_every_worker_with_42(tmp_path, tfds_data_
     assert launcher.returncode == 42, output[-3000:]
     assert "[launch] exit codes [42, 42]" in output
     assert read_summary(run)["interrupted"]
-
