@@ -29,9 +29,11 @@ SETTINGS = {"BATCH_SIZE": 16, "EPOCHS": 2, "STEPS_PER_EPOCH": 150, "STEPS_PER_CA
 SETTINGS |= {"CHECKPOINT_EVERY": 40, "LOG_EVERY": 50, "WORKER_START_TIMEOUT": 60}
 
 FAKE_SCONTROL = """#!/bin/sh
-# fake scontrol: `show hostnames LIST` prints FAKE_HOSTS; `requeue ID` is logged to FAKE_SLURM_LOG
+# fake scontrol: `show hostnames LIST` prints FAKE_HOSTS, or else LIST's comma-separated names (no
+# bracket ranges); `requeue ID` is logged to FAKE_SLURM_LOG
 case "$1" in
-    show) [ "$2" = hostnames ] && printf '%s\\n' $FAKE_HOSTS ;;
+    show)
+        if [ -n "$FAKE_HOSTS" ]; then printf '%s\\n' $FAKE_HOSTS; else echo "$3" | tr , '\\n'; fi ;;
     requeue) echo "requeue $2" >> "$FAKE_SLURM_LOG" ;;
     *) echo "fake scontrol: '$*' is not faked" >&2; exit 1 ;;
 esac
@@ -163,6 +165,14 @@ def test_the_script_expands_the_node_list_with_scontrol_one_worker_per_node(fake
     port = run_tf_config(fake_slurm[0], SLURM_NTASKS="2", SLURM_PROCID="0", SLURM_TASKS_PER_NODE="1(x2)",
                          WORKER_PORT="3000")  # fmt: skip
     assert json.loads(port.stdout)["cluster"]["worker"] == ["gpu-a:3000", "gpu-b:3000"]
+
+
+def test_inside_srun_the_steps_nodes_and_tasks_win_over_the_jobs(fake_slurm):
+    step = {"SLURM_STEP_NODELIST": "gpu-b,gpu-c", "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "FAKE_HOSTS": ""}
+    job = {"SLURM_JOB_NODELIST": "gpu-a,gpu-b,gpu-c", "SLURM_TASKS_PER_NODE": "1(x3)"}
+    result = run_tf_config(fake_slurm[0], SLURM_NTASKS="2", SLURM_PROCID="0", **job, **step)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["cluster"]["worker"] == ["gpu-b:2222", "gpu-c:2222"]
 
 
 @pytest.mark.parametrize(
