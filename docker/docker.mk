@@ -84,7 +84,7 @@ define docker_dirs
 	done
 endef
 
-.PHONY: docker-build docker-train docker-devices docker-check docker-evaluate docker-shell test-docker
+.PHONY: docker-build docker-train docker-devices docker-check docker-evaluate docker-shell test-docker test-docker-gpu
 
 docker-build: ## Build the image (TF_VARIANT=gpu|cpu, IMAGE, BASE_IMAGE; host UID/GID baked in)
 	$(DOCKER) build -f $(DOCKERFILE) -t $(IMAGE) \
@@ -113,3 +113,6 @@ docker-shell: ## Open a shell in the container, same volumes and settings
 
 test-docker: ## Build the CPU image on a locally made base and train, stop, resume in it
 	bash scripts/test-docker.sh
+
+test-docker-gpu: ## Build the GPU image on the same base and start it without a GPU: devices names the cause
+	bash scripts/test-docker-gpu.sh

@@ -166,6 +166,35 @@ def test_tf_variant_chooses_the_cuda_extra():
     assert bad.returncode != 0 and "gpux" in bad.stderr
 
 
+def test_extras_only_prints_just_the_variants_own_requirements():
+    def extras_only(*extras: str) -> list[str]:
+        command = [sys.executable, str(REQS_HELPER), "--extras-only", str(REPO / "pyproject.toml"), *extras]
+        return subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()
+
+    assert extras_only("gpu") == pyproject()["project"]["optional-dependencies"]["gpu"]
+    assert extras_only() == []  # the cpu variant adds nothing
+
+
+def test_both_variants_share_the_dependency_layer_and_the_cuda_wheels_come_after_it():
+    structure = [i for i in parser().structure if i["instruction"] != "COMMENT"]
+    final = structure[max(n for n, i in enumerate(structure) if i["instruction"] == "FROM") :]
+    shared = next(
+        n for n, i in enumerate(final) if i["instruction"] == "RUN" and "/tmp/reqs/requirements.txt" in i["value"]
+    )
+    variant = next(
+        n for n, i in enumerate(final) if i["instruction"] == "RUN" and "/tmp/reqs/variant.txt" in i["value"]
+    )
+    source = next(n for n, i in enumerate(final) if i["instruction"] == "COPY" and i["value"].startswith(". "))
+    assert shared < variant < source
+    # Nothing up to the shared layer depends on TF_VARIANT: the same cache key for cpu and gpu.
+    assert not any("TF_VARIANT" in i["value"] or "variant.txt" in i["value"] for i in final[: shared + 1])
+    (requirements,) = [
+        i["value"] for i in structure if i["instruction"] == "RUN" and "> requirements.txt" in i["value"]
+    ]
+    assert "requirements_from_pyproject.py pyproject.toml > requirements.txt" in requirements  # no extra in it
+    assert "--extras-only pyproject.toml ${extra} > variant.txt" in requirements
+
+
 def test_lock_file_becomes_pip_constraints(tmp_path):
     lock = tmp_path / "requirements.lock"
     lock.write_text(
@@ -366,7 +395,8 @@ def test_root_makefile_lists_the_docker_targets():
     help_text = subprocess.run(
         ["make", "--no-print-directory", "help"], cwd=REPO, env=make_env(), capture_output=True, text=True, timeout=60
     ).stdout
-    for target in ("docker-build", "docker-train", "docker-devices", "docker-check", "docker-shell", "test-docker"):
+    for target in ("docker-build", "docker-train", "docker-devices", "docker-check", "docker-shell", "test-docker",
+                   "test-docker-gpu"):  # fmt: skip
         assert target in help_text
     argv = docker_run_argv("GPUS=0,1", "EPOCHS=2", makefile=None)
     assert gpus_flag(argv) == ['"device=0,1"'] and "EPOCHS" in env_flags(argv)

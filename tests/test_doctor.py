@@ -17,6 +17,8 @@ from train.tools.doctor import collect_report, format_report
 
 CUDA_BUILD = {"is_cuda_build": True, "cuda_version": "12.5.1", "cudnn_version": "9"}
 MATCHING_LIBRARIES = {"cuda": ["12.5.82 (pip nvidia-cuda-runtime-cu12)"], "cudnn": ["9.3.0.75 (pip nvidia-cudnn-cu12)"]}
+MATCHING_LIBRARIES |= {"driver": ["libcuda.so.1 (system)"]}
+NO_DRIVER = MATCHING_LIBRARIES | {"driver": []}  # the CUDA wheels of the GPU image, in a container without --gpus
 
 
 class DoctorDevices(FakeDevices):
@@ -82,8 +84,21 @@ def test_nvidia_environment_without_cuda_libraries():
     assert "tensorflow[and-cuda]" in result["diagnoses"][0]["fix"]
 
 
+def test_cuda_wheels_without_a_driver_are_a_container_started_without_gpus():
+    result = report(libraries=NO_DRIVER)
+    assert codes(result) == [("error", "no_gpu_driver")]
+    assert "a container started without --gpus" in result["diagnoses"][0]["message"]
+    assert "docker run --gpus all" in result["diagnoses"][0]["fix"]
+    assert "NVIDIA driver none" in format_report(result)
+    assert codes(report(libraries=NO_DRIVER, GPUS="none")) == [("warning", "no_gpu_driver")]  # no GPU was asked for
+
+
+def test_no_cuda_wheels_and_no_driver_is_a_cpu_machine_with_nothing_wrong():
+    assert codes(report(libraries={"cuda": [], "cudnn": [], "driver": []})) == []
+
+
 def test_cudnn_other_than_the_build_wants():
-    result = report(libraries={"cuda": ["12 (system)"], "cudnn": ["8 (system)"]})
+    result = report(libraries={"cuda": ["12 (system)"], "cudnn": ["8 (system)"], "driver": ["libcuda.so.1 (system)"]})
     assert codes(result) == [("error", "cudnn_mismatch")]
     assert "built for cuDNN 9" in result["diagnoses"][0]["message"]
 

@@ -515,32 +515,3 @@ def test_sigterm_to_the_launcher_stops_every_worker_with_42(tmp_path, tfds_data_
     assert launcher.returncode == 42, output[-3000:]
     assert "[launch] exit codes [42, 42]" in output
     assert read_summary(run)["interrupted"]
-
-
-def test_kubernetes_manifest_gives_every_pod_its_own_tf_config(tmp_path):
-    """The manifest's shell snippet, run by sh with a fake `python` that prints what it was given."""
-    text = (REPO / "deploy" / "kubernetes" / "multi-worker-job.yaml").read_text()
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if "# build TF_CONFIG" in line)
-    indent = len(lines[start]) - len(lines[start].lstrip())
-    block = []
-    for line in lines[start:]:
-        if line.strip() and len(line) - len(line.lstrip()) < indent:
-            break
-        block.append(line[indent:])
-    script = "\n".join(block)
-    assert script.rstrip().endswith("exec python -m train fit")
-    (tmp_path / "python").write_text('#!/bin/sh\nprintf "%s" "$TF_CONFIG"\n')
-    (tmp_path / "python").chmod(0o755)
-    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "WORKERS": "3", "JOB_NAME": "tf-train"}
-    env |= {"WORKER_SERVICE": "tf-train-workers", "WORKER_PORT": "2222"}
-    for index in range(3):
-        result = subprocess.run(
-            ["sh", "-c", script], env={**env, "JOB_COMPLETION_INDEX": str(index)}, capture_output=True, text=True,
-            timeout=10,
-        )  # fmt: skip
-        cluster = parse_tf_config(result.stdout.strip().splitlines()[-1])
-        assert cluster.worker_index == index and cluster.num_workers == 3
-        assert cluster.addresses[2] == "tf-train-2.tf-train-workers:2222"
-    for value in ("[42]", "[2]", "completionMode: Indexed", "restartPolicy: Never", "terminationGracePeriodSeconds"):
-        assert value in text

@@ -49,8 +49,12 @@ def shm_bytes(path: str = "/dev/shm") -> int | None:
 
 
 def cuda_libraries() -> dict[str, list[str]]:
-    """CUDA and cuDNN libraries this process could load: pip wheels, then the system's linker cache."""
-    found: dict[str, list[str]] = {"cuda": [], "cudnn": []}
+    """CUDA and cuDNN libraries this process could load: pip wheels, then the system's linker cache.
+
+    "driver" is the NVIDIA driver's libcuda, which no wheel brings: the host has it, and a container gets
+    it only when started with GPU access (the NVIDIA Container Toolkit mounts it in).
+    """
+    found: dict[str, list[str]] = {"cuda": [], "cudnn": [], "driver": []}
     for library, package in (("cuda", "nvidia-cuda-runtime-cu12"), ("cudnn", "nvidia-cudnn-cu12")):
         with contextlib.suppress(metadata.PackageNotFoundError):
             found[library].append(f"{metadata.version(package)} (pip {package})")
@@ -62,6 +66,8 @@ def cuda_libraries() -> dict[str, list[str]]:
     for library, pattern in (("cuda", r"libcudart\.so\.(\d+)"), ("cudnn", r"libcudnn\.so\.(\d+)")):
         for major in sorted(set(re.findall(pattern, cache))):
             found[library].append(f"{major} (system)")
+    drivers = sorted(set(re.findall(r"libcuda\.so\.(\d+)", cache)))
+    found["driver"] = [f"libcuda.so.{major} (system)" for major in drivers]
     return found
 
 
@@ -164,6 +170,26 @@ def diagnose(report: dict[str, Any], settings: Settings) -> list[Finding]:
             )
         )
 
+    libraries = report["cuda_libraries"]
+    if (
+        not gpus
+        and build["cuda_build"]
+        and libraries["cuda"]
+        and libraries["cudnn"]
+        and not libraries["driver"]
+        and not _nvidia_says_gpus(environment)
+    ):  # the GPU image started with plain `docker run`: the CUDA wheels are there, the driver is not
+        findings.append(
+            Finding(
+                "error" if settings.gpus != "none" else "warning",
+                "no_gpu_driver",
+                "TensorFlow has its CUDA and cuDNN libraries but no NVIDIA driver (libcuda.so.1) is visible, so it "
+                "sees no GPU: most likely a container started without --gpus (or a machine without the NVIDIA driver)",
+                "start the container with GPU access: docker run --gpus all (make docker-* GPUS=all), a nvidia.com/gpu "
+                "resource limit (Kubernetes), --gpus-per-node (Slurm); on a machine, install the NVIDIA driver",
+            )
+        )
+
     wanted_cudnn = (build.get("cudnn_version") or "").split(".")[0]
     found_cudnn = report["cuda_libraries"]["cudnn"]
     if (
@@ -242,7 +268,10 @@ def _gpu_memory(resolved: dict[str, Any]) -> str:
 def _libraries_line(report: dict[str, Any]) -> str:
     """The CUDA and cuDNN libraries found, and what they mean for this TensorFlow."""
     build, found = report["build"], report["cuda_libraries"]
-    listed = f"CUDA runtime {', '.join(found['cuda']) or 'none'}; cuDNN {', '.join(found['cudnn']) or 'none'}"
+    listed = (
+        f"CUDA runtime {', '.join(found['cuda']) or 'none'}; cuDNN {', '.join(found['cudnn']) or 'none'}; "
+        f"NVIDIA driver {', '.join(found.get('driver', [])) or 'none'}"
+    )
     if not build["cuda_build"]:
         return f"CUDA libraries found: {listed} (this CPU-only TensorFlow uses none of them)"
     wanted = f"CUDA {str(build['cuda_version']).split('.')[0]} and cuDNN {str(build['cudnn_version']).split('.')[0]}"
