@@ -6,10 +6,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 EXTRAS ?= dev# add ",gpu" on a GPU machine: make setup EXTRAS=dev,gpu
-SETTINGS := GPUS MEMORY_GROWTH GPU_MEMORY_LIMIT_MB STRATEGY CROSS_DEVICE_OPS CPU_DEVICES DATASET TFDS_DATA_DIR \
-	DATA_IN_MEMORY TRAIN_SPLIT EVAL_SPLIT FEATURE_KEY LABEL_KEY BATCH_SIZE EPOCHS STEPS_PER_EPOCH STEPS_PER_CALL \
-	JIT_COMPILE MIXED_PRECISION LEARNING_RATE SEED OUTPUT_DIR CHECKPOINT_EVERY KEEP_CHECKPOINTS LOG_EVERY RESUME \
-	AUTO_BATCH WORKER_START_TIMEOUT
+# Every setting, read from its one table (train/settings.py, `Field("NAME", ...)` lines).
+SETTINGS := $(shell sed -n 's/^ *Field."\([A-Z0-9_]*\)".*/\1/p' train/settings.py)
 # A setting given to make (or already in the environment) reaches python as an environment variable.
 export $(foreach name,$(SETTINGS),$(if $(filter undefined,$(origin $(name))),,$(name)))
 
@@ -67,7 +65,11 @@ format: setup ## Fix lint and formatting with ruff
 
 TENSORBOARD_HOST ?= 127.0.0.1# reachable from this machine only; 0.0.0.0 opens it to the network
 
-tensorboard: setup ## Serve TensorBoard for OUTPUT_DIR's parent (on 127.0.0.1 unless TENSORBOARD_HOST)
+tensorboard: setup ## Serve TensorBoard for OUTPUT_DIR's parent (on 127.0.0.1 unless TENSORBOARD_HOST); offers the Profile tab
+	@$(BIN)/python -c "import tensorboard_plugin_profile" 2>/dev/null || { \
+		echo "TensorBoard's Profile tab (PROFILE_STEPS traces) needs tensorboard-plugin-profile: make setup EXTRAS=dev,profile"; \
+		if [ -t 0 ]; then read -r -p "Install it now? [y/N] " answer; \
+			[ "$$answer" = y ] && $(BIN)/python -m pip install --quiet -c requirements.lock -e ".[profile]"; fi; true; }
 	$(BIN)/tensorboard --logdir "$(dir $(or $(OUTPUT_DIR),runs/default))" --host $(TENSORBOARD_HOST)
 
 lock: ## Re-resolve requirements.lock from the pins in pyproject.toml
