@@ -408,10 +408,12 @@ def test_a_streamed_split_is_read_once_per_pass_each_worker_reading_only_its_sha
     outputs = [tmp_path / f"shard{i}.json" for i in range(2)]
     processes = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.harness.streamed_shards", str(output)], cwd=REPO,
+            [sys.executable, "-m", "tests.harness.streamed_shards", str(output)],
+            cwd=REPO,
             env=clean_env(STRATEGY="multi_worker", TF_CONFIG=config, TFDS_DATA_DIR=data_dir, WORKER_START_TIMEOUT=60),
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )  # fmt: skip
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         for config, output in zip(tf_configs(free_ports(2)), outputs, strict=True)
     ]
     try:

@@ -37,11 +37,10 @@ def read(start: int, stop: int) -> list[list[int]]:
 
 
 files, share = split.share(runtime.worker_index, runtime.workers)
-json.dump(
-    {
-        "worker": runtime.worker_index, "workers": runtime.workers, "files": len(split.files),
-        "share": share, "passes": passes, "examples": len(split),
-        "seen": read(0, 2 * passes), "resumed": read(5, 2 * passes),
-    },
-    open(sys.argv[1], "w"),
-)  # fmt: skip
+found = {
+    "worker": runtime.worker_index, "workers": runtime.workers, "files": len(split.files),
+    "share": share, "passes": passes, "examples": len(split),
+    "seen": read(0, 2 * passes), "resumed": read(5, 2 * passes),
+}  # fmt: skip
+with open(sys.argv[1], "w") as output:
+    json.dump(found, output)
