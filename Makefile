@@ -11,7 +11,7 @@ SETTINGS := $(shell sed -n 's/^ *Field."\([A-Z0-9_]*\)".*/\1/p' train/settings.p
 # A setting given to make (or already in the environment) reaches python as an environment variable.
 export $(foreach name,$(SETTINGS),$(if $(filter undefined,$(origin $(name))),,$(name)))
 
-.PHONY: help setup train train-workers devices check bench bench-levers evaluate test test-fast test-gpu lint format tensorboard lock clean
+.PHONY: help setup train train-workers devices check bench bench-images bench-gpu bench-levers evaluate test test-fast test-gpu lint format tensorboard lock clean
 
 help: ## Show this help
 	@[ -t 1 ] && tty=1; grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -v tty="$$tty" 'BEGIN {FS = ":.*?## "}; \
@@ -39,6 +39,14 @@ check: setup ## Trial-run a small batch, then find the largest batch that fits
 
 bench: setup ## Benchmark the training loop against its input ceiling, Keras fit and the tutorials' way
 	$(BIN)/python -m train bench --json "$(or $(BENCH_JSON),bench.json)"
+
+bench-images: setup ## The benchmark of the CNN example on images (offline: synthetic_images), streamed rows included
+	MODEL=$(or $(MODEL),examples.cnn) DATASET=$(or $(DATASET),synthetic_images) \
+		$(BIN)/python -m train bench --json "$(or $(BENCH_JSON),bench-images.json)"
+
+bench-gpu: setup ## GPU scaling: 1, 2, ... N GPUs at a fixed batch per GPU, and the levers that matter there
+	$(BIN)/python -m train bench --compare-replicas --require-gpus --no-startup \
+		--levers JIT_COMPILE,MIXED_PRECISION,DEVICE_PREFETCH --json "$(or $(BENCH_JSON),bench-gpu.json)"
 
 bench-levers: setup ## The benchmark, then each value of every speed lever in its own process (minutes)
 	$(BIN)/python -m train bench --levers all --json "$(or $(BENCH_JSON),bench-levers.json)"

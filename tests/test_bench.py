@@ -48,10 +48,13 @@ def test_short_benchmark_measures_every_contender_and_the_three_ratios_with_the_
         assert contender["examples_per_sec"] > 0, name
         assert len(contender["runs"]) == 1
     assert result["contenders"]["keras_numpy"]["global_batch"] == 32
-    for ratio in RATIO_GOALS:
+    for ratio in RATIO_GOALS["vectors"]:
         assert result["ratios"][ratio] > 0
-    assert [goal["met"] in (True, False) for goal in result["goals"]] == [True] * 3
+    assert [goal["met"] in (True, False) for goal in result["goals"]] == [True] * 4
     assert result["startup"] is None and result["replicas"] is None
+    shares = result["shares"]  # what 1, 2 and 4 workers each read of the streamed split
+    assert [len(shares[count]) for count in ("1", "2", "4")] == [1, 2, 4]
+    assert [sum(w["share_examples"] for w in shares[count]) for count in ("1", "2", "4")] == [16384] * 3
 
 
 @pytest.mark.slow
@@ -87,13 +90,37 @@ def test_startup_and_replica_comparison_run_in_subprocesses(tmp_path, tfds_data_
     startup = result["startup"]
     assert 0 < startup["help_seconds"] < startup["import_tensorflow_seconds"] < startup["tiny_fit_seconds"]
     assert startup["tiny_fit_vs_import"] > 1
-    replicas = result["replicas"]
-    assert [config["resolved"]["global_batch"] for config in replicas["configs"].values()] == [128, 128, 256, 128]
+    replicas = result["replicas"]  # the code path bench-gpu takes on GPUs, here on 1 and 2 logical CPUs
+    assert replicas["devices"] == "cpu"
+    assert [config["resolved"]["global_batch"] for config in replicas["configs"].values()] == [128, 128, 256]
+    assert [row["replicas"] for row in replicas["scaling"]] == [1, 1, 2]
+    assert replicas["scaling"][0]["efficiency"] == 1.0 and replicas["scaling"][2]["per_replica"] > 0
     assert replicas["mirrored_2_vs_one_device"] > 0 and replicas["mirrored_2_vs_one_device_without_xla"] > 0
     goals = {goal["goal"]: goal for goal in result["goals"]}
     assert goals["mirrored on 2 CPU devices / one device"]["met"] in (True, False)
-    assert goals["1/3 faster than Keras fit at its best"]["met"] is None  # not measured: no Keras contender
+    assert goals["1/3 faster than Keras fit at its best (vectors)"]["met"] is None  # no Keras contender here
     assert not list(tmp_path.glob("runs")), "the tiny fit writes to a temporary OUTPUT_DIR, not the working directory"
+
+
+@pytest.mark.slow
+def test_the_image_example_row_measures_the_cnn_against_keras_fit_its_ceiling_and_tuned_tfdata(
+    tmp_path, examples_data_dir
+):
+    result = run_bench(
+        *SHORT, "--no-startup", "--contenders", "template,in_memory,keras_fit,streamed,tuned_tfdata", cwd=tmp_path,
+        data_dir=examples_data_dir, MODEL="examples.cnn", DATASET="synthetic_images", TRAIN_SPLIT="train[:1024]",
+    )  # fmt: skip
+    assert (result["model"], result["feature"]) == ("examples.cnn", {"shape": [32, 32, 3], "dtype": "uint8"})
+    assert set(result["ratios"]) >= {"1/2", "1/3", "5/1", "5/6"}
+    goals = {goal["goal"].split()[0]: goal for goal in result["goals"]}
+    assert set(goals) == {"1/2", "1/3", "5/6"} and all(goal["goal"].endswith("(images)") for goal in goals.values())
+    assert result["contenders"]["keras_fit"]["settings"].endswith("jit_compile=False")  # XLA cannot compile it
+
+
+def test_bench_gpu_without_a_gpu_says_it_needs_one_and_exits_0(tmp_path):
+    result = run_train("bench", "--compare-replicas", "--require-gpus", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "bench-gpu measures how training scales over GPUs, and TensorFlow sees none here" in result.stdout
 
 
 def test_unknown_lever_is_refused_before_anything_runs(tmp_path):
@@ -101,7 +128,7 @@ def test_unknown_lever_is_refused_before_anything_runs(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         "error: --levers JIT is not a lever: use all or some of STEPS_PER_CALL, JIT_COMPILE, MIXED_PRECISION, "
-        "DATA_IN_MEMORY, CROSS_DEVICE_OPS"
+        "DATA_IN_MEMORY, CROSS_DEVICE_OPS, DEVICE_PREFETCH"
     )
 
 

@@ -205,7 +205,13 @@ def bench(
     settings: Settings,
     repetitions: Annotated[int, typer.Option(min=1, help="Interleaved rounds; the median is reported.")] = 5,
     seconds: Annotated[float, typer.Option(min=0.01, help="Seconds per measurement.")] = 1.5,
-    compare_replicas: Annotated[bool, typer.Option(help="Also 1 against 2 logical CPU devices.")] = False,
+    compare_replicas: Annotated[
+        bool,
+        typer.Option(help="Also 1, 2, ... N GPUs (or 1 against 2 logical CPU devices), in processes of their own."),
+    ] = False,
+    require_gpus: Annotated[
+        bool, typer.Option(help="Measure only where TensorFlow sees a GPU (make bench-gpu); else say so, exit 0.")
+    ] = False,
     startup: Annotated[bool, typer.Option(help="Also time --help and a tiny fit against import tensorflow.")] = True,
     levers: Annotated[
         str, typer.Option(help="Also measure each value of: all levers, or some, like JIT_COMPILE,STEPS_PER_CALL.")
@@ -221,6 +227,15 @@ def bench(
 
     chosen_levers = parse_levers(levers)  # a bad one before TensorFlow loads
     _load_tensorflow()
+    if require_gpus:
+        import tensorflow as tf
+
+        if not tf.config.list_physical_devices("GPU"):
+            typer.echo(
+                "bench-gpu measures how training scales over GPUs, and TensorFlow sees none here: nothing to "
+                "measure (python -m train devices says why; docs/performance.md has the GPU table to fill)"
+            )
+            return
     result = run_benchmark(
         settings,
         repetitions=repetitions,

@@ -9,8 +9,9 @@ N GPUs or N workers alike. What multi-worker does differently sits behind `peers
 
 from __future__ import annotations
 
+import contextlib
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -269,23 +270,15 @@ def _train(run: Run) -> Outcome:
         schedule = Schedule(settings, steps_per_epoch(settings, run.data, runtime))
         start = int(run.checkpoint.step.numpy())
         feed = make_feed(runtime.strategy, run.data.train, runtime.global_batch, settings.seed, start,
-                         longest_call(settings, schedule.steps_per_epoch))  # fmt: skip
+                         longest_call(settings, schedule.steps_per_epoch), settings.device_prefetch)  # fmt: skip
         say(_describe(run, schedule, start))
         calls = make_train_calls(run.built, runtime.strategy, feed, runtime.global_batch, run.jit_compile)
         _say_profile(run, start)
         run.progress = reporter(settings.progress, run.peers.is_chief, say, schedule.total_steps,
                                 schedule.steps_per_epoch, settings.epochs, start)  # fmt: skip
         try:
-            return run_loop(calls, schedule, start, int(run.checkpoint.skipped_steps.numpy()), run)
-        # What reading damaged TFRecords raises: lost bytes, a missing file, fewer examples than recorded.
-        except (tf.errors.DataLossError, tf.errors.NotFoundError, tf.errors.FailedPreconditionError) as error:
-            if run.data.in_memory:
-                raise
-            raise TrainingError(
-                f"reading the streamed {run.data.name} failed while training ({first_line(error, 160)}): its "
-                f"prepared files are damaged; the last checkpoint {run.manager.latest_checkpoint} is intact. Delete "
-                "the dataset's directory, prepare it anew and run again to resume"
-            ) from None
+            with streamed_files_intact(run):
+                return run_loop(calls, schedule, start, int(run.checkpoint.skipped_steps.numpy()), run)
         except tf.errors.ResourceExhaustedError:
             _halve_batch(run)
         finally:
@@ -307,6 +300,22 @@ def _say_profile(run: Run, start: int) -> None:
         run.say(
             f"PROFILE_STEPS={text}: resumed at step {start}, inside the range: tracing steps {start + 1}-{profile[1]}."
         )
+
+
+@contextlib.contextmanager
+def streamed_files_intact(run: Run) -> Iterator[None]:
+    """Damage in a streamed split's files, found while reading them (training or evaluating), in one line."""
+    try:
+        yield
+    # What reading damaged TFRecords raises: lost bytes, a missing file, fewer examples than recorded.
+    except (tf.errors.DataLossError, tf.errors.NotFoundError, tf.errors.FailedPreconditionError) as error:
+        if run.data.in_memory:
+            raise
+        raise TrainingError(
+            f"reading the streamed {run.data.name} failed while training ({first_line(error, 160)}): its prepared "
+            f"files are damaged; the last checkpoint {run.manager.latest_checkpoint} is intact. Delete the "
+            "dataset's directory, prepare it anew and run again to resume"
+        ) from None
 
 
 def _halve_batch(run: Run) -> None:
@@ -436,7 +445,8 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> dict[str, Any
             _open_run_dir(run, lock)
         with peers.guard("training", run.checkpoint_dir):
             outcome = _train(run)
-            return _finish(run, outcome)
+            with streamed_files_intact(run):
+                return _finish(run, outcome)
     finally:
         peers.close()
         lock.release()

@@ -238,6 +238,7 @@ FIELDS: tuple[Field, ...] = (
     Field("DATASET", "synthetic_clusters", _dataset, "TFDS dataset, optionally name/config:version.", **RW),
     Field("TFDS_DATA_DIR", "", _optional_path, "Where TFDS keeps prepared datasets (TFDS default if empty)."),
     Field("DATA_IN_MEMORY", "auto", _choice(AUTO_TRUE_FALSE), "auto: in memory if they fit, else streamed.", **RW),
+    Field("DEVICE_PREFETCH", "1", _positive_int, "GPUs: batches each replica holds ahead on its device."),
     Field("TRAIN_SPLIT", "train", _text, "TFDS split to train on, e.g. train or train[:90%].", **RW),
     Field("EVAL_SPLIT", "test", _text, "TFDS split to evaluate on.", **W),
     Field("FEATURE_KEY", "", _optional_text, "Input feature; default: supervised keys, else image.", **RW),
@@ -276,6 +277,7 @@ class Settings:
     dataset: str
     tfds_data_dir: Path | None
     data_in_memory: str
+    device_prefetch: int
     train_split: str
     eval_split: str
     feature_key: str | None

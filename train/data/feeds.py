@@ -67,7 +67,7 @@ def _local_replicas(replicas: int, context: tf.distribute.InputContext) -> tuple
     return local, context.input_pipeline_id * local
 
 
-def train_dataset(strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int):
+def train_dataset(strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int, device_prefetch: int = 1):
     """Per-replica training batches from `start_step` on, forever, as a distributed tf.data dataset.
 
     The k-th global batch of a pass is cut into per-replica slices, replica r taking slice r. A restart at
@@ -78,7 +78,8 @@ def train_dataset(strategy, split: TrainSplit, global_batch: int, seed: int, sta
     replicas = strategy.num_replicas_in_sync
     per_replica = global_batch // replicas
     if isinstance(split, StreamedSplit):
-        return distribute(strategy, _streamed(split, replicas, per_replica, pass_batches, seed, first_pass, offset))
+        dataset_fn = _streamed(split, replicas, per_replica, pass_batches, seed, first_pass, offset)
+        return distribute(strategy, dataset_fn, device_prefetch)
     features, labels = split.tensors
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -98,7 +99,7 @@ def train_dataset(strategy, split: TrainSplit, global_batch: int, seed: int, sta
         )
         return _no_copy(blocks.unbatch().prefetch(tf.data.AUTOTUNE))
 
-    return distribute(strategy, dataset_fn)
+    return distribute(strategy, dataset_fn, device_prefetch)
 
 
 def _streamed(
@@ -134,15 +135,19 @@ def _streamed(
     return dataset_fn
 
 
-def distribute(strategy, dataset_fn):
+def distribute(strategy, dataset_fn, device_prefetch: int = 1):
     """The per-replica datasets as `strategy.run` takes them.
 
-    On GPUs, tf.distribute's default: one input pipeline per worker, prefetched to every GPU. On CPU devices
+    On GPUs, tf.distribute's default: one input pipeline per worker, prefetched to every GPU (DEVICE_PREFETCH
+    batches ahead: its per-replica buffer). On CPU devices
     that MultiDeviceIterator costs more per step than a small model's step itself, so each replica gets a
     plain tf.data iterator on the host: one replica takes the dataset as it is, several take one pipeline
     each (PER_REPLICA) without a copy to the device they already share.
     """
-    if _on_gpus(strategy) or isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+    if _on_gpus(strategy):
+        options = tf.distribute.InputOptions(experimental_per_replica_buffer_size=device_prefetch)
+        return strategy.distribute_datasets_from_function(dataset_fn, options)
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return strategy.distribute_datasets_from_function(dataset_fn)
     if strategy.num_replicas_in_sync == 1:
         return dataset_fn(tf.distribute.InputContext())
@@ -249,14 +254,16 @@ def gathers_in_step(strategy, split: TrainSplit) -> bool:
     return isinstance(split, Split) and host_cpus
 
 
-def make_feed(strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int, longest: int) -> Feed:
+def make_feed(
+    strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int, longest: int, device_prefetch: int = 1
+) -> Feed:
     """Rows gathered by the step for an in-memory split on one host's CPU devices; a tf.data pipeline otherwise.
 
-    `longest`: the most steps a call takes (what RowsFeed plans ahead for).
+    `longest`: the most steps a call takes (what RowsFeed plans ahead for); `device_prefetch`: DEVICE_PREFETCH.
     """
     if gathers_in_step(strategy, split):
         return RowsFeed(split, strategy.num_replicas_in_sync, global_batch, seed, start_step, longest)
-    return PipelineFeed(train_dataset(strategy, split, global_batch, seed, start_step))
+    return PipelineFeed(train_dataset(strategy, split, global_batch, seed, start_step, device_prefetch))
 
 
 def eval_steps(split: TrainSplit, global_batch: int) -> int:

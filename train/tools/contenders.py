@@ -58,7 +58,8 @@ def loop_contender(name: str, settings: Settings, runtime: Runtime, data: Data, 
     jit, _ = template_xla(settings, runtime, data, built)
     per_epoch, global_batch = steps_per_epoch(settings, data, runtime), runtime.global_batch
     longest = longest_call(settings, per_epoch)
-    feed = (feed_for or (lambda: make_feed(runtime.strategy, data.train, global_batch, settings.seed, 0, longest)))()
+    feed = (feed_for or (lambda: make_feed(runtime.strategy, data.train, global_batch, settings.seed, 0, longest,
+                                           settings.device_prefetch)))()  # fmt: skip
     jit = jit and (feed.compilable or not gathers_in_step(runtime.strategy, data.train))
     calls = make_train_calls(built, runtime.strategy, feed, global_batch, jit)
     step = 0  # goes on from one measurement to the next, as a run's step does
@@ -256,3 +257,74 @@ def best_keras_fit(settings: Settings, runtime: Runtime, data: Data, trial_secon
                 contender.crashed = crashed
                 return contender
     raise TrainingError("Keras model.fit crashed with every setting: " + "; ".join(crashed))
+
+
+# --- streamed splits -------------------------------------------------------------------------------------------
+
+
+def streamed(settings: Settings) -> Data:
+    """The same splits, streamed from the prepared TFDS files as DATA_IN_MEMORY=false reads them."""
+    from train.data import open_dataset
+
+    return open_dataset(settings).load(settings, in_memory=False)
+
+
+def tuned_tfdata_feed(runtime: Runtime, data: Data, seed: int) -> PipelineFeed:
+    """The same TFDS files read the way a tuned tf.data pipeline reads them: TFDS's interleaved file reads and
+    parallel decoding, a shuffle buffer, batching, a vectorised map after batching, AUTOTUNE, prefetch; seeded
+    and deterministic like the template's, so the two compare like for like."""
+    import tensorflow_datasets as tfds
+
+    split, replicas, per_replica = data.train, runtime.replicas, runtime.per_replica_batch
+    feature_key, label_key = split.spec.feature_key, split.spec.label_key
+    feature_shape, label_shape = list(split.spec.feature_shape), list(split.spec.label_shape)
+
+    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        local = replicas // context.num_input_pipelines
+        options = tf.data.Options()
+        options.deterministic = True
+        read_config = tfds.ReadConfig(
+            shuffle_seed=seed, interleave_cycle_length=16, num_parallel_calls_for_interleave_files=tf.data.AUTOTUNE,
+            num_parallel_calls_for_decode=tf.data.AUTOTUNE, options=options,
+        )  # fmt: skip
+        examples = split.builder.as_dataset(split=split.split, shuffle_files=True, read_config=read_config)
+        examples = examples.map(lambda e: (e[feature_key], e[label_key]), num_parallel_calls=tf.data.AUTOTUNE)
+        examples = examples.shard(context.num_input_pipelines, context.input_pipeline_id)
+        batches = examples.shuffle(split.shuffle_buffer, seed=seed).repeat()
+        batches = batches.batch(local * per_replica, drop_remainder=True, num_parallel_calls=tf.data.AUTOTUNE)
+
+        def per_replica_batches(features, labels):  # vectorised, after batching
+            return (
+                tf.reshape(features, [local, per_replica, *feature_shape]),
+                tf.reshape(labels, [local, per_replica, *label_shape]),
+            )
+
+        batches = batches.map(per_replica_batches, num_parallel_calls=tf.data.AUTOTUNE)
+        return batches.unbatch().prefetch(tf.data.AUTOTUNE)
+
+    return PipelineFeed(distribute(runtime.strategy, dataset_fn))
+
+
+def reading_per_share(data: Data, seed: int, global_batch: int, counts=(1, 2, 4), batches: int = 64) -> dict:
+    """What each of 1, 2 and 4 workers reads of a streamed split, and how fast: each its own share (the input
+    pipeline each worker would run, timed alone). The same pipeline fit runs; no training."""
+    split = data.train
+    report: dict[str, Any] = {}
+    for count in counts:
+        local_batch = max(1, global_batch // count)
+        per_worker = []
+        for index in range(count):
+            _, share = split.share(index, count)
+            take = min(batches, max(1, share // local_batch))
+            dataset = split.batches(index, count, seed, 0, local_batch).take(take)
+            iterator = iter(dataset)
+            next(iterator)  # the first window: tracing and the first read, not counted
+            started, read = time.perf_counter(), 1
+            for _ in iterator:
+                read += 1
+            seconds = time.perf_counter() - started
+            per_worker.append(
+                {"share_examples": share, "examples_per_sec": (read - 1) * local_batch / seconds if read > 1 else None}
+            )
+        report[str(count)] = per_worker
+    return report
