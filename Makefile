@@ -54,11 +54,16 @@ bench-levers: setup ## The benchmark, then each value of every speed lever in it
 evaluate: setup ## Evaluate the latest checkpoint on EVAL_SPLIT
 	$(BIN)/python -m train evaluate
 
-test: setup ## Run every test on CPU (slow end-to-end runs included)
-	$(BIN)/python -m pytest
+# Two test files at a time (the tests run training in processes of their own; each file's shared runs stay in
+# one worker). TEST_WORKERS=1 runs them one after another.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
+test: setup ## Run every test on CPU (slow end-to-end runs included; two files at a time)
+	$(PYTEST)
 
 test-fast: setup ## Run the tests without the slow end-to-end runs
-	$(BIN)/python -m pytest -m "not slow"
+	$(PYTEST) -m "not slow"
 
 test-gpu: setup ## Run the GPU tests (they skip where TensorFlow sees no GPU)
 	$(BIN)/python -m pytest -m gpu

@@ -58,63 +58,19 @@ def test_short_benchmark_measures_every_contender_and_the_three_ratios_with_the_
 
 
 @pytest.mark.slow
-def test_on_two_logical_cpus_it_runs_mirrored_and_measures_levers_value_by_value(tmp_path, tfds_data_dir):
-    """Keras fit may crash under MirroredStrategy with some settings: the benchmark says so and goes on. A lever
-    value the settings refuse here is reported with its error."""
-    result = run_bench(
-        *SHORT, "--no-startup", "--levers", "JIT_COMPILE,CROSS_DEVICE_OPS", cwd=tmp_path, data_dir=tfds_data_dir,
-        CPU_DEVICES=2, BATCH_SIZE=32,
-    )  # fmt: skip
-    assert (result["resolved"]["strategy"], result["resolved"]["global_batch"]) == ("mirrored", 64)
-    assert all(contender["examples_per_sec"] > 0 for contender in result["contenders"].values())
-    assert result["contenders"]["template"]["strategy"] == "mirrored"
-    without, with_xla = result["levers"]["JIT_COMPILE"]
-    assert without["examples_per_sec"] > 0 and without["resolved"]["template"].endswith("XLA off")
-    assert with_xla["examples_per_sec"] is None  # XLA cannot compile a mirrored step: refused, and said why
-    assert with_xla["error"].startswith(
-        "error: JIT_COMPILE=true is not allowed with MirroredStrategy on CPU devices (2 replicas, CPU_DEVICES=2)"
-    )
-    all_reduces = result["levers"]["CROSS_DEVICE_OPS"]
-    assert [value["value"] for value in all_reduces] == ["auto", "hierarchical_copy"]
-    assert [value["resolved"]["cross_device_ops"] for value in all_reduces] == ["reduce_to_one", "hierarchical_copy"]
-    assert all(value["examples_per_sec"] > 0 and value["resolved"]["replicas"] == 2 for value in all_reduces)
-
-
-@pytest.mark.slow
-def test_startup_and_replica_comparison_run_in_subprocesses(tmp_path, tfds_data_dir):
-    result = run_bench(
-        *SHORT, "--compare-replicas", "--contenders", "template,in_memory", cwd=tmp_path, data_dir=tfds_data_dir
-    )
-    assert set(result["contenders"]) == {"template", "in_memory"}
-    assert set(result["ratios"]) == {"1/2"}
-    startup = result["startup"]
-    assert 0 < startup["help_seconds"] < startup["import_tensorflow_seconds"] < startup["tiny_fit_seconds"]
-    assert startup["tiny_fit_vs_import"] > 1
-    replicas = result["replicas"]  # the code path bench-gpu takes on GPUs, here on 1 and 2 logical CPUs
-    assert replicas["devices"] == "cpu"
-    assert [config["resolved"]["global_batch"] for config in replicas["configs"].values()] == [128, 128, 256]
-    assert [row["replicas"] for row in replicas["scaling"]] == [1, 1, 2]
-    assert replicas["scaling"][0]["efficiency"] == 1.0 and replicas["scaling"][2]["per_replica"] > 0
-    assert replicas["mirrored_2_vs_one_device"] > 0 and replicas["mirrored_2_vs_one_device_without_xla"] > 0
-    goals = {goal["goal"]: goal for goal in result["goals"]}
-    assert goals["mirrored on 2 CPU devices / one device"]["met"] in (True, False)
-    assert goals["1/3 faster than Keras fit at its best (vectors)"]["met"] is None  # no Keras contender here
-    assert not list(tmp_path.glob("runs")), "the tiny fit writes to a temporary OUTPUT_DIR, not the working directory"
-
-
-@pytest.mark.slow
-def test_the_image_example_row_measures_the_cnn_against_keras_fit_its_ceiling_and_tuned_tfdata(
+def test_the_image_example_row_measures_the_cnn_against_its_ceiling_and_a_tuned_tfdata_pipeline(
     tmp_path, examples_data_dir
 ):
+    """(Keras fit, row 3, is the same code as on the default dataset, measured there: left out for time.)"""
     result = run_bench(
-        *SHORT, "--no-startup", "--contenders", "template,in_memory,keras_fit,streamed,tuned_tfdata", cwd=tmp_path,
+        *SHORT, "--no-startup", "--contenders", "template,in_memory,streamed,tuned_tfdata", cwd=tmp_path,
         data_dir=examples_data_dir, MODEL="examples.cnn", DATASET="synthetic_images", TRAIN_SPLIT="train[:1024]",
     )  # fmt: skip
     assert (result["model"], result["feature"]) == ("examples.cnn", {"shape": [32, 32, 3], "dtype": "uint8"})
-    assert set(result["ratios"]) >= {"1/2", "1/3", "5/1", "5/6"}
+    assert set(result["ratios"]) == {"1/2", "5/1", "5/6"}
     goals = {goal["goal"].split()[0]: goal for goal in result["goals"]}
     assert set(goals) == {"1/2", "1/3", "5/6"} and all(goal["goal"].endswith("(images)") for goal in goals.values())
-    assert result["contenders"]["keras_fit"]["settings"].endswith("jit_compile=False")  # XLA cannot compile it
+    assert goals["5/6"]["met"] in (True, False) and goals["1/3"]["met"] is None
 
 
 def test_bench_gpu_without_a_gpu_says_it_needs_one_and_exits_0(tmp_path):

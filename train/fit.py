@@ -32,7 +32,6 @@ from train.data import (
     make_feed,
     open_dataset,
 )
-from train.devices.host_memory import available_memory_bytes, memory_note
 from train.devices.runtime import Runtime, auto_precision, choose_xla, setup_runtime
 from train.errors import SettingsError, TrainingError, first_line
 from train.loop import Outcome, Schedule, check_finite, longest_call, run_loop, write_scalars
@@ -173,10 +172,8 @@ def _start(settings: Settings, runtime: Runtime, peers: SingleHost, say: Say) ->
     dataset = open_dataset(settings)
     decision = agree(settings, runtime, peers, dataset)
     runtime = runtime.with_precision(decision.precision)
-    data = dataset.load(settings, decision.data_in_memory)
-    note = memory_note(settings.data_in_memory, decision.data_in_memory, data.spec.held_bytes,
-                       available_memory_bytes(), _workers_here(runtime))  # fmt: skip
-    for line in (*decision.notes, *((note,) if note else ())):
+    data = dataset.load(settings, decision.data_in_memory, _workers_here(runtime))
+    for line in (*decision.notes, *data.notes):
         say(line)
     steps_per_epoch(settings, data, runtime)  # a split under one global batch: before writing
     built = build(settings, data.spec, runtime.strategy)  # a model that breaks the contract: before writing
