@@ -1,0 +1,631 @@
+"""TFDS in: open DATASET, prepare it if it must be, say what its splits hold, and read them.
+
+A split is held in memory as TFDS stores it (a uint8 image stays one byte a value) or streamed from the
+prepared files. In memory, each split is read once into one 64-byte-aligned NumPy buffer and handed to
+TensorFlow without a copy (DLPack): `tf.constant` of an array costs twice its size, and TensorFlow needs
+the alignment. The first read is cached beside the prepared files, so later runs load in milliseconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import os
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from train.errors import SettingsError, first_line
+from train.settings import Settings
+
+READ_BYTES = 16 << 20  # a split is read into memory in chunks of about this many bytes (a transient copy)
+SHUFFLE_BUFFER_BYTES = 256 << 20  # streamed splits: the shuffle buffer holds about this many bytes of examples
+SHUFFLE_BUFFER_EXAMPLES = (1024, 65536)  # ... but at least and at most this many examples
+RECORD_CHUNK = 256  # streamed splits: serialized examples read (and shared between pipelines) in chunks of this many
+CACHE_DIR = "train-arrays-cache"  # inside the prepared dataset's directory: in-memory splits as read, for the next run
+ALIGNMENT = 64  # bytes: what TensorFlow's kernels assume of a tensor's buffer (tf.gather aborts on less)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """What the train and eval splits hold, from TFDS's dataset info: nothing is read for it."""
+
+    name: str  # TFDS's full name, like mnist/3.0.1
+    feature_key: str
+    label_key: str
+    feature_shape: tuple[int, ...]  # one example's, as stored: (28, 28, 1), (32,)
+    feature_dtype: str  # as stored: uint8, float32, int64, ...
+    is_image: bool  # a TFDS Image of uint8: the model gets it scaled to [0, 1] (and so does the export)
+    label_shape: tuple[int, ...]  # () for a class or a value, (k,) for a multi-hot vector
+    label_dtype: str
+    num_classes: int | None  # a ClassLabel's count, k for a (k,) label, None for a scalar value (regression)
+    train_examples: int
+    eval_examples: int
+
+    @property
+    def example_bytes(self) -> int:
+        """One example, feature and label, as stored (and as held in memory)."""
+        feature = int(np.prod(self.feature_shape, dtype=np.int64)) * np.dtype(self.feature_dtype).itemsize
+        return feature + int(np.prod(self.label_shape, dtype=np.int64)) * np.dtype(self.label_dtype).itemsize
+
+    @property
+    def held_bytes(self) -> int:
+        """Both splits in memory."""
+        return (self.train_examples + self.eval_examples) * self.example_bytes
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "feature": {"key": self.feature_key, "shape": list(self.feature_shape), "dtype": self.feature_dtype},
+            "scaled_to_unit_range": self.is_image,
+            "label": {"key": self.label_key, "shape": list(self.label_shape), "dtype": self.label_dtype},
+            "num_classes": self.num_classes,
+            "train_examples": self.train_examples,
+            "eval_examples": self.eval_examples,
+        }
+
+
+class Split:
+    """A split held in memory: NumPy arrays as stored, and the same memory as TensorFlow tensors on the CPU."""
+
+    def __init__(self, features: np.ndarray, labels: np.ndarray) -> None:
+        self.features = features
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @cached_property
+    def tensors(self) -> tuple[tf.Tensor, tf.Tensor]:
+        """(features, labels) sharing the arrays' memory: no copy, whatever their size."""
+        with tf.device("/cpu:0"):
+            return _shared_tensor(self.features), _shared_tensor(self.labels)
+
+
+def _shared_tensor(array: np.ndarray) -> tf.Tensor:
+    if array.ctypes.data % ALIGNMENT == 0 and array.flags.c_contiguous and array.flags.writeable:
+        with contextlib.suppress(Exception):  # a dtype DLPack does not carry (bool, on some versions): a copy
+            return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+    return tf.constant(array)
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialised C-contiguous array whose buffer starts at a multiple of ALIGNMENT bytes."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(size + ALIGNMENT, np.uint8)
+    offset = -raw.ctypes.data % ALIGNMENT
+    return raw[offset : offset + size].view(dtype).reshape(shape)
+
+
+@dataclass(frozen=True)
+class StreamedSplit:
+    """A split read from the prepared TFDS files as it is needed."""
+
+    builder: Any = field(repr=False)
+    split: str
+    spec: DatasetSpec
+    examples: int
+
+    def __len__(self) -> int:
+        return self.examples
+
+    @property
+    def shuffle_buffer(self) -> int:
+        low, high = SHUFFLE_BUFFER_EXAMPLES
+        return int(min(high, max(low, SHUFFLE_BUFFER_BYTES // max(1, self.spec.example_bytes))))
+
+    def read(self, shuffle_files: bool, seed: int = 0) -> tf.data.Dataset:
+        """(feature, label) pairs as stored, through TFDS (evaluation, and formats other than TFRecord);
+        with `shuffle_files`, the files in one fixed order drawn from `seed`."""
+        import tensorflow_datasets as tfds
+
+        read_config = tfds.ReadConfig(shuffle_seed=seed, shuffle_reshuffle_each_iteration=False)
+        dataset = self.builder.as_dataset(split=self.split, shuffle_files=shuffle_files, read_config=read_config)
+        feature_key, label_key = self.spec.feature_key, self.spec.label_key
+        return dataset.map(lambda example: (example[feature_key], example[label_key]))
+
+    @cached_property
+    def files(self) -> tuple[tuple[str, int, int], ...]:
+        """(file, first record, records) of the split: TFDS's own instructions, sliced splits included."""
+        return tuple((i.filename, int(i.skip), int(i.take)) for i in self.builder.info.splits[self.split].file_instructions)
+
+    @property
+    def as_records(self) -> bool:
+        """Whether the split is read as TFRecord files directly (TFDS's default format): batched parsing."""
+        import tensorflow_datasets as tfds
+
+        return self.builder.info.file_format == tfds.core.FileFormat.TFRECORD and bool(self.files)
+
+    def share(self, index: int, count: int) -> tuple[tuple[tuple[str, int, int], ...], int]:
+        """Input pipeline `index` of `count`'s share: its files (every count-th one), or, with fewer files than
+        pipelines, every file and every count-th chunk of RECORD_CHUNK records of each. Returns (files, records
+        in the share)."""
+        if count == 1 or not self.as_records:
+            return self.files, self.examples // count if count > 1 else self.examples
+        if len(self.files) >= count:
+            mine = self.files[index::count]
+            return mine, sum(take for _, _, take in mine)
+        records = 0
+        for _, _, take in self.files:
+            chunks = -(-take // RECORD_CHUNK)
+            ours = range(index, chunks, count)
+            records += sum(min(RECORD_CHUNK, take - chunk * RECORD_CHUNK) for chunk in ours)
+        return self.files, records
+
+    def pass_batches(self, local_batch: int, count: int) -> int:
+        """Batches of `local_batch` every one of `count` pipelines can make each pass: its smallest share's."""
+        return min(self.share(index, count)[1] for index in range(count)) // local_batch
+
+    def _records(self, files, seed: tf.Tensor, index: int, count: int) -> tf.data.Dataset:
+        """The files' serialized examples in chunks of RECORD_CHUNK, the files in an order drawn from `seed`
+        (one per pass). `count` > 1 pipelines reading the same files: every count-th chunk of each file is
+        pipeline `index`'s. Chunks, not records, cross tf.data's threads: each crossing has a cost of its own."""
+        names = tf.constant([name for name, _, _ in files])
+        skips = tf.constant([skip for _, skip, _ in files], tf.int64)
+        takes = tf.constant([take for _, _, take in files], tf.int64)
+        order = tf.random.experimental.stateless_shuffle(tf.range(len(files)), seed=seed)
+        chosen = tf.data.Dataset.from_tensor_slices((tf.gather(names, order), tf.gather(skips, order), tf.gather(takes, order)))
+
+        def chunks(name, skip, take):
+            records = tf.data.TFRecordDataset(name).skip(skip).take(take)
+            # a file with fewer records than its info lists (damaged, truncated) is an error, not a short pass
+            records = records.apply(tf.data.experimental.assert_cardinality(take))
+            return records.batch(RECORD_CHUNK).shard(count, index)
+
+        return chosen.interleave(
+            chunks, cycle_length=min(len(files), 8), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+        )
+
+    def batches(self, index: int, count: int, seed: int, pass_number, batch: int) -> tf.data.Dataset:
+        """One pass over input pipeline `index` of `count`'s share, in batches of `batch` examples as stored.
+
+        The share is read in windows of about `shuffle_buffer` examples (a multiple of `batch`), each decoded
+        at once and put in its own order drawn from (SEED, pass, pipeline, window): what a shuffle buffer does
+        one example at a time, vectorised. The last window's remainder is the pass's, and waits for the next."""
+        seeds = tf.stack([tf.constant(seed, tf.int64), tf.cast(pass_number, tf.int64) * 1_000_003 + index])
+        window = max(batch, self.shuffle_buffer // batch * batch)
+        if not self.as_records:
+            examples = self.read(shuffle_files=True, seed=seed).shard(count, index).batch(window)
+        else:
+            files, _ = self.share(index, count)
+            shared = len(self.files) < count  # fewer files than pipelines: they share the files, chunk by chunk
+            examples = self._decoded(self._records(files, seeds, index if shared else 0, count if shared else 1), window)
+
+        def shuffled_batches(number, decoded):
+            features, labels = decoded
+            order = tf.random.experimental.stateless_shuffle(
+                tf.range(tf.shape(labels)[0]), seed=tf.stack([seeds[0], seeds[1] * 65_537 + number])
+            )
+            whole = tf.shape(labels)[0] // batch * batch
+            rows = tf.reshape(order[:whole], [-1, batch])  # one gather per batch: [batches, batch, ...]
+            return tf.gather(features, rows), tf.gather(labels, rows)
+
+        windows = examples.enumerate().map(shuffled_batches, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return windows.unbatch()
+
+    def _decoded(self, records: tf.data.Dataset, window: int) -> tf.data.Dataset:
+        """Windows of (features, labels) as stored: numeric features parsed a window at a time (one vectorised
+        op), encoded ones (a PNG image) decoded one by one in parallel first."""
+        features = self.builder.info.features
+        keys = (self.spec.feature_key, self.spec.label_key)
+        serialized = features.get_serialized_info()
+        specs = {key: _example_spec(serialized[key]) for key in keys}
+        encoded = any(serialized[key].dtype == tf.string for key in keys)
+
+        def decode(parsed, batched: bool):
+            values = []
+            for key in keys:
+                value = tf.cast(parsed[key], serialized[key].dtype)
+                values.append(features[key].decode_batch_example(value) if batched else features[key].decode_example(value))
+            return tuple(values)
+
+        if encoded:
+            one = records.unbatch().map(lambda record: decode(tf.io.parse_single_example(record, specs), False),
+                                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)  # fmt: skip
+            return one.batch(window)
+        return records.rebatch(window).map(
+            lambda batch: decode(tf.io.parse_example(batch, specs), True),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
+        )  # fmt: skip
+
+
+def _example_spec(info) -> tf.io.FixedLenFeature:
+    """How tf.train.Example holds a TFDS tensor: float32 as floats, integers as int64, the rest as bytes."""
+    dtype = tf.as_dtype(info.dtype)
+    kind = tf.string if dtype == tf.string else tf.float32 if dtype.is_floating else tf.int64
+    return tf.io.FixedLenFeature(info.shape, kind)
+
+
+TrainSplit = Split | StreamedSplit
+
+
+@dataclass(frozen=True)
+class Data:
+    """The dataset's spec and its two splits, in memory or streamed."""
+
+    spec: DatasetSpec
+    train: TrainSplit
+    eval: TrainSplit
+    notes: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def in_memory(self) -> bool:
+        return isinstance(self.train, Split)
+
+
+def open_builder(settings: Settings):
+    """The TFDS builder of DATASET: the template's own datasets and the fork's (`project.datasets`) registered."""
+    import tensorflow_datasets as tfds
+
+    import train.data.synthetic_clusters  # noqa: F401  (registers the default dataset)
+    import train.data.synthetic_images  # noqa: F401  (and the image one)
+
+    if importlib.util.find_spec("project.datasets") is not None:
+        importlib.import_module("project.datasets")  # a fork's builders, registered by importing them
+    data_dir = str(settings.tfds_data_dir) if settings.tfds_data_dir else None
+    try:
+        return tfds.builder(settings.dataset, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError:
+        name = settings.dataset.split("/")[0].split(":")[0]
+        close = difflib.get_close_matches(name, tfds.list_builders(), n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(close)}?" if close else "see tfds.list_builders() for the known names"
+        raise SettingsError(f"DATASET={settings.dataset!r} is not a TFDS dataset: {hint}") from None
+    except Exception as error:  # unknown config or version: TFDS raises several types
+        raise SettingsError(f"DATASET={settings.dataset!r} cannot be opened: {first_line(error)}") from None
+
+
+def _directories(root: Path, depth: int) -> set[Path]:
+    """Folders at most `depth` levels below `root` (root included, if it exists)."""
+    found = set()
+    for directory, subdirectories, _ in os.walk(root):
+        found.add(Path(directory))
+        if len(Path(directory).relative_to(root).parts) >= depth:
+            subdirectories.clear()  # the downloads' extracted archives can be large trees: not walked
+    return found
+
+
+CONNECT_SECONDS = 3.0  # how long the reachability check waits for a download host (TFDS's retries take minutes)
+
+
+def _hosts(urls: Any) -> set[tuple[str, int]]:
+    """(host, port) of every URL in what a builder hands TFDS's download manager (a URL, a Resource, or a tree)."""
+    import urllib.parse
+    import urllib.request
+
+    found: set[tuple[str, int]] = set()
+    if isinstance(urls, dict):
+        urls = list(urls.values())
+    if isinstance(urls, list | tuple):
+        for url in urls:
+            found |= _hosts(url)
+        return found
+    url = urllib.parse.urlparse(str(getattr(urls, "url", urls)))
+    if url.scheme not in ("http", "https") or not url.hostname:
+        return found
+    proxy = urllib.request.getproxies().get(url.scheme)
+    if proxy and not urllib.request.proxy_bypass(url.hostname):  # the connection that matters is the proxy's
+        url = urllib.parse.urlparse(proxy if "://" in proxy else f"http://{proxy}")
+    found.add((url.hostname or "", url.port or (443 if url.scheme == "https" else 80)))
+    return found
+
+
+@contextlib.contextmanager
+def _downloads_checked_first() -> Any:
+    """While TFDS prepares: before its download manager starts (and retries for minutes, printing urllib3
+    warnings), a plain connect to every host it is about to download from, failing in seconds."""
+    import socket
+
+    import tensorflow_datasets as tfds
+
+    manager = tfds.download.DownloadManager
+    originals = {name: getattr(manager, name) for name in ("download", "download_and_extract")}
+
+    def checked(original):
+        def method(self, url_or_urls, *args, **kwargs):
+            for host, port in sorted(_hosts(url_or_urls)):
+                try:
+                    socket.create_connection((host, port), timeout=CONNECT_SECONDS).close()
+                except OSError as error:
+                    reason = error.strerror or type(error).__name__
+                    raise ConnectionError(f"the download host {host}:{port} cannot be reached ({reason})") from None
+            return original(self, url_or_urls, *args, **kwargs)
+
+        return method
+
+    for name, original in originals.items():
+        setattr(manager, name, checked(original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(manager, name, original)
+
+
+def prepare(builder, settings: Settings) -> None:
+    """Make sure the data is on disk: generated locally, or downloaded once if it must be.
+
+    A failed preparation leaves no dataset behind: TFDS prepares into a temporary directory and keeps what
+    it downloaded (a retry goes on from there), and the empty folders it made for it are removed here.
+    """
+    if tf.io.gfile.exists(builder.data_dir):  # prepared: what download_and_prepare would only say, too
+        return
+    data_dir = Path(str(builder.data_dir_root))  # str: TFDS's own path type, which may name a bucket
+    # The dataset's own folder and the downloads, where TFDS makes folders (dataset/version/.tmp,
+    # downloads/dataset/file.tmp.ID) before it knows that the download fails.
+    roots = (data_dir / Path(str(builder.data_dir)).relative_to(data_dir).parts[0], data_dir / "downloads")
+
+    def folders() -> set[Path]:
+        return _directories(roots[0], depth=4) | _directories(roots[1], depth=2)
+
+    before = folders()
+    try:
+        with _downloads_checked_first():
+            builder.download_and_prepare()
+    except Exception as error:
+        made = folders() - before
+        for directory in sorted(made, key=lambda path: len(path.parts), reverse=True):  # the deepest first
+            with contextlib.suppress(OSError):  # not empty: a file in it is kept
+                directory.rmdir()
+        raise SettingsError(
+            f"DATASET={settings.dataset!r} is not prepared in {data_dir} and could not be made "
+            f"({type(error).__name__}: {first_line(error, 200)}): on a machine with network run "
+            f"scripts/prepare-dataset.sh {settings.dataset} DIR, then set TFDS_DATA_DIR=DIR"
+        ) from None
+
+
+def _split_examples(builder, setting: str, split: str) -> int | None:
+    """The number of examples of the split (TFDS split syntax, like train[:90%]), None where the dataset's
+    info does not list its splits (tfds.testing.mock_data). Raises SettingsError."""
+    known = list(builder.info.splits.keys())
+    base = re.split(r"[\[+]", split)[0]
+    if not known:
+        return None
+    if base not in known:
+        raise SettingsError(
+            f"{setting}={split!r} is not a split of {builder.info.full_name}: use one of {', '.join(known)}"
+        )
+    try:
+        examples = int(builder.info.splits[split].num_examples)
+    except Exception as error:  # a malformed slice: TFDS raises several types
+        raise SettingsError(f"{setting}={split!r} cannot be read: {first_line(error, 200)}") from None
+    if examples == 0:
+        raise SettingsError(f"{setting}={split!r} of {builder.info.full_name} has no examples")
+    return examples
+
+
+def _count(builder, split: str) -> int:
+    try:
+        return int(builder.as_dataset(split=split).reduce(np.int64(0), lambda count, _: count + 1))
+    # KeyError: the prepared dataset_info.json that lists the splits is gone
+    except (tf.errors.OpError, OSError, KeyError) as error:
+        raise damaged(builder, error) from None
+
+
+def _feature_keys(builder, settings: Settings) -> tuple[str, str]:
+    supervised = builder.info.supervised_keys
+    if supervised and isinstance(supervised[0], str) and isinstance(supervised[1], str):
+        default_feature, default_label = supervised
+    else:
+        default_feature, default_label = "image", "label"
+    feature_key = settings.feature_key or default_feature
+    label_key = settings.label_key or default_label
+    features = builder.info.features
+    for setting, key in (("FEATURE_KEY", feature_key), ("LABEL_KEY", label_key)):
+        if key not in features:
+            raise SettingsError(
+                f"{setting}={key!r} is not a feature of {settings.dataset}: use one of {', '.join(features)}"
+            )
+    return feature_key, label_key
+
+
+def _fixed_tensor(feature, setting: str, key: str, dataset: str) -> tuple[tuple[int, ...], str]:
+    """A feature's shape and stored dtype, where it is one fixed-shape numeric tensor. Raises SettingsError."""
+    shape, dtype = getattr(feature, "shape", None), getattr(feature, "np_dtype", None)
+    if not isinstance(shape, tuple) or dtype is None:
+        raise SettingsError(
+            f"{setting}={key!r} of {dataset} is a {type(feature).__name__}, not one tensor: name a feature that is"
+        )
+    if any(dim is None for dim in shape):
+        raise SettingsError(
+            f"{setting}={key!r} of {dataset} has a variable shape {shape}: the template trains on fixed-shape "
+            "features (pad or resize them in a dataset of your own)"
+        )
+    dtype = np.dtype(dtype)
+    if dtype.kind not in "biuf":
+        raise SettingsError(f"{setting}={key!r} of {dataset} holds {dtype.name} values: use a numeric feature")
+    return tuple(int(dim) for dim in shape), dtype.name
+
+
+def inspect(builder, settings: Settings, count: bool = True) -> DatasetSpec:
+    """The spec of TRAIN_SPLIT and EVAL_SPLIT: keys, shapes, dtypes, label kind, counts. Raises SettingsError.
+
+    `count=False`: from the dataset's info alone, for a dataset that may not be prepared (counts 0 if unlisted)."""
+    import tensorflow_datasets as tfds
+
+    train_examples = _split_examples(builder, "TRAIN_SPLIT", settings.train_split)
+    eval_examples = _split_examples(builder, "EVAL_SPLIT", settings.eval_split)
+    feature_key, label_key = _feature_keys(builder, settings)
+    features = builder.info.features
+    feature_shape, feature_dtype = _fixed_tensor(features[feature_key], "FEATURE_KEY", feature_key, settings.dataset)
+    label = features[label_key]
+    label_shape, label_dtype = _fixed_tensor(label, "LABEL_KEY", label_key, settings.dataset)
+    if isinstance(label, tfds.features.ClassLabel):
+        num_classes = int(label.num_classes)
+    elif len(label_shape) == 1:
+        num_classes = label_shape[0]  # a multi-hot vector over k classes
+    elif label_shape == ():
+        num_classes = None  # a value: regression
+    else:
+        raise SettingsError(
+            f"LABEL_KEY={label_key!r} of {settings.dataset} has shape {label_shape}: use a class label, a scalar "
+            "value or a (k,) multi-hot vector"
+        )
+    if (train_examples is None or eval_examples is None) and count:  # not listed: count them (once, by reading)
+        train_examples, eval_examples = (_count(builder, s) for s in (settings.train_split, settings.eval_split))
+    return DatasetSpec(
+        name=builder.info.full_name,
+        feature_key=feature_key,
+        label_key=label_key,
+        feature_shape=feature_shape,
+        feature_dtype=feature_dtype,
+        is_image=isinstance(features[feature_key], tfds.features.Image) and feature_dtype == "uint8",
+        label_shape=label_shape,
+        label_dtype=label_dtype,
+        num_classes=num_classes,
+        train_examples=train_examples or 0,
+        eval_examples=eval_examples or 0,
+    )
+
+
+def damaged(builder, error: BaseException) -> SettingsError:
+    return SettingsError(
+        f"DATASET={builder.info.full_name} in {builder.data_dir} cannot be read ({first_line(error, 160)}): "
+        "the prepared files are incomplete or damaged; delete that directory and run again to prepare it anew"
+    )
+
+
+def read_split(builder, spec: DatasetSpec, split: str, examples: int) -> Split:
+    """The split in memory, from the cache if it is there, else from TFDS (then cached)."""
+    cache = _cache_path(builder, split, spec)
+    arrays = _read_cache(cache, spec, examples)
+    if arrays is None:
+        arrays = _read_tfds(builder, spec, split, examples)
+        _write_cache(cache, arrays)
+    return Split(*arrays)
+
+
+def _empty_split(spec: DatasetSpec, examples: int) -> tuple[np.ndarray, np.ndarray]:
+    return (
+        aligned_empty((examples, *spec.feature_shape), spec.feature_dtype),
+        aligned_empty((examples, *spec.label_shape), spec.label_dtype),
+    )
+
+
+def _read_tfds(builder, spec: DatasetSpec, split: str, examples: int) -> tuple[np.ndarray, np.ndarray]:
+    """Read in chunks straight into the final arrays: no list of chunks, no concatenated copy."""
+    import tensorflow_datasets as tfds
+
+    features, labels = _empty_split(spec, examples)
+    filled = 0
+    try:
+        # Sequential reads, no read-ahead: what TFDS and tf.data buffer in parallel is memory held beside the
+        # split while it is read (docs/performance.md, Memory).
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        options.threading.private_threadpool_size = 1
+        read_config = tfds.ReadConfig(interleave_cycle_length=1, options=options)
+        dataset = builder.as_dataset(split=split, shuffle_files=False, read_config=read_config)
+        dataset = dataset.map(lambda example: (example[spec.feature_key], example[spec.label_key]))
+        chunk = max(1, READ_BYTES // spec.example_bytes)
+        for chunk_features, chunk_labels in dataset.batch(chunk).as_numpy_iterator():
+            count = len(chunk_labels)
+            if filled + count > examples:
+                raise OSError(f"more examples than the {examples} its info lists")
+            features[filled : filled + count] = chunk_features
+            labels[filled : filled + count] = chunk_labels
+            filled += count
+    except (tf.errors.OpError, OSError) as error:
+        raise damaged(builder, error) from None
+    if filled != examples:
+        raise damaged(builder, OSError(f"{filled} examples read of the {examples} its info lists"))
+    return features, labels
+
+
+def _cache_path(builder, split: str, spec: DatasetSpec) -> Path | None:
+    """Where an in-memory split's arrays are kept after the first read.
+
+    Inside the prepared dataset's own directory, so deleting that deletes the cache too. The name holds a hash
+    of the split, the keys and every prepared file's name, size and mtime: a changed or missing file misses.
+    """
+    data_dir = Path(builder.data_dir)
+    if not data_dir.is_dir():  # e.g. a gs:// data dir: no cache
+        return None
+    files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in data_dir.iterdir() if p.is_file())
+    key = hashlib.sha256(repr((split, spec.feature_key, spec.label_key, files)).encode()).hexdigest()[:16]
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", split)
+    return data_dir / CACHE_DIR / f"{safe}@{key}.npy"
+
+
+_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+def _read_cache(path: Path | None, spec: DatasetSpec, examples: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Two .npy arrays back to back, read into aligned buffers; None when missing or not as expected."""
+    if path is None or not path.is_file():
+        return None
+    features, labels = _empty_split(spec, examples)
+    try:
+        with path.open("rb") as stream:
+            for array in (features, labels):
+                read_header = _NPY_HEADERS.get(np.lib.format.read_magic(stream))
+                if read_header is None:
+                    return None
+                shape, fortran, dtype = read_header(stream)
+                if shape != array.shape or fortran or dtype != array.dtype:
+                    return None
+                if stream.readinto(memoryview(array.reshape(-1).view(np.uint8))) != array.nbytes:
+                    return None
+    except (OSError, ValueError):  # unreadable: read TFDS again, write it anew
+        return None
+    return features, labels
+
+
+def _write_cache(path: Path | None, arrays: tuple[np.ndarray, np.ndarray]) -> None:
+    """Best effort: a read-only data dir (a mounted volume) only means no cache. Older caches of the split go."""
+    if path is None:
+        return
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(exist_ok=True)
+        with temporary.open("wb") as stream:
+            for array in arrays:
+                np.save(stream, array, allow_pickle=False)
+        os.replace(temporary, path)  # whole or not at all: a concurrent reader never sees half a file
+        for old in path.parent.glob(f"{path.name.split('@')[0]}@*"):
+            if old != path and not old.name.endswith(".tmp"):
+                old.unlink(missing_ok=True)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+
+
+def load(builder, spec: DatasetSpec, settings: Settings, in_memory: bool, notes: tuple[str, ...] = ()) -> Data:
+    """Both splits, held in memory or streamed. Raises SettingsError."""
+    splits = ((settings.train_split, spec.train_examples), (settings.eval_split, spec.eval_examples))
+    if in_memory:
+        train, evaluation = (read_split(builder, spec, split, examples) for split, examples in splits)
+    else:
+        train, evaluation = (StreamedSplit(builder, split, spec, examples) for split, examples in splits)
+        for streamed in (train, evaluation):
+            _check_readable(streamed)
+    return Data(spec, train, evaluation, notes)
+
+
+def _check_readable(split: StreamedSplit) -> None:
+    """A streamed split's files are all there and its first example reads: found now, not steps into training.
+
+    (Damage further inside a file still surfaces while training: `fit` ends that in one line, too.)
+    """
+    builder = split.builder
+    try:
+        instructions = builder.info.splits[split.split].file_instructions
+        missing = [i.filename for i in instructions if not tf.io.gfile.exists(i.filename)]
+        if missing:
+            raise OSError(f"{len(missing)} file(s) missing, e.g. {Path(missing[0]).name}")
+        next(iter(split.read(shuffle_files=False).take(1)))
+    except (tf.errors.OpError, OSError) as error:
+        raise damaged(builder, error) from None
+    except (KeyError, ValueError):  # splits not listed (tfds.testing.mock_data): reading will tell
+        pass
