@@ -48,6 +48,9 @@ def test_short_benchmark_measures_every_contender_and_the_three_ratios_with_the_
         assert contender["examples_per_sec"] > 0, name
         assert len(contender["runs"]) == 1
     assert result["contenders"]["keras_numpy"]["global_batch"] == 32
+    for streaming in ("streamed", "tuned_tfdata"):  # the template's step, fed from the TFDS files
+        assert result["contenders"][streaming]["global_batch"] == 64
+        assert result["contenders"][streaming]["settings"] == "STEPS_PER_CALL=8, XLA off"
     for ratio in RATIO_GOALS["vectors"]:
         assert result["ratios"][ratio] > 0
     assert [goal["met"] in (True, False) for goal in result["goals"]] == [True] * 4

@@ -45,6 +45,8 @@ def test_fit_help_shows_every_flag_with_its_environment_variable():
     for field in FIELDS:
         assert field.flag in result.output
         assert f"env: {field.env}" in result.output
+    assert "<str>" not in result.output  # each setting shows the form of its value: N, true|false, PATH, ...
+    assert "FILE|MODULE" in result.output and "all|none|0,1" in result.output and "START-END" in result.output
 
 
 def test_fit_gets_settings_resolved_from_flag_environment_and_dotenv(fake_training, tmp_path, monkeypatch):

@@ -188,3 +188,49 @@ def test_nccl_on_cpu_devices_is_an_error_and_without_mirroring_it_is_said():
     resolution = resolve(single, configure_devices(single, FakeDevices(1)))
     assert resolution.cross_device_ops is None
     assert any("CROSS_DEVICE_OPS=hierarchical_copy has no effect" in note for note in resolution.notes)
+
+
+def xla_resolution(gpus: int, **environ):
+    from train.devices.runtime import resolve
+
+    chosen = settings(**environ)
+    return resolve(chosen, configure_devices(chosen, FakeDevices(gpus)))
+
+
+@pytest.mark.parametrize(
+    ("gpus", "environ", "whole_call", "convolutional", "expected"),
+    [
+        (0, {}, True, False, (True, "auto: on for one CPU device gathering its rows from memory")),
+        (0, {}, True, True, (False, "auto: off for a convolutional model on CPU, where XLA's convolutions are slower")),
+        (0, {}, False, False, (False, "auto: off on CPU where tf.data feeds the step")),
+        (1, {}, False, True, (True, "auto: on for one GPU, Keras's own default")),
+        (2, {}, False, False, (False, "auto: off under a strategy of several GPUs, as Keras has it")),
+        (
+            2,
+            {"JIT_COMPILE": "true"},
+            False,
+            False,
+            (True, "JIT_COMPILE=true, the replica step (tf.data stays outside)"),
+        ),
+        (0, {"JIT_COMPILE": "false"}, True, False, (False, "JIT_COMPILE=false")),
+    ],
+)
+def test_xla_auto_is_never_the_slow_choice_measured_and_true_compiles_where_tensorflow_can(
+    gpus, environ, whole_call, convolutional, expected
+):
+    from train.devices.runtime import choose_xla
+
+    resolution = xla_resolution(gpus, **environ)
+    assert choose_xla(environ.get("JIT_COMPILE", "auto"), resolution, whole_call, convolutional, None) == expected
+
+
+def test_xla_forced_on_where_it_cannot_compile_names_why():
+    from train.devices.runtime import choose_xla
+
+    with pytest.raises(SettingsError, match=r"layer random_translation \(RandomTranslation\) says XLA cannot"):
+        choose_xla("true", xla_resolution(0), True, True, "random_translation (RandomTranslation)")
+    assert choose_xla("auto", xla_resolution(0), True, True, "random_translation (RandomTranslation)")[0] is False
+    with pytest.raises(SettingsError, match=r"^JIT_COMPILE=true is not allowed with MIXED_PRECISION=mixed_float16"):
+        choose_xla("true", xla_resolution(2, MIXED_PRECISION="mixed_float16"), False, False, None)
+    with pytest.raises(SettingsError, match=r"^JIT_COMPILE=true is not allowed with MirroredStrategy on CPU"):
+        choose_xla("true", xla_resolution(0, CPU_DEVICES="2"), True, False, None)

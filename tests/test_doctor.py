@@ -128,6 +128,12 @@ def test_gpus_that_are_not_there_are_the_first_diagnosis_and_every_gpu_is_still_
     assert "ERROR: GPUS=0,2 asks for GPU 2" in format_report(result)
 
 
+def test_gpus_that_are_not_there_on_a_machine_without_any_do_not_say_it_would_train_on_the_cpu():
+    result = report(gpus=0, GPUS="0")
+    assert codes(result)[0] == ("error", "requested_gpus_missing")
+    assert "training on CPU" not in format_report(result)  # GPUS=0 is refused: it would not train at all
+
+
 def test_cpu_machine_with_nothing_wrong():
     result = report(CPU_DEVICES="2")
     assert codes(result) == []

@@ -466,6 +466,25 @@ def test_explicit_values_that_differ_are_refused_on_every_worker(tmp_path, tfds_
                                "'true' on the chief.")  # fmt: skip
 
 
+def test_a_run_directory_in_use_makes_every_worker_exit_75_alike(tmp_path, tfds_data_dir):
+    """The chief finds the lock held and tells the others: the whole job is "busy, try again", not a failure."""
+    holding = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from train.rundir import RunLock\n"
+         "lock = RunLock(Path(sys.argv[1])); lock.acquire(); print('held', flush=True); time.sleep(120)",
+         str(tmp_path / "run")],
+        env=clean_env(), stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holding.stdout.readline().strip() == "held"
+        outcomes = run_workers(tmp_path, [{}, {}], tfds_data_dir)
+    finally:
+        holding.kill()
+        holding.wait()
+    assert [code for code, _ in outcomes] == [75, 75], outcomes[1][1][-2000:]
+    for _, log in outcomes:
+        assert log.strip().splitlines()[-1].startswith(f"error: OUTPUT_DIR={tmp_path / 'run'} is in use: pid ")
+
+
 @pytest.mark.slow
 def test_a_worker_that_cannot_read_the_chiefs_checkpoints_says_output_dir_must_be_shared(
     uninterrupted, tmp_path, tfds_data_dir

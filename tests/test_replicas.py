@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
-from tests.conftest import REPO, clean_env
+from tests.conftest import REPO, clean_env, read_summary, run_train, same_weights
 from train.cluster.launch import free_ports, tf_configs
 
 SCHEDULE = {"module": "keras.optimizers.schedules", "class_name": "ExponentialDecay",
@@ -89,3 +90,69 @@ def test_replicas_draw_their_own_random_numbers_and_the_same_ones_again_from_the
     assert not first["replicas_draw_alike"]
     assert first["inference_alike"]  # nothing random where training=False
     assert first["first_draw"] == again["first_draw"]  # reproducible from SEED
+
+
+AVERAGES = """
+import json, sys
+import numpy as np, keras
+from pathlib import Path
+from train.checkpoints import make_checkpoint, restore_newest
+from train.data import load_data
+from train.devices.runtime import setup_runtime
+from train.model import build, use_averaged_weights
+from train.settings import load_settings
+settings = load_settings(from_run=True)
+runtime, data = setup_runtime(settings), load_data(settings)
+built = build(settings, data.spec, runtime.strategy)
+restore_newest(make_checkpoint(built), settings.output_dir / "checkpoints", print)
+raw = [w.numpy() for w in built.network.trainable_weights]
+use_averaged_weights(built)
+averaged = [w.numpy() for w in built.network.trainable_weights]
+exported = keras.saving.load_model(settings.output_dir / "model.keras").get_layer(built.network.name).trainable_weights
+print(json.dumps({"exported_is_average": all(np.array_equal(a, e.numpy()) for a, e in zip(averaged, exported)),
+                  "average_is_not_raw": not all(np.array_equal(a, r) for a, r in zip(averaged, raw))}))
+"""
+
+
+@pytest.mark.slow
+def test_optimizer_options_resume_exactly_and_the_moving_averages_are_what_is_evaluated_and_exported(
+    tmp_path, tfds_data_dir
+):
+    """One run with several options at once (AdamW, global clipping, a schedule, EMA): SIGKILLed and resumed, it
+    ends where an uninterrupted one does; its averaged weights are what fit evaluated, evaluate scores and the
+    export holds."""
+    options = {"class_name": "AdamW", "weight_decay": 0.01, "global_clipnorm": 1.0, "use_ema": True,
+               "learning_rate": SCHEDULE}  # fmt: skip
+    common = {"MODEL": REPO / "tests" / "harness" / "options_model.py", "TEST_OPTIMIZER": json.dumps(options),
+              "TFDS_DATA_DIR": tfds_data_dir, "BATCH_SIZE": 16, "EPOCHS": 1, "STEPS_PER_EPOCH": 600,
+              "STEPS_PER_CALL": 4, "CHECKPOINT_EVERY": 40, "LOG_EVERY": 1000}  # fmt: skip
+    straight = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "straight", **common)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    killed = subprocess.Popen([sys.executable, "-m", "train", "fit"], cwd=tmp_path,
+                              env=clean_env(OUTPUT_DIR=tmp_path / "resumed", **common),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "resumed").glob("checkpoints/ckpt-[1-9]*.index")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    killed.kill()
+    killed.wait()
+    assert not (tmp_path / "resumed" / "summary.json").exists(), "the run finished before it was killed"
+    resumed = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "resumed", **common)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert read_summary(tmp_path / "resumed")["resumed_from_step"] > 0
+    assert same_weights(tmp_path / "resumed" / "model.keras", tmp_path / "straight" / "model.keras")
+
+    as_run = clean_env(OUTPUT_DIR=tmp_path / "straight", MODEL=None, TEST_OPTIMIZER=json.dumps(options))
+    check = subprocess.run([sys.executable, "-c", AVERAGES], cwd=tmp_path, capture_output=True, text=True, env=as_run)
+    assert check.returncode == 0, check.stderr[-3000:]
+    assert json.loads(check.stdout.strip().splitlines()[-1]) == {
+        "exported_is_average": True,
+        "average_is_not_raw": True,
+    }
+    expected = read_summary(tmp_path / "straight")["eval"]
+    evaluated = run_train("evaluate", "--output-dir", str(tmp_path / "straight"), cwd=tmp_path, MODEL=None,
+                          TEST_OPTIMIZER=json.dumps(options))  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    report = json.loads(evaluated.stdout[evaluated.stdout.index("{") :])
+    assert {name: report[name] for name in expected} == pytest.approx(expected, abs=1e-6)

@@ -38,6 +38,8 @@ def test_fit_as_a_user_types_it_trains_checkpoints_and_exports(tmp_path, tfds_da
     assert list((run / "logs" / "train").iterdir()) and list((run / "logs" / "eval").iterdir())
     assert "No GPU found: training on CPU." in result.stdout
     assert "step      80/80" in result.stdout
+    # TensorFlow's two libraries print the same C++ start-up notice: shown once
+    assert result.stderr.count("All log messages before absl::InitializeLog() is called") <= 1
 
 
 @pytest.mark.parametrize("replicas", [2, 4])
@@ -124,6 +126,7 @@ def test_finished_run_started_again_trains_no_further(tmp_path, tfds_data_dir):
         "nothing to train, evaluating again"
     ) in result.stdout
     assert "warning: resuming with settings changed" not in result.stdout
+    assert "XLA on (auto: as this run's first start decided)" in result.stdout  # decided once, kept on resume
 
 
 def test_resuming_with_other_run_defining_settings_says_which_changed(tmp_path, tfds_data_dir):

@@ -438,6 +438,7 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> dict[str, Any
     lock = RunLock(settings.output_dir)
     try:
         with peers.guard("starting"):
+            peers.refuse_if_busy(settings.output_dir)
             run = _start(settings, runtime, peers, say)
             _open_run_dir(run, lock)
         with peers.guard("training", run.checkpoint_dir):

@@ -178,8 +178,9 @@ def preflight(settings: Settings) -> None:
     """Everything about the run directory that can be known before TensorFlow loads."""
     check_output_dir(settings.output_dir)
     check_same_model(settings)
-    chief = settings.cluster is None or settings.cluster.is_chief
-    if chief and holder(settings.output_dir) is not None:  # the other workers share the chief's directory
+    # Across workers the chief says it once they have joined (train.cluster.workers), so that every worker ends
+    # with the same exit code: a worker that stopped here would leave the others waiting for it.
+    if not settings.multi_worker and holder(settings.output_dir) is not None:
         raise busy(settings.output_dir)
     existing = checkpoints_newest_first(settings.output_dir / "checkpoints")
     if existing and settings.resume == "never":

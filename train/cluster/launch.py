@@ -9,7 +9,7 @@ if one worker ends with an error, the others get GRACE seconds to notice (they d
 second for a dead peer, ~10 s for a hung one) and are then killed. The launcher's exit code is the
 first worker error's, else 42 if any worker stopped to be restarted, else 0.
 
-Not for several hosts: there, start one worker per host with TF_CONFIG naming every host (README).
+Not for several hosts: there, start one worker per host with TF_CONFIG naming every host (docs/operations.md).
 No TensorFlow here.
 """
 

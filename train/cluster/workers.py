@@ -29,8 +29,8 @@ from tensorflow.python.util import deprecation
 
 from train.checkpoints import restore_newest
 from train.devices.runtime import Runtime
-from train.errors import FUNCTION_NODE, TrainingError, first_line
-from train.rundir import StopRequest, checkpoints_newest_first
+from train.errors import FUNCTION_NODE, BusyError, TrainingError, first_line
+from train.rundir import StopRequest, busy, checkpoints_newest_first, holder
 
 END_BARRIER_SECONDS = 3600  # how long the others wait for the chief's export at the end
 Say = Callable[[str], None]
@@ -198,6 +198,9 @@ class SingleHost:
     def checkpoint_manager(self, checkpoint: tf.train.Checkpoint, directory: Path, keep: int):
         return tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=keep)
 
+    def refuse_if_busy(self, output_dir: Path) -> None:
+        """Another live process trains in OUTPUT_DIR: BusyError (exit 75). One host: preflight said it already."""
+
     def restore(self, checkpoint: tf.train.Checkpoint, directory: Path, say: Say) -> str | None:
         return restore_newest(checkpoint, directory, say)
 
@@ -273,6 +276,12 @@ class Workers(SingleHost):
 
     def checkpoint_manager(self, checkpoint: tf.train.Checkpoint, directory: Path, keep: int):
         return WorkerCheckpoints(checkpoint, directory, keep, self.runtime)
+
+    def refuse_if_busy(self, output_dir: Path) -> None:
+        """The chief looks at OUTPUT_DIR's lock and says what it found to every worker: all exit 75 alike."""
+        found = (str(busy(output_dir)) if holder(output_dir) else "free") if self.is_chief else ""
+        if (said := self.share_from_chief("busy", found)) != "free":
+            raise BusyError(said)
 
     def restore(self, checkpoint: tf.train.Checkpoint, directory: Path, say: Say) -> str | None:
         """The chief picks the checkpoint; every other worker restores the same one, by name, from its own

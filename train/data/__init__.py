@@ -26,8 +26,8 @@ from train.settings import Settings
 
 __all__ = [
     "Data", "Dataset", "DatasetSpec", "Feed", "PipelineFeed", "RowsFeed", "Split", "StreamedSplit", "TrainSplit",
-    "batches_per_pass", "distribute", "eval_dataset", "eval_steps", "gathers_in_step", "input_pipelines", "load_data", "make_feed",
-    "open_dataset", "pass_order", "train_dataset",
+    "batches_per_pass", "distribute", "eval_dataset", "eval_steps", "gathers_in_step", "input_pipelines", "load_data",
+    "make_feed", "open_dataset", "pass_order", "train_dataset",
 ]  # fmt: skip
 
 

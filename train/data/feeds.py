@@ -293,7 +293,11 @@ def eval_dataset(strategy, split: TrainSplit, global_batch: int):
 
             def rows(index):
                 base = index // local * global_batch
-                start, end = _share(tf.minimum(tf.constant(global_batch, tf.int64), examples - base), first_replica + index % local, replicas)
+                start, end = _share(
+                    tf.minimum(tf.constant(global_batch, tf.int64), examples - base),
+                    first_replica + index % local,
+                    replicas,
+                )
                 return features[base + start : base + end], labels[base + start : base + end]
 
             return _no_copy(tf.data.Dataset.range(steps * local).map(rows).prefetch(tf.data.AUTOTUNE))

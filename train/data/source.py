@@ -136,7 +136,9 @@ class StreamedSplit:
     @cached_property
     def files(self) -> tuple[tuple[str, int, int], ...]:
         """(file, first record, records) of the split: TFDS's own instructions, sliced splits included."""
-        return tuple((i.filename, int(i.skip), int(i.take)) for i in self.builder.info.splits[self.split].file_instructions)
+        return tuple(
+            (i.filename, int(i.skip), int(i.take)) for i in self.builder.info.splits[self.split].file_instructions
+        )
 
     @property
     def as_records(self) -> bool:
@@ -173,7 +175,9 @@ class StreamedSplit:
         skips = tf.constant([skip for _, skip, _ in files], tf.int64)
         takes = tf.constant([take for _, _, take in files], tf.int64)
         order = tf.random.experimental.stateless_shuffle(tf.range(len(files)), seed=seed)
-        chosen = tf.data.Dataset.from_tensor_slices((tf.gather(names, order), tf.gather(skips, order), tf.gather(takes, order)))
+        chosen = tf.data.Dataset.from_tensor_slices(
+            (tf.gather(names, order), tf.gather(skips, order), tf.gather(takes, order))
+        )
 
         def chunks(name, skip, take):
             records = tf.data.TFRecordDataset(name).skip(skip).take(take)
@@ -198,7 +202,9 @@ class StreamedSplit:
         else:
             files, _ = self.share(index, count)
             shared = len(self.files) < count  # fewer files than pipelines: they share the files, chunk by chunk
-            examples = self._decoded(self._records(files, seeds, index if shared else 0, count if shared else 1), window)
+            examples = self._decoded(
+                self._records(files, seeds, index if shared else 0, count if shared else 1), window
+            )
 
         def shuffled_batches(number, decoded):
             features, labels = decoded
@@ -225,7 +231,9 @@ class StreamedSplit:
             values = []
             for key in keys:
                 value = tf.cast(parsed[key], serialized[key].dtype)
-                values.append(features[key].decode_batch_example(value) if batched else features[key].decode_example(value))
+                values.append(
+                    features[key].decode_batch_example(value) if batched else features[key].decode_example(value)
+                )
             return tuple(values)
 
         if encoded:
@@ -270,7 +278,7 @@ def open_builder(settings: Settings):
     """The TFDS builder of DATASET: the template's own datasets and the fork's (`project.datasets`) registered."""
     import tensorflow_datasets as tfds
 
-    import train.data.synthetic_clusters  # noqa: F401  (registers the default dataset)
+    import train.data.synthetic_clusters
     import train.data.synthetic_images  # noqa: F401  (and the image one)
 
     if importlib.util.find_spec("project.datasets") is not None:

@@ -129,7 +129,7 @@ def choose_cross_device_ops(requested: str, strategy_name: str, plan: DevicePlan
     """CROSS_DEVICE_OPS for MirroredStrategy: the all-reduce to build (None: TensorFlow's own choice), notes.
 
     auto: what TensorFlow picks itself: ReductionToOneDevice on CPU devices (named here, so the run says which;
-    hierarchical copy measured the same within the noise, README How fast), NCCL between GPUs where available.
+    hierarchical copy measured the same within the noise, docs/performance.md), NCCL between GPUs where available.
     """
     if strategy_name != "mirrored":
         if requested == "auto":
@@ -275,8 +275,8 @@ def choose_xla(
 
     `whole_call`: the feed lets XLA compile the whole training call (rows gathered in the step); otherwise
     only the replica step is compiled and the tf.data iterator stays outside, as tensorflow/models does.
-    auto is never the slow choice measured here (docs/performance.md): on one CPU device gathering from
-    memory XLA made the MLP about 3x faster, and a small CNN 25x slower (XLA's CPU convolutions); `check`
+    auto is never the slow choice measured (docs/performance.md, XLA): on one CPU device gathering from
+    memory XLA speeds up dense models and slows convolutional ones (XLA's CPU convolutions); `check`
     measures both for the model at hand. On one GPU auto is Keras's own default (on); under strategies of
     more than one GPU it stays off, as Keras has it (keras PR #18716), until `make test-gpu` measures it.
     """

@@ -28,6 +28,7 @@ CPU device against MirroredStrategy on two.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import statistics
@@ -356,6 +357,12 @@ def build_contenders(
             contender = c.loop_contender(
                 name, settings, runtime, data, lambda: c.same_batch_dataset_feed(runtime, data)
             )
+        elif name in ("streamed", "tuned_tfdata"):
+            if streamed is None:
+                say(f"  left out: {name} needs the splits streamed, and they could not be")
+                continue
+            tuned = (lambda: c.tuned_tfdata_feed(runtime, streamed, settings.seed)) if name == "tuned_tfdata" else None
+            contender = c.loop_contender(name, settings.replace(data_in_memory="false"), runtime, streamed, tuned)
         elif not isinstance(data.train, Split):
             say(f"  left out: the splits are streamed, and {name} takes them from memory")
             continue
@@ -437,6 +444,8 @@ def run_benchmark(
     trial = min(KERAS_TRIAL_SECONDS, seconds_per_measurement)
     made = build_contenders(settings, runtime, data, streamed, contenders, trial, say)
     results = measure_rounds(made, repetitions, seconds_per_measurement, say)
+    made.clear()  # their tf.data pipelines' threads, which would compete with the subprocesses' measurements
+    gc.collect()
     ratios = {
         name: results[a]["examples_per_sec"] / results[b]["examples_per_sec"]
         for name, (a, b) in RATIOS.items()
