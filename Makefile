@@ -66,7 +66,7 @@ test-fast: setup ## Run the tests without the slow end-to-end runs
 	$(PYTEST) -m "not slow"
 
 test-gpu: setup ## Run the GPU tests (they skip where TensorFlow sees no GPU)
-	$(BIN)/python -m pytest -m gpu
+	$(BIN)/python -m pytest -m gpu -rP  # -rP: the figures the GPU tests print
 
 lint: setup ## Check lint and formatting with ruff
 	$(BIN)/ruff check .

@@ -102,3 +102,18 @@ def examples_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     subprocess.run([sys.executable, "-c", script, str(data_dir)], check=True, env=clean_env(), capture_output=True)
     return data_dir
+
+
+WIDE_BYTES = (4_000 + 250) * (16_384 * 4 + 8)  # wide_values (tests/datasets): 262 MB of float32, and the labels
+
+
+@pytest.fixture(scope="module")
+def wide_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A TFDS data dir with wide_values (tests/datasets) generated, offline: splits of a few hundred MB."""
+    data_dir = tmp_path_factory.mktemp("wide")
+    script = (
+        "import sys, tensorflow_datasets as tfds, tests.datasets\n"
+        "tfds.builder('wide_values', data_dir=sys.argv[1]).download_and_prepare()"
+    )
+    subprocess.run([sys.executable, "-c", script, str(data_dir)], check=True, env=clean_env(), capture_output=True)
+    return data_dir

@@ -9,7 +9,7 @@ from functools import cache
 
 import pytest
 
-from tests.conftest import clean_env, read_summary, run_train
+from tests.conftest import WIDE_BYTES, clean_env, read_summary, run_train
 
 pytestmark = pytest.mark.gpu
 
@@ -19,6 +19,17 @@ def gpu_count() -> int:
     script = "import tensorflow as tf; print(len(tf.config.list_physical_devices('GPU')))"
     result = subprocess.run([sys.executable, "-c", script], env=clean_env(), capture_output=True, text=True)
     return int(result.stdout.strip().splitlines()[-1]) if result.returncode == 0 else 0
+
+
+@cache
+def compute_capability_major() -> int:
+    """The first GPU's compute capability, major: bf16 needs 8 (Ampere) or later."""
+    script = (
+        "import tensorflow as tf; gpu = tf.config.list_physical_devices('GPU')[0]\n"
+        "print(tf.config.experimental.get_device_details(gpu).get('compute_capability', (0, 0))[0])"
+    )
+    result = subprocess.run([sys.executable, "-c", script], env=clean_env(), capture_output=True, text=True)
+    return int(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture
@@ -86,3 +97,47 @@ def test_fit_on_gpus_with_mixed_float16_and_every_all_reduce(tmp_path, tfds_data
         assert summary["cross_device_ops"] == settings.get("CROSS_DEVICE_OPS", summary["cross_device_ops"])
         assert summary["data_in_memory"] and not summary["jit_compile"]  # tf.data feeds GPUs: no XLA
         assert summary["eval"]["accuracy"] > 0.7
+
+
+def test_xla_on_one_and_two_gpus_with_and_without_mixed_precision(tmp_path, tfds_data_dir, gpus):
+    """JIT_COMPILE=true compiles the replica step (tf.data stays outside) on 1 GPU and, where there are 2, on
+    MirroredStrategy over 2; with each precision the GPUs have. fp16 on 2+ GPUs stays refused (keras#20763)."""
+    precisions = ["off", "mixed_float16", *(["mixed_bfloat16"] if compute_capability_major() >= 8 else [])]
+    for gpu_list in ["0", *(["0,1"] if gpus > 1 else [])]:
+        for precision in precisions:
+            output_dir = tmp_path / f"run-{gpu_list}-{precision}"
+            result = run_train(
+                "fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=output_dir, EPOCHS=2, GPUS=gpu_list,
+                JIT_COMPILE="true", MIXED_PRECISION=precision,
+            )  # fmt: skip
+            if "," in gpu_list and precision == "mixed_float16":
+                assert result.returncode == 2 and "MIXED_PRECISION=mixed_float16 on more than one GPU" in result.stderr
+                continue
+            assert result.returncode == 0, result.stderr[-3000:]
+            summary = read_summary(output_dir)
+            assert summary["jit_compile"] and summary["precision"] == precision
+            assert summary["replicas"] == len(gpu_list.split(","))
+            assert summary["eval"]["accuracy"] > 0.7, (gpu_list, precision, summary["eval"])
+
+
+def test_data_held_in_memory_stays_on_the_host_not_on_the_gpu(tmp_path, wide_data_dir, gpus):
+    """The GPU-side figure of DATA_IN_MEMORY=true: the split (262 MB) stays in host memory and tf.data brings
+    the GPU its batches, so the GPU's peak is the model and a few batches, not the split. Printed for the record."""
+    script = (
+        "import json, sys\n"
+        "from train.fit import fit\n"
+        "from train.rundir import StopRequest\n"
+        "from train.settings import load_settings\n"
+        "fit(load_settings(), StopRequest(), say=lambda line: None)\n"
+        "import tensorflow as tf\n"
+        "print(json.dumps(tf.config.experimental.get_memory_info('GPU:0')))\n"
+    )
+    env = clean_env(
+        DATASET="wide_values", TFDS_DATA_DIR=wide_data_dir, OUTPUT_DIR=tmp_path / "run", GPUS="0",
+        DATA_IN_MEMORY="true", BATCH_SIZE=32, EPOCHS=1, STEPS_PER_EPOCH=20,
+    )  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    peak = json.loads(result.stdout.strip().splitlines()[-1])["peak"]
+    print(f"GPU peak with a {WIDE_BYTES / 1e6:.0f} MB split in memory: {peak / 1e6:.0f} MB")
+    assert peak < WIDE_BYTES / 2, f"GPU peak {peak / 1e6:.0f} MB: the split was copied to the GPU"

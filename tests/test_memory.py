@@ -11,21 +11,8 @@ import sys
 
 import pytest
 
-from tests.conftest import clean_env
+from tests.conftest import WIDE_BYTES, clean_env
 from train.devices.host_memory import PEAK_PER_BYTE
-
-WIDE_BYTES = (4_000 + 250) * (16_384 * 4 + 8)  # wide_values (tests/datasets): 262 MB of float32, and the labels
-
-
-@pytest.fixture(scope="module")
-def wide_data_dir(tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("wide")
-    script = (
-        "import sys, tensorflow_datasets as tfds, tests.datasets\n"
-        "tfds.builder('wide_values', data_dir=sys.argv[1]).download_and_prepare()"
-    )
-    subprocess.run([sys.executable, "-c", script, str(data_dir)], check=True, env=clean_env(), capture_output=True)
-    return data_dir
 
 
 def peak_rss_of_fit(cwd, **settings) -> int:
