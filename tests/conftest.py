@@ -117,3 +117,33 @@ def wide_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     subprocess.run([sys.executable, "-c", script, str(data_dir)], check=True, env=clean_env(), capture_output=True)
     return data_dir
+
+
+_EVENTS = """
+import json, sys
+from pathlib import Path
+import tensorflow as tf
+from tensorboard.plugins.hparams import plugin_data_pb2
+logs = Path(sys.argv[1])
+found = {"hparams": {}, "eval": {}}
+for path in logs.glob("events.out.tfevents.*"):
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+        for value in event.summary.value:
+            if value.metadata.plugin_data.plugin_name == "hparams":
+                data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+                for name, hparam in data.session_start_info.hparams.items():
+                    found["hparams"][name] = hparam.string_value or hparam.number_value or hparam.bool_value
+for path in (logs / "eval").glob("events.out.tfevents.*"):
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+        for value in event.summary.value:
+            found["eval"][value.tag] = float(tf.make_ndarray(value.tensor))
+print(json.dumps(found))
+"""
+
+
+def tensorboard_events(logs: Path) -> dict:
+    """What a run's logs/ hold for TensorBoard: {"hparams": the session's values, "eval": the last value of
+    each eval/ tag}, read by TensorBoard's own protos in a fresh process."""
+    read = subprocess.run([sys.executable, "-c", _EVENTS, str(logs)], env=clean_env(), capture_output=True, text=True)
+    assert read.returncode == 0, read.stderr[-3000:]
+    return json.loads(read.stdout.strip().splitlines()[-1])

@@ -51,6 +51,8 @@ def test_short_benchmark_measures_every_contender_and_the_three_ratios_with_the_
     for streaming in ("streamed", "tuned_tfdata"):  # the template's step, fed from the TFDS files
         assert result["contenders"][streaming]["global_batch"] == 64
         assert result["contenders"][streaming]["settings"] == "STEPS_PER_CALL=8, XLA off"
+    for pipeline in ("streamed_input", "tuned_tfdata_input"):  # the same two pipelines, timed without the step
+        assert result["contenders"][pipeline]["settings"] == "input only, no step"
     for ratio in RATIO_GOALS["vectors"]:
         assert result["ratios"][ratio] > 0
     assert [goal["met"] in (True, False) for goal in result["goals"]] == [True] * 4
@@ -65,12 +67,13 @@ def test_the_image_example_row_measures_the_cnn_against_its_ceiling_and_a_tuned_
     tmp_path, examples_data_dir
 ):
     """(Keras fit, row 3, is the same code as on the default dataset, measured there: left out for time.)"""
+    contenders = "template,in_memory,streamed,tuned_tfdata,streamed_input,tuned_tfdata_input"
     result = run_bench(
-        *SHORT, "--no-startup", "--contenders", "template,in_memory,streamed,tuned_tfdata", cwd=tmp_path,
+        *SHORT, "--no-startup", "--contenders", contenders, cwd=tmp_path,
         data_dir=examples_data_dir, MODEL="examples.cnn", DATASET="synthetic_images", TRAIN_SPLIT="train[:1024]",
     )  # fmt: skip
     assert (result["model"], result["feature"]) == ("examples.cnn", {"shape": [32, 32, 3], "dtype": "uint8"})
-    assert set(result["ratios"]) == {"1/2", "5/1", "5/6"}
+    assert set(result["ratios"]) == {"1/2", "5/1", "5/6", "5i/6i"}
     goals = {goal["goal"].split()[0]: goal for goal in result["goals"]}
     assert set(goals) == {"1/2", "1/3", "5/6"} and all(goal["goal"].endswith("(images)") for goal in goals.values())
     assert goals["5/6"]["met"] in (True, False) and goals["1/3"]["met"] is None

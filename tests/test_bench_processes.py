@@ -12,10 +12,10 @@ from tests.test_bench import SHORT, run_bench
 def test_on_two_logical_cpus_it_runs_mirrored_and_measures_levers_value_by_value(tmp_path, tfds_data_dir):
     """Keras fit may crash under MirroredStrategy with some settings: the benchmark says so and goes on. A lever
     value the settings refuse here is reported with its error."""
-    result = run_bench(
-        *SHORT, "--no-startup", "--levers", "JIT_COMPILE,CROSS_DEVICE_OPS", cwd=tmp_path, data_dir=tfds_data_dir,
-        CPU_DEVICES=2, BATCH_SIZE=32,
-    )  # fmt: skip
+    # the levers bench-gpu measures (CROSS_DEVICE_OPS's choices are tests/test_devices.py's)
+    levers = "JIT_COMPILE,MIXED_PRECISION,DEVICE_PREFETCH"
+    result = run_bench(*SHORT, "--no-startup", "--contenders", "template,keras_fit", "--levers", levers,
+                       cwd=tmp_path, data_dir=tfds_data_dir, CPU_DEVICES=2, BATCH_SIZE=32)  # fmt: skip
     assert (result["resolved"]["strategy"], result["resolved"]["global_batch"]) == ("mirrored", 64)
     assert all(contender["examples_per_sec"] > 0 for contender in result["contenders"].values())
     assert result["contenders"]["template"]["strategy"] == "mirrored"
@@ -25,10 +25,12 @@ def test_on_two_logical_cpus_it_runs_mirrored_and_measures_levers_value_by_value
     assert with_xla["error"].startswith(
         "error: JIT_COMPILE=true is not allowed with MirroredStrategy on CPU devices (2 replicas, CPU_DEVICES=2)"
     )
-    all_reduces = result["levers"]["CROSS_DEVICE_OPS"]
-    assert [value["value"] for value in all_reduces] == ["auto", "hierarchical_copy"]
-    assert [value["resolved"]["cross_device_ops"] for value in all_reduces] == ["reduce_to_one", "hierarchical_copy"]
-    assert all(value["examples_per_sec"] > 0 and value["resolved"]["replicas"] == 2 for value in all_reduces)
+    for lever, values in (("MIXED_PRECISION", ["off", "mixed_bfloat16"]), ("DEVICE_PREFETCH", ["1", "2", "4"])):
+        measured = result["levers"][lever]
+        assert [value["value"] for value in measured] == values
+        assert all(value["examples_per_sec"] > 0 and value["resolved"]["replicas"] == 2 for value in measured)
+    precisions = [value["resolved"]["precision"] for value in result["levers"]["MIXED_PRECISION"]]
+    assert precisions == ["float32", "mixed_bfloat16"]  # each value really ran with its own dtype policy
 
 
 @pytest.mark.slow

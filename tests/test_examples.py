@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, clean_env, read_summary, run_train, same_weights
+from tests.conftest import REPO, clean_env, read_summary, run_train, same_weights, tensorboard_events
 
 CNN = {
     "MODEL": str(REPO / "examples" / "cnn.py"),  # the path form, as `make train MODEL=examples/cnn.py` gives it
@@ -159,3 +159,5 @@ def test_a_multi_label_head_reports_a_metric_per_class_as_a_list(tmp_path, examp
     assert set(summary["eval"]) == {"loss", "binary_accuracy", "f1"}
     assert isinstance(summary["eval"]["f1"], list) and len(summary["eval"]["f1"]) == 5
     assert summary["eval"]["binary_accuracy"] > 0.75
+    charted = tensorboard_events(tmp_path / "run" / "logs")["eval"]  # TensorBoard: one scalar per class
+    assert [charted[f"f1/{index}"] for index in range(5)] == pytest.approx(summary["eval"]["f1"], abs=1e-6)

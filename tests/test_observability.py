@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.conftest import clean_env, read_summary, run_train
+from tests.conftest import clean_env, read_summary, run_train, tensorboard_events
 
 QUICK = {"EPOCHS": 2, "STEPS_PER_EPOCH": 20, "LOG_EVERY": 10}
 
@@ -85,38 +85,12 @@ def test_a_malformed_profile_range_is_exit_2_before_tensorflow(tmp_path, text):
     ]
 
 
-EVENTS = """
-import json, sys
-from pathlib import Path
-import tensorflow as tf
-from tensorboard.plugins.hparams import plugin_data_pb2
-logs = Path(sys.argv[1])
-found = {"hparams": {}, "eval": {}}
-for path in logs.glob("events.out.tfevents.*"):
-    for event in tf.compat.v1.train.summary_iterator(str(path)):
-        for value in event.summary.value:
-            if value.metadata.plugin_data.plugin_name == "hparams":
-                data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
-                for name, hparam in data.session_start_info.hparams.items():
-                    found["hparams"][name] = hparam.string_value or hparam.number_value or hparam.bool_value
-for path in (logs / "eval").glob("events.out.tfevents.*"):
-    for event in tf.compat.v1.train.summary_iterator(str(path)):
-        for value in event.summary.value:
-            found["eval"][value.tag] = float(tf.make_ndarray(value.tensor))
-print(json.dumps(found))
-"""
-
-
 def test_every_run_writes_an_hparams_session_of_its_settings_beside_its_metrics(tmp_path, tfds_data_dir):
-    import json
 
     output_dir = tmp_path / "run"
     result = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=output_dir, BATCH_SIZE=64, **QUICK)
     assert result.returncode == 0, result.stderr[-3000:]
-    read = subprocess.run([sys.executable, "-c", EVENTS, str(output_dir / "logs")], env=clean_env(),
-                          capture_output=True, text=True)  # fmt: skip
-    assert read.returncode == 0, read.stderr[-3000:]
-    found = json.loads(read.stdout.strip().splitlines()[-1])
+    found = tensorboard_events(output_dir / "logs")
     assert found["hparams"]["BATCH_SIZE"] == 64 and found["hparams"]["DATASET"] == "synthetic_clusters"
     assert found["hparams"]["global_batch"] == 64 and found["hparams"]["MODEL"] == "examples.mlp"
     assert found["eval"]["accuracy"] == pytest.approx(read_summary(output_dir)["eval"]["accuracy"], abs=1e-6)
@@ -157,3 +131,22 @@ def test_deterministic_with_xla_forced_on_is_refused_naming_both(tmp_path):
         .splitlines()[-1]
         .startswith("error: JIT_COMPILE=true is not allowed with DETERMINISTIC=true")
     )
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored", "multi_worker"])
+def test_deterministic_is_kept_by_every_strategy_s_resolution(strategy):
+    """What summary.json, `devices` and the XLA decision read (train.devices.runtime.resolve), for each strategy."""
+    import json
+
+    from train.devices.runtime import DevicePlan, resolve
+    from train.settings import load_settings
+
+    environ = {"DETERMINISTIC": "true", "CPU_DEVICES": "2" if strategy == "mirrored" else "1"}
+    if strategy == "multi_worker":
+        cluster = {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}
+        environ["TF_CONFIG"] = json.dumps(cluster)
+    settings = load_settings({}, environ=environ, defaults_path=None)
+    plan = DevicePlan(physical_gpus=0, visible_gpus=(), memory_growth=False, memory_limit_mb=None,
+                      cpu_devices=settings.cpu_devices, notes=())  # fmt: skip
+    resolution = resolve(settings, plan)
+    assert (resolution.strategy_name, resolution.deterministic) == (strategy, True)

@@ -35,6 +35,9 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # plain click help: rich's help rendering made `--help` miss its start-up goal (docs/performance.md, Start-up)
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 120},  # as wide as the terminal, up to 120 (click's own cap is 80)
 )
 
 

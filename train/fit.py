@@ -84,7 +84,7 @@ def agree(settings: Settings, runtime: Runtime, peers: SingleHost, dataset: Data
 def _decide_xla(settings: Settings, runtime: Runtime, peers: SingleHost, built: Built, whole_call: bool, jit: str):
     """XLA on or off, decided once per run on the chief (and reused on resume), the same on every worker."""
     recorded = read_run(settings.output_dir).get("jit_compile") if peers.is_chief else None
-    if jit == "auto" and recorded is not None:
+    if jit == "auto" and recorded is not None and not runtime.deterministic:  # DETERMINISTIC=true: always off
         try:
             choose_xla("true" if recorded else "false", runtime, whole_call, built.convolutional, None)
             on, why = bool(recorded), "auto: as this run's first start decided"

@@ -7,7 +7,7 @@ Keras 3.15.1 (pinned in pyproject.toml). If an upgrade moves one of these, the t
   also traces the loss on the label's spec, which is how a model whose output does not fit the labels is
   found before the run directory is written (tests/test_model_contract.py).
 - `model._loss_tracker`: the `Mean` named "loss" that `model.fit` and `model.evaluate` report, so the loop's
-  "loss" is theirs (tests/test_metrics.py).
+  "loss" is theirs (tests/test_examples.py, tests/test_replicas.py).
 - `optimizer._all_reduce_sum_gradients`: Keras's TensorFlow optimizer sums the replicas' gradients inside
   `apply`, after clipping them per replica and after a LossScaleOptimizer has judged "finite" on one replica's
   local gradients. The loop all-reduces first instead, so that clipping and loss scaling see the global

@@ -156,8 +156,13 @@ def run_loop(
 
 
 def write_scalars(writer, step: int, metrics: dict[str, float | list], **extra: float | None) -> None:
-    """TensorBoard scalars: every scalar metric, and the extras given."""
+    """TensorBoard scalars: every metric, and the extras given. A metric of several values (an F1 score per
+    class) is one scalar per value, NAME/0, NAME/1, ...: TensorBoard charts one number per tag."""
     with writer.as_default(step=step):
         for name, value in {**metrics, **extra}.items():
             if isinstance(value, float | int):
                 tf.summary.scalar(name, value)
+            elif isinstance(value, list):
+                for index, each in enumerate(value):
+                    if isinstance(each, float | int):
+                        tf.summary.scalar(f"{name}/{index}", each)

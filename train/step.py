@@ -84,7 +84,8 @@ class TrainCalls:
 
 def make_train_calls(built: Built, strategy, feed: Feed, global_batch: int, jit_compile: bool) -> TrainCalls:
     """A tf.function running `steps` training steps under `strategy.run`, for any batch size, returning the
-    metrics (read inside the call: reading them eagerly after it cost ~0.3 ms a call on CPU) and the skips.
+    metrics and the skips. The metrics are read inside the call: reading them eagerly after it cost more than
+    a small model's step (docs/performance.md, Smaller choices).
 
     `jit_compile`: XLA compiles the whole call where the feed allows it (every input a tensor), else the
     replica step alone, as tensorflow/models does; the iterator's get_next stays outside XLA."""
@@ -117,8 +118,9 @@ def make_train_calls(built: Built, strategy, feed: Feed, global_batch: int, jit_
         tf.function(replica_step, jit_compile=True, autograph=False) if jit_compile and not whole_call else replica_step
     )
 
-    # autograph=False: the loop is written as the graph op it is; converting it and the step took 0.3-0.4 s of
-    # every run's first call. (Keras still converts each layer's `call`, so a model's Python branches work.)
+    # autograph=False: the loop is written as the graph op it is; converting it and the step slowed every run's
+    # first call (docs/performance.md, Smaller choices). Keras still converts each layer's `call`, so a model's
+    # Python branches work.
     @tf.function(jit_compile=whole_call, autograph=False)
     def train_steps(call_args, steps):
         def one_step(step, skipped):

@@ -181,7 +181,7 @@ class RowsFeed:
         self.seed, self.step, self.longest, self.examples = seed, start_step, longest, len(split)
         # The passes a call of up to `longest` steps can touch, from any step of its first pass.
         self.passes_per_window = -(-(self.pass_batches - 1 + longest) // self.pass_batches)
-        # int32 row numbers where they fit: the XLA-compiled call ran faster than with int64.
+        # int32 row numbers where they fit: the XLA-compiled call ran faster than with int64 (docs/performance.md).
         self.index_type = np.int32 if len(split) <= np.iinfo(np.int32).max else np.int64
         self.features, self.labels = split.tensors
         self._plans: dict[int, np.ndarray] = {}

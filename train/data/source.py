@@ -225,12 +225,12 @@ class StreamedSplit:
         keys = (self.spec.feature_key, self.spec.label_key)
         serialized = features.get_serialized_info()
         specs = {key: _example_spec(serialized[key]) for key in keys}
-        encoded = any(serialized[key].dtype == tf.string for key in keys)
+        encoded = any(serialized[key].tf_dtype == tf.string for key in keys)
 
         def decode(parsed, batched: bool):
             values = []
             for key in keys:
-                value = tf.cast(parsed[key], serialized[key].dtype)
+                value = tf.cast(parsed[key], serialized[key].tf_dtype)
                 values.append(
                     features[key].decode_batch_example(value) if batched else features[key].decode_example(value)
                 )
@@ -248,7 +248,7 @@ class StreamedSplit:
 
 def _example_spec(info) -> tf.io.FixedLenFeature:
     """How tf.train.Example holds a TFDS tensor: float32 as floats, integers as int64, the rest as bytes."""
-    dtype = tf.as_dtype(info.dtype)
+    dtype = info.tf_dtype
     kind = tf.string if dtype == tf.string else tf.float32 if dtype.is_floating else tf.int64
     return tf.io.FixedLenFeature(info.shape, kind)
 

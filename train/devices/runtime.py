@@ -256,6 +256,7 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
             cluster,
             precision=precision,
             precision_why=why,
+            deterministic=settings.deterministic,
         )
     devices = plan.training_devices if name == "mirrored" else plan.training_devices[:1]
     cross_device_ops, ops_notes = choose_cross_device_ops(settings.cross_device_ops, name, plan)

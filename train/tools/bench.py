@@ -46,7 +46,7 @@ from train.settings import FIELDS, Settings
 SCHEMA = 1
 CONTENDERS = (
     "template", "in_memory", "in_memory_dataset", "in_memory_batches", "keras_fit", "keras_numpy", "streamed",
-    "tuned_tfdata",
+    "tuned_tfdata", "streamed_input", "tuned_tfdata_input",
 )  # fmt: skip
 LABELS = {
     "template": "1  template fit path",
@@ -57,6 +57,8 @@ LABELS = {
     "keras_numpy": "4  Keras fit, numpy, batch 32",
     "streamed": "5  template fit path, streamed",
     "tuned_tfdata": "6  same step, tuned tf.data of TFDS",
+    "streamed_input": "5i 5's input alone, no step",
+    "tuned_tfdata_input": "6i 6's input alone, no step",
 }
 RATIOS = {
     "1/2": ("template", "in_memory"),
@@ -68,6 +70,7 @@ RATIOS = {
     "2c/2": ("in_memory_batches", "in_memory"),
     "5/1": ("streamed", "template"),
     "5/6": ("streamed", "tuned_tfdata"),
+    "5i/6i": ("streamed_input", "tuned_tfdata_input"),
 }
 # The goals by what the data is (docs/performance.md): the documented MLP on vectors, and the CNN example on
 # images, where the step, not the input, dominates.
@@ -85,6 +88,7 @@ RATIO_MEANING = {
     "2c/2": "a new batch each step against one that never changes",
     "5/1": "streamed from the TFDS files against in memory",
     "5/6": "the template's streaming against a tuned tf.data pipeline",
+    "5i/6i": "the same, the two pipelines alone (no step)",
 }
 HELP_GOAL_SECONDS = 0.3
 FIT_VS_IMPORT_GOAL = 1.6
@@ -363,6 +367,11 @@ def build_contenders(
                 continue
             tuned = (lambda: c.tuned_tfdata_feed(runtime, streamed, settings.seed)) if name == "tuned_tfdata" else None
             contender = c.loop_contender(name, settings.replace(data_in_memory="false"), runtime, streamed, tuned)
+        elif name in ("streamed_input", "tuned_tfdata_input"):
+            if streamed is None:
+                say(f"  left out: {name} needs the splits streamed, and they could not be")
+                continue
+            contender = c.input_contender(name, settings, runtime, streamed, tuned=name == "tuned_tfdata_input")
         elif not isinstance(data.train, Split):
             say(f"  left out: the splits are streamed, and {name} takes them from memory")
             continue
@@ -437,7 +446,7 @@ def run_benchmark(
         f"{seconds_per_measurement:g} s each."
     )
     streamed = None
-    if {"streamed", "tuned_tfdata"} & set(contenders):
+    if {"streamed", "tuned_tfdata", "streamed_input", "tuned_tfdata_input"} & set(contenders):
         from train.tools.contenders import streamed as streamed_splits
 
         streamed = data if not data.in_memory else streamed_splits(settings)

@@ -305,6 +305,28 @@ def tuned_tfdata_feed(runtime: Runtime, data: Data, seed: int) -> PipelineFeed:
     return PipelineFeed(distribute(runtime.strategy, dataset_fn))
 
 
+def input_contender(name: str, settings: Settings, runtime: Runtime, data: Data, tuned: bool) -> Contender:
+    """The input pipeline alone, no step: the template's streamed feed as `fit` makes it, or (`tuned`) the tuned
+    tf.data pipeline of the same files. Where the step dominates, rows 5 and 6 tie whatever the input does;
+    these two compare the pipelines themselves."""
+    global_batch = runtime.global_batch
+    if tuned:
+        feed = tuned_tfdata_feed(runtime, data, settings.seed)
+    else:
+        feed = make_feed(runtime.strategy, data.train, global_batch, settings.seed, 0, 1, settings.device_prefetch)
+
+    def measure(seconds: float) -> tuple[int, float]:
+        examples, started = 0, time.perf_counter()
+        while True:
+            next(feed.iterator)  # eager: the batch is made when next returns
+            examples += global_batch
+            elapsed = time.perf_counter() - started
+            if elapsed >= seconds:
+                return examples, elapsed
+
+    return Contender(name, measure, global_batch, runtime.strategy_name, "input only, no step")
+
+
 def reading_per_share(data: Data, seed: int, global_batch: int, counts=(1, 2, 4), batches: int = 64) -> dict:
     """What each of 1, 2 and 4 workers reads of a streamed split, and how fast: each its own share (the input
     pipeline each worker would run, timed alone). The same pipeline fit runs; no training."""
