@@ -22,6 +22,19 @@ from train.settings import (
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The files of many end-to-end runs, longest first (measured with --durations): `make test` hands whole files
+# to its two workers in collection order, so the long ones start first and the short ones fill in at the end,
+# rather than one long file running alone while the other worker idles.
+LONGEST_FIRST = (
+    "test_multi_worker.py", "test_resilience.py", "test_train.py", "test_data.py", "test_examples.py",
+    "test_bench_processes.py", "test_replicas.py", "test_bench.py", "test_observability.py", "test_slurm.py",
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order is kept
+
 
 def engine_defaults() -> dict[str, str]:
     """The template's own defaults for MODEL and for whatever a fork's project/defaults.env sets: the engine's

@@ -153,3 +153,19 @@ def test_devices_command_on_this_cpu_machine(tmp_path):
     flagged = run_train("devices", cwd=tmp_path, NVIDIA_VISIBLE_DEVICES="all")
     assert flagged.returncode == 1
     assert "ERROR: NVIDIA_VISIBLE_DEVICES=all says there are GPUs, but TensorFlow sees none" in flagged.stdout
+
+
+@pytest.mark.parametrize(("capability", "precision"), [((8, 0), "mixed_bfloat16"), ((7, 0), "mixed_float16")])
+def test_devices_says_the_precision_auto_chose_and_why_and_the_determinism_switch(capability, precision):
+    class Devices(DoctorDevices):
+        def gpu_details(self, gpu):
+            return {"device_name": f"Fake GPU {gpu}", "compute_capability": capability}
+
+    result = collect_report(
+        load_settings({}, {"DETERMINISTIC": "true"}, "/nonexistent/.env"), Devices(1), {}, 8 << 30,
+        MATCHING_LIBRARIES, {"tensorflow": "2.21.0", "keras": "3.15.1"},
+    )  # fmt: skip
+    line = next(line for line in format_report(result).splitlines() if line.startswith("  precision: "))
+    # why: the compute capability it was chosen for
+    assert line.startswith(f"  precision: {precision} (every GPU has compute capability {capability[0]}.")
+    assert line.endswith("deterministic ops: on (DETERMINISTIC=true; XLA stays off)")

@@ -128,7 +128,8 @@ class StreamedSplit:
         with `shuffle_files`, the files in one fixed order drawn from `seed`."""
         import tensorflow_datasets as tfds
 
-        read_config = tfds.ReadConfig(shuffle_seed=seed, shuffle_reshuffle_each_iteration=False)
+        # try_autocache=False: TFDS would otherwise keep a small split in memory after a pass (a streamed one too)
+        read_config = tfds.ReadConfig(shuffle_seed=seed, shuffle_reshuffle_each_iteration=False, try_autocache=False)
         dataset = self.builder.as_dataset(split=self.split, shuffle_files=shuffle_files, read_config=read_config)
         feature_key, label_key = self.spec.feature_key, self.spec.label_key
         return dataset.map(lambda example: (example[feature_key], example[label_key]))
@@ -534,7 +535,8 @@ def _read_tfds(builder, spec: DatasetSpec, split: str, examples: int) -> tuple[n
         options = tf.data.Options()
         options.autotune.enabled = False
         options.threading.private_threadpool_size = 1
-        read_config = tfds.ReadConfig(interleave_cycle_length=1, options=options)
+        # try_autocache=False: read once into the array, not also into a tf.data cache of a small split
+        read_config = tfds.ReadConfig(interleave_cycle_length=1, options=options, try_autocache=False)
         dataset = builder.as_dataset(split=split, shuffle_files=False, read_config=read_config)
         dataset = dataset.map(lambda example: (example[spec.feature_key], example[spec.label_key]))
         chunk = max(1, READ_BYTES // spec.example_bytes)
