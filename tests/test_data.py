@@ -214,19 +214,29 @@ def test_default_fit_compiles_the_call_with_xla_and_mirrored_does_not(tmp_path: 
 
 
 UINT8 = """
-import json
-from train.data import load_data
+import collections, hashlib, json
+import numpy as np
+from train.data import load_data, open_dataset
 from train.settings import load_settings
-data = load_data(load_settings())
+settings = load_settings()
+data = load_data(settings)
 features, tensor = data.train.features, data.train.tensors[0]
+def examples(images, labels):
+    return collections.Counter(hashlib.sha1(i.tobytes() + l.tobytes()).digest() for i, l in zip(images, labels))
+streamed = open_dataset(settings).load(settings, in_memory=False).train  # the PNGs decoded chunk by chunk
+read = list(streamed.batches(0, 1, settings.seed, 0, 128).as_numpy_iterator())
+same = examples(features, data.train.labels) == examples(*(np.concatenate([b[k] for b in read]) for k in (0, 1)))
 before = int(tensor[0, 0, 0, 0])
 features[0, 0, 0, 0] ^= 1  # changed in the array: seen in the tensor only if they are the same memory
 print(json.dumps({"dtype": features.dtype.name, "shape": list(features.shape), "held_bytes": data.spec.held_bytes,
-                  "aligned": features.ctypes.data % 64 == 0, "shared": int(tensor[0, 0, 0, 0]) == before ^ 1}))
+                  "aligned": features.ctypes.data % 64 == 0, "shared": int(tensor[0, 0, 0, 0]) == before ^ 1,
+                  "streamed_same": same}))
 """
 
 
-def test_images_are_held_in_memory_as_stored_one_byte_a_value_shared_with_tensorflow(tmp_path, examples_data_dir):
+def test_images_are_held_in_memory_as_stored_one_byte_a_value_shared_with_tensorflow_and_stream_the_same(
+    tmp_path, examples_data_dir
+):
     result = subprocess.run(
         [sys.executable, "-c", UINT8], cwd=tmp_path, capture_output=True, text=True,
         env=clean_env(TFDS_DATA_DIR=examples_data_dir, DATASET="synthetic_images", MODEL="examples.cnn"),
@@ -236,6 +246,7 @@ def test_images_are_held_in_memory_as_stored_one_byte_a_value_shared_with_tensor
     assert held["dtype"] == "uint8" and held["shape"] == [8192, 32, 32, 3]
     assert held["held_bytes"] == (8192 + 1024) * (32 * 32 * 3 + 8)  # what DATA_IN_MEMORY=auto counts
     assert held["aligned"] and held["shared"]  # TensorFlow's tensor is the array's memory: no copy
+    assert held["streamed_same"]  # a streamed pass decodes exactly the images held in memory, each once
 
 
 def test_xla_compiles_the_replica_step_of_a_streamed_split_and_learns_the_same(tmp_path, tfds_data_dir):

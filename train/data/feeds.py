@@ -129,8 +129,10 @@ def _streamed(
             )
 
         batches = tf.data.Dataset.range(first_pass, np.iinfo(np.int64).max).flat_map(one_pass).skip(offset)
-        batches = batches.map(per_replica_batches, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        return batches.unbatch().prefetch(tf.data.AUTOTUNE)
+        if local > 1:  # one replica's batch is the pipeline's batch already: no split, no per-batch work
+            batches = batches.map(per_replica_batches, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            batches = batches.unbatch()
+        return batches.prefetch(tf.data.AUTOTUNE)
 
     return dataset_fn
 

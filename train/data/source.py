@@ -220,31 +220,31 @@ class StreamedSplit:
         return windows.unbatch()
 
     def _decoded(self, records: tf.data.Dataset, window: int) -> tf.data.Dataset:
-        """Windows of (features, labels) as stored: numeric features parsed a window at a time (one vectorised
-        op), encoded ones (a PNG image) decoded one by one in parallel first."""
+        """Windows of (features, labels) as stored, from chunks of serialized examples: each chunk parsed at
+        once (one vectorised op); an encoded feature (a PNG image) then decoded image by image inside its
+        chunk, the chunks in parallel. Per-example tf.data elements cost more than decoding a small image."""
         features = self.builder.info.features
         keys = (self.spec.feature_key, self.spec.label_key)
         serialized = features.get_serialized_info()
         specs = {key: _example_spec(serialized[key]) for key in keys}
-        encoded = any(serialized[key].tf_dtype == tf.string for key in keys)
 
-        def decode(parsed, batched: bool):
+        def decode(chunk):
+            parsed = tf.io.parse_example(chunk, specs)
             values = []
             for key in keys:
                 value = tf.cast(parsed[key], serialized[key].tf_dtype)
-                values.append(
-                    features[key].decode_batch_example(value) if batched else features[key].decode_example(value)
-                )
+                if serialized[key].tf_dtype == tf.string:  # encoded, one example at a time
+                    info = features[key].get_tensor_info()
+                    output = tf.TensorSpec(info.shape, info.tf_dtype)
+                    values.append(tf.map_fn(features[key].decode_example, value, fn_output_signature=output))
+                else:
+                    values.append(features[key].decode_batch_example(value))
             return tuple(values)
 
-        if encoded:
-            one = records.unbatch().map(lambda record: decode(tf.io.parse_single_example(record, specs), False),
-                                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)  # fmt: skip
-            return one.batch(window)
-        return records.rebatch(window).map(
-            lambda batch: decode(tf.io.parse_example(batch, specs), True),
-            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
-        )  # fmt: skip
+        if any(serialized[key].tf_dtype == tf.string for key in keys):  # decode the chunks, then make windows
+            chunks = records.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            return chunks.rebatch(window)
+        return records.rebatch(window).map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 def _example_spec(info) -> tf.io.FixedLenFeature:
