@@ -7,10 +7,10 @@ from train.errors import first_line
 GRAPH_ERROR = """Graph execution error:
 
 Detected at node IteratorGetNext defined at (most recent call last):
-  File "train/training.py", line 233, in train_steps
+  File "train/training.py", line 233, in training_call
 
-{{function_node __inference_train_steps_512}} corrupted record at 12
-\t [[{{node IteratorGetNext}}]] [Op:__inference_train_steps_512]"""
+{{function_node __inference_training_call_512}} corrupted record at 12
+\t [[{{node IteratorGetNext}}]] [Op:__inference_training_call_512]"""
 
 STATUS_ERRORS = """2 root error(s) found.
   (0) INVALID_ARGUMENT: indices[3] = 70000 is not in [0, 60000)

@@ -9,7 +9,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from train.errors import TrainingError, first_line
-from train.model import Built, spread_seeds
+from train.model import Built
 from train.rundir import checkpoints_newest_first
 
 Say = Callable[[str], None]
@@ -57,11 +57,6 @@ def restore_newest(checkpoint: tf.train.Checkpoint, checkpoint_dir: Path, say: S
             "or dataset. They are left as they are: use another OUTPUT_DIR, or delete them to start over"
         )
     return None
-
-
-def restored(built: Built, strategy) -> None:
-    """After a restore: every replica's copy of a random layer's state holds the saved one; spread them again."""
-    spread_seeds(built, strategy)
 
 
 def save_checkpoint(manager, step: int, skipped: int) -> None:

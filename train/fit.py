@@ -74,11 +74,11 @@ def agree(settings: Settings, runtime: Runtime, peers: SingleHost, dataset: Data
     }
     recorded = read_run(settings.output_dir) if peers.is_chief else {}
     text = settings.to_json()
-    mine = report(
+    this_worker = report(
         {name: text[name] for name in WORKERS_AGREE}, model_fingerprint(settings.model), facts,
         dataset.fits_in_memory(_workers_here(runtime)), auto_precision(runtime.plan)[0], recorded,
     )  # fmt: skip
-    return reconcile(peers.all_gather("report", mine))
+    return reconcile(peers.all_gather("report", this_worker))
 
 
 def _decide_xla(settings: Settings, runtime: Runtime, peers: SingleHost, built: Built, whole_call: bool, jit: str):

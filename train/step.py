@@ -122,7 +122,7 @@ def make_train_calls(built: Built, strategy, feed: Feed, global_batch: int, jit_
     # first call (docs/performance.md, Smaller choices). Keras still converts each layer's `call`, so a model's
     # Python branches work.
     @tf.function(jit_compile=whole_call, autograph=False)
-    def train_steps(call_args, steps):
+    def training_call(call_args, steps):
         def one_step(step, skipped):
             finite = strategy.run(step_fn, args=feed.step_args(call_args, step))
             finite = strategy.experimental_local_results(finite)[0]
@@ -132,7 +132,7 @@ def make_train_calls(built: Built, strategy, feed: Feed, global_batch: int, jit_
         _, skipped = tf.while_loop(lambda step, _: step < steps, one_step, (tf.constant(0), tf.constant(0)))
         return network.get_metrics_result(), skipped
 
-    return TrainCalls(train_steps, feed, global_batch)
+    return TrainCalls(training_call, feed, global_batch)
 
 
 class Evaluator:

@@ -60,8 +60,9 @@ def _differences(reports: list[dict[str, Any]]) -> list[tuple[int, str]]:
             if theirs != value:
                 differ.append((index, f"{name}={theirs!r} on worker {index} but {value!r} on the chief"))
         if other["model_sha256"] != chief["model_sha256"]:
-            mine, theirs = chief["model_sha256"][:12], other["model_sha256"][:12]
-            differ.append((index, f"MODEL's code on worker {index} differs from the chief's ({theirs} against {mine})"))
+            chiefs, theirs = chief["model_sha256"][:12], other["model_sha256"][:12]
+            text = f"MODEL's code on worker {index} differs from the chief's ({theirs} against {chiefs})"
+            differ.append((index, text))
         for name, value in chief["facts"].items():
             if other["facts"].get(name) != value:
                 differ.append((index, f"{name} {other['facts'].get(name)} on worker {index} but {value} on the chief"))

@@ -188,9 +188,9 @@ class SingleHost:
     def __init__(self, runtime: Runtime, stop: StopRequest) -> None:
         self.runtime, self.stop = runtime, stop
 
-    def all_gather(self, name: str, mine: dict[str, Any]) -> list[dict[str, Any]]:
-        """Every worker's `mine`, the chief's first."""
-        return [mine]
+    def all_gather(self, name: str, own: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every worker's `own` value, the chief's first."""
+        return [own]
 
     def share_from_chief(self, name: str, value: str) -> str:
         return value
@@ -252,9 +252,9 @@ class Workers(SingleHost):
     def _set(self, key: str, value: str) -> None:
         context.context().set_config_key_value(_KEY + key, value)
 
-    def all_gather(self, name: str, mine: dict[str, Any]) -> list[dict[str, Any]]:
-        self._set(f"{name}/{self.worker_index}", json.dumps(mine))
-        return [mine if i == self.worker_index else json.loads(self._get(f"{name}/{i}")) for i in range(self.workers)]
+    def all_gather(self, name: str, own: dict[str, Any]) -> list[dict[str, Any]]:
+        self._set(f"{name}/{self.worker_index}", json.dumps(own))
+        return [own if i == self.worker_index else json.loads(self._get(f"{name}/{i}")) for i in range(self.workers)]
 
     def share_from_chief(self, name: str, value: str) -> str:
         if self.is_chief:

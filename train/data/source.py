@@ -155,8 +155,8 @@ class StreamedSplit:
         if count == 1 or not self.as_records:
             return self.files, self.examples // count if count > 1 else self.examples
         if len(self.files) >= count:
-            mine = self.files[index::count]
-            return mine, sum(take for _, _, take in mine)
+            own_files = self.files[index::count]
+            return own_files, sum(take for _, _, take in own_files)
         records = 0
         for _, _, take in self.files:
             chunks = -(-take // RECORD_CHUNK)

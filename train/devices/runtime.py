@@ -13,7 +13,7 @@ from typing import Any
 
 from train.cluster.tf_config import Cluster, StartupDeadline
 from train.devices.backend import DeviceBackend
-from train.errors import SettingsError, TrainingError
+from train.errors import SettingsError, TrainingError, first_line
 from train.settings import Settings
 
 
@@ -385,9 +385,8 @@ def _multi_worker_strategy(settings: Settings, resolution: Resolution) -> Any:
         try:
             return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         except tf.errors.OpError as error:  # a peer's registration deadline, a refused connection, ...
-            text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            cause = f"{type(error).__name__}: {first_line(error, 160)}"
             raise TrainingError(
                 f"worker {cluster.worker_index} ({cluster.address}) could not join the {cluster.num_workers} workers "
-                f"of TF_CONFIG ({type(error).__name__}: {text[:160]}): start every worker with the same TF_CONFIG "
-                "cluster and its own task index"
+                f"of TF_CONFIG ({cause}): start every worker with the same TF_CONFIG cluster and its own task index"
             ) from None

@@ -19,7 +19,7 @@ import tensorflow as tf
 from train.data import gathers_in_step, load_data, make_feed
 from train.devices.backend import TensorFlowDevices
 from train.devices.runtime import choose_xla, setup_runtime
-from train.errors import SettingsError
+from train.errors import SettingsError, first_line
 from train.model import build
 from train.settings import Settings
 from train.step import make_train_calls
@@ -65,7 +65,7 @@ class _Trials:
                     zip(("on", "off") if self.jit else ("off", "on"), rates, strict=True)
                 )
         except tf.errors.ResourceExhaustedError as error:
-            return Trial(per_replica_batch, global_batch, fits=False, error=str(error).splitlines()[0][:120])
+            return Trial(per_replica_batch, global_batch, fits=False, error=first_line(error, 120))
         peaks = tuple(self.devices.memory_info(gpu)["peak"] / (1 << 20) for gpu in self.gpus) or None
         speed = self.steps * global_batch / seconds
         result = Trial(per_replica_batch, global_batch, True, 1000 * seconds / self.steps, speed, peaks)
