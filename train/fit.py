@@ -37,7 +37,7 @@ from train.errors import SettingsError, TrainingError, first_line
 from train.loop import Outcome, Schedule, check_finite, longest_call, run_loop, write_scalars
 from train.model import Built, averaged_weights, build, export, spread_seeds, use_averaged_weights, weights_fingerprint
 from train.progress import evaluation_notice, format_metrics, reporter
-from train.rundir import RUN, RunLock, StopRequest, check_same_model, preflight, read_run, write_json
+from train.rundir import RUN, RunLock, StopRequest, check_same_model, read_run, write_json
 from train.settings import RUN_SETTINGS, WORKERS_AGREE, Settings, changed_settings, model_fingerprint
 from train.step import Evaluator, make_train_calls
 
@@ -429,10 +429,11 @@ def _finish(run: Run, outcome: Outcome) -> dict[str, Any]:
 def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> dict[str, Any]:
     """Train (or resume) to EPOCHS x steps per epoch; returns the summary also written to summary.json.
 
-    `stop` is the SIGTERM/Ctrl-C flag (the CLI installs it before TensorFlow loads). Multi-worker
-    (TF_CONFIG): every worker calls this; the chief writes the run directory, the others only train.
+    `stop` is the SIGTERM/Ctrl-C flag (the CLI installs it before TensorFlow loads). The caller has run
+    `train.rundir.preflight(settings)` (the CLI does, before TensorFlow loads); a lock taken since is found
+    when the run directory is opened. Multi-worker (TF_CONFIG): every worker calls this; the chief writes the
+    run directory, the others only train.
     """
-    preflight(settings)  # before any device work: a wrong UID, a full disk, a busy directory, another model
     runtime = setup_runtime(settings)
     peers = connect(runtime, stop, settings.worker_start_timeout)
     lock = RunLock(settings.output_dir)
