@@ -212,6 +212,10 @@ def test_two_workers_train_to_identical_weights_and_the_chief_writes_once(uninte
     hashes = {worker: SHA.findall(line) for worker in (0, 1) for line in result.stdout.splitlines()
               if line.startswith(f"[worker {worker}] Done:")}  # fmt: skip
     assert hashes[0] and hashes[0] == hashes[1], result.stdout[-3000:]
+    # progress: the chief's step lines (no terminal here); worker 1 prints only what matters, no step lines
+    progress = {worker: [line for line in result.stdout.splitlines() if line.startswith(f"[worker {worker}] step ")]
+                for worker in (0, 1)}  # fmt: skip
+    assert progress[0] and not progress[1], result.stdout[-3000:]
 
     summary = read_summary(run)
     assert (summary["strategy"], summary["workers"], summary["replicas"]) == ("multi_worker", 2, 2)

@@ -150,3 +150,19 @@ def test_deterministic_is_kept_by_every_strategy_s_resolution(strategy):
                       cpu_devices=settings.cpu_devices, notes=())  # fmt: skip
     resolution = resolve(settings, plan)
     assert (resolution.strategy_name, resolution.deterministic) == (strategy, True)
+
+
+def test_an_evaluation_says_it_runs_only_when_it_takes_more_than_a_moment(monkeypatch):
+    """train.progress.evaluation_notice, the moment shortened from EVALUATION_NOTICE_SECONDS to 50 ms."""
+    import time
+
+    from train import progress
+
+    monkeypatch.setattr(progress, "EVALUATION_NOTICE_SECONDS", 0.05)
+    said: list[str] = []
+    with progress.evaluation_notice(said.append, "test", 2048):
+        pass  # quick: nothing said
+    with progress.evaluation_notice(said.append, "train", 16384):
+        time.sleep(0.5)
+    time.sleep(0.1)  # a timer cancelled at the first exit must not fire late
+    assert said == ["evaluating train (16,384 examples)..."]

@@ -285,7 +285,7 @@ def tuned_tfdata_feed(runtime: Runtime, data: Data, seed: int) -> PipelineFeed:
         options = tf.data.Options()
         options.deterministic = True
         # try_autocache=False: with a shuffle seed TFDS caches a small split, decoded, in memory after its first
-        # pass (measured: 71k against 6.2k PNG images/s here): that would be in memory, not streamed
+        # pass (docs/performance.md): that would be in memory, not streamed
         read_config = tfds.ReadConfig(
             shuffle_seed=seed, interleave_cycle_length=16, num_parallel_calls_for_interleave_files=tf.data.AUTOTUNE,
             num_parallel_calls_for_decode=tf.data.AUTOTUNE, options=options, try_autocache=False,
