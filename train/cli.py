@@ -154,7 +154,7 @@ def _write_json(path: Path | None, payload: Any) -> None:
         raise TrainingError(f"could not write --json {path} ({error.strerror}); the result is printed above") from None
 
 
-@app.command()
+@app.command(short_help="Train; resume from OUTPUT_DIR's latest checkpoint.")
 @with_settings
 def fit(settings: Settings) -> None:
     """Train, checkpointing as it goes; resumes from OUTPUT_DIR's latest checkpoint."""
@@ -168,7 +168,7 @@ def fit(settings: Settings) -> None:
         raise typer.Exit(EXIT_PREEMPTED)
 
 
-@app.command()
+@app.command(short_help="Score the latest checkpoint (or --exported) on EVAL_SPLIT.")
 @with_settings(from_run=True)
 def evaluate(
     settings: Settings,
@@ -183,7 +183,7 @@ def evaluate(
     _print_json(run_evaluate(settings, exported=exported))
 
 
-@app.command()
+@app.command(short_help="Trial-run real steps; find the batch size that fits.")
 @with_settings
 def check(
     settings: Settings,
@@ -202,7 +202,7 @@ def check(
     _write_json(json_path, result)
 
 
-@app.command()
+@app.command(short_help="Measure the loop against its ceiling and Keras fit.")
 @with_settings
 def bench(
     settings: Settings,
@@ -252,7 +252,7 @@ def bench(
     _write_json(json_path, result)
 
 
-@app.command()
+@app.command(short_help="What TensorFlow sees; what the settings resolve to.")
 @with_settings
 def devices(
     settings: Settings,
