@@ -316,7 +316,7 @@ def test_dockerignore_keeps_secrets_environments_and_outputs_out(path):
 
 @pytest.mark.parametrize(
     "path",
-    ["pyproject.toml", "requirements.lock", "README.md", "train/__init__.py", "train/data.py",
+    ["pyproject.toml", "requirements.lock", "README.md", "train/__init__.py", "train/data/source.py",
      "docker/requirements_from_pyproject.py", ".env.example"],
 )  # fmt: skip
 def test_dockerignore_keeps_what_the_build_needs(path):
