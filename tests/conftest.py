@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.forked import Forked, Server
 from train.settings import (
     DEFAULT_MODEL,
     ENVIRONMENT_TYPO_CUTOFF,
@@ -59,16 +61,48 @@ def clean_env(**settings: object) -> dict[str, str]:
     return env
 
 
-def run_train(*args: str, cwd: Path, timeout: float = 300, **settings: object) -> subprocess.CompletedProcess:
+_server: Server | None = None
+
+
+def start_python(argv: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None, fresh: bool = False,
+                 **streams) -> Forked | subprocess.Popen:  # fmt: skip
+    """`python ARGV` (`-m MODULE ...` or `-c CODE ...`) started as subprocess.Popen would, but forked from a
+    server that has imported TensorFlow already (tests/harness/forkserver.py: 4 s saved a run). `fresh=True`
+    starts a new interpreter instead: for tests of what happens while modules import."""
+    global _server
+    cwd, env = cwd or Path.cwd(), clean_env() if env is None else env
+    if fresh:
+        return subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, **streams)
+    if _server is None:
+        _server = Server(clean_env())
+        atexit.register(_server.close)
+    return Forked(_server, argv, cwd=cwd, env=env, **streams)
+
+
+def run_python(argv: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300,
+               fresh: bool = False) -> subprocess.CompletedProcess:  # fmt: skip
+    """`python ARGV` run to its end, its output captured as text, like subprocess.run."""
+    process = start_python(argv, cwd=cwd, env=env, fresh=fresh, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)  # fmt: skip
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def run_train(*args: str, cwd: Path, timeout: float = 300, fresh: bool = False, **settings: object
+              ) -> subprocess.CompletedProcess:  # fmt: skip
     """`python -m train ARGS` as a user types it, in `cwd` (so no stray .env is read)."""
-    return subprocess.run(
-        [sys.executable, "-m", "train", *args],
-        cwd=cwd,
-        env=clean_env(**settings),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_python(["-m", "train", *args], cwd=cwd, env=clean_env(**settings), timeout=timeout, fresh=fresh)
+
+
+def start_train(*args: str, cwd: Path, **settings: object):
+    """`python -m train ARGS` started, its output piped as text (a Popen-like process, see start_python)."""
+    return start_python(["-m", "train", *args], cwd=cwd, env=clean_env(**settings), stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
 SAME_WEIGHTS = """
@@ -80,15 +114,18 @@ print(all(np.array_equal(x, y) for x, y in zip(a.get_weights(), b.get_weights(),
 
 def same_weights(first: Path, second: Path) -> bool:
     """Whether two exported models have bit-identical weights (compared in a fresh process)."""
-    result = subprocess.run(
-        [sys.executable, "-c", SAME_WEIGHTS, str(first), str(second)], env=clean_env(), capture_output=True, text=True
-    )
+    result = run_python(["-c", SAME_WEIGHTS, str(first), str(second)])
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout.strip().splitlines()[-1] == "True"
 
 
 def read_summary(output_dir: Path) -> dict:
     return json.loads((output_dir / "summary.json").read_text())
+
+
+def prepare_data_dir(script: str, data_dir: Path) -> None:
+    result = run_python(["-c", script, str(data_dir)])
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 @pytest.fixture(scope="session")
@@ -99,7 +136,7 @@ def tfds_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "import sys, tensorflow_datasets as tfds, train.data.synthetic_clusters\n"
         "tfds.builder('synthetic_clusters', data_dir=sys.argv[1]).download_and_prepare()\n"
     )
-    subprocess.run([sys.executable, "-c", script, str(data_dir)], check=True, env=clean_env(), capture_output=True)
+    prepare_data_dir(script, data_dir)
     return data_dir
 
 
@@ -113,7 +150,7 @@ def examples_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "for name in ('synthetic_images', 'synthetic_values', 'synthetic_tags'):\n"
         "    tfds.builder(name, data_dir=sys.argv[1]).download_and_prepare()\n"
     )
-    subprocess.run([sys.executable, "-c", script, str(data_dir)], check=True, env=clean_env(), capture_output=True)
+    prepare_data_dir(script, data_dir)
     return data_dir
 
 
@@ -128,7 +165,7 @@ def wide_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "import sys, tensorflow_datasets as tfds, tests.datasets\n"
         "tfds.builder('wide_values', data_dir=sys.argv[1]).download_and_prepare()"
     )
-    subprocess.run([sys.executable, "-c", script, str(data_dir)], check=True, env=clean_env(), capture_output=True)
+    prepare_data_dir(script, data_dir)
     return data_dir
 
 
@@ -157,6 +194,6 @@ print(json.dumps(found))
 def tensorboard_events(logs: Path) -> dict:
     """What a run's logs/ hold for TensorBoard: {"hparams": the session's values, "eval": the last value of
     each eval/ tag}, read by TensorBoard's own protos in a fresh process."""
-    read = subprocess.run([sys.executable, "-c", _EVENTS, str(logs)], env=clean_env(), capture_output=True, text=True)
+    read = run_python(["-c", _EVENTS, str(logs)])
     assert read.returncode == 0, read.stderr[-3000:]
     return json.loads(read.stdout.strip().splitlines()[-1])

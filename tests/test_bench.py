@@ -10,23 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import clean_env, run_train
+from tests.conftest import clean_env, run_python, run_train
 from train.tools.bench import CONTENDERS, RATIO_GOALS, format_benchmark
 
 SHORT = ("--repetitions", "1", "--seconds", "0.2")
 
 
 def run_bench(*args: str, cwd: Path, data_dir: Path, timeout: float = 600, **settings: object) -> dict:
-    """`python -m train bench ARGS --json FILE` in a fresh process; returns the JSON it wrote."""
+    """`python -m train bench ARGS --json FILE` in its own process; returns the JSON it wrote."""
     out = cwd / "bench.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "train", "bench", *args, "--json", str(out)],
-        cwd=cwd,
-        env=clean_env(TFDS_DATA_DIR=data_dir, **settings),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    result = run_python(["-m", "train", "bench", *args, "--json", str(out)], cwd=cwd,
+                        env=clean_env(TFDS_DATA_DIR=data_dir, **settings), timeout=timeout)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "goals (docs/performance.md):" in result.stdout
     return json.loads(out.read_text())

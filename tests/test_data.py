@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import clean_env, read_summary, run_train, same_weights
+from tests.conftest import clean_env, read_summary, run_python, run_train, same_weights
 from train.devices.host_memory import GIB, available_memory_bytes, fits_in_memory, memory_note
 
 ORDER = """
@@ -70,10 +68,8 @@ def test_every_example_once_per_pass_disjoint_replicas_and_a_resume_reads_the_sa
 ):
     output = tmp_path / "order.json"
     settings = {"TFDS_DATA_DIR": tfds_data_dir, "DATA_IN_MEMORY": in_memory, "CPU_DEVICES": replicas}
-    result = subprocess.run(
-        [sys.executable, "-c", ORDER, str(output)],
-        cwd=tmp_path, env=clean_env(**settings, BATCH_SIZE=1024 // replicas), capture_output=True, text=True,
-    )  # fmt: skip
+    env = clean_env(**settings, BATCH_SIZE=1024 // replicas)
+    result = run_python(["-c", ORDER, str(output)], cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     order = json.loads(output.read_text())
     assert order["replicas"] == replicas and order["in_memory"] == (in_memory == "true")
@@ -138,10 +134,7 @@ def test_in_memory_splits_are_cached_beside_the_prepared_files_and_a_damaged_cac
     shutil.rmtree(cache_dir, ignore_errors=True)
 
     def load() -> str:
-        result = subprocess.run(
-            [sys.executable, "-c", LOAD], cwd=tmp_path, env=clean_env(TFDS_DATA_DIR=data_dir),
-            capture_output=True, text=True,
-        )  # fmt: skip
+        result = run_python(["-c", LOAD], cwd=tmp_path, env=clean_env(TFDS_DATA_DIR=data_dir))
         assert result.returncode == 0, result.stderr[-3000:]
         return result.stdout.strip().splitlines()[-1]
 
@@ -237,10 +230,8 @@ print(json.dumps({"dtype": features.dtype.name, "shape": list(features.shape), "
 def test_images_are_held_in_memory_as_stored_one_byte_a_value_shared_with_tensorflow_and_stream_the_same(
     tmp_path, examples_data_dir
 ):
-    result = subprocess.run(
-        [sys.executable, "-c", UINT8], cwd=tmp_path, capture_output=True, text=True,
-        env=clean_env(TFDS_DATA_DIR=examples_data_dir, DATASET="synthetic_images", MODEL="examples.cnn"),
-    )  # fmt: skip
+    env = clean_env(TFDS_DATA_DIR=examples_data_dir, DATASET="synthetic_images", MODEL="examples.cnn")
+    result = run_python(["-c", UINT8], cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     held = json.loads(result.stdout.strip().splitlines()[-1])
     assert held["dtype"] == "uint8" and held["shape"] == [8192, 32, 32, 3]

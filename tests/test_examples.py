@@ -7,13 +7,21 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, clean_env, read_summary, run_train, same_weights, tensorboard_events
+from tests.conftest import (
+    REPO,
+    clean_env,
+    read_summary,
+    run_python,
+    run_train,
+    same_weights,
+    start_python,
+    tensorboard_events,
+)
 
 CNN = {
     "MODEL": str(REPO / "examples" / "cnn.py"),  # the path form, as `make train MODEL=examples/cnn.py` gives it
@@ -86,10 +94,7 @@ print(json.dumps(out))
 
 def test_both_exports_take_the_stored_images_and_serve_what_was_evaluated(cnn_one, examples_data_dir):
     _, run, _ = cnn_one
-    result = subprocess.run(
-        [sys.executable, "-c", EXPORTS, str(run), str(examples_data_dir)],
-        env=clean_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    result = run_python(["-c", EXPORTS, str(run), str(examples_data_dir)])
     assert result.returncode == 0, result.stderr[-3000:]
     exports = json.loads(result.stdout.strip().splitlines()[-1])
     assert exports["input"] == ["image", [None, 32, 32, 3], "uint8"]  # as stored: the scaling is in the model
@@ -119,10 +124,8 @@ def test_the_cnn_killed_mid_run_resumes_to_the_weights_of_the_uninterrupted_run(
     replicas, reference, _ = cnn_run
     output_dir = tmp_path / "run"
     settings = cnn_settings(examples_data_dir, output_dir, replicas)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "train", "fit"], cwd=tmp_path, env=clean_env(**settings),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    process = start_python(["-m", "train", "fit"], cwd=tmp_path, env=clean_env(**settings),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.monotonic() + 120
     while not list(output_dir.glob("checkpoints/ckpt-[1-9]*.index")) and time.monotonic() < deadline:
         time.sleep(0.02)

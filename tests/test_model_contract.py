@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import REPO, clean_env, read_summary, run_train
+from tests.conftest import REPO, clean_env, read_summary, run_python, run_train
 from train.errors import SettingsError
 from train.settings import load_settings
 
@@ -68,10 +66,8 @@ def test_each_way_a_model_breaks_the_contract_is_one_line_naming_it(tmp_path, tf
     for name, (source, _) in BAD_MODELS.items():
         paths[name] = tmp_path / f"{name}.py"
         paths[name].write_text(source)
-    result = subprocess.run(
-        [sys.executable, "-c", BUILD_EACH, *map(str, paths.values())],
-        cwd=tmp_path, env=clean_env(TFDS_DATA_DIR=tfds_data_dir), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    result = run_python(["-c", BUILD_EACH, *map(str, paths.values())], cwd=tmp_path,
+                        env=clean_env(TFDS_DATA_DIR=tfds_data_dir))  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     said = json.loads(result.stdout.strip().splitlines()[-1])
     for name, (_, expected) in BAD_MODELS.items():

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, clean_env, read_summary, run_train
+from tests.conftest import REPO, clean_env, prepare_data_dir, read_summary, run_train, start_python
 from train.cluster.launch import free_ports, tf_configs
 from train.cluster.tf_config import parse_tf_config
 from train.errors import SettingsError
@@ -137,13 +137,7 @@ class Workers:
             env = clean_env(**base, TF_CONFIG=config, TMPDIR=self.tmpdir)
             with open(log, "wb") as stream:
                 self.processes.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "train", "fit"],
-                        cwd=tmp_path,
-                        env=env,
-                        stdout=stream,
-                        stderr=subprocess.STDOUT,
-                    )
+                    start_python(["-m", "train", "fit"], cwd=tmp_path, env=env, stdout=stream, stderr=subprocess.STDOUT)
                 )
 
     def wait(self, timeout: float) -> list[int | None]:
@@ -341,8 +335,8 @@ json.dump({"worker": runtime.worker_index, "replicas": runtime.replicas, "passes
 def test_every_example_is_read_exactly_once_per_pass_across_workers(tmp_path, tfds_data_dir):
     outputs = [tmp_path / f"seen{i}.json" for i in range(2)]
     processes = [
-        subprocess.Popen(
-            [sys.executable, "-c", SHARDS, str(output)],
+        start_python(
+            ["-c", SHARDS, str(output)],
             cwd=tmp_path,
             env=clean_env(STRATEGY="multi_worker", TF_CONFIG=config, WORKER_START_TIMEOUT=60),
             stdout=subprocess.DEVNULL,
@@ -381,8 +375,8 @@ def run_workers(tmp_path: Path, per_worker: list[dict], data_dir: Path, **common
                         OUTPUT_DIR=run, TF_CONFIG=config)  # fmt: skip
         logs.append(tmp_path / f"worker{index}-{time.monotonic_ns()}.log")
         with open(logs[-1], "wb") as stream:
-            processes.append(subprocess.Popen([sys.executable, "-m", "train", "fit"], cwd=tmp_path, env=env,
-                                              stdout=stream, stderr=subprocess.STDOUT))  # fmt: skip
+            processes.append(start_python(["-m", "train", "fit"], cwd=tmp_path, env=env, stdout=stream,
+                                          stderr=subprocess.STDOUT))  # fmt: skip
     try:
         codes = [p.wait(timeout=120) for p in processes]
     finally:
@@ -400,7 +394,7 @@ def sharded_data_dir(tmp_path_factory) -> Path:
         "tfds.builder('synthetic_clusters', data_dir=sys.argv[1]).download_and_prepare("
         "download_config=tfds.download.DownloadConfig(num_shards=4))\n"
     )
-    subprocess.run([sys.executable, "-c", script, str(data_dir)], check=True, env=clean_env(), capture_output=True)
+    prepare_data_dir(script, data_dir)
     return data_dir
 
 
@@ -411,8 +405,8 @@ def test_a_streamed_split_is_read_once_per_pass_each_worker_reading_only_its_sha
     data_dir = sharded_data_dir if files == 4 else tfds_data_dir
     outputs = [tmp_path / f"shard{i}.json" for i in range(2)]
     processes = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.harness.streamed_shards", str(output)],
+        start_python(
+            ["-m", "tests.harness.streamed_shards", str(output)],
             cwd=REPO,
             env=clean_env(STRATEGY="multi_worker", TF_CONFIG=config, TFDS_DATA_DIR=data_dir, WORKER_START_TIMEOUT=60),
             stdout=subprocess.DEVNULL,
@@ -499,8 +493,8 @@ def test_a_worker_that_cannot_read_the_chiefs_checkpoints_says_output_dir_must_b
     shutil.copytree(uninterrupted[1] / "checkpoints", chief_dir / "checkpoints")
     configs = tf_configs(free_ports(2))
     processes = [
-        subprocess.Popen(
-            [sys.executable, "-m", "train", "fit"],
+        start_python(
+            ["-m", "train", "fit"],
             cwd=tmp_path,
             env=clean_env(
                 **SETTINGS, STRATEGY="multi_worker", TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=out, TF_CONFIG=config

@@ -7,10 +7,8 @@ through: above a threshold it raises TensorFlow's own ResourceExhaustedError ins
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from tests.conftest import clean_env, read_summary, run_train
+from tests.conftest import clean_env, read_summary, run_python, run_train
 from train.tools.probe import Trial, probe_batch_sizes
 
 
@@ -70,10 +68,7 @@ app(sys.argv[2:], prog_name="train")
 
 
 def run_with_fake_oom(limit: int, *args: str, cwd, **settings):
-    return subprocess.run(
-        [sys.executable, "-c", FAKE_OOM, str(limit), *args],
-        cwd=cwd, env=clean_env(**settings), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    return run_python(["-c", FAKE_OOM, str(limit), *args], cwd=cwd, env=clean_env(**settings))
 
 
 def test_check_finds_the_fake_memory_limit_on_two_replicas(tmp_path, tfds_data_dir):

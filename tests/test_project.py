@@ -6,20 +6,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_python
 from train.settings import FIELDS
 
 
 def test_the_projects_model_builds_takes_a_training_step_on_its_datasets_spec_and_exports(tmp_path):
     env = {name: value for name, value in os.environ.items() if name not in {f.env for f in FIELDS}}
     env["PYTHONPATH"] = str(REPO)
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.harness.contract", str(tmp_path / "export")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    result = run_python(["-m", "tests.harness.contract", str(tmp_path / "export")], cwd=REPO, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
     assert outcome["loss_finite"], outcome

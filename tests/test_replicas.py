@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.conftest import REPO, clean_env, read_summary, run_train, same_weights
+from tests.conftest import REPO, clean_env, read_summary, run_python, run_train, same_weights, start_python
 from train.cluster.launch import free_ports, tf_configs
 
 SCHEDULE = {"module": "keras.optimizers.schedules", "class_name": "ExponentialDecay",
@@ -28,10 +27,7 @@ OPTIONS = [
 
 
 def harness(*args: str, **env: str) -> dict:
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.harness.replicas", *args],
-        cwd=REPO, env=clean_env(**env), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    result = run_python(["-m", "tests.harness.replicas", *args], cwd=REPO, env=clean_env(**env))
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -58,8 +54,8 @@ def test_an_overflow_on_one_replica_is_skipped_by_every_replica_and_halves_the_s
 
 def test_an_overflow_on_one_worker_is_skipped_by_every_worker():
     processes = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.harness.replicas", "overflow"],
+        start_python(
+            ["-m", "tests.harness.replicas", "overflow"],
             cwd=REPO,
             env=clean_env(TF_CONFIG=config, WORKER_START_TIMEOUT=60),
             stdout=subprocess.PIPE,
@@ -129,9 +125,9 @@ def test_optimizer_options_resume_exactly_and_the_moving_averages_are_what_is_ev
     straight = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "straight", **common)
     assert straight.returncode == 0, straight.stderr[-3000:]
 
-    killed = subprocess.Popen([sys.executable, "-m", "train", "fit"], cwd=tmp_path,
-                              env=clean_env(OUTPUT_DIR=tmp_path / "resumed", **common),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    env = clean_env(OUTPUT_DIR=tmp_path / "resumed", **common)
+    killed = start_python(["-m", "train", "fit"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.monotonic() + 120
     while not list((tmp_path / "resumed").glob("checkpoints/ckpt-[1-9]*.index")) and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -144,7 +140,7 @@ def test_optimizer_options_resume_exactly_and_the_moving_averages_are_what_is_ev
     assert same_weights(tmp_path / "resumed" / "model.keras", tmp_path / "straight" / "model.keras")
 
     as_run = clean_env(OUTPUT_DIR=tmp_path / "straight", MODEL=None, TEST_OPTIMIZER=json.dumps(options))
-    check = subprocess.run([sys.executable, "-c", AVERAGES], cwd=tmp_path, capture_output=True, text=True, env=as_run)
+    check = run_python(["-c", AVERAGES], cwd=tmp_path, env=as_run)
     assert check.returncode == 0, check.stderr[-3000:]
     assert json.loads(check.stdout.strip().splitlines()[-1]) == {
         "exported_is_average": True,

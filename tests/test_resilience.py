@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, clean_env, read_summary, run_train, same_weights
+from tests.conftest import REPO, clean_env, read_summary, run_python, run_train, same_weights, start_train
 from train.errors import SettingsError
 
 QUICK = {"EPOCHS": 2, "STEPS_PER_EPOCH": 40, "CHECKPOINT_EVERY": 25, "LOG_EVERY": 20, "KEEP_CHECKPOINTS": 3}
@@ -23,13 +23,6 @@ QUICK = {"EPOCHS": 2, "STEPS_PER_EPOCH": 40, "CHECKPOINT_EVERY": 25, "LOG_EVERY"
 LONG = {"BATCH_SIZE": 16, "EPOCHS": 2, "STEPS_PER_EPOCH": 600, "STEPS_PER_CALL": 4, "CHECKPOINT_EVERY": 40}
 LONG |= {"LOG_EVERY": 1000}
 ROOT = os.geteuid() == 0
-
-
-def start_fit(cwd: Path, **settings: object) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "train", "fit"], cwd=cwd, env=clean_env(**settings),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
 
 
 def wait_for_checkpoint(output_dir: Path, timeout: float = 120) -> None:
@@ -52,7 +45,7 @@ def uninterrupted(tmp_path_factory, tfds_data_dir) -> Path:
 def test_sigterm_saves_exits_42_and_the_restart_ends_with_the_same_weights(tmp_path, tfds_data_dir, uninterrupted):
     output_dir = tmp_path / "run"
     settings = {"TFDS_DATA_DIR": tfds_data_dir, "OUTPUT_DIR": output_dir, **LONG}
-    process = start_fit(tmp_path, **settings)
+    process = start_train("fit", cwd=tmp_path, **settings)
     wait_for_checkpoint(output_dir)
     signalled = time.monotonic()
     process.send_signal(signal.SIGTERM)
@@ -77,7 +70,7 @@ def test_sigterm_saves_exits_42_and_the_restart_ends_with_the_same_weights(tmp_p
 @pytest.mark.slow
 def test_ctrl_c_is_acknowledged_at_once_then_saves_and_exits_42(tmp_path, tfds_data_dir):
     output_dir = tmp_path / "run"
-    process = start_fit(tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=output_dir, **LONG)
+    process = start_train("fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=output_dir, **LONG)
     wait_for_checkpoint(output_dir)
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=60)
@@ -92,7 +85,7 @@ def test_sigkill_loses_only_steps_after_the_last_checkpoint_and_ends_with_the_sa
 ):
     output_dir = tmp_path / "run"
     settings = {"TFDS_DATA_DIR": tfds_data_dir, "OUTPUT_DIR": output_dir, **LONG}
-    process = start_fit(tmp_path, **settings)
+    process = start_train("fit", cwd=tmp_path, **settings)
     wait_for_checkpoint(output_dir)
     time.sleep(0.3)  # somewhere in the middle of steps or of a save
     process.kill()
@@ -247,7 +240,7 @@ def test_disk_filling_up_mid_run_ends_clearly_and_the_previous_checkpoint_still_
     disk = small_filesystem("80m")
     output_dir = disk / "run"
     settings = {"TFDS_DATA_DIR": tfds_data_dir, "OUTPUT_DIR": output_dir, **LONG}
-    process = start_fit(tmp_path, **settings)
+    process = start_train("fit", cwd=tmp_path, **settings)
     wait_for_checkpoint(output_dir)
     filler = disk / "filler"
     with open(filler, "wb") as stream:  # another process takes every byte left
@@ -339,9 +332,7 @@ def test_failed_download_is_a_clear_error_and_leaves_the_data_dir_usable(tmp_pat
     script = "import sys, unreachable_data\nfrom train.cli import app\napp(sys.argv[1:], prog_name='train')\n"
     env = clean_env(TFDS_DATA_DIR=data_dir, OUTPUT_DIR=tmp_path / "run", DATASET="unreachable_data")
     env["PYTHONPATH"] += os.pathsep + str(package.parent)
-    result = subprocess.run(
-        [sys.executable, "-c", script, "fit"], cwd=tmp_path, env=env, capture_output=True, text=True
-    )
+    result = run_python(["-c", script, "fit"], cwd=tmp_path, env=env)
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: DATASET='unreachable_data' is not prepared in {data_dir} and could not be made")
@@ -385,9 +376,7 @@ def test_a_download_host_that_cannot_be_reached_is_said_within_seconds(tmp_path)
     )
     env = clean_env(TFDS_DATA_DIR=tmp_path / "data", OUTPUT_DIR=tmp_path / "run", DATASET="offline_data")
     env["PYTHONPATH"] += os.pathsep + str(package.parent)
-    result = subprocess.run(
-        [sys.executable, "-c", script, "fit"], cwd=tmp_path, env=env, capture_output=True, text=True
-    )
+    result = run_python(["-c", script, "fit"], cwd=tmp_path, env=env)
     ended = time.monotonic()
     loaded = float(next(line for line in result.stderr.splitlines() if line.startswith("loaded at ")).split()[-1])
     assert result.returncode == 2, result.stderr[-3000:]
@@ -466,7 +455,7 @@ model.save(sys.argv[1])
 def test_exported_model_with_code_is_not_loaded_with_safe_mode_off(tmp_path, tfds_data_dir):
     run = tmp_path / "run"
     run.mkdir()
-    subprocess.run([sys.executable, "-c", MODEL_WITH_CODE, str(run / "model.keras")], check=True, env=clean_env())
+    assert run_python(["-c", MODEL_WITH_CODE, str(run / "model.keras")]).returncode == 0
     result = run_train("evaluate", "--exported", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=run)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: {run / 'model.keras'} cannot be loaded safely")
@@ -485,13 +474,13 @@ def test_tensorboard_is_bound_to_localhost_unless_asked():
 def test_a_second_fit_on_a_run_directory_in_use_is_refused_at_once_naming_its_holder(tmp_path, tfds_data_dir):
     output_dir = tmp_path / "run"
     settings = {"TFDS_DATA_DIR": tfds_data_dir, "OUTPUT_DIR": output_dir, **LONG}
-    first = start_fit(tmp_path, **settings)
+    first = start_train("fit", cwd=tmp_path, **settings)
     try:
         wait_for_checkpoint(output_dir)
         written_at_start = [output_dir / name for name in (".lock", "settings.json", "run.json")]
         before = [path.stat().st_mtime_ns for path in written_at_start]
         started = time.monotonic()
-        second = run_train("fit", cwd=tmp_path, **settings)
+        second = run_train("fit", cwd=tmp_path, fresh=True, **settings)
         took = time.monotonic() - started
         assert second.returncode == 75, second.stderr[-3000:]
         assert second.stderr.strip().splitlines() == [

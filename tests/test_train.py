@@ -5,27 +5,27 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import clean_env, read_summary, run_train
+from tests.conftest import clean_env, read_summary, run_python, run_train, start_python
 
 QUICK = {"EPOCHS": 2, "STEPS_PER_EPOCH": 40, "CHECKPOINT_EVERY": 25, "LOG_EVERY": 20}
 
 
-def fit(tmp_path: Path, data_dir: Path, **settings: object) -> tuple[subprocess.CompletedProcess, Path]:
+def fit(tmp_path: Path, data_dir: Path, fresh: bool = False, **settings: object
+        ) -> tuple[subprocess.CompletedProcess, Path]:  # fmt: skip
     output_dir = tmp_path / "run"
     tmp_path.mkdir(exist_ok=True)
-    result = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=data_dir, OUTPUT_DIR=output_dir, **settings)
+    result = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=data_dir, OUTPUT_DIR=output_dir, fresh=fresh, **settings)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return result, output_dir
 
 
 def test_fit_as_a_user_types_it_trains_checkpoints_and_exports(tmp_path, tfds_data_dir):
-    result, run = fit(tmp_path, tfds_data_dir, **QUICK)
+    result, run = fit(tmp_path, tfds_data_dir, fresh=True, **QUICK)  # a new interpreter, TensorFlow imported in it
     summary = read_summary(run)
     assert summary["dataset"] == "synthetic_clusters/1.0.0"
     assert (summary["strategy"], summary["replicas"], summary["global_batch"]) == ("one_device", 1, 128)
@@ -80,13 +80,8 @@ def test_run_killed_mid_training_resumes_and_ends_at_the_uninterrupted_step_coun
     output_dir = tmp_path / "run"
     settings = {"TFDS_DATA_DIR": tfds_data_dir, "OUTPUT_DIR": output_dir, "BATCH_SIZE": 16, "EPOCHS": 6}
     settings |= {"STEPS_PER_CALL": 4, "CHECKPOINT_EVERY": 40, "KEEP_CHECKPOINTS": 2, "LOG_EVERY": 1000}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "train", "fit"],
-        cwd=tmp_path,
-        env=clean_env(**settings),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    process = start_python(["-m", "train", "fit"], cwd=tmp_path, env=clean_env(**settings),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.monotonic() + 120
     while not list(output_dir.glob("checkpoints/ckpt-[1-9]*.index")) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -184,14 +179,7 @@ def test_real_dataset_name_under_tfds_mock_data(tmp_path):
         "    settings = load_settings(flags)\n"
         "    fit(settings, stop, say=lambda message: None)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "run")],
-        cwd=tmp_path,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_python(["-c", script, str(tmp_path / "run")], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(tmp_path / "run")
     assert summary["dataset"].startswith("mnist/")
@@ -225,9 +213,7 @@ def test_dataset_prepared_in_a_data_dir_trains_offline_without_its_builder_code(
     (builders / "tiny_images").mkdir(parents=True)  # TFDS wants a builder to live in a package
     (builders / "tiny_images" / "__init__.py").write_text(TINY_IMAGES)
     prepare = "import sys, tiny_images; tiny_images.TinyImages(data_dir=sys.argv[1]).download_and_prepare()"
-    subprocess.run(
-        [sys.executable, "-c", prepare, str(data_dir)], cwd=builders, check=True, env=clean_env(), capture_output=True
-    )
+    assert run_python(["-c", prepare, str(data_dir)], cwd=builders).returncode == 0
     _, run = fit(tmp_path, data_dir, DATASET="tiny_images", BATCH_SIZE=8, EPOCHS=3)
     summary = read_summary(run)
     assert summary["dataset"] == "tiny_images/0.1.0"
@@ -294,8 +280,6 @@ def test_a_model_with_python_branches_on_tensors_trains(tmp_path, tfds_data_dir)
     env = clean_env(
         MODEL="branching.py", TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=tmp_path / "run", EPOCHS=1, STEPS_PER_EPOCH=5
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "train", "fit"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
+    result = run_python(["-m", "train", "fit"], cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert read_summary(tmp_path / "run")["steps"] == 5
