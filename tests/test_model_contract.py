@@ -119,7 +119,7 @@ def test_a_run_refuses_another_model_in_one_line_and_resumes_through_a_comment_c
     assert recorded["model"] == str(model) and len(recorded["model_sha256"]) == 64
 
     model.write_text(GOOD.replace("layers.Dense(64,", "layers.Dense(32,"))
-    result = run_train("fit", cwd=tmp_path, **{**settings, "EPOCHS": 2})
+    result = run_train("fit", cwd=tmp_path, fresh=True, **{**settings, "EPOCHS": 2})
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(

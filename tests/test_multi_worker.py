@@ -112,7 +112,7 @@ def test_global_batch_counts_every_replica_of_every_worker():
 )
 def test_bad_tf_config_stops_fit_before_tensorflow_starts(tmp_path, tf_config, start):
     started = time.monotonic()
-    result = run_train("fit", cwd=tmp_path, timeout=60, OUTPUT_DIR=tmp_path / "run", TF_CONFIG=tf_config)
+    result = run_train("fit", cwd=tmp_path, timeout=60, fresh=True, OUTPUT_DIR=tmp_path / "run", TF_CONFIG=tf_config)
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(start)
@@ -424,11 +424,11 @@ def test_a_streamed_split_is_read_once_per_pass_each_worker_reading_only_its_sha
     assert [r["files"] for r in results] == [files, files]
     assert sum(r["share"] for r in results) == results[0]["examples"] == 16384  # the shares split the split
     passes = results[0]["passes"]
-    assert passes == min(r["share"] for r in results) // 64  # a worker's local batch: 64 per replica
+    assert passes == min(r["share"] for r in results) // 512  # a worker's local batch: 512 per replica
     for pass_number in range(2):
         steps = range(pass_number * passes, (pass_number + 1) * passes)
         per_worker = [{i for step in steps for i in r["seen"][step]} for r in results]
-        assert sum(len(seen) for seen in per_worker) == passes * 128  # no example twice, within or across workers
+        assert sum(len(seen) for seen in per_worker) == passes * 1024  # no example twice, within or across workers
         assert not per_worker[0] & per_worker[1]
     for r in results:
         first, second = ([i for step in range(s, s + passes) for i in r["seen"][step]] for s in (0, passes))

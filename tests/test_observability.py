@@ -75,7 +75,7 @@ def test_profile_steps_writes_a_tensorboard_trace_of_those_steps(tmp_path, tfds_
 
 @pytest.mark.parametrize("text", ["8-5", "0-3", "a-b", "5"])
 def test_a_malformed_profile_range_is_exit_2_before_tensorflow(tmp_path, text):
-    result = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "run", PROFILE_STEPS=text)
+    result = run_train("fit", cwd=tmp_path, fresh=True, OUTPUT_DIR=tmp_path / "run", PROFILE_STEPS=text)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: PROFILE_STEPS={text!r} is not allowed: use START-END, two step numbers from 1 with START <= END, "

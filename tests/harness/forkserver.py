@@ -24,6 +24,7 @@ import selectors
 import signal
 import socket
 import sys
+import tempfile
 
 SERVER_PYTHONPATH = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
 PRELOAD = ("tensorflow", "keras", "tensorflow_datasets", "train.fit", "train.tools.check", "train.tools.bench")
@@ -101,6 +102,7 @@ def run(request: dict) -> None:
     unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
     sys.stdout.reconfigure(line_buffering=unbuffered or os.isatty(1), write_through=unbuffered)
     random.seed()  # a fresh interpreter's seed, not the server's copy
+    tempfile.tempdir = None  # found again from this TMPDIR, not the server's
     option, target, *rest = request["argv"]
     # sys.path as a fresh interpreter makes it: the script's place first, then the request's PYTHONPATH
     pythonpath = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]

@@ -18,7 +18,7 @@ from train.data import load_data, train_dataset
 from train.devices.runtime import setup_runtime
 from train.settings import load_settings
 
-settings = load_settings({"BATCH_SIZE": "64", "DATA_IN_MEMORY": "false"})
+settings = load_settings({"BATCH_SIZE": "512", "DATA_IN_MEMORY": "false"})
 runtime = setup_runtime(settings)
 data = load_data(settings)
 split = data.train
