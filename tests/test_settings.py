@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -158,3 +159,20 @@ def test_env_example_documents_every_setting_with_its_default():
     for field in FIELDS:
         # each setting has a comment line right above it
         assert re.search(rf"^# .+\n{field.env}=", text, re.MULTILINE), field.env
+
+
+def test_evaluate_takes_the_runs_settings_under_flags_and_the_environment_and_over_dotenv(tmp_path):
+    """flag > environment > the run's settings.json > .env > default (load_settings(from_run=True): evaluate's)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    recorded = {"DATASET": "from_run", "EVAL_SPLIT": "from_run", "TRAIN_SPLIT": "from_run", "BATCH_SIZE": "64"}
+    (run / "settings.json").write_text(json.dumps(recorded))
+    dotenv = tmp_path / ".env"
+    dotenv.write_text(f"OUTPUT_DIR={run}\nDATASET=from_dotenv\nEVAL_SPLIT=from_dotenv\nBATCH_SIZE=32\nSEED=7\n")
+    settings = load_settings(
+        {"DATASET": "from_flag"}, {"EVAL_SPLIT": "from_env"}, dotenv, defaults_path=None, from_run=True
+    )
+    assert (settings.dataset, settings.eval_split, settings.train_split) == ("from_flag", "from_env", "from_run")
+    assert settings.batch_size == 64  # the run's, over .env's 32
+    assert settings.seed == 7  # the run does not record it: .env's
+    assert load_settings({}, {}, dotenv, defaults_path=None).dataset == "from_dotenv"  # fit ignores the run's
