@@ -27,7 +27,7 @@ from train.settings import load_settings
 
 DEAD_PEER_BOUND = 20.0  # seconds: measured 1-9 s for SIGKILL; generous for a loaded 2-core machine
 HUNG_PEER_BOUND = 25.0  # measured 8-11 s for SIGSTOP
-SETTINGS = {"BATCH_SIZE": 16, "EPOCHS": 2, "STEPS_PER_EPOCH": 150, "STEPS_PER_CALL": 4}
+SETTINGS = {"BATCH_SIZE": 16, "EPOCHS": 2, "STEPS_PER_EPOCH": 100, "STEPS_PER_CALL": 4}
 SETTINGS |= {"CHECKPOINT_EVERY": 40, "LOG_EVERY": 50, "WORKER_START_TIMEOUT": 60}
 SHA = re.compile(r"weights sha256 ([0-9a-f]{16})")
 
@@ -214,14 +214,14 @@ def test_two_workers_train_to_identical_weights_and_the_chief_writes_once(uninte
     summary = read_summary(run)
     assert (summary["strategy"], summary["workers"], summary["replicas"]) == ("multi_worker", 2, 2)
     assert (summary["per_replica_batch"], summary["global_batch"]) == (16, 32)
-    assert summary["steps"] == summary["total_steps"] == 300 and not summary["interrupted"]
+    assert summary["steps"] == summary["total_steps"] == 200 and not summary["interrupted"]
     assert summary["weights_sha256"].startswith(hashes[0][0])
     assert sorted(p.name for p in run.iterdir()) == [
         ".lock", "checkpoints", "logs", "model.keras", "run.json", "saved_model", "settings.json", "summary.json",
     ]  # fmt: skip
     ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert ckpts == ["checkpoint"] + [
-        f"ckpt-{s}.{e}" for s in (240, 280, 300) for e in ("data-00000-of-00001", "index")
+        f"ckpt-{s}.{e}" for s in (120, 160, 200) for e in ("data-00000-of-00001", "index")
     ]
     assert not list(run.parent.glob("tf-train-worker*")), "the non-chief's temporary checkpoints were left behind"
     assert len(list((run / "logs" / "train").iterdir())) == 1  # one TensorBoard writer: the chief's
@@ -257,7 +257,7 @@ def test_sigterm_to_one_worker_stops_both_with_42_and_a_restart_ends_where_an_un
     assert again.wait(timeout=120) == [0, 0], again.log(0)[-3000:]
     summary = read_summary(run)
     assert summary["resumed_from_step"] == stopped["steps"]
-    assert summary["steps"] == reference["steps"] == 300
+    assert summary["steps"] == reference["steps"] == 200
     assert summary["weights_sha256"] == reference["weights_sha256"]  # resuming is exact
     assert f"Resuming from {run / 'checkpoints'}/ckpt-{stopped['steps']}" in again.log(1)
 
@@ -513,7 +513,7 @@ def test_a_worker_that_cannot_read_the_chiefs_checkpoints_says_output_dir_must_b
     assert [p.returncode for p in processes] == [1, 1]
     for output in outputs:  # the chief says what its peer found, not just that the peer went away
         last = output.strip().splitlines()[-1]
-        assert last.startswith("error: worker 1 cannot read the chief's checkpoint ckpt-300 as "), last
+        assert last.startswith("error: worker 1 cannot read the chief's checkpoint ckpt-200 as "), last
         assert last.endswith("OUTPUT_DIR must be the same shared storage (NFS, a mounted bucket, ...) on every worker")
 
 

@@ -18,9 +18,9 @@ from tests.conftest import REPO, clean_env, read_summary, run_python, run_train,
 from train.errors import SettingsError
 
 QUICK = {"EPOCHS": 2, "STEPS_PER_EPOCH": 40, "CHECKPOINT_EVERY": 25, "LOG_EVERY": 20, "KEEP_CHECKPOINTS": 3}
-# Long enough to be stopped, killed or filled up mid-run after its first checkpoint (1,200 steps, 30 saves);
-# epochs of 600 steps are not whole passes (1,024 steps), so a resume crosses a pass boundary mid-epoch.
-LONG = {"BATCH_SIZE": 16, "EPOCHS": 2, "STEPS_PER_EPOCH": 600, "STEPS_PER_CALL": 4, "CHECKPOINT_EVERY": 40}
+# Long enough to be stopped, killed or filled up mid-run after its first checkpoint (600 steps, 15 saves);
+# epochs of 300 steps are not whole passes (512 steps), so a resume crosses a pass boundary mid-epoch.
+LONG = {"BATCH_SIZE": 32, "EPOCHS": 2, "STEPS_PER_EPOCH": 300, "STEPS_PER_CALL": 4, "CHECKPOINT_EVERY": 40}
 LONG |= {"LOG_EVERY": 1000}
 ROOT = os.geteuid() == 0
 

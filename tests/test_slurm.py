@@ -25,7 +25,7 @@ import pytest
 from tests.conftest import REPO, clean_env, read_summary
 
 SLURM = REPO / "scripts" / "slurm"
-SETTINGS = {"BATCH_SIZE": 16, "EPOCHS": 2, "STEPS_PER_EPOCH": 150, "STEPS_PER_CALL": 4}
+SETTINGS = {"BATCH_SIZE": 16, "EPOCHS": 2, "STEPS_PER_EPOCH": 100, "STEPS_PER_CALL": 4}
 SETTINGS |= {"CHECKPOINT_EVERY": 40, "LOG_EVERY": 50, "WORKER_START_TIMEOUT": 60}
 
 FAKE_SCONTROL = """#!/bin/sh
@@ -296,11 +296,11 @@ def test_sigterm_from_slurm_saves_exits_42_requeues_and_the_requeued_job_resumes
     assert requeues(log) == ["requeue 4242"]
     assert "exit 42 (stopped after saving a checkpoint): requeueing" in output.read_text()
     stopped = read_summary(run)
-    assert stopped["interrupted"] and stopped["workers"] == 2 and 0 < stopped["steps"] < 300
+    assert stopped["interrupted"] and stopped["workers"] == 2 and 0 < stopped["steps"] < 200
 
     again = sbatch(tmp_path, env | {"SLURM_RESTART_COUNT": "1"}, **settings)  # what the requeue starts
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     summary = read_summary(run)
     assert summary["resumed_from_step"] == stopped["steps"]
-    assert summary["steps"] == summary["total_steps"] == 300 and not summary["interrupted"]
+    assert summary["steps"] == summary["total_steps"] == 200 and not summary["interrupted"]
     assert requeues(log) == ["requeue 4242"]
