@@ -63,8 +63,9 @@ def test_the_image_example_row_measures_the_cnn_against_its_ceiling_and_a_tuned_
     """(Keras fit, row 3, is the same code as on the default dataset, measured there: left out for time.)"""
     contenders = "template,in_memory,streamed,tuned_tfdata,streamed_input,tuned_tfdata_input"
     result = run_bench(
-        *SHORT, "--no-startup", "--contenders", contenders, cwd=tmp_path,
-        data_dir=examples_data_dir, MODEL="examples.cnn", DATASET="synthetic_images", TRAIN_SPLIT="train[:1024]",
+        *SHORT, "--no-startup", "--contenders", contenders, "--batch-size", "32", "--steps-per-call", "4",
+        cwd=tmp_path, data_dir=examples_data_dir, MODEL="examples.cnn", DATASET="synthetic_images",
+        TRAIN_SPLIT="train[:1024]",
     )  # fmt: skip
     assert (result["model"], result["feature"]) == ("examples.cnn", {"shape": [32, 32, 3], "dtype": "uint8"})
     assert set(result["ratios"]) == {"1/2", "5/1", "5/6", "5i/6i"}
