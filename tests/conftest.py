@@ -4,8 +4,10 @@ forked from a server that has imported TensorFlow already (start_python)."""
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -130,30 +132,50 @@ def prepare_data_dir(script: str, data_dir: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+def copy_data_dir(source: Path, destination: Path) -> None:
+    """A private copy of a shared data dir, to damage or watch: without the arrays caches, which runs on the
+    other worker may be rewriting meanwhile."""
+    # train/data/source.py's CACHE_DIR (importing that module would import TensorFlow into pytest's process)
+    shutil.copytree(source, destination, ignore=shutil.ignore_patterns("train-arrays-cache"))
+
+
+def shared_data_dir(tmp_path_factory: pytest.TempPathFactory, name: str, script: str) -> Path:
+    """A data dir prepared once per test session, by whichever of make test's workers asks first (the others
+    wait on its lock), in the session's temporary folder. The tests only read it (runs may add their arrays
+    cache, written whole or not at all)."""
+    session = tmp_path_factory.getbasetemp()
+    session = session.parent if os.environ.get("PYTEST_XDIST_WORKER") else session  # xdist: gw0, gw1 in it
+    data_dir = session / name
+    with open(session / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (session / f"{name}.prepared").exists():
+            shutil.rmtree(data_dir, ignore_errors=True)
+            data_dir.mkdir()
+            prepare_data_dir(script, data_dir)
+            (session / f"{name}.prepared").touch()
+    return data_dir
+
+
 @pytest.fixture(scope="session")
 def tfds_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A TFDS data dir with the default dataset generated once, offline."""
-    data_dir = tmp_path_factory.mktemp("tensorflow_datasets")
+    """A TFDS data dir with the default dataset generated once a session, offline."""
     script = (
         "import sys, tensorflow_datasets as tfds, train.data.synthetic_clusters\n"
         "tfds.builder('synthetic_clusters', data_dir=sys.argv[1]).download_and_prepare()\n"
     )
-    prepare_data_dir(script, data_dir)
-    return data_dir
+    return shared_data_dir(tmp_path_factory, "tensorflow_datasets", script)
 
 
 @pytest.fixture(scope="session")
 def examples_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A TFDS data dir with the examples' datasets generated once, offline: synthetic_images (the CNN's,
     PNG-encoded as TFDS stores cifar10), synthetic_values (regression) and synthetic_tags (multi-label)."""
-    data_dir = tmp_path_factory.mktemp("example_datasets")
     script = (
         "import sys, tensorflow_datasets as tfds, train.data.synthetic_images, tests.datasets\n"
         "for name in ('synthetic_images', 'synthetic_values', 'synthetic_tags'):\n"
         "    tfds.builder(name, data_dir=sys.argv[1]).download_and_prepare()\n"
     )
-    prepare_data_dir(script, data_dir)
-    return data_dir
+    return shared_data_dir(tmp_path_factory, "example_datasets", script)
 
 
 WIDE_BYTES = (4_000 + 250) * (16_384 * 4 + 8)  # wide_values (tests/datasets): 262 MB of float32, and the labels

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import clean_env, read_summary, run_python, run_train, same_weights
+from tests.conftest import clean_env, copy_data_dir, read_summary, run_python, run_train, same_weights
 from train.devices.host_memory import GIB, available_memory_bytes, fits_in_memory, memory_note
 
 ORDER = """
@@ -98,7 +98,7 @@ def test_streamed_fit_learns_and_resumes_mid_pass_to_the_same_weights(tmp_path, 
         "TFDS_DATA_DIR": tfds_data_dir, "DATA_IN_MEMORY": "false", "STEPS_PER_EPOCH": 30, "BATCH_SIZE": 64,
         "LEARNING_RATE": 0.01, "CHECKPOINT_EVERY": 1000,
     }  # fmt: skip
-    straight = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "straight", EPOCHS=3, **common)
+    straight = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "straight", EPOCHS=2, **common)
     assert straight.returncode == 0, straight.stderr[-3000:]
     assert "DATA_IN_MEMORY=false: streaming the splits" in straight.stdout
     assert "data streamed from the TFDS files, batches fed by tf.data, XLA off" in straight.stdout
@@ -109,10 +109,10 @@ def test_streamed_fit_learns_and_resumes_mid_pass_to_the_same_weights(tmp_path, 
     first = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "resumed", EPOCHS=1, **common)
     assert first.returncode == 0, first.stderr[-3000:]
     # 30 of the split's 256 batches: the second run starts mid-pass and must skip what the first one read.
-    second = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "resumed", EPOCHS=3, **common)
+    second = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "resumed", EPOCHS=2, **common)
     assert second.returncode == 0, second.stderr[-3000:]
     resumed = read_summary(tmp_path / "resumed")
-    assert resumed["resumed_from_step"] == 30 and resumed["steps"] == summary["steps"] == 90
+    assert resumed["resumed_from_step"] == 30 and resumed["steps"] == summary["steps"] == 60
     assert same_weights(tmp_path / "resumed" / "model.keras", tmp_path / "straight" / "model.keras")
 
 
@@ -129,7 +129,7 @@ def test_in_memory_splits_are_cached_beside_the_prepared_files_and_a_damaged_cac
     tmp_path, tfds_data_dir
 ):
     data_dir = tmp_path / "tensorflow_datasets"
-    shutil.copytree(tfds_data_dir, data_dir)
+    copy_data_dir(tfds_data_dir, data_dir)
     cache_dir = next(data_dir.glob("synthetic_clusters/*/")) / "train-arrays-cache"
     shutil.rmtree(cache_dir, ignore_errors=True)
 

@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, clean_env, read_summary, run_python, run_train, same_weights, start_train
+from tests.conftest import (
+    REPO,
+    clean_env,
+    copy_data_dir,
+    read_summary,
+    run_python,
+    run_train,
+    same_weights,
+    start_train,
+)
 from train.errors import SettingsError
 
 QUICK = {"EPOCHS": 2, "STEPS_PER_EPOCH": 40, "CHECKPOINT_EVERY": 25, "LOG_EVERY": 20, "KEEP_CHECKPOINTS": 3}
@@ -270,7 +279,7 @@ def test_disk_filling_up_mid_run_ends_clearly_and_the_previous_checkpoint_still_
 )
 def test_damaged_data_dir_is_a_clear_error_and_is_left_as_it_was(tmp_path, tfds_data_dir, in_memory, missing):
     data_dir = tmp_path / "data"
-    shutil.copytree(tfds_data_dir, data_dir)
+    copy_data_dir(tfds_data_dir, data_dir)
     shutil.rmtree(data_dir / "synthetic_clusters/1.0.0/train-arrays-cache", ignore_errors=True)
     next(data_dir.glob(f"synthetic_clusters/1.0.0/{missing}")).unlink()
     before = sorted(p.name for p in data_dir.rglob("*"))
@@ -287,7 +296,7 @@ def test_damaged_data_dir_is_a_clear_error_and_is_left_as_it_was(tmp_path, tfds_
 
 def test_streamed_file_damaged_past_its_first_example_ends_training_in_one_line(tmp_path, tfds_data_dir):
     data_dir = tmp_path / "data"
-    shutil.copytree(tfds_data_dir, data_dir)
+    copy_data_dir(tfds_data_dir, data_dir)
     shard = next(data_dir.glob("synthetic_clusters/1.0.0/*train.tfrecord*"))
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # the first examples still read
     result = run_train(
@@ -327,7 +336,7 @@ def test_failed_download_is_a_clear_error_and_leaves_the_data_dir_usable(tmp_pat
     package.mkdir(parents=True)
     (package / "__init__.py").write_text(FAILING_DOWNLOAD)
     data_dir = tmp_path / "data"
-    shutil.copytree(tfds_data_dir, data_dir)
+    copy_data_dir(tfds_data_dir, data_dir)
     before = sorted(data_dir.rglob("*"))
     script = "import sys, unreachable_data\nfrom train.cli import app\napp(sys.argv[1:], prog_name='train')\n"
     env = clean_env(TFDS_DATA_DIR=data_dir, OUTPUT_DIR=tmp_path / "run", DATASET="unreachable_data")
