@@ -71,7 +71,7 @@ _server: Server | None = None
 def start_python(argv: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None, fresh: bool = False,
                  **streams) -> Forked | subprocess.Popen:  # fmt: skip
     """`python ARGV` (`-m MODULE ...` or `-c CODE ...`) started as subprocess.Popen would, but forked from a
-    server that has imported TensorFlow already (tests/harness/forkserver.py: 4 s saved a run). `fresh=True`
+    server that has imported TensorFlow already (tests/harness/forkserver.py; docs/design.md says why). `fresh=True`
     starts a new interpreter instead: for tests of what happens while modules import."""
     global _server
     cwd, env = cwd or Path.cwd(), clean_env() if env is None else env
@@ -103,10 +103,12 @@ def run_train(*args: str, cwd: Path, timeout: float = 300, fresh: bool = False, 
     return run_python(["-m", "train", *args], cwd=cwd, env=clean_env(**settings), timeout=timeout, fresh=fresh)
 
 
-def start_train(*args: str, cwd: Path, **settings: object):
-    """`python -m train ARGS` started, its output piped as text (a Popen-like process, see start_python)."""
-    return start_python(["-m", "train", *args], cwd=cwd, env=clean_env(**settings), stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE, text=True)  # fmt: skip
+def start_train(*args: str, cwd: Path, stdin=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                **settings: object) -> Forked:  # fmt: skip
+    """`python -m train ARGS` started (a Popen-like process, see start_python); its output piped as text unless
+    stdin/stdout/stderr say otherwise."""
+    return start_python(["-m", "train", *args], cwd=cwd, env=clean_env(**settings), stdin=stdin, stdout=stdout,
+                        stderr=stderr, text=True)  # fmt: skip
 
 
 SAME_WEIGHTS = """

@@ -12,16 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import (
-    REPO,
-    clean_env,
-    read_summary,
-    run_python,
-    run_train,
-    same_weights,
-    start_python,
-    tensorboard_events,
-)
+from tests.conftest import REPO, read_summary, run_python, run_train, same_weights, start_train, tensorboard_events
 
 CNN = {
     "MODEL": str(REPO / "examples" / "cnn.py"),  # the path form, as `make train MODEL=examples/cnn.py` gives it
@@ -124,8 +115,7 @@ def test_the_cnn_killed_mid_run_resumes_to_the_weights_of_the_uninterrupted_run(
     replicas, reference, _ = cnn_run
     output_dir = tmp_path / "run"
     settings = cnn_settings(examples_data_dir, output_dir, replicas)
-    process = start_python(["-m", "train", "fit"], cwd=tmp_path, env=clean_env(**settings),
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    process = start_train("fit", cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **settings)
     deadline = time.monotonic() + 120
     while not list(output_dir.glob("checkpoints/ckpt-[1-9]*.index")) and time.monotonic() < deadline:
         time.sleep(0.02)

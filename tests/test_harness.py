@@ -12,7 +12,7 @@ from tests.conftest import clean_env, run_python, start_python
 SEEN = """
 import json, os, sys, tempfile
 print(json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "setting": os.environ.get("EPOCHS"), "path": sys.path[:2],
-                  "tmp": tempfile.gettempdir(), "umask": os.umask(0o22)}))
+                  "tmp": tempfile.gettempdir()}))
 sys.exit(3)
 """
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.conftest import clean_env, read_summary, run_train, start_python, tensorboard_events
+from tests.conftest import read_summary, run_train, start_train, tensorboard_events
 
 QUICK = {"EPOCHS": 2, "STEPS_PER_EPOCH": 20, "LOG_EVERY": 10}
 
@@ -18,8 +18,7 @@ QUICK = {"EPOCHS": 2, "STEPS_PER_EPOCH": 20, "LOG_EVERY": 10}
 def fit_on_a_terminal(cwd, timeout: float = 180, **settings) -> str:
     """`python -m train fit` with its output on a pseudo-terminal, as a user at a shell sees it."""
     leader, follower = pty.openpty()
-    process = start_python(["-m", "train", "fit"], cwd=cwd, env=clean_env(**settings),
-                           stdin=follower, stdout=follower, stderr=follower)  # fmt: skip
+    process = start_train("fit", cwd=cwd, stdin=follower, stdout=follower, stderr=follower, **settings)
     os.close(follower)
     output, deadline = b"", time.monotonic() + timeout
     while time.monotonic() < deadline:

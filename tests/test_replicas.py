@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, clean_env, read_summary, run_python, run_train, same_weights, start_python
+from tests.conftest import REPO, clean_env, read_summary, run_python, run_train, same_weights, start_python, start_train
 from train.cluster.launch import free_ports, tf_configs
 
 SCHEDULE = {"module": "keras.optimizers.schedules", "class_name": "ExponentialDecay",
@@ -125,9 +125,8 @@ def test_optimizer_options_resume_exactly_and_the_moving_averages_are_what_is_ev
     straight = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "straight", **common)
     assert straight.returncode == 0, straight.stderr[-3000:]
 
-    env = clean_env(OUTPUT_DIR=tmp_path / "resumed", **common)
-    killed = start_python(["-m", "train", "fit"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)  # fmt: skip
+    killed = start_train("fit", cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         OUTPUT_DIR=tmp_path / "resumed", **common)  # fmt: skip
     deadline = time.monotonic() + 120
     while not list((tmp_path / "resumed").glob("checkpoints/ckpt-[1-9]*.index")) and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import clean_env, read_summary, run_python, run_train, start_python
+from tests.conftest import read_summary, run_python, run_train, start_train
 
 QUICK = {"EPOCHS": 2, "STEPS_PER_EPOCH": 40, "CHECKPOINT_EVERY": 25, "LOG_EVERY": 20}
 
@@ -80,8 +80,7 @@ def test_run_killed_mid_training_resumes_and_ends_at_the_uninterrupted_step_coun
     output_dir = tmp_path / "run"
     settings = {"TFDS_DATA_DIR": tfds_data_dir, "OUTPUT_DIR": output_dir, "BATCH_SIZE": 16, "EPOCHS": 3}
     settings |= {"STEPS_PER_CALL": 4, "CHECKPOINT_EVERY": 40, "KEEP_CHECKPOINTS": 2, "LOG_EVERY": 1000}
-    process = start_python(["-m", "train", "fit"], cwd=tmp_path, env=clean_env(**settings),
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    process = start_train("fit", cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **settings)
     deadline = time.monotonic() + 120
     while not list(output_dir.glob("checkpoints/ckpt-[1-9]*.index")) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -277,9 +276,9 @@ def build_model(input_shape, num_classes, learning_rate):
 def test_a_model_with_python_branches_on_tensors_trains(tmp_path, tfds_data_dir):
     """The loop is traced without autograph; a layer's own `if tensor:` still works."""
     (tmp_path / "branching.py").write_text(BRANCHING_MODEL)
-    env = clean_env(
-        MODEL="branching.py", TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=tmp_path / "run", EPOCHS=1, STEPS_PER_EPOCH=5
-    )
-    result = run_python(["-m", "train", "fit"], cwd=tmp_path, env=env)
+    result = run_train(
+        "fit", cwd=tmp_path, MODEL="branching.py", TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=tmp_path / "run",
+        EPOCHS=1, STEPS_PER_EPOCH=5,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert read_summary(tmp_path / "run")["steps"] == 5

@@ -1,10 +1,11 @@
 """The client of tests/harness/forkserver.py: `Forked` starts a process there and is used as subprocess.Popen is
-(pid, stdout/stderr, poll, wait, communicate, send_signal, terminate, kill, returncode)."""
+(pid, stdout/stderr, poll, wait, communicate, send_signal, kill, returncode)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -39,7 +40,8 @@ class Server:
 
 class Forked:
     """`python ARGV` forked from the server. stdin/stdout/stderr: None (this process's), subprocess.PIPE,
-    subprocess.DEVNULL, subprocess.STDOUT (stderr only) a file descriptor or an open file, as for subprocess.Popen."""
+    subprocess.DEVNULL, subprocess.STDOUT (stderr only), a file descriptor or an open file, as for
+    subprocess.Popen."""
 
     def __init__(self, server: Server, argv: list[str], *, cwd: Path, env: dict[str, str], stdin=None,
                  stdout=None, stderr=None, text: bool = False) -> None:  # fmt: skip
@@ -127,17 +129,5 @@ class Forked:
         if self.poll() is None:
             os.kill(self.pid, number)
 
-    def terminate(self) -> None:
-        self.send_signal(15)
-
     def kill(self) -> None:
-        self.send_signal(9)
-
-    def __enter__(self) -> Forked:
-        return self
-
-    def __exit__(self, *_) -> None:
-        for stream in (self.stdin, self.stdout, self.stderr):
-            if stream is not None and not stream.closed:
-                stream.close()
-        self.wait()
+        self.send_signal(signal.SIGKILL)

@@ -1,7 +1,7 @@
 """Fast starts for the tests' TensorFlow processes.
 
-A test run of `python -m train` spends about 4 of its 10 seconds importing TensorFlow, Keras and TFDS, and the
-suite starts a few hundred of them. This server imports them once (without running a TensorFlow op, so no
+Importing TensorFlow, Keras and TFDS is a large part of a short test run, and the suite starts a few hundred
+(docs/design.md, How the tests run). This server imports them once (without running a TensorFlow op, so no
 device is set up yet) and forks each run from itself. A forked run is a real process, with its own pid,
 arguments, environment, working directory, standard streams, signals and exit code. What differs from a fresh
 `python -m train`: only that the modules' import-time code ran once, in the server, with the server's
