@@ -248,7 +248,10 @@ def _describe(run: Run, schedule: Schedule, start_step: int) -> str:
         )
     workers = f" on {runtime.workers} workers" if runtime.workers > 1 else ""
     where = "in memory" if data.in_memory else "streamed from the TFDS files"
-    how = "gathered inside the step" if gathers_in_step(runtime.strategy, data.train) else "fed by tf.data"
+    if not gathers_in_step(runtime.strategy, data.train):
+        how = "fed by tf.data"
+    else:
+        how = "gathered inside the step" if data.in_memory else "read ahead a call at a time"
     per_epoch = f"{schedule.steps_per_epoch} step{'s' if schedule.steps_per_epoch != 1 else ''} per epoch"
     return (
         f"Training {data.name} on {runtime.replicas} replica(s){workers} ({runtime.strategy_name}: "

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from train.data.feeds import (
+    BlocksFeed,
     Feed,
     PipelineFeed,
     RowsFeed,
@@ -25,9 +26,9 @@ from train.devices.host_memory import available_memory_bytes, fits_in_memory, me
 from train.settings import Settings
 
 __all__ = [
-    "Data", "Dataset", "DatasetSpec", "Feed", "PipelineFeed", "RowsFeed", "Split", "StreamedSplit", "TrainSplit",
-    "batches_per_pass", "distribute", "eval_dataset", "eval_steps", "gathers_in_step", "input_pipelines", "load_data",
-    "make_feed", "open_dataset", "pass_order", "train_dataset",
+    "BlocksFeed", "Data", "Dataset", "DatasetSpec", "Feed", "PipelineFeed", "RowsFeed", "Split", "StreamedSplit",
+    "TrainSplit", "batches_per_pass", "distribute", "eval_dataset", "eval_steps", "gathers_in_step", "input_pipelines",
+    "load_data", "make_feed", "open_dataset", "pass_order", "train_dataset",
 ]  # fmt: skip
 
 

@@ -6,10 +6,11 @@ slices of every global batch:
 - in memory: pass p over the split is the permutation stateless_shuffle(range(N), seed=(SEED, p));
 - streamed: pass p reads the files in one fixed shuffled order through a shuffle buffer seeded by (SEED, p).
 
-A feed hands batches to the training step (see `make_feed`): on CPU devices the step gathers its rows from
-the split in memory itself, with no tf.data in the loop (`RowsFeed`); on GPUs, across workers and when
-streaming, a tf.data pipeline per worker prefetches them (`PipelineFeed`). Features and labels reach the
-model as the dataset stores them; scaling and augmentation are layers of the model.
+A feed hands batches to the training step (see `make_feed`). On one host's CPU devices every input of a
+call is a tensor: the step gathers its rows from the split in memory itself (`RowsFeed`), or takes its batch
+from a block of the call's batches that tf.data read ahead from the streamed files (`BlocksFeed`). On GPUs
+and across workers a tf.data pipeline per worker prefetches each step's batch (`PipelineFeed`). Features and
+labels reach the model as the dataset stores them; scaling and augmentation are layers of the model.
 """
 
 from __future__ import annotations
@@ -137,6 +138,20 @@ def _streamed(
     return dataset_fn
 
 
+def _streamed_blocks(
+    split: StreamedSplit, replicas: int, per_replica: int, pass_batches: int, seed: int, start_step: int, longest: int
+) -> tf.data.Dataset:
+    """The batches `train_dataset` gives one host's CPU replicas from `start_step` on, `longest` steps to an
+    element: [longest, replicas, per_replica, ...], replica r's pipeline (its share of the files) in slice r."""
+    first_pass, offset = divmod(start_step, pass_batches)
+    dataset_fn = _streamed(split, replicas, per_replica, pass_batches, seed, first_pass, offset)
+    pipelines = [dataset_fn(tf.distribute.InputContext(replicas, index, replicas)) for index in range(replicas)]
+    steps = tf.data.Dataset.zip(tuple(pipelines)).map(
+        lambda *batches: tuple(tf.stack(parts) for parts in zip(*batches, strict=True))
+    )
+    return steps.batch(longest, drop_remainder=True).prefetch(1)
+
+
 def distribute(strategy, dataset_fn, device_prefetch: int = 1):
     """The per-replica datasets as `strategy.run` takes them.
 
@@ -225,6 +240,50 @@ class RowsFeed:
         return tf.gather(features, ours), tf.gather(labels, ours)
 
 
+class BlocksFeed:
+    """A streamed split on one host's CPU devices: each call is handed the block of `longest` steps' batches
+    its steps start in, and the next block, read ahead by tf.data; each step gathers its batch from them.
+
+    One `next()` a call, not a step: a tf.data iterator read once per step cost more than a small model's
+    step itself (rows 2 and 2b of docs/performance.md). Every input of the call is a tensor, so XLA can
+    compile it whole, as with `RowsFeed`. The batches are `train_dataset`'s, in its order.
+    """
+
+    compilable = True
+
+    def __init__(self, blocks: tf.data.Dataset, longest: int) -> None:
+        self.blocks, self.longest = iter(blocks), longest
+        self.current: tuple[tf.Tensor, tf.Tensor] | None = None  # read at the first call, inside the loop
+        self.cursor = 0  # the first batch of `current` not yet trained on
+
+    def call_args(self, steps: int) -> tuple[tf.Tensor, ...]:
+        """The next `steps` steps' input (at most `longest`); moves on by `steps`."""
+        if not 0 < steps <= self.longest:
+            raise ValueError(f"a call of {steps} steps: BlocksFeed hands calls of 1 to {self.longest} steps")
+        if self.current is None:
+            self.current = next(self.blocks)
+        first, start = self.current, self.cursor
+        self.cursor += steps
+        if self.cursor >= self.longest:  # the call runs into (or up to) the next block
+            self.current, self.cursor = next(self.blocks), self.cursor - self.longest
+        return (*first, *self.current, tf.constant(start, tf.int32))
+
+    def step_args(self, call_args, step):
+        features, labels, next_features, next_labels, start = call_args
+        index = start + step
+        # tf.gather, not a slice: XLA compiled the call anew for every slice start it could see (RowsFeed)
+        return tf.cond(
+            index < self.longest,
+            lambda: (tf.gather(features, index), tf.gather(labels, index)),
+            lambda: (tf.gather(next_features, index - self.longest), tf.gather(next_labels, index - self.longest)),
+        )
+
+    @staticmethod
+    def replica_batch(features, labels):
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        return tf.gather(features, replica), tf.gather(labels, replica)
+
+
 class PipelineFeed:
     """A distributed tf.data dataset: one `next()` per step, inside the call."""
 
@@ -247,25 +306,32 @@ class PipelineFeed:
         return features, labels
 
 
-Feed = RowsFeed | PipelineFeed
+Feed = RowsFeed | BlocksFeed | PipelineFeed
 
 
 def gathers_in_step(strategy, split: TrainSplit) -> bool:
-    """Whether the feed is a `RowsFeed`: an in-memory split on the CPU devices of one host."""
-    host_cpus = not _on_gpus(strategy) and not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-    return isinstance(split, Split) and host_cpus
+    """Whether the step gathers its batch from tensors the call is handed (`RowsFeed`, `BlocksFeed`): on the
+    CPU devices of one host. Then XLA can compile the whole call."""
+    del split  # in memory or streamed alike
+    return not _on_gpus(strategy) and not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
 
 def make_feed(
     strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int, longest: int, device_prefetch: int = 1
 ) -> Feed:
-    """Rows gathered by the step for an in-memory split on one host's CPU devices; a tf.data pipeline otherwise.
+    """On one host's CPU devices, rows gathered by the step (in memory) or blocks of a call's batches (streamed);
+    a tf.data pipeline otherwise.
 
-    `longest`: the most steps a call takes (what RowsFeed plans ahead for); `device_prefetch`: DEVICE_PREFETCH.
+    `longest`: the most steps a call takes (what the CPU feeds plan ahead for); `device_prefetch`: DEVICE_PREFETCH.
     """
-    if gathers_in_step(strategy, split):
-        return RowsFeed(split, strategy.num_replicas_in_sync, global_batch, seed, start_step, longest)
-    return PipelineFeed(train_dataset(strategy, split, global_batch, seed, start_step, device_prefetch))
+    if not gathers_in_step(strategy, split):
+        return PipelineFeed(train_dataset(strategy, split, global_batch, seed, start_step, device_prefetch))
+    replicas = strategy.num_replicas_in_sync
+    if isinstance(split, Split):
+        return RowsFeed(split, replicas, global_batch, seed, start_step, longest)
+    pass_batches = batches_per_pass(split, global_batch, pipelines=input_pipelines(strategy))
+    blocks = _streamed_blocks(split, replicas, global_batch // replicas, pass_batches, seed, start_step, longest)
+    return BlocksFeed(blocks, longest)
 
 
 def eval_steps(split: TrainSplit, global_batch: int) -> int:

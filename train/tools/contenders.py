@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from train.data import Data, PipelineFeed, Split, distribute, gathers_in_step, make_feed
+from train.data import BlocksFeed, Data, PipelineFeed, Split, distribute, gathers_in_step, make_feed
 from train.devices.runtime import Runtime, choose_xla
 from train.errors import TrainingError, first_line
 from train.fit import steps_per_epoch
@@ -312,17 +312,23 @@ def input_contender(name: str, settings: Settings, runtime: Runtime, data: Data,
     """The input pipeline alone, no step: the template's streamed feed as `fit` makes it, or (`tuned`) the tuned
     tf.data pipeline of the same files. Where the step dominates, rows 5 and 6 tie whatever the input does;
     these two compare the pipelines themselves."""
-    global_batch = runtime.global_batch
+    global_batch, longest = runtime.global_batch, settings.steps_per_call
     if tuned:
         feed = tuned_tfdata_feed(runtime, data, settings.seed)
     else:
-        feed = make_feed(runtime.strategy, data.train, global_batch, settings.seed, 0, 1, settings.device_prefetch)
+        feed = make_feed(
+            runtime.strategy, data.train, global_batch, settings.seed, 0, longest, settings.device_prefetch
+        )
 
     def measure(seconds: float) -> tuple[int, float]:
         examples, started = 0, time.perf_counter()
         while True:
-            next(feed.iterator)  # eager: the batch is made when next returns
-            examples += global_batch
+            if isinstance(feed, BlocksFeed):  # one host's CPUs: a call's batches at once
+                feed.call_args(longest)  # eager: the next block is made when it returns
+                examples += longest * global_batch
+            else:
+                next(feed.iterator)  # eager: the batch is made when next returns
+                examples += global_batch
             elapsed = time.perf_counter() - started
             if elapsed >= seconds:
                 return examples, elapsed
