@@ -200,7 +200,7 @@ def xla_resolution(gpus: int, **environ):
 @pytest.mark.parametrize(
     ("gpus", "environ", "whole_call", "convolutional", "expected"),
     [
-        (0, {}, True, False, (True, "auto: on for one CPU device gathering its rows from memory")),
+        (0, {}, True, False, (True, "auto: on for one CPU device, the whole call compiled")),
         (0, {}, True, True, (False, "auto: off for a convolutional model on CPU, where XLA's convolutions are slower")),
         (0, {}, False, False, (False, "auto: off on CPU where tf.data feeds the step")),
         (1, {}, False, True, (True, "auto: on for one GPU, Keras's own default")),

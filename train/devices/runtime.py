@@ -274,12 +274,13 @@ def choose_xla(
     """JIT_COMPILE resolved for this model on these devices, and why (the start line says it). Raises
     SettingsError for JIT_COMPILE=true where XLA cannot compile the step.
 
-    `whole_call`: the feed lets XLA compile the whole training call (rows gathered in the step); otherwise
-    only the replica step is compiled and the tf.data iterator stays outside, as tensorflow/models does.
-    auto is never the slow choice measured (docs/performance.md, XLA): on one CPU device gathering from
-    memory XLA speeds up dense models and slows convolutional ones (XLA's CPU convolutions); `check`
-    measures both for the model at hand. On one GPU auto is Keras's own default (on); under strategies of
-    more than one GPU it stays off, as Keras has it (keras PR #18716), until `make test-gpu` measures it.
+    `whole_call`: the feed lets XLA compile the whole training call (the step gathers its batch from the
+    call's tensors); otherwise only the replica step is compiled and the tf.data iterator stays outside, as
+    tensorflow/models does. auto is never the slow choice measured (docs/performance.md, XLA): on one CPU
+    device, the whole call compiled, XLA speeds up dense models and slows convolutional ones (XLA's CPU
+    convolutions); `check` measures both for the model at hand. On one GPU auto is Keras's own default (on);
+    under strategies of more than one GPU it stays off, as Keras has it (keras PR #18716), until `make
+    test-gpu` measures it.
     """
     on_gpus = bool(runtime.plan.visible_gpus)
     if requested == "false":
@@ -317,7 +318,7 @@ def choose_xla(
         return False, "auto: off on CPU where tf.data feeds the step"
     if convolutional:
         return False, "auto: off for a convolutional model on CPU, where XLA's convolutions are slower"
-    return True, "auto: on for one CPU device gathering its rows from memory"
+    return True, "auto: on for one CPU device, the whole call compiled"
 
 
 @dataclass(frozen=True)
