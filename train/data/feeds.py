@@ -309,10 +309,9 @@ class PipelineFeed:
 Feed = RowsFeed | BlocksFeed | PipelineFeed
 
 
-def gathers_in_step(strategy, split: TrainSplit) -> bool:
+def gathers_in_step(strategy) -> bool:
     """Whether the step gathers its batch from tensors the call is handed (`RowsFeed`, `BlocksFeed`): on the
-    CPU devices of one host. Then XLA can compile the whole call."""
-    del split  # in memory or streamed alike
+    CPU devices of one host, the split in memory or streamed. Then XLA can compile the whole call."""
     return not _on_gpus(strategy) and not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
 
@@ -324,7 +323,7 @@ def make_feed(
 
     `longest`: the most steps a call takes (what the CPU feeds plan ahead for); `device_prefetch`: DEVICE_PREFETCH.
     """
-    if not gathers_in_step(strategy, split):
+    if not gathers_in_step(strategy):
         return PipelineFeed(train_dataset(strategy, split, global_batch, seed, start_step, device_prefetch))
     replicas = strategy.num_replicas_in_sync
     if isinstance(split, Split):

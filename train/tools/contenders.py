@@ -44,9 +44,9 @@ class Contender:
     crashed: list[str] = field(default_factory=list)
 
 
-def template_xla(settings: Settings, runtime: Runtime, data: Data, built) -> tuple[bool, str]:
-    """XLA as `fit` decides it for this model, data and devices."""
-    whole_call = gathers_in_step(runtime.strategy, data.train)
+def template_xla(settings: Settings, runtime: Runtime, built) -> tuple[bool, str]:
+    """XLA as `fit` decides it for this model on these devices."""
+    whole_call = gathers_in_step(runtime.strategy)
     return choose_xla(settings.jit_compile, runtime, whole_call, built.convolutional, built.layer_without_xla())
 
 
@@ -55,12 +55,12 @@ def loop_contender(name: str, settings: Settings, runtime: Runtime, data: Data, 
     CHECKPOINT_EVERY and LOG_EVERY), each returning the metrics (which waits for the call). `feed_for(built,
     longest)` gives another feed than the template's own (a ceiling)."""
     built = build(settings, data.spec, runtime.strategy)
-    jit, _ = template_xla(settings, runtime, data, built)
+    jit, _ = template_xla(settings, runtime, built)
     per_epoch, global_batch = steps_per_epoch(settings, data, runtime), runtime.global_batch
     longest = longest_call(settings, per_epoch)
     feed = (feed_for or (lambda: make_feed(runtime.strategy, data.train, global_batch, settings.seed, 0, longest,
                                            settings.device_prefetch)))()  # fmt: skip
-    jit = jit and (feed.compilable or not gathers_in_step(runtime.strategy, data.train))
+    jit = jit and (feed.compilable or not gathers_in_step(runtime.strategy))
     calls = make_train_calls(built, runtime.strategy, feed, global_batch, jit)
     step = 0  # goes on from one measurement to the next, as a run's step does
 
