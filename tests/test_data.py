@@ -15,6 +15,7 @@ from train.devices.host_memory import GIB, available_memory_bytes, fits_in_memor
 ORDER = """
 import json, sys
 import numpy as np
+import tensorflow as tf
 from train.data import Split, load_data, make_feed, train_dataset
 from train.devices.runtime import setup_runtime
 from train.settings import load_settings
@@ -57,8 +58,20 @@ def rows_of(step_args):  # each replica's examples: RowsFeed hands row numbers, 
         return step_args[2].numpy().tolist()
     return [[index[row.tobytes()] for row in part] for part in step_args[0].numpy()]
 
+def taken(steps, block):  # what each replica's step takes from the call's input, under the strategy
+    feed = make_feed(runtime.strategy, data.train, batch, settings.seed, 0, block)
+    take = tf.function(lambda args, step: runtime.strategy.run(feed.replica_batch, args=feed.step_args(args, step)))
+    seen = []
+    while len(seen) < steps:
+        args = feed.call_args(block)
+        for step in range(block):
+            parts = runtime.strategy.experimental_local_results(take(args, tf.constant(step))[0])
+            seen.append([[index[row.tobytes()] for row in part.numpy()] for part in parts])
+    return seen[:steps]
+
 result["feed"] = type(make_feed(runtime.strategy, data.train, batch, settings.seed, 0, 5)).__name__
 if result["feed"] in ("RowsFeed", "BlocksFeed"):
+    result["taken"] = taken(passes, block=5)
     result["gathered"] = gathered(0, 2 * passes, block=5)
     result["gathered_resumed"] = gathered(passes // 2, 2 * passes, block=passes + 3)
     result["gathered_cut"] = gathered(0, 2 * passes, block=5, lengths=(5, 3, 1, 4))  # calls cut short, as fit's are
@@ -92,6 +105,7 @@ def test_every_example_once_per_pass_disjoint_replicas_and_a_resume_reads_the_sa
     # read ahead (streamed): the same batches as the tf.data pipeline.
     assert order["feed"] == ("RowsFeed" if in_memory == "true" else "BlocksFeed")
     assert order["gathered"] == seen
+    assert order["taken"] == seen[:passes]  # each replica's step takes its own slice
     assert order["gathered_resumed"] == seen[passes // 2 :]  # calls longer than a pass, too
     assert order["gathered_cut"] == seen  # calls cut short, and calls that run into the next block
 
