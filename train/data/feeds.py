@@ -242,11 +242,13 @@ class RowsFeed:
 
 class BlocksFeed:
     """A streamed split on one host's CPU devices: each call is handed the block of `longest` steps' batches
-    its steps start in, and the next block, read ahead by tf.data; each step gathers its batch from them.
+    its steps start in and the block they run into (the same one again if they end inside it), read ahead
+    by tf.data; each step gathers its batch from them.
 
     One `next()` a call, not a step: a tf.data iterator read once per step cost more than a small model's
     step itself (rows 2 and 2b of docs/performance.md). Every input of the call is a tensor, so XLA can
-    compile it whole, as with `RowsFeed`. The batches are `train_dataset`'s, in its order.
+    compile it whole, as with `RowsFeed`. The batches are `train_dataset`'s, in its order. Held at most:
+    about four blocks (two handed to a call, one read ahead, one being made), each `longest` global batches.
     """
 
     compilable = True
@@ -257,14 +259,15 @@ class BlocksFeed:
         self.cursor = 0  # the first batch of `current` not yet trained on
 
     def call_args(self, steps: int) -> tuple[tf.Tensor, ...]:
-        """The next `steps` steps' input (at most `longest`); moves on by `steps`."""
+        """The next `steps` steps' input (at most `longest`); moves on by `steps`. A block is read when a call
+        first needs it, not before."""
         if not 0 < steps <= self.longest:
             raise ValueError(f"a call of {steps} steps: BlocksFeed hands calls of 1 to {self.longest} steps")
-        if self.current is None:
-            self.current = next(self.blocks)
+        if self.current is None or self.cursor == self.longest:  # the first call, or the last one used up its block
+            self.current, self.cursor = next(self.blocks), 0
         first, start = self.current, self.cursor
         self.cursor += steps
-        if self.cursor >= self.longest:  # the call runs into (or up to) the next block
+        if self.cursor > self.longest:  # the call runs into the next block
             self.current, self.cursor = next(self.blocks), self.cursor - self.longest
         return (*first, *self.current, tf.constant(start, tf.int32))
 
