@@ -74,13 +74,17 @@ def train_dataset(strategy, split: TrainSplit, global_batch: int, seed: int, sta
     The k-th global batch of a pass is cut into per-replica slices, replica r taking slice r. A restart at
     step s rebuilds the plan and skips s batches: of indices in memory; of examples read, when streaming.
     """
+    return distribute(strategy, _dataset_fn(strategy, split, global_batch, seed, start_step), device_prefetch)
+
+
+def _dataset_fn(strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int):
+    """`train_dataset`'s dataset_fn: an input pipeline's batches, given its tf.distribute.InputContext."""
     pass_batches = batches_per_pass(split, global_batch, pipelines=input_pipelines(strategy))
     first_pass, offset = divmod(start_step, pass_batches)
     replicas = strategy.num_replicas_in_sync
     per_replica = global_batch // replicas
     if isinstance(split, StreamedSplit):
-        dataset_fn = _streamed(split, replicas, per_replica, pass_batches, seed, first_pass, offset)
-        return distribute(strategy, dataset_fn, device_prefetch)
+        return _streamed(split, replicas, per_replica, pass_batches, seed, first_pass, offset)
     features, labels = split.tensors
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -100,7 +104,7 @@ def train_dataset(strategy, split: TrainSplit, global_batch: int, seed: int, sta
         )
         return _no_copy(blocks.unbatch().prefetch(tf.data.AUTOTUNE))
 
-    return distribute(strategy, dataset_fn, device_prefetch)
+    return dataset_fn
 
 
 def _streamed(
@@ -138,13 +142,9 @@ def _streamed(
     return dataset_fn
 
 
-def _streamed_blocks(
-    split: StreamedSplit, replicas: int, per_replica: int, pass_batches: int, seed: int, start_step: int, longest: int
-) -> tf.data.Dataset:
-    """The batches `train_dataset` gives one host's CPU replicas from `start_step` on, `longest` steps to an
-    element: [longest, replicas, per_replica, ...], replica r's pipeline (its share of the files) in slice r."""
-    first_pass, offset = divmod(start_step, pass_batches)
-    dataset_fn = _streamed(split, replicas, per_replica, pass_batches, seed, first_pass, offset)
+def _blocks(dataset_fn, replicas: int, longest: int) -> tf.data.Dataset:
+    """The batches `train_dataset` gives one host's CPU replicas (one input pipeline each), `longest` steps to
+    an element: [longest, replicas, per_replica, ...], replica r's pipeline in slice r."""
     pipelines = [dataset_fn(tf.distribute.InputContext(replicas, index, replicas)) for index in range(replicas)]
     steps = tf.data.Dataset.zip(tuple(pipelines)).map(
         lambda *batches: tuple(tf.stack(parts) for parts in zip(*batches, strict=True))
@@ -331,8 +331,7 @@ def make_feed(
     replicas = strategy.num_replicas_in_sync
     if isinstance(split, Split):
         return RowsFeed(split, replicas, global_batch, seed, start_step, longest)
-    pass_batches = batches_per_pass(split, global_batch, pipelines=input_pipelines(strategy))
-    blocks = _streamed_blocks(split, replicas, global_batch // replicas, pass_batches, seed, start_step, longest)
+    blocks = _blocks(_dataset_fn(strategy, split, global_batch, seed, start_step), replicas, longest)
     return BlocksFeed(blocks, longest)
 
 

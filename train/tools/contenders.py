@@ -312,7 +312,8 @@ def input_contender(name: str, settings: Settings, runtime: Runtime, data: Data,
     """The input pipeline alone, no step: the template's streamed feed as `fit` makes it, or (`tuned`) the tuned
     tf.data pipeline of the same files. Where the step dominates, rows 5 and 6 tie whatever the input does;
     these two compare the pipelines themselves."""
-    global_batch, longest = runtime.global_batch, settings.steps_per_call
+    global_batch = runtime.global_batch
+    longest = longest_call(settings, steps_per_epoch(settings, data, runtime))  # the blocks fit makes
     if tuned:
         feed = tuned_tfdata_feed(runtime, data, settings.seed)
     else:
