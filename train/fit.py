@@ -69,7 +69,7 @@ def agree(settings: Settings, runtime: Runtime, peers: SingleHost, dataset: Data
     facts = {
         "local replicas": len(runtime.devices),
         "examples": f"{spec.train_examples} train, {spec.eval_examples} eval",
-        "feature": f"{spec.feature_key} {list(spec.feature_shape)} {spec.feature_dtype}",
+        "inputs": spec.describe_inputs(),
         "label": f"{spec.label_key} {list(spec.label_shape)} {spec.label_dtype}",
     }
     recorded = read_run(settings.output_dir) if peers.is_chief else {}
@@ -177,7 +177,7 @@ def _start(settings: Settings, runtime: Runtime, peers: SingleHost, say: Say) ->
         say(line)
     steps_per_epoch(settings, data, runtime)  # a split under one global batch: before writing
     built = build(settings, data.spec, runtime.strategy)  # a model that breaks the contract: before writing
-    whole_call = gathers_in_step(runtime.strategy)  # the feed lets XLA compile the whole call
+    whole_call = gathers_in_step(runtime.strategy, data.spec.records)  # the feed lets XLA compile the whole call
     jit, why = _decide_xla(settings, runtime, peers, built, whole_call, decision.jit_compile)
     return Run(settings, runtime, peers, data, built, jit, why, say)
 
@@ -248,7 +248,10 @@ def _describe(run: Run, schedule: Schedule, start_step: int) -> str:
         )
     workers = f" on {runtime.workers} workers" if runtime.workers > 1 else ""
     where = "in memory" if data.in_memory else "streamed from the TFDS files"
-    if not gathers_in_step(runtime.strategy):
+    if data.spec.records:
+        made = "preprocessed" if data.spec.examples.preprocess else "decoded"
+        where += f" as the stored records, each {made} in tf.data"
+    if not gathers_in_step(runtime.strategy, data.spec.records):
         how = "fed by tf.data"
     else:
         how = "gathered inside the step" if data.in_memory else "read ahead a call at a time"

@@ -11,11 +11,8 @@ what was evaluated.
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.util
 import os
 import shutil
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +25,8 @@ import tensorflow as tf
 from train.data.source import DatasetSpec
 from train.errors import SettingsError, first_line
 from train.keras_seams import all_layers, build_metrics_and_loss, gradients_come_summed, inner_optimizers
-from train.settings import Settings, is_model_path
+from train.model_file import load_model_file
+from train.settings import Settings
 
 # A replica's random stream is the seed's, moved by this much per replica id: replicas and workers draw
 # different numbers (Dropout masks, augmentations), each reproducible from SEED.
@@ -77,34 +75,14 @@ class Built:
 
 def load_build_model(text: str):
     """MODEL's `build_model` function. Raises SettingsError."""
-    try:
-        if is_model_path(text):
-            path = Path(text).expanduser().resolve()
-            name = f"train_model_{path.stem}"
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module  # so the classes it defines can be found again by name
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(text)
-    except Exception as error:
-        raise SettingsError(
-            f"MODEL={text!r} could not be imported ({type(error).__name__}: {first_line(error, 200)})"
-        ) from None
-    build = getattr(module, "build_model", None)
-    if not callable(build):
-        raise SettingsError(
-            f"MODEL={text!r} has no build_model: define build_model(input_shape, num_classes, learning_rate) "
-            "returning a compiled keras.Model (see examples/mlp.py)"
-        )
-    return build
+    return load_model_file(text).build_model
 
 
 def _call_build_model(settings: Settings, spec: DatasetSpec) -> keras.Model:
     build = load_build_model(settings.model)
-    arguments = f"({spec.feature_shape}, {spec.num_classes}, {settings.learning_rate})"
+    arguments = f"({spec.input_shape}, {spec.num_classes}, {settings.learning_rate})"
     try:
-        network = build(spec.feature_shape, spec.num_classes, settings.learning_rate)
+        network = build(spec.input_shape, spec.num_classes, settings.learning_rate)
     except Exception as error:
         raise SettingsError(
             f"MODEL={settings.model!r}: build_model{arguments} raised {type(error).__name__}: {first_line(error, 240)}"
@@ -118,7 +96,25 @@ def _call_build_model(settings: Settings, spec: DatasetSpec) -> keras.Model:
             f"MODEL={settings.model!r}: build_model returned a model that is not compiled: call "
             "model.compile(optimizer=..., loss=..., metrics=[...]) before returning it"
         )
+    _check_input_names(settings, spec, network)
     return network
+
+
+def _check_input_names(settings: Settings, spec: DatasetSpec, network: keras.Model) -> None:
+    """A dict of inputs (preprocess's, or the columns) keyed as the model's keras.Inputs are named."""
+    if not isinstance(spec.inputs, dict):
+        return
+    try:
+        names = {tensor.name for tensor in network.inputs}
+    except (AttributeError, ValueError, TypeError):  # a subclassed model: no Inputs to name
+        return
+    given = set(spec.inputs)
+    if names != given:
+        source = "preprocess returns" if spec.examples.preprocess else f"FEATURE_KEY={spec.feature_key!r} has"
+        raise SettingsError(
+            f"MODEL={settings.model!r}: {source} inputs {sorted(given)} but the model's keras.Input names are "
+            f"{sorted(names)}: name each Input after its key"
+        )
 
 
 def _check_optimizer(settings: Settings, optimizer: keras.optimizers.Optimizer) -> None:
@@ -141,12 +137,18 @@ def _check_optimizer(settings: Settings, optimizer: keras.optimizers.Optimizer) 
 
 def _spec_batch(spec: DatasetSpec, model_input: bool) -> tuple[Any, Any]:
     """A symbolic batch of the dataset: as stored, or (`model_input`) as the network gets it, after scaling."""
+    labels = keras.KerasTensor((None, *spec.label_shape), spec.label_dtype)
+    if spec.inputs is not None:  # the general path: what preprocess (or the columns) gives
+        return tf.nest.map_structure(lambda s: keras.KerasTensor((None, *s.shape), s.dtype.name), spec.inputs), labels
     dtype = "float32" if model_input and spec.is_image else spec.feature_dtype
-    features = keras.KerasTensor((None, *spec.feature_shape), dtype)
-    return features, keras.KerasTensor((None, *spec.label_shape), spec.label_dtype)
+    return keras.KerasTensor((None, *spec.feature_shape), dtype), labels
 
 
 def _serving_model(network: keras.Model, spec: DatasetSpec) -> keras.Model:
+    """The model that trains and is exported: on the general path the fork's own (it gets what preprocess
+    returns, exactly); else an Input of the stored feature, named after it, and an image's scaling, in front."""
+    if spec.records:
+        return network
     inputs = keras.Input(shape=spec.feature_shape, dtype=spec.feature_dtype, name=spec.feature_key)
     features = keras.layers.Rescaling(1.0 / 255, name="scale_to_unit_range")(inputs) if spec.is_image else inputs
     return keras.Model(inputs, network(features), name=f"{network.name}_serving")
@@ -238,15 +240,36 @@ def use_averaged_weights(built: Built) -> None:
             each.finalize_variable_values(built.network.trainable_variables)
 
 
-def serving_signature(spec: DatasetSpec) -> tf.TensorSpec:
-    return tf.TensorSpec((None, *spec.feature_shape), spec.feature_dtype, name=spec.feature_key)
+def serving_endpoints(built: Built) -> list[tuple[str, Any, list[tf.TensorSpec]]]:
+    """(name, function, input signature) of each SavedModel endpoint, the default one first.
+
+    `serve` takes what clients have, each feature under its own name: the stored feature (a batch of it); on the
+    general path, each stored feature `preprocess` reads (an image as its JPEG or PNG bytes), run through
+    `preprocess(training=False)`, or the columns by name. With `preprocess`, `serve_inputs` takes what it returns."""
+    serving, spec = built.serving, built.spec
+    if not spec.records:
+        signature = [tf.TensorSpec((None, *spec.feature_shape), spec.feature_dtype, name=spec.feature_key)]
+        return [("serve", lambda features: serving(features, training=False), signature)]
+    serve, signature = spec.examples.serving_function(serving, spec.inputs)
+    endpoints = [("serve", serve, signature)]
+    if spec.examples.preprocess is not None:
+        if isinstance(spec.inputs, dict):
+            names = list(spec.inputs)
+            inputs = [tf.TensorSpec((None, *s.shape), s.dtype, name=name) for name, s in spec.inputs.items()]
+            endpoints.append(("serve_inputs", lambda *values: serving(dict(zip(names, values, strict=True)),
+                                                                        training=False), inputs))  # fmt: skip
+        else:
+            inputs = [tf.TensorSpec((None, *spec.inputs.shape), spec.inputs.dtype, name="inputs")]
+            endpoints.append(("serve_inputs", lambda values: serving(values, training=False), inputs))
+    return endpoints
 
 
 def export(built: Built, output_dir: Path) -> dict[str, str]:
     """`model.keras` for Keras and `saved_model/` for TF Serving, each replaced whole or not at all.
 
-    Both take the feature as stored (`spec.feature_key`, its shape and dtype) and call the model with
-    training=False: random layers (augmentation, dropout) are off in what is served."""
+    `model.keras` is the model that trained: on the stored feature (scaled in front of it), or on what
+    `preprocess` returns. `saved_model/`'s default signature takes what clients send (`serving_endpoints`).
+    Both call the model with training=False: random layers (augmentation, dropout) are off in what is served."""
     serving = built.serving
     keras_path = output_dir / "model.keras"
     staging_keras = output_dir / "model.tmp.keras"
@@ -258,11 +281,8 @@ def export(built: Built, output_dir: Path) -> dict[str, str]:
     shutil.rmtree(staging, ignore_errors=True)
     archive = keras.export.ExportArchive()
     archive.track(serving)
-    archive.add_endpoint(
-        name="serve",
-        fn=lambda features: serving(features, training=False),
-        input_signature=[serving_signature(built.spec)],
-    )
+    for name, function, signature in serving_endpoints(built):  # the first added is serving_default
+        archive.add_endpoint(name=name, fn=function, input_signature=signature)
     archive.write_out(str(staging), verbose=False)
     shutil.rmtree(saved_model, ignore_errors=True)
     os.replace(staging, saved_model)

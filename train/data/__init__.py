@@ -16,18 +16,20 @@ from train.data.feeds import (
     eval_dataset,
     eval_steps,
     gathers_in_step,
+    general_path,
     input_pipelines,
     make_feed,
     pass_order,
     train_dataset,
 )
-from train.data.source import Data, DatasetSpec, Split, StreamedSplit, TrainSplit
+from train.data.source import Data, DatasetSpec, RecordsSplit, Split, StreamedSplit, TrainSplit
 from train.devices.host_memory import available_memory_bytes, fits_in_memory, memory_note
 from train.settings import Settings
 
 __all__ = [
-    "BlocksFeed", "Data", "Dataset", "DatasetSpec", "Feed", "PipelineFeed", "RowsFeed", "Split", "StreamedSplit",
-    "TrainSplit", "batches_per_pass", "distribute", "eval_dataset", "eval_steps", "gathers_in_step", "input_pipelines",
+    "BlocksFeed", "Data", "Dataset", "DatasetSpec", "Feed", "PipelineFeed", "RecordsSplit", "RowsFeed", "Split",
+    "StreamedSplit", "TrainSplit", "batches_per_pass", "distribute", "eval_dataset", "eval_steps", "gathers_in_step",
+    "general_path", "input_pipelines",
     "load_data", "make_feed", "open_dataset", "pass_order", "train_dataset",
 ]  # fmt: skip
 
@@ -54,12 +56,14 @@ class Dataset:
 
 
 def open_dataset(settings: Settings) -> Dataset:
-    """Open DATASET, prepare it if needed and read its spec. Raises SettingsError."""
+    """Open DATASET, prepare it if needed and read its spec, with MODEL's `preprocess` where it defines one.
+    Raises SettingsError."""
     from train.data.source import inspect, open_builder, prepare
+    from train.model_file import load_model_file
 
     builder = open_builder(settings)
     prepare(builder, settings)
-    return Dataset(builder, inspect(builder, settings))
+    return Dataset(builder, inspect(builder, settings, preprocess=load_model_file(settings.model).preprocess))
 
 
 def load_data(settings: Settings) -> Data:

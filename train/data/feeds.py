@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from train.data.source import Split, StreamedSplit, TrainSplit
+from train.data.examples import EVAL_PASS
+from train.data.source import RecordsSplit, Split, StreamedSplit, TrainSplit
 from train.errors import SettingsError
 
 GATHER_BATCHES = 32  # training batches gathered by one op in the in-memory tf.data pipeline
@@ -85,26 +86,42 @@ def _dataset_fn(strategy, split: TrainSplit, global_batch: int, seed: int, start
     per_replica = global_batch // replicas
     if isinstance(split, StreamedSplit):
         return _streamed(split, replicas, per_replica, pass_batches, seed, first_pass, offset)
-    features, labels = split.tensors
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         local, first_replica = _local_replicas(replicas, context)
 
-        def pass_indices(pass_number):
+        def pass_rows(pass_number):
             order = pass_order(len(split), seed, pass_number)
             plan = tf.reshape(order[: pass_batches * global_batch], [pass_batches, replicas, per_replica])
-            ours = plan[:, first_replica : first_replica + local, :]
-            return tf.data.Dataset.from_tensor_slices(tf.reshape(ours, [pass_batches * local, per_replica]))
+            ours = tf.reshape(plan[:, first_replica : first_replica + local, :], [pass_batches * local, per_replica])
+            return tf.data.Dataset.from_tensor_slices((ours, tf.fill([pass_batches * local], pass_number)))
 
-        indices = tf.data.Dataset.range(first_pass, np.iinfo(np.int64).max).flat_map(pass_indices).skip(offset * local)
+        # Each element: one replica's batch of row numbers and its pass. A restart skips row numbers, nothing read.
+        rows = tf.data.Dataset.range(first_pass, np.iinfo(np.int64).max).flat_map(pass_rows).skip(offset * local)
+        if isinstance(split, RecordsSplit):
+            return _prepared(split.spec, rows.map(lambda index, number: (
+                tf.gather(split.records, index), index, tf.fill(tf.shape(index), number))), per_replica)  # fmt: skip
+        features, labels = split.tensors
         # One gather per GATHER_BATCHES batches, then handed out one by one: tf.data's cost is per element.
-        blocks = indices.batch(GATHER_BATCHES).map(
-            lambda index: (tf.gather(features, index), tf.gather(labels, index)),
+        blocks = rows.batch(GATHER_BATCHES).map(
+            lambda index, _: (tf.gather(features, index), tf.gather(labels, index)),
             num_parallel_calls=tf.data.AUTOTUNE,
         )
         return _no_copy(blocks.unbatch().prefetch(tf.data.AUTOTUNE))
 
     return dataset_fn
+
+
+def _prepared(spec, batches: tf.data.Dataset, per_replica: int, training: bool = True) -> tf.data.Dataset:
+    """The general path: batches of (stored records, positions, passes), already in their order and already
+    skipped to the resumed step, made into batches of `preprocess`'s (inputs, label), `per_replica` examples
+    each. Decoding and `preprocess` run one example at a time, in parallel, in order."""
+    examples = batches.unbatch().map(
+        lambda record, position, number: spec.examples.prepare(record, position, number, training),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
+    return _no_copy(examples.batch(per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
 
 
 def _streamed(
@@ -125,7 +142,10 @@ def _streamed(
         local_batch = local * per_replica
 
         def one_pass(pass_number):
-            return split.batches(index, count, seed, pass_number, local_batch).take(pass_batches)
+            batches = split.batches(index, count, seed, pass_number, local_batch).take(pass_batches)
+            if split.spec.records:  # (records, positions) and the pass, for each example's seed
+                return batches.map(lambda records, positions: (records, positions, tf.fill([local_batch], pass_number)))
+            return batches
 
         def per_replica_batches(features, labels):  # after batching: one vectorised op per batch
             return (
@@ -134,6 +154,8 @@ def _streamed(
             )
 
         batches = tf.data.Dataset.range(first_pass, np.iinfo(np.int64).max).flat_map(one_pass).skip(offset)
+        if split.spec.records:  # skipped as records: a resume decodes none of what it skips
+            return _prepared(split.spec, batches, per_replica)
         if local > 1:  # one replica's batch is the pipeline's batch already: no split, no per-batch work
             batches = batches.map(per_replica_batches, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
             batches = batches.unbatch()
@@ -312,21 +334,32 @@ class PipelineFeed:
 Feed = RowsFeed | BlocksFeed | PipelineFeed
 
 
-def gathers_in_step(strategy) -> bool:
+def gathers_in_step(strategy, records: bool) -> bool:
     """Whether the step gathers its batch from tensors the call is handed (`RowsFeed`, `BlocksFeed`): on the
-    CPU devices of one host, the split in memory or streamed. Then XLA can compile the whole call."""
+    CPU devices of one host, for one fixed-shape feature as stored (not the general path: `preprocess` runs in
+    tf.data), the split in memory or streamed. Then XLA can compile the whole call.
+
+    `records`: whether the examples take the general path (DatasetSpec.records)."""
+    if records:
+        return False
     return not _on_gpus(strategy) and not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+
+
+def general_path(split: TrainSplit) -> bool:
+    """Whether the split's examples are stored records, prepared one at a time (train.data.examples)."""
+    return isinstance(split, RecordsSplit) or (isinstance(split, StreamedSplit) and split.spec.records)
 
 
 def make_feed(
     strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int, longest: int, device_prefetch: int = 1
 ) -> Feed:
-    """On one host's CPU devices, rows gathered by the step (in memory) or blocks of a call's batches (streamed);
-    a tf.data pipeline otherwise.
+    """On one host's CPU devices, rows gathered by the step (in memory) or blocks of a call's batches (streamed):
+    the fast path of one fixed-shape feature as stored; a tf.data pipeline otherwise (GPUs, workers, and the
+    general path, where `preprocess` runs per example in tf.data).
 
     `longest`: the most steps a call takes (what the CPU feeds plan ahead for); `device_prefetch`: DEVICE_PREFETCH.
     """
-    if not gathers_in_step(strategy):
+    if not gathers_in_step(strategy, general_path(split)):
         return PipelineFeed(train_dataset(strategy, split, global_batch, seed, start_step, device_prefetch))
     replicas = strategy.num_replicas_in_sync
     if isinstance(split, Split):
@@ -345,6 +378,13 @@ def _share(rows, replica, replicas: int):
     go (a partial last batch leaves some replicas fewer rows, or none)."""
     rows = tf.cast(rows, tf.int64)
     return replica * rows // replicas, (replica + 1) * rows // replicas
+
+
+def _ordered_records(split: RecordsSplit | StreamedSplit) -> tf.data.Dataset:
+    """(stored record, position) of every example of a general-path split, in order."""
+    if isinstance(split, StreamedSplit):
+        return split.ordered_records()
+    return tf.data.Dataset.range(len(split)).map(lambda position: (split.records[position], position))
 
 
 def eval_dataset(strategy, split: TrainSplit, global_batch: int):
@@ -374,11 +414,17 @@ def eval_dataset(strategy, split: TrainSplit, global_batch: int):
         def ours(features, labels):
             def rows(replica):
                 start, end = _share(tf.shape(labels, tf.int64)[0], replica, replicas)
-                return features[start:end], labels[start:end]
+                return tf.nest.map_structure(lambda tensor: tensor[start:end], (features, labels))
 
             return tf.data.Dataset.range(first_replica, first_replica + local).map(rows)
 
-        batches = split.read(shuffle_files=False).batch(global_batch)
+        if general_path(split):  # preprocess(training=False) on each example, in order
+            batches = _no_copy(_ordered_records(split).map(
+                lambda record, position: split.spec.examples.prepare(record, position, EVAL_PASS, training=False),
+                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
+            ).batch(global_batch))  # fmt: skip
+        else:
+            batches = split.read(shuffle_files=False).batch(global_batch)
         return batches.flat_map(ours).prefetch(tf.data.AUTOTUNE)
 
     return distribute(strategy, dataset_fn), steps

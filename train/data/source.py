@@ -1,9 +1,11 @@
 """TFDS in: open DATASET, prepare it if it must be, say what its splits hold, and read them.
 
 A split is held in memory as TFDS stores it (a uint8 image stays one byte a value) or streamed from the
-prepared files. In memory, each split is read once into one 64-byte-aligned NumPy buffer and handed to
-TensorFlow without a copy (DLPack): `tf.constant` of an array costs twice its size, and TensorFlow needs
-the alignment. The first read is cached beside the prepared files, so later runs load in milliseconds.
+prepared files. In memory, a fixed-shape feature's split is read once into one 64-byte-aligned NumPy buffer
+and handed to TensorFlow without a copy (DLPack): `tf.constant` of an array costs twice its size, and
+TensorFlow needs the alignment. The first read is cached beside the prepared files, so later runs load in
+milliseconds. Where examples go through `preprocess` or are a dict of columns (the general path,
+train.data.examples), a split in memory is its stored records: the serialized examples, images encoded.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from train.data.examples import BYTES_SUFFIX, Examples, named, probe, random_record
 from train.errors import SettingsError, first_line
+from train.model_file import RESNET_EXAMPLE
 from train.settings import Settings
 
 READ_BYTES = 16 << 20  # a split is read into memory in chunks of about this many bytes (a transient copy)
@@ -49,12 +53,38 @@ class DatasetSpec:
     num_classes: int | None  # a ClassLabel's count, k for a (k,) label, None for a scalar value (regression)
     train_examples: int
     eval_examples: int
+    # The general path (preprocess, or a dict of columns): how a stored record becomes (inputs, label), and
+    # what the model gets of one example (a tf.TensorSpec, or a dict of them by Input name). None: the feature
+    # as stored (scaled to [0, 1] for an image).
+    examples: Examples | None = None
+    inputs: Any = None
+    record_bytes: int = 0  # the general path: a stored record's bytes, on average
+
+    @property
+    def records(self) -> bool:
+        """Whether examples take the general path: stored records, decoded and prepared one at a time."""
+        return self.examples is not None
+
+    @property
+    def input_shape(self) -> Any:
+        """`build_model`'s `input_shape`: a tuple, or a dict of Input name to tuple."""
+        if self.inputs is None:
+            return self.feature_shape
+        return tf.nest.map_structure(lambda spec: tuple(spec.shape.as_list()), self.inputs)
 
     @property
     def example_bytes(self) -> int:
-        """One example, feature and label, as stored (and as held in memory)."""
+        """One example as held in memory: feature and label as stored, or its stored record."""
+        if self.records:
+            return self.record_bytes
         feature = int(np.prod(self.feature_shape, dtype=np.int64)) * np.dtype(self.feature_dtype).itemsize
         return feature + int(np.prod(self.label_shape, dtype=np.int64)) * np.dtype(self.label_dtype).itemsize
+
+    def describe_inputs(self) -> str:
+        """The model's input in a few words: the stored feature, or each of what `preprocess` returns."""
+        if self.inputs is None:
+            return f"{self.feature_key} {list(self.feature_shape)} {self.feature_dtype}"
+        return ", ".join(f"{path} {spec.shape.as_list()} {spec.dtype.name}" for path, spec in named(self.inputs))
 
     @property
     def held_bytes(self) -> int:
@@ -65,6 +95,7 @@ class DatasetSpec:
         return {
             "name": self.name,
             "feature": {"key": self.feature_key, "shape": list(self.feature_shape), "dtype": self.feature_dtype},
+            "inputs": self.describe_inputs(),
             "scaled_to_unit_range": self.is_image,
             "label": {"key": self.label_key, "shape": list(self.label_shape), "dtype": self.label_dtype},
             "num_classes": self.num_classes,
@@ -88,6 +119,17 @@ class Split:
         """(features, labels) sharing the arrays' memory: no copy, whatever their size."""
         with tf.device("/cpu:0"):
             return _shared_tensor(self.features), _shared_tensor(self.labels)
+
+
+class RecordsSplit:
+    """A split held in memory as its stored records (the general path): one serialized example a row, in the
+    order TFDS lists them, so row i is the example at position i of the split, as when it is streamed."""
+
+    def __init__(self, records: tf.Tensor, spec: DatasetSpec) -> None:
+        self.records, self.spec = records, spec
+
+    def __len__(self) -> int:
+        return int(self.records.shape[0])
 
 
 def _shared_tensor(array: np.ndarray) -> tf.Tensor:
@@ -125,9 +167,12 @@ class StreamedSplit:
 
     def read(self, shuffle_files: bool, seed: int = 0) -> tf.data.Dataset:
         """(feature, label) pairs as stored, through TFDS (evaluation, and formats other than TFRecord);
-        with `shuffle_files`, the files in one fixed order drawn from `seed`."""
+        with `shuffle_files`, the files in one fixed order drawn from `seed`. On the general path: (stored
+        record, position) in order."""
         import tensorflow_datasets as tfds
 
+        if self.spec.records:
+            return self.ordered_records()
         # try_autocache=False: TFDS would otherwise keep a small split in memory after a pass (a streamed one too)
         read_config = tfds.ReadConfig(shuffle_seed=seed, shuffle_reshuffle_each_iteration=False, try_autocache=False)
         dataset = self.builder.as_dataset(split=self.split, shuffle_files=shuffle_files, read_config=read_config)
@@ -140,6 +185,22 @@ class StreamedSplit:
         return tuple(
             (i.filename, int(i.skip), int(i.take)) for i in self.builder.info.splits[self.split].file_instructions
         )
+
+    @cached_property
+    def first_position(self) -> dict[tuple[str, int], int]:
+        """Each (file, first record) of `files`: the position in the split of its first record."""
+        positions, first = {}, 0
+        for name, skip, take in self.files:
+            positions[name, skip] = first
+            first += take
+        return positions
+
+    def ordered_records(self) -> tf.data.Dataset:
+        """(stored record, position) of every example, in order: evaluation's, on the general path."""
+        names, skips, takes = (tf.constant(list(column)) for column in zip(*self.files, strict=True))
+        files = tf.data.Dataset.from_tensor_slices((names, tf.cast(skips, tf.int64), tf.cast(takes, tf.int64)))
+        records = files.flat_map(lambda name, skip, take: tf.data.TFRecordDataset(name).skip(skip).take(take))
+        return tf.data.Dataset.zip(records, tf.data.Dataset.range(self.examples))
 
     @property
     def as_records(self) -> bool:
@@ -175,15 +236,18 @@ class StreamedSplit:
         names = tf.constant([name for name, _, _ in files])
         skips = tf.constant([skip for _, skip, _ in files], tf.int64)
         takes = tf.constant([take for _, _, take in files], tf.int64)
+        firsts = tf.constant([self.first_position[name, skip] for name, skip, _ in files], tf.int64)
         order = tf.random.experimental.stateless_shuffle(tf.range(len(files)), seed=seed)
         chosen = tf.data.Dataset.from_tensor_slices(
-            (tf.gather(names, order), tf.gather(skips, order), tf.gather(takes, order))
+            tuple(tf.gather(each, order) for each in (names, skips, takes, firsts))
         )
 
-        def chunks(name, skip, take):
+        def chunks(name, skip, take, first):
             records = tf.data.TFRecordDataset(name).skip(skip).take(take)
             # a file with fewer records than its info lists (damaged, truncated) is an error, not a short pass
             records = records.apply(tf.data.experimental.assert_cardinality(take))
+            if self.spec.records:  # each record with its place in the split: what its examples' seeds derive from
+                records = tf.data.Dataset.zip(records, tf.data.Dataset.range(first, first + take))
             return records.batch(RECORD_CHUNK).shard(count, index)
 
         return chosen.interleave(
@@ -203,18 +267,18 @@ class StreamedSplit:
         else:
             files, _ = self.share(index, count)
             shared = len(self.files) < count  # fewer files than pipelines: they share the files, chunk by chunk
-            examples = self._decoded(
-                self._records(files, seeds, index if shared else 0, count if shared else 1), window
-            )
+            records = self._records(files, seeds, index if shared else 0, count if shared else 1)
+            # The general path shuffles the stored records (and their positions): decoding comes after.
+            examples = records.rebatch(window) if self.spec.records else self._decoded(records, window)
 
-        def shuffled_batches(number, decoded):
-            features, labels = decoded
+        def shuffled_batches(number, window_examples):
+            size = tf.shape(window_examples[1])[0]
             order = tf.random.experimental.stateless_shuffle(
-                tf.range(tf.shape(labels)[0]), seed=tf.stack([seeds[0], seeds[1] * 65_537 + number])
+                tf.range(size), seed=tf.stack([seeds[0], seeds[1] * 65_537 + number])
             )
-            whole = tf.shape(labels)[0] // batch * batch
-            rows = tf.reshape(order[:whole], [-1, batch])  # one gather per batch: [batches, batch, ...]
-            return tf.gather(features, rows), tf.gather(labels, rows)
+            # one gather per batch: [batches, batch, ...]
+            rows = tf.reshape(order[: size // batch * batch], [-1, batch])
+            return tuple(tf.gather(each, rows) for each in window_examples)
 
         windows = examples.enumerate().map(shuffled_batches, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return windows.unbatch()
@@ -254,7 +318,7 @@ def _example_spec(info) -> tf.io.FixedLenFeature:
     return tf.io.FixedLenFeature(info.shape, kind)
 
 
-TrainSplit = Split | StreamedSplit
+TrainSplit = Split | RecordsSplit | StreamedSplit
 
 
 @dataclass(frozen=True)
@@ -272,7 +336,7 @@ class Data:
 
     @property
     def in_memory(self) -> bool:
-        return isinstance(self.train, Split)
+        return not isinstance(self.train, StreamedSplit)
 
 
 def open_builder(settings: Settings):
@@ -445,21 +509,83 @@ def _fixed_tensor(feature, setting: str, key: str, dataset: str) -> tuple[tuple[
     shape, dtype = getattr(feature, "shape", None), getattr(feature, "np_dtype", None)
     if not isinstance(shape, tuple) or dtype is None:
         raise SettingsError(
-            f"{setting}={key!r} of {dataset} is a {type(feature).__name__}, not one tensor: name a feature that is"
+            f"{setting}={key!r} of {dataset} is a {type(feature).__name__}, not one tensor: name a feature that is, "
+            f"or define preprocess in your MODEL file to make the model's inputs from it (see {RESNET_EXAMPLE})"
         )
     if any(dim is None for dim in shape):
         raise SettingsError(
-            f"{setting}={key!r} of {dataset} has a variable shape {shape}: the template trains on fixed-shape "
-            "features (pad or resize them in a dataset of your own)"
+            f"{setting}={key!r} of {dataset} has a variable shape {shape}: define preprocess in your MODEL file "
+            f"to crop or resize it to a fixed shape (see {RESNET_EXAMPLE})"
         )
     dtype = np.dtype(dtype)
     if dtype.kind not in "biuf":
-        raise SettingsError(f"{setting}={key!r} of {dataset} holds {dtype.name} values: use a numeric feature")
+        raise SettingsError(
+            f"{setting}={key!r} of {dataset} holds {dtype.name} values: use a numeric feature, or define preprocess "
+            f"in your MODEL file to make numbers of it (see {RESNET_EXAMPLE})"
+        )
     return tuple(int(dim) for dim in shape), dtype.name
 
 
-def inspect(builder, settings: Settings, count: bool = True) -> DatasetSpec:
-    """The spec of TRAIN_SPLIT and EVAL_SPLIT: keys, shapes, dtypes, label kind, counts. Raises SettingsError.
+def _label(builder, settings: Settings, label_key: str) -> tuple[tuple[int, ...], str, int | None]:
+    """The label's stored shape, dtype and `num_classes`. Raises SettingsError."""
+    import tensorflow_datasets as tfds
+
+    label = builder.info.features[label_key]
+    label_shape, label_dtype = _fixed_tensor(label, "LABEL_KEY", label_key, settings.dataset)
+    if isinstance(label, tfds.features.ClassLabel):
+        return label_shape, label_dtype, int(label.num_classes)
+    if len(label_shape) == 1:
+        return label_shape, label_dtype, label_shape[0]  # a multi-hot vector over k classes
+    if label_shape == ():
+        return label_shape, label_dtype, None  # a value: regression
+    raise SettingsError(
+        f"LABEL_KEY={label_key!r} of {settings.dataset} has shape {label_shape}: use a class label, a scalar "
+        "value or a (k,) multi-hot vector"
+    )
+
+
+def _general_path(builder, settings: Settings, feature_key: str, label_key: str, preprocess) -> Examples | None:
+    """The general path's Examples where MODEL defines `preprocess` or FEATURE_KEY is a dict of columns."""
+    import tensorflow_datasets as tfds
+
+    feature = builder.info.features[feature_key]
+    if preprocess is None and not isinstance(feature, tfds.features.FeaturesDict):
+        return None
+    if preprocess is None:
+        for column, each in feature.items():
+            _fixed_tensor(each, "FEATURE_KEY", f"{feature_key}/{column}", settings.dataset)
+    if preprocess is not None:
+        clashes = [key + BYTES_SUFFIX for key in builder.info.features if key + BYTES_SUFFIX in builder.info.features]
+        if clashes:
+            raise SettingsError(f"DATASET={settings.dataset!r} has a feature {clashes[0]!r}, the name under which "
+                                "preprocess gets an image's stored bytes: rename it in your builder")  # fmt: skip
+    return Examples(builder.info.features, feature_key, label_key, preprocess, settings.model, settings.seed)
+
+
+def _first_record(builder, split: str) -> bytes:
+    """The split's first stored record where it is prepared as TFRecord files, else a random one of its features."""
+    import tensorflow_datasets as tfds
+
+    with contextlib.suppress(Exception):  # not prepared, or not TFRecords: a random example of the features
+        if builder.info.file_format == tfds.core.FileFormat.TFRECORD:
+            first = builder.info.splits[split].file_instructions[0]
+            records = tf.data.TFRecordDataset(first.filename).skip(first.skip)
+            return next(iter(records)).numpy()
+    return random_record(builder.info.features, np.random.default_rng(0))
+
+
+def _record_bytes(builder, split: str) -> int:
+    """A stored record's bytes on average, from the dataset's info (the split's bytes over its examples)."""
+    info = builder.info.splits.get(re.split(r"[\[+]", split)[0]) if builder.info.splits else None
+    if info is None or not info.num_examples:
+        return 1
+    return max(1, int(info.num_bytes) // int(info.num_examples))
+
+
+def inspect(builder, settings: Settings, count: bool = True, preprocess=None) -> DatasetSpec:
+    """The spec of TRAIN_SPLIT and EVAL_SPLIT: keys, shapes, dtypes, label kind, counts, and with MODEL's
+    `preprocess` (or a dict of columns) what the model gets, found by running it on one example. Raises
+    SettingsError.
 
     `count=False`: from the dataset's info alone, for a dataset that may not be prepared (counts 0 if unlisted)."""
     import tensorflow_datasets as tfds
@@ -468,20 +594,16 @@ def inspect(builder, settings: Settings, count: bool = True) -> DatasetSpec:
     eval_examples = _split_examples(builder, "EVAL_SPLIT", settings.eval_split)
     feature_key, label_key = _feature_keys(builder, settings)
     features = builder.info.features
-    feature_shape, feature_dtype = _fixed_tensor(features[feature_key], "FEATURE_KEY", feature_key, settings.dataset)
-    label = features[label_key]
-    label_shape, label_dtype = _fixed_tensor(label, "LABEL_KEY", label_key, settings.dataset)
-    if isinstance(label, tfds.features.ClassLabel):
-        num_classes = int(label.num_classes)
-    elif len(label_shape) == 1:
-        num_classes = label_shape[0]  # a multi-hot vector over k classes
-    elif label_shape == ():
-        num_classes = None  # a value: regression
+    examples = _general_path(builder, settings, feature_key, label_key, preprocess)
+    label_shape, label_dtype, num_classes = _label(builder, settings, label_key)
+    inputs = None
+    if examples is not None:
+        feature_shape, feature_dtype = (), "string"  # stored records
+        inputs, label = probe(examples, _first_record(builder, settings.train_split))
+        label_shape, label_dtype = tuple(label.shape.as_list()), label.dtype.name
     else:
-        raise SettingsError(
-            f"LABEL_KEY={label_key!r} of {settings.dataset} has shape {label_shape}: use a class label, a scalar "
-            "value or a (k,) multi-hot vector"
-        )
+        feature = features[feature_key]
+        feature_shape, feature_dtype = _fixed_tensor(feature, "FEATURE_KEY", feature_key, settings.dataset)
     if (train_examples is None or eval_examples is None) and count:  # not listed: count them (once, by reading)
         train_examples, eval_examples = (_count(builder, s) for s in (settings.train_split, settings.eval_split))
     return DatasetSpec(
@@ -490,12 +612,15 @@ def inspect(builder, settings: Settings, count: bool = True) -> DatasetSpec:
         label_key=label_key,
         feature_shape=feature_shape,
         feature_dtype=feature_dtype,
-        is_image=isinstance(features[feature_key], tfds.features.Image) and feature_dtype == "uint8",
+        is_image=not examples and isinstance(features[feature_key], tfds.features.Image) and feature_dtype == "uint8",
         label_shape=label_shape,
         label_dtype=label_dtype,
         num_classes=num_classes,
         train_examples=train_examples or 0,
         eval_examples=eval_examples or 0,
+        examples=examples,
+        inputs=inputs,
+        record_bytes=_record_bytes(builder, settings.train_split) if examples is not None else 0,
     )
 
 
@@ -614,13 +739,36 @@ def _write_cache(path: Path | None, arrays: tuple[np.ndarray, np.ndarray]) -> No
 def load(builder, spec: DatasetSpec, settings: Settings, in_memory: bool, notes: tuple[str, ...] = ()) -> Data:
     """Both splits, held in memory or streamed. Raises SettingsError."""
     splits = ((settings.train_split, spec.train_examples), (settings.eval_split, spec.eval_examples))
-    if in_memory:
+    if in_memory and not spec.records:
         train, evaluation = (read_split(builder, spec, split, examples) for split, examples in splits)
-    else:
-        train, evaluation = (StreamedSplit(builder, split, spec, examples) for split, examples in splits)
-        for streamed in (train, evaluation):
-            _check_readable(streamed)
+        return Data(spec, train, evaluation, notes)
+    train, evaluation = (StreamedSplit(builder, split, spec, examples) for split, examples in splits)
+    for streamed in (train, evaluation):
+        if spec.records and not streamed.as_records:
+            raise SettingsError(
+                f"DATASET={settings.dataset!r} is stored as {builder.info.file_format.value}: preprocess and dicts of "
+                "columns read TFRecord files (TFDS's default file_format): prepare it with file_format=tfrecord"
+            )
+        _check_readable(streamed)
+    if in_memory:
+        train, evaluation = read_records(train), read_records(evaluation)
     return Data(spec, train, evaluation, notes)
+
+
+def read_records(split: StreamedSplit) -> RecordsSplit:
+    """The split's stored records in memory, in order (the general path). Raises SettingsError."""
+    records = np.empty(split.examples, dtype=object)
+    filled = 0
+    try:
+        for chunk in split.ordered_records().map(lambda record, _: record).batch(4096).as_numpy_iterator():
+            records[filled : filled + len(chunk)] = chunk
+            filled += len(chunk)
+    except (tf.errors.OpError, OSError, ValueError) as error:
+        raise damaged(split.builder, error) from None
+    if filled != split.examples:
+        raise damaged(split.builder, OSError(f"{filled} examples read of the {split.examples} its info lists"))
+    with tf.device("/cpu:0"):
+        return RecordsSplit(tf.constant(records, tf.string), split.spec)
 
 
 def _check_readable(split: StreamedSplit) -> None:

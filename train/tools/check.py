@@ -95,7 +95,7 @@ def check(
     for note in (*runtime.notes, *data.notes):
         say(note)
     built = build(settings, data.spec, runtime.strategy)
-    whole_call = gathers_in_step(runtime.strategy)
+    whole_call = gathers_in_step(runtime.strategy, data.spec.records)
     jit, why = choose_xla(settings.jit_compile, runtime, whole_call, built.convolutional, built.layer_without_xla())
     try:  # where XLA can compile the step, both are timed
         choose_xla("true", runtime, whole_call, built.convolutional, built.layer_without_xla())

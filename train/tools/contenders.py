@@ -46,7 +46,7 @@ class Contender:
 
 def template_xla(settings: Settings, runtime: Runtime, built) -> tuple[bool, str]:
     """XLA as `fit` decides it for this model on these devices."""
-    whole_call = gathers_in_step(runtime.strategy)
+    whole_call = gathers_in_step(runtime.strategy, built.spec.records)
     return choose_xla(settings.jit_compile, runtime, whole_call, built.convolutional, built.layer_without_xla())
 
 
@@ -60,7 +60,7 @@ def loop_contender(name: str, settings: Settings, runtime: Runtime, data: Data, 
     longest = longest_call(settings, per_epoch)
     feed = (feed_for or (lambda: make_feed(runtime.strategy, data.train, global_batch, settings.seed, 0, longest,
                                            settings.device_prefetch)))()  # fmt: skip
-    jit = jit and (feed.compilable or not gathers_in_step(runtime.strategy))
+    jit = jit and (feed.compilable or not gathers_in_step(runtime.strategy, data.spec.records))
     calls = make_train_calls(built, runtime.strategy, feed, global_batch, jit)
     step = 0  # goes on from one measurement to the next, as a run's step does
 

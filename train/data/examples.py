@@ -1,0 +1,267 @@
+"""The general input path: one stored example at a time, decoded and made into the model's (inputs, label).
+
+Used where the model's input is not one fixed-shape tensor as TFDS stores it: the MODEL file defines
+`preprocess(example, training, seed)`, or FEATURE_KEY names a FeaturesDict of columns. The pipelines hold and
+shuffle the stored records (serialized tf.train.Examples: an image stays its JPEG or PNG bytes), skip and
+shard them, and only then decode and prepare each one (train.data.feeds), so a shuffle buffer holds bytes and a
+resume decodes none of the examples it skips. The same `Examples.prepare` runs in training, in evaluation and,
+for one batch of what a client sends, in the export (`serving_function`).
+
+Each example's seed is `stateless_fold_in((SEED, pass), position)`: a function of the seed, the pass and the
+example's place in the split, whatever the topology, the order or the step a run resumed at.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from train.errors import SettingsError, first_line
+from train.model_file import RESNET_EXAMPLE
+
+BYTES_SUFFIX = "_bytes"  # example["image_bytes"]: an image feature's stored bytes, beside the decoded image
+EVAL_PASS = -1  # the `pass` of an evaluation's (and the export's) seeds: no training pass draws them
+
+
+def example_seed(seed: int, pass_number, position) -> tf.Tensor:
+    """The (2,) int64 seed `preprocess` gets: different for every example and pass, the same wherever it runs."""
+    base = tf.stack([tf.constant(seed, tf.int64), tf.cast(pass_number, tf.int64)])
+    return tf.random.experimental.stateless_fold_in(base, tf.cast(position, tf.int64))
+
+
+def named(structure) -> list[tuple[str, Any]]:
+    """(name, leaf) of inputs: a dict's entries by key, a single tensor as "inputs"."""
+    if isinstance(structure, dict):
+        return [(str(key), value) for key, value in structure.items()]
+    return [("inputs", structure)]
+
+
+@contextlib.contextmanager
+def float32_policy() -> Iterator[None]:
+    """Keras layers made while `preprocess` is traced compute in float32: a mixed-precision policy changes the
+    model's compute, never what `preprocess` returns (a Resizing layer would otherwise give bfloat16)."""
+    import keras
+
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("float32")
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(policy)
+
+
+class _Reads(dict):
+    """An example that notes which features `preprocess` reads: those the export's default signature takes."""
+
+    def __init__(self, example: dict, read: set[str]) -> None:
+        super().__init__(example)
+        self.read = read
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+
+@dataclass
+class Examples:
+    """How one stored record becomes what the model gets.
+
+    `features`: the dataset's TFDS FeaturesDict; `preprocess`: MODEL's, or None (then the inputs are the
+    FEATURE_KEY's dict of columns as stored)."""
+
+    features: Any = field(repr=False)
+    feature_key: str
+    label_key: str
+    preprocess: Callable | None
+    model: str  # MODEL, for the messages
+    seed: int = 0
+    read: set[str] = field(default_factory=set)  # the features `preprocess` reads (found when first traced)
+
+    @property
+    def images(self) -> tuple[str, ...]:
+        """The top-level image features: stored encoded, decoded here (TFDS's SkipDecoding hands their bytes)."""
+        import tensorflow_datasets as tfds
+
+        return tuple(key for key, feature in self.features.items() if isinstance(feature, tfds.features.Image))
+
+    def decode(self, record: tf.Tensor) -> dict[str, Any]:
+        """A serialized example as TFDS decodes it, each image also as its stored bytes (`<key>_bytes`)."""
+        import tensorflow_datasets as tfds
+
+        decoders = {key: tfds.decode.SkipDecoding() for key in self.images}
+        return self.with_images(self.features.deserialize_example(record, decoders=decoders))
+
+    def with_images(self, example: dict[str, Any]) -> dict[str, Any]:
+        """Images as stored bytes -> decoded (JPEG or PNG, told from the bytes), the bytes kept beside them.
+        A `preprocess` that reads only the bytes costs no decoding: TensorFlow prunes what nothing uses."""
+        example = dict(example)
+        for key in self.images:
+            encoded = example[key]
+            example[key] = self.features[key].decode_example(encoded)
+            example[key + BYTES_SUFFIX] = encoded
+        return example
+
+    def call(self, example: dict[str, Any], training: bool, seed: tf.Tensor) -> tuple[Any, tf.Tensor]:
+        """(inputs, label) of a decoded example: `preprocess`'s, or the columns of FEATURE_KEY as stored."""
+        if self.preprocess is None:
+            return example[self.feature_key], example[self.label_key]
+        with float32_policy():
+            result = self.preprocess(_Reads(example, self.read), training, seed)
+        if not (isinstance(result, tuple | list) and len(result) == 2):
+            raise SettingsError(
+                f"MODEL={self.model!r}: preprocess returned {type(result).__name__}, not (inputs, label) (see "
+                f"{RESNET_EXAMPLE})"
+            )
+        return tuple(result)
+
+    def prepare(self, record, position, pass_number, training: bool) -> tuple[Any, tf.Tensor]:
+        """A stored record, its place in the split and the pass -> (inputs, label)."""
+        return self.call(self.decode(record), training, example_seed(self.seed, pass_number, position))
+
+    def served(self) -> dict[str, tf.TensorSpec]:
+        """What the export's default signature takes, one example: each stored feature `preprocess` reads (all of
+        FEATURE_KEY's columns without it), under its own name; an image as its encoded bytes; a FeaturesDict's
+        columns each under the column's name."""
+        import tensorflow_datasets as tfds
+
+        keys = sorted(self.read - {self.label_key}) if self.preprocess else [self.feature_key]
+        stored = {key.removesuffix(BYTES_SUFFIX) if key.removesuffix(BYTES_SUFFIX) in self.images else key
+                  for key in keys}  # fmt: skip
+        served: dict[str, tf.TensorSpec] = {}
+        for key in sorted(stored):
+            feature = self.features[key]
+            if key in self.images:
+                served[key] = tf.TensorSpec((), tf.string, name=key)
+            elif isinstance(feature, tfds.features.FeaturesDict):
+                for column, info in feature.get_tensor_info().items():
+                    served[column] = tf.TensorSpec(info.shape, info.tf_dtype, name=column)
+            else:
+                info = feature.get_tensor_info()
+                served[key] = tf.TensorSpec(info.shape, info.tf_dtype, name=key)
+        return served
+
+    def serving_function(self, model, inputs_spec) -> tuple[Callable, list[tf.TensorSpec]]:
+        """A function of a batch of what `served` lists (positional, in its order) that runs `prepare`'s
+        evaluation path on each example and then `model(training=False)`; and its input signature."""
+        import tensorflow_datasets as tfds
+
+        served = self.served()
+        names = list(served)
+        columns = {name: key for key, feature in self.features.items()
+                   if isinstance(feature, tfds.features.FeaturesDict) for name in feature}  # fmt: skip
+        label_info = self.features[self.label_key].get_tensor_info()
+
+        def one(row: dict[str, tf.Tensor]):
+            example: dict[str, Any] = {}
+            for name, value in row.items():
+                if name in columns and columns[name] not in row:
+                    example.setdefault(columns[name], {})[name] = value
+                else:
+                    example[name] = value
+            example[self.label_key] = tf.zeros(label_info.shape, label_info.tf_dtype)  # read, never used
+            example = self.with_images({key: value for key, value in example.items()})
+            inputs, _ = self.call(example, False, example_seed(self.seed, EVAL_PASS, 0))
+            return inputs
+
+        def serve(*batch):
+            prepared = tf.map_fn(one, dict(zip(names, batch, strict=True)), fn_output_signature=inputs_spec)
+            return model(prepared, training=False)
+
+        signature = [tf.TensorSpec((None, *spec.shape), spec.dtype, name=name) for name, spec in served.items()]
+        return serve, signature
+
+
+def check_outputs(examples: Examples, element_spec, training: bool) -> tuple[Any, tf.TensorSpec]:
+    """`preprocess`'s (inputs, label) spec, refused where the model cannot take it. Raises SettingsError."""
+    inputs, label = element_spec
+    where = f"MODEL={examples.model!r}: preprocess(training={training})" if examples.preprocess else (
+        f"FEATURE_KEY={examples.feature_key!r}")  # fmt: skip
+    if isinstance(inputs, dict) and not all(isinstance(key, str) for key in inputs):
+        raise SettingsError(f"{where} returns inputs keyed by {sorted(map(repr, inputs))}: key them by Input name")
+    if not isinstance(inputs, dict) and not isinstance(inputs, tf.TensorSpec):
+        raise SettingsError(
+            f"{where} returns inputs of type {type(inputs).__name__}: return a tensor, or a dict of tensors keyed "
+            "by the model's keras.Input names"
+        )
+    for path, spec in [*named(inputs), ("label", label)]:
+        if not isinstance(spec, tf.TensorSpec):
+            raise SettingsError(f"{where} returns {path} as a {type(spec).__name__}: return tensors")
+        if spec.dtype == tf.string:
+            raise SettingsError(
+                f"{where} returns {path} as strings (shape {tuple(spec.shape)}): a model input must be numeric "
+                "(decode it in preprocess; strings cannot be copied to a GPU replica)"
+            )
+        if not spec.shape.is_fully_defined():
+            raise SettingsError(
+                f"{where} returns {path} of variable shape {_shape(spec)}: every output needs a fixed shape "
+                f"(resize or crop it to a constant size, as {RESNET_EXAMPLE} does)"
+            )
+    return inputs, label
+
+
+def _shape(spec: tf.TensorSpec) -> str:
+    return "(" + ", ".join("None" if dim is None else str(dim) for dim in spec.shape.as_list()) + ")"
+
+
+def probe(examples: Examples, record: bytes) -> tuple[Any, tf.TensorSpec]:
+    """(inputs spec, label spec) of one example, from `preprocess` run on `record` (a stored example) in training
+    and in evaluation: both must give the same fixed shapes and dtypes. Raises SettingsError."""
+    specs = []
+    for training in (True, False):
+        records = tf.data.Dataset.from_tensors(tf.constant(record))
+        try:
+            dataset = records.map(lambda r, training=training: examples.prepare(r, 0, 0, training))
+            specs.append(check_outputs(examples, dataset.element_spec, training))
+            next(iter(dataset))  # what only running shows: a failed decode, an assertion
+        except SettingsError:
+            raise
+        except Exception as error:
+            what = "preprocess" if examples.preprocess else f"decoding FEATURE_KEY={examples.feature_key!r}"
+            raise SettingsError(
+                f"MODEL={examples.model!r}: {what} (training={training}) raised {type(error).__name__}: "
+                f"{first_line(error, 240)}"
+            ) from None
+    if specs[0] != specs[1]:
+        raise SettingsError(
+            f"MODEL={examples.model!r}: preprocess returns {_describe(specs[0])} in training but "
+            f"{_describe(specs[1])} in evaluation: return the same shapes and dtypes in both"
+        )
+    return specs[0]
+
+
+def _describe(spec) -> str:
+    inputs, label = spec
+    return ", ".join(f"{path} {_shape(s)} {s.dtype.name}" for path, s in [*named(inputs), ("label", label)])
+
+
+def random_record(features, rng: np.random.Generator) -> bytes:
+    """A serialized example of random values of the features' shapes and dtypes (images of a random size): what
+    the spec is found from where the dataset is not prepared (the fork's contract test)."""
+    import tensorflow_datasets as tfds
+
+    def value(feature):
+        if isinstance(feature, tfds.features.FeaturesDict):
+            return {key: value(each) for key, each in feature.items()}
+        if isinstance(feature, tfds.features.ClassLabel):
+            return int(rng.integers(feature.num_classes))
+        if isinstance(feature, tfds.features.Text):
+            return "text"
+        info = feature.get_tensor_info()
+        shape = tuple(int(rng.integers(24, 48)) if dim is None else dim for dim in info.shape)
+        dtype = np.dtype(info.np_dtype)
+        if dtype.kind == "f":
+            return rng.normal(size=shape).astype(dtype)
+        if dtype.kind == "b":
+            return rng.integers(0, 2, size=shape).astype(bool)
+        return rng.integers(0, 2 if dtype != np.uint8 else 256, size=shape).astype(dtype)
+
+    return features.serialize_example(value(features))

@@ -1,0 +1,86 @@
+"""`synthetic_photos`: RGB images of varying size stored as JPEG in 10 classes, a TFDS builder that needs no
+network (the shape of tf_flowers or imagenette, small).
+
+Each image is 40 to 120 pixels high and, independently, as wide. Each class is a colour and a pattern
+(stripes, checks, rings, plain) over the whole image, under noise, a random period and phase and a random
+brightness: a crop of any part of it, flipped or not, keeps its class, so it suits the random-resized crops
+of examples/resnet.py. Generated locally and deterministically, stored as TFDS stores photos (JPEG, quality
+95), so a model reads the encoded bytes and decodes what it needs. Importing this module registers it.
+
+    make train MODEL=examples/resnet.py DATASET=synthetic_photos
+"""
+
+from __future__ import annotations
+
+import colorsys
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+NUM_CLASSES = 10
+TRAIN_EXAMPLES = 2_048
+TEST_EXAMPLES = 512
+SIDES = (40, 120)  # pixels: height and width drawn apart, so the aspect ratio runs from 1:3 to 3:1
+PERIOD = (6.0, 14.0)  # pixels per stripe: visible in an 8% crop of the smallest image
+NOISE = 20.0  # per pixel and channel: enough to hide nothing, little enough to keep the JPEGs small
+PATTERNS = ("horizontal", "vertical", "checks", "rings", "plain")  # each unchanged in kind by a flip
+
+
+class SyntheticPhotos(tfds.core.GeneratorBasedBuilder):
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "First release."}  # noqa: RUF012 (TFDS reads it as a plain class attribute)
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return self.dataset_info_from_configs(
+            description=__doc__,
+            features=tfds.features.FeaturesDict(
+                {
+                    "image": tfds.features.Image(shape=(None, None, 3), encoding_format="jpeg"),
+                    "label": tfds.features.ClassLabel(num_classes=NUM_CLASSES),
+                }
+            ),
+            supervised_keys=("image", "label"),
+        )
+
+    def _split_generators(self, dl_manager: tfds.download.DownloadManager):
+        del dl_manager  # nothing to download
+        return {
+            "train": self._generate_examples(TRAIN_EXAMPLES, seed=1),
+            "test": self._generate_examples(TEST_EXAMPLES, seed=2),
+        }
+
+    def _generate_examples(self, count: int, seed: int):
+        rng = np.random.default_rng(seed)
+        for index in range(count):
+            label = int(rng.integers(NUM_CLASSES))
+            yield index, {"image": _image(label, rng), "label": label}
+
+
+def _colour(label: int) -> np.ndarray:
+    """The class's colour: its own hue, 36 degrees from the next, at one saturation and value."""
+    return 255 * np.array(colorsys.hsv_to_rgb(label / NUM_CLASSES, 0.6, 0.75))
+
+
+def _pattern(kind: str, rows: np.ndarray, columns: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A pattern in [-1, 1] over the pixel grid, at a random period and phase."""
+    frequency = 2 * np.pi / rng.uniform(*PERIOD)
+    phase = rng.uniform(0, 2 * np.pi)
+    if kind == "horizontal":
+        return np.sin(rows * frequency + phase)
+    if kind == "vertical":
+        return np.sin(columns * frequency + phase)
+    if kind == "checks":
+        return np.sign(np.sin(rows * frequency + phase) * np.sin(columns * frequency + phase))
+    if kind == "rings":  # around a random centre, inside the image or not
+        centre = rng.uniform(0, 1, size=2) * [rows.shape[0], rows.shape[1]]
+        return np.sin(np.hypot(rows - centre[0], columns - centre[1]) * frequency + phase)
+    return np.zeros_like(rows, dtype=np.float64)
+
+
+def _image(label: int, rng: np.random.Generator) -> np.ndarray:
+    height, width = rng.integers(SIDES[0], SIDES[1] + 1, size=2)
+    rows, columns = np.mgrid[0:height, 0:width]
+    pattern = _pattern(PATTERNS[label % len(PATTERNS)], rows, columns, rng)[..., None]
+    brightness = rng.uniform(-20, 20)  # so no one pixel value names a class
+    image = _colour(label) + brightness + 35 * pattern + rng.normal(scale=NOISE, size=(height, width, 3))
+    return np.clip(image, 0, 255).astype(np.uint8)

@@ -1,0 +1,63 @@
+"""MODEL's file: the functions a fork defines, loaded once a process.
+
+    build_model(input_shape, num_classes, learning_rate) -> a compiled keras.Model      (required)
+    preprocess(example, training, seed) -> (inputs, label)                              (optional)
+
+`build_model` is what train.model calls; `preprocess` is what the data path (train.data.examples) runs per
+example, in tf.data, in training, evaluation and the export. examples/mlp.py and examples/resnet.py say
+each in full.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from train.errors import SettingsError, first_line
+from train.settings import is_model_path
+
+RESNET_EXAMPLE = "examples/resnet.py"  # where a fork finds a preprocess to start from
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    text: str  # MODEL as given
+    build_model: Callable
+    preprocess: Callable | None
+
+
+@cache
+def load_model_file(text: str) -> ModelFile:
+    """MODEL's functions, its module imported once a process. Raises SettingsError."""
+    try:
+        if is_model_path(text):
+            path = Path(text).expanduser().resolve()
+            name = f"train_model_{path.stem}"
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module  # so the classes it defines can be found again by name
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(text)
+    except Exception as error:
+        raise SettingsError(
+            f"MODEL={text!r} could not be imported ({type(error).__name__}: {first_line(error, 200)})"
+        ) from None
+    build = getattr(module, "build_model", None)
+    if not callable(build):
+        raise SettingsError(
+            f"MODEL={text!r} has no build_model: define build_model(input_shape, num_classes, learning_rate) "
+            "returning a compiled keras.Model (see examples/mlp.py)"
+        )
+    preprocess = getattr(module, "preprocess", None)
+    if preprocess is not None and not callable(preprocess):
+        raise SettingsError(
+            f"MODEL={text!r}: preprocess is a {type(preprocess).__name__}, not a function: define "
+            f"preprocess(example, training, seed) -> (inputs, label) (see {RESNET_EXAMPLE})"
+        )
+    return ModelFile(text, build, preprocess)
