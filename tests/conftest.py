@@ -180,6 +180,18 @@ def examples_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return shared_data_dir(tmp_path_factory, "example_datasets", script)
 
 
+@pytest.fixture(scope="session")
+def photos_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A TFDS data dir with the general path's datasets generated once, offline: synthetic_photos (images of
+    their own size, stored as JPEG) and synthetic_columns (a dict of columns)."""
+    script = (
+        "import sys, tensorflow_datasets as tfds, train.data.synthetic_photos, train.data.synthetic_columns\n"
+        "for name in ('synthetic_photos', 'synthetic_columns'):\n"
+        "    tfds.builder(name, data_dir=sys.argv[1]).download_and_prepare()\n"
+    )
+    return shared_data_dir(tmp_path_factory, "photo_datasets", script)
+
+
 WIDE_BYTES = (4_000 + 250) * (16_384 * 4 + 8)  # wide_values (tests/datasets): 262 MB of float32, and the labels
 
 

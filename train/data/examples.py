@@ -217,9 +217,12 @@ def probe(examples: Examples, record: bytes) -> tuple[Any, tf.TensorSpec]:
     and in evaluation: both must give the same fixed shapes and dtypes. Raises SettingsError."""
     specs = []
     for training in (True, False):
-        records = tf.data.Dataset.from_tensors(tf.constant(record))
+        # position and pass as a pipeline's elements, as in training: nothing `preprocess` does is folded away
+        records = tf.data.Dataset.from_tensors(
+            (tf.constant(record), tf.constant(0, tf.int64), tf.constant(0, tf.int64))
+        )
         try:
-            dataset = records.map(lambda r, training=training: examples.prepare(r, 0, 0, training))
+            dataset = records.map(lambda r, p, n, training=training: examples.prepare(r, p, n, training))
             specs.append(check_outputs(examples, dataset.element_spec, training))
             next(iter(dataset))  # what only running shows: a failed decode, an assertion
         except SettingsError:
@@ -227,8 +230,7 @@ def probe(examples: Examples, record: bytes) -> tuple[Any, tf.TensorSpec]:
         except Exception as error:
             what = "preprocess" if examples.preprocess else f"decoding FEATURE_KEY={examples.feature_key!r}"
             raise SettingsError(
-                f"MODEL={examples.model!r}: {what} (training={training}) raised {type(error).__name__}: "
-                f"{first_line(error, 240)}"
+                f"MODEL={examples.model!r}: {what} (training={training}) raised {_raised(error)}"
             ) from None
     if specs[0] != specs[1]:
         raise SettingsError(
@@ -236,6 +238,15 @@ def probe(examples: Examples, record: bytes) -> tuple[Any, tf.TensorSpec]:
             f"{_describe(specs[1])} in evaluation: return the same shapes and dtypes in both"
         )
     return specs[0]
+
+
+def _raised(error: BaseException) -> str:
+    """ "Type: message" of what `preprocess` raised: autograph wraps it in "in user code:" and a stack."""
+    text = str(error)
+    if text.startswith("in user code:"):
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return lines[-1][:240]  # the original "ValueError: ..." ends the wrapped message
+    return f"{type(error).__name__}: {first_line(error, 240)}"
 
 
 def _describe(spec) -> str:
