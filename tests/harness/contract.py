@@ -2,9 +2,10 @@
 
     python -m tests.harness.contract OUTPUT_DIR
 
-MODEL builds for DATASET's spec (read from the dataset's info: nothing is downloaded), takes one training
-step on random data of that spec through the engine's own feed and training call, and its export saves and
-loads with Keras's safe_mode. Prints one JSON object.
+MODEL builds for DATASET's spec (read from the dataset's info: nothing is downloaded; with `preprocess`, what
+it returns for a random example of the dataset's features), takes one training step on random data of that
+spec through the engine's own feed and training call, and its export saves and loads with Keras's
+safe_mode, and serves what clients send (the stored features `preprocess` reads). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -18,18 +19,24 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from train.data import Split, make_feed
+from train.data import RecordsSplit, Split, make_feed
+from train.data.examples import random_record
 from train.data.source import inspect, open_builder
 from train.model import build, export
+from train.model_file import load_model_file
 from train.settings import load_settings
 from train.step import make_train_calls
 
 BATCH = 8
 
 
-def random_split(spec, examples: int = 2 * BATCH) -> Split:
-    """Examples of the spec's shapes and dtypes: images 0-255, classes in range, multi-hot 0/1, values."""
+def random_split(spec, examples: int = 2 * BATCH) -> Split | RecordsSplit:
+    """Examples of the spec's shapes and dtypes: images 0-255, classes in range, multi-hot 0/1, values; on the
+    general path, stored records of random values of the dataset's features (images of random sizes)."""
     rng = np.random.default_rng(0)
+    if spec.records:
+        records = [random_record(spec.examples.features, rng) for _ in range(examples)]
+        return RecordsSplit(tf.constant(records, tf.string), spec)
 
     def values(shape, dtype, high):
         if np.dtype(dtype).kind == "f":
@@ -42,21 +49,45 @@ def random_split(spec, examples: int = 2 * BATCH) -> Split:
 
 
 def main(output_dir: Path) -> dict:
-    settings = load_settings({"OUTPUT_DIR": str(output_dir)}, environ={}, dotenv_path="/nonexistent")
-    spec = inspect(open_builder(settings), settings, count=False)
+    # project/defaults.env and what the caller's environment sets (tests/test_project.py passes none of the user's)
+    settings = load_settings({"OUTPUT_DIR": str(output_dir)}, dotenv_path="/nonexistent")
+    preprocess = load_model_file(settings.model).preprocess
+    spec = inspect(open_builder(settings), settings, count=False, preprocess=preprocess)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     built = build(settings, spec, strategy)
-    feed = make_feed(strategy, random_split(spec), BATCH, settings.seed, 0, 1)
+    split = random_split(spec)
+    feed = make_feed(strategy, split, BATCH, settings.seed, 0, 1)
     result = make_train_calls(built, strategy, feed, BATCH, jit_compile=False)(1)
     output_dir.mkdir(parents=True, exist_ok=True)
     paths = export(built, output_dir)
     loaded = keras.saving.load_model(paths["keras"])  # safe_mode on, as evaluate --exported loads it
-    served = loaded(random_split(spec).features[:BATCH], training=False)
-    return {
+    inputs = next(iter(feed.iterator))[0] if spec.records else split.features[:BATCH]  # what the model gets
+    served = loaded(inputs, training=False)
+    outcome = {
         "model": settings.model, "dataset": spec.name, "loss_finite": math.isfinite(result.loss),
         "metrics": sorted(result.metrics), "served_shape": list(served.shape),
         "saved_model": (Path(paths["saved_model"]) / "saved_model.pb").is_file(),
     }  # fmt: skip
+    if spec.records:  # the default signature takes the stored features, as a client sends them
+        signature = tf.saved_model.load(paths["saved_model"]).signatures["serving_default"]
+        stored = [spec.examples.features.deserialize_example(record) for record in split.records[:BATCH]]
+        sent = {}
+        for name, each in signature.structured_input_signature[1].items():
+            if each.dtype == tf.string:  # an image: its encoded bytes
+                sent[name] = tf.stack(
+                    [spec.examples.decode(record)[name + "_bytes"] for record in split.records[:BATCH]]
+                )
+            else:
+                sent[name] = tf.stack([_column(example, name) for example in stored])
+        outcome["served_default_shape"] = list(next(iter(signature(**sent).values())).shape)
+    return outcome
+
+
+def _column(example: dict, name: str):
+    """A stored feature by name, or a column of a dict feature by its own name."""
+    if name in example:
+        return example[name]
+    return next(value[name] for value in example.values() if isinstance(value, dict) and name in value)
 
 
 if __name__ == "__main__":

@@ -344,7 +344,9 @@ def open_builder(settings: Settings):
     import tensorflow_datasets as tfds
 
     import train.data.synthetic_clusters
-    import train.data.synthetic_images  # noqa: F401  (and the image one)
+    import train.data.synthetic_columns
+    import train.data.synthetic_images
+    import train.data.synthetic_photos  # noqa: F401  (the template's offline datasets, registered by importing)
 
     if importlib.util.find_spec("project.datasets") is not None:
         importlib.import_module("project.datasets")  # a fork's builders, registered by importing them
