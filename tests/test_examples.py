@@ -154,3 +154,64 @@ def test_a_multi_label_head_reports_a_metric_per_class_as_a_list(tmp_path, examp
     assert summary["eval"]["binary_accuracy"] > 0.75
     charted = tensorboard_events(tmp_path / "run" / "logs")["eval"]  # TensorBoard: one scalar per class
     assert [charted[f"f1/{index}"] for index in range(5)] == pytest.approx(summary["eval"]["f1"], abs=1e-6)
+
+
+# The SavedModel fed what a client has: the eval split's stored images as their JPEG bytes, or its columns by
+# name, through serving_default (preprocess(training=False), then the model). Prints its accuracy.
+SERVED_ACCURACY = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+import train.data.synthetic_columns, train.data.synthetic_photos
+
+data_dir, name, split, saved_model = sys.argv[1:5]
+serve = tf.saved_model.load(saved_model).signatures["serving_default"]
+inputs = serve.structured_input_signature[1]
+builder = tfds.builder(name, data_dir=data_dir)
+dataset = builder.as_dataset(split=split, shuffle_files=False, decoders={"image": tfds.decode.SkipDecoding()}
+                             if "image" in builder.info.features else None)
+right = total = 0
+for batch in dataset.batch(100):
+    columns = batch.get("features", {})
+    sent = {key: batch[key] if key in batch else columns[key] for key in inputs}
+    predicted = np.argmax(next(iter(serve(**sent).values())).numpy(), axis=-1)
+    right, total = right + int(np.sum(predicted == batch["label"].numpy())), total + len(predicted)
+print(json.dumps({"inputs": {key: spec.dtype.name for key, spec in inputs.items()}, "accuracy": right / total}))
+"""
+
+
+def served_accuracy(data_dir: Path, name: str, split: str, run: Path) -> dict:
+    result = run_python(["-c", SERVED_ACCURACY, str(data_dir), name, split, str(run / "saved_model")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_the_resnet_trains_on_photos_of_any_size_and_serves_their_jpeg_bytes(tmp_path, photos_data_dir):
+    run = tmp_path / "run"
+    result = run_train(
+        "fit", cwd=tmp_path, MODEL=REPO / "examples" / "resnet.py", DATASET="synthetic_photos", TFDS_DATA_DIR=photos_data_dir,
+        TRAIN_SPLIT="train[:1024]", EVAL_SPLIT="test", OUTPUT_DIR=run, EPOCHS=3, BATCH_SIZE=32, LEARNING_RATE=0.003,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "as the stored records, each preprocessed in tf.data" in result.stdout
+    summary = read_summary(run)
+    assert summary["eval"]["accuracy"] > 0.3, summary["eval"]  # chance is 1 / the classes
+    served = served_accuracy(photos_data_dir, "synthetic_photos", "test", run)
+    assert served["inputs"] == {"image": "string"}  # the stored JPEG bytes, by the feature's name
+    assert abs(served["accuracy"] - summary["eval"]["accuracy"]) <= 0.005
+
+
+def test_the_tabular_model_takes_each_column_by_name_and_serves_them(tmp_path, photos_data_dir):
+    run = tmp_path / "run"
+    result = run_train(
+        "fit", cwd=tmp_path, MODEL="examples.tabular", DATASET="synthetic_columns", TFDS_DATA_DIR=photos_data_dir,
+        OUTPUT_DIR=run, EPOCHS=3, BATCH_SIZE=64, LEARNING_RATE=0.003,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    summary = read_summary(run)
+    assert summary["eval"]["accuracy"] > 0.8, summary["eval"]
+    served = served_accuracy(photos_data_dir, "synthetic_columns", "test", run)
+    assert set(served["inputs"]) == {"age", "fare", "pclass", "sex", "position"}
+    assert abs(served["accuracy"] - summary["eval"]["accuracy"]) <= 0.005

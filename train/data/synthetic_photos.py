@@ -23,6 +23,7 @@ TEST_EXAMPLES = 512
 SIDES = (40, 120)  # pixels: height and width drawn apart, so the aspect ratio runs from 1:3 to 3:1
 PERIOD = (6.0, 14.0)  # pixels per stripe: visible in an 8% crop of the smallest image
 NOISE = 20.0  # per pixel and channel: enough to hide nothing, little enough to keep the JPEGs small
+HUE_JITTER = 0.6  # of the hue step between classes, either way: more than half, so neighbours overlap
 PATTERNS = ("horizontal", "vertical", "checks", "rings", "plain")  # each unchanged in kind by a flip
 
 
@@ -56,9 +57,11 @@ class SyntheticPhotos(tfds.core.GeneratorBasedBuilder):
             yield index, {"image": _image(label, rng), "label": label}
 
 
-def _colour(label: int) -> np.ndarray:
-    """The class's colour: its own hue, 36 degrees from the next, at one saturation and value."""
-    return 255 * np.array(colorsys.hsv_to_rgb(label / NUM_CLASSES, 0.6, 0.75))
+def _colour(label: int, rng: np.random.Generator) -> np.ndarray:
+    """Near the class's hue, 36 degrees from the next class's: drawn so close neighbours overlap in hue, and
+    only the pattern tells them apart (the next class's pattern is another)."""
+    hue = (label + rng.uniform(-HUE_JITTER, HUE_JITTER)) / NUM_CLASSES
+    return 255 * np.array(colorsys.hsv_to_rgb(hue % 1, rng.uniform(0.45, 0.75), rng.uniform(0.6, 0.9)))
 
 
 def _pattern(kind: str, rows: np.ndarray, columns: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -81,6 +84,5 @@ def _image(label: int, rng: np.random.Generator) -> np.ndarray:
     height, width = rng.integers(SIDES[0], SIDES[1] + 1, size=2)
     rows, columns = np.mgrid[0:height, 0:width]
     pattern = _pattern(PATTERNS[label % len(PATTERNS)], rows, columns, rng)[..., None]
-    brightness = rng.uniform(-20, 20)  # so no one pixel value names a class
-    image = _colour(label) + brightness + 35 * pattern + rng.normal(scale=NOISE, size=(height, width, 3))
+    image = _colour(label, rng) + 35 * pattern + rng.normal(scale=NOISE, size=(height, width, 3))
     return np.clip(image, 0, 255).astype(np.uint8)
