@@ -191,8 +191,9 @@ def served_accuracy(data_dir: Path, name: str, split: str, run: Path) -> dict:
 def test_the_resnet_trains_on_photos_of_any_size_and_serves_their_jpeg_bytes(tmp_path, photos_data_dir):
     run = tmp_path / "run"
     result = run_train(
-        "fit", cwd=tmp_path, MODEL=REPO / "examples" / "resnet.py", DATASET="synthetic_photos", TFDS_DATA_DIR=photos_data_dir,
-        TRAIN_SPLIT="train[:1024]", EVAL_SPLIT="test", OUTPUT_DIR=run, EPOCHS=3, BATCH_SIZE=32, LEARNING_RATE=0.003,
+        "fit", cwd=tmp_path, MODEL=REPO / "examples" / "resnet.py", DATASET="synthetic_photos",
+        TFDS_DATA_DIR=photos_data_dir, TRAIN_SPLIT="train[:1024]", EVAL_SPLIT="test", OUTPUT_DIR=run, EPOCHS=3,
+        BATCH_SIZE=32, LEARNING_RATE=0.003,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "as the stored records, each preprocessed in tf.data" in result.stdout
