@@ -215,3 +215,42 @@ def test_a_variable_shape_feature_without_preprocess_says_to_define_it(tmp_path,
     assert "has a variable shape (None, None, 3): define preprocess in your MODEL file" in result.stderr
     assert "examples/resnet.py" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+RESIZING = """
+import keras
+import tensorflow as tf
+
+
+def preprocess(example, training, seed):
+    image = keras.layers.Resizing(16, 16)(tf.image.convert_image_dtype(example["image"], tf.float32))
+    return image, example["label"]
+
+
+def build_model(input_shape, num_classes, learning_rate):
+    model = keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(),
+                              keras.layers.Dense(num_classes, activation="softmax", dtype="float32")])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+"""
+
+
+def test_a_mixed_precision_policy_never_changes_what_preprocess_returns(tmp_path, examples_data_dir):
+    """Under mixed_bfloat16 a Keras Resizing layer in a tf.data map outputs bfloat16: made while preprocess is
+    traced, it computes in float32, so the model gets what preprocess returns without the policy."""
+    model = tmp_path / "resizing.py"
+    model.write_text(RESIZING)
+    result = run_train("fit", cwd=tmp_path, MODEL=model, DATASET="synthetic_images", TFDS_DATA_DIR=examples_data_dir,
+                       TRAIN_SPLIT="train[:512]", EVAL_SPLIT="test[:128]", EPOCHS=1, BATCH_SIZE=64,
+                       MIXED_PRECISION="mixed_bfloat16", OUTPUT_DIR=tmp_path / "run")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "mixed_bfloat16" in result.stdout
+    layer = next(line for line in result.stdout.splitlines() if "flatten" in line.lower())
+    assert "768" in layer  # 16 x 16 x 3 float32 values reached the model
+    describe = run_python(["-c", "from train.data import load_data\nfrom train.devices.runtime import setup_runtime\n"
+                                 "from train.settings import load_settings\ns = load_settings()\nsetup_runtime(s)\n"
+                                 "print(load_data(s).spec.describe_inputs())"], cwd=tmp_path,
+                          env=clean_env(MODEL=model, DATASET="synthetic_images", TFDS_DATA_DIR=examples_data_dir,
+                                        MIXED_PRECISION="mixed_bfloat16"))  # fmt: skip
+    assert describe.returncode == 0, describe.stderr[-3000:]
+    assert describe.stdout.strip().splitlines()[-1] == "inputs [16, 16, 3] float32"
