@@ -254,3 +254,35 @@ def test_a_mixed_precision_policy_never_changes_what_preprocess_returns(tmp_path
                                         MIXED_PRECISION="mixed_bfloat16"))  # fmt: skip
     assert describe.returncode == 0, describe.stderr[-3000:]
     assert describe.stdout.strip().splitlines()[-1] == "inputs [16, 16, 3] float32"
+
+
+RELATIVE_DIFFERENCE = """
+import sys, numpy as np, keras
+a, b = (keras.saving.load_model(path) for path in sys.argv[1:3])
+x, y = (np.concatenate([w.ravel() for w in m.get_weights()]) for m in (a, b))
+print(float(np.linalg.norm(x - y) / np.linalg.norm(x)))
+"""
+
+
+@pytest.mark.slow
+def test_two_workers_draw_the_crops_one_device_draws_and_end_where_it_does(tmp_path, examples_data_dir):
+    """In memory, 2 workers read the global batches 1 device reads, and each example's seed depends on its
+    place in the split alone: the same crops, so the same training up to the all-reduce's summation order."""
+    from tests.test_multi_worker import run_workers
+
+    settings = cropping_settings(tmp_path, examples_data_dir, 1, "true")
+    settings.update(EPOCHS=2, CHECKPOINT_EVERY=1000, STEPS_PER_EPOCH=None)
+    one = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "one", **settings)
+    assert one.returncode == 0, one.stderr[-3000:]
+    settings.update(BATCH_SIZE=16)
+    del settings["TFDS_DATA_DIR"]  # run_workers sets it
+    workers = run_workers(tmp_path, [{}, {}], examples_data_dir, **settings)
+    assert [code for code, _ in workers] == [0, 0], workers[0][1][-3000:] + workers[1][1][-3000:]
+    assert "on 2 workers" in workers[0][1] and "as the stored records, each preprocessed in tf.data" in workers[0][1]
+    reference, both = read_summary(tmp_path / "one"), read_summary(tmp_path / "run")
+    assert (both["workers"], both["global_batch"], both["steps"]) == (2, 32, reference["steps"])
+    assert abs(both["eval"]["accuracy"] - reference["eval"]["accuracy"]) <= 0.002
+    difference = run_python(["-c", RELATIVE_DIFFERENCE, str(tmp_path / "one" / "model.keras"),
+                             str(tmp_path / "run" / "model.keras")])  # fmt: skip
+    assert difference.returncode == 0, difference.stderr[-2000:]
+    assert float(difference.stdout.strip().splitlines()[-1]) < 1e-3
