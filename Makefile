@@ -40,8 +40,8 @@ check: setup ## Trial-run a small batch, then find the largest batch that fits
 bench: setup ## Benchmark the training loop against its input ceiling, Keras fit and the tutorials' way
 	$(BIN)/python -m train bench --json "$(or $(BENCH_JSON),bench.json)"
 
-bench-images: setup ## The benchmark of the CNN example on images (offline: synthetic_images), streamed rows included
-	MODEL=$(or $(MODEL),examples.cnn) DATASET=$(or $(DATASET),synthetic_images) \
+bench-images: setup ## The benchmark on photos of any size: examples/resnet.py's preprocess on synthetic_photos (offline), streamed rows included
+	MODEL=$(or $(MODEL),examples/resnet.py) DATASET=$(or $(DATASET),synthetic_photos) \
 		$(BIN)/python -m train bench --json "$(or $(BENCH_JSON),bench-images.json)"
 
 bench-gpu: setup ## GPU scaling: 1, 2, ... N GPUs at a fixed batch per GPU, and the levers that matter there

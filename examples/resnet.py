@@ -18,6 +18,8 @@ pipeline and onto the device), and the model scales it to [0, 1] in its first la
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import keras
 import tensorflow as tf
 from keras import layers
@@ -36,23 +38,37 @@ def preprocess(example: dict, training: bool, seed: tf.Tensor) -> tuple[tf.Tenso
     """One stored example (`image`, `image_bytes`, `label`) -> (uint8 image, label), as the engine's seam."""
     if training:
         crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, num=2))
-        image = _resize(_crop(example, _random_window(example, crop_seed)))
+        image = _resize(_crop(example, lambda shape: _random_window(shape, crop_seed)))
         image = tf.image.stateless_random_flip_left_right(image, flip_seed)
     else:
-        image = _resize(_crop(example, _centre_window(example)))
+        image = _resize(_crop(example, _centre_window))
     return image, example["label"]
 
 
-def _shape(example: dict) -> tf.Tensor:
-    """(height, width, channels) as int32, read from a JPEG's header without decoding it."""
+def _crop(example: dict, window_of: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor:
+    """The window `window_of(shape)` picks, as uint8 (h, w, 3): a JPEG decodes only it, read from the bytes;
+    another image is cut from its decoded pixels.
+
+    One tf.cond, each branch all of its own way from shape to pixels: TensorFlow then runs the engine's full
+    decode (`example["image"]`) only for an image that is not a JPEG. Measured: a window computed outside
+    and fed to the cond, or a second cond for the shape, and every JPEG is decoded whole as well."""
     data = example["image_bytes"]
-    return tf.cond(tf.io.is_jpeg(data), lambda: tf.image.extract_jpeg_shape(data), lambda: tf.shape(example["image"]))
+
+    def jpeg() -> tf.Tensor:
+        return tf.image.decode_and_crop_jpeg(data, window_of(tf.image.extract_jpeg_shape(data)), channels=3)
+
+    def decoded() -> tf.Tensor:
+        image = _rgb(example["image"])
+        top, left, height, width = tf.unstack(window_of(tf.shape(image)))
+        return image[top : top + height, left : left + width]
+
+    return tf.cond(tf.io.is_jpeg(data), jpeg, decoded)
 
 
-def _random_window(example: dict, seed: tf.Tensor) -> tf.Tensor:
-    """[top, left, height, width] of a random-resized crop."""
+def _random_window(shape: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    """[top, left, height, width] of a random-resized crop of an image of `shape` (height, width, channels)."""
     begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        _shape(example),
+        shape,
         bounding_boxes=tf.zeros([1, 0, 4]),  # none: the whole image is the box ...
         seed=seed,
         min_object_covered=0.0,  # ... and AREA_RANGE alone bounds the crop (the default 0.1 would raise 0.08)
@@ -64,24 +80,11 @@ def _random_window(example: dict, seed: tf.Tensor) -> tf.Tensor:
     return tf.stack([begin[0], begin[1], size[0], size[1]])
 
 
-def _centre_window(example: dict) -> tf.Tensor:
+def _centre_window(shape: tf.Tensor) -> tf.Tensor:
     """[top, left, height, width] of the centre square of CROP_FRACTION of the shorter side (flax's rounding)."""
-    shape = _shape(example)
     height, width = shape[0], shape[1]
     side = tf.cast(CROP_FRACTION * tf.cast(tf.minimum(height, width), tf.float32), tf.int32)
     return tf.stack([(height - side + 1) // 2, (width - side + 1) // 2, side, side])
-
-
-def _crop(example: dict, window: tf.Tensor) -> tf.Tensor:
-    """The window as uint8 (h, w, 3): a JPEG decodes only it; another image is cut from its decoded pixels.
-
-    TensorFlow runs only the branch taken, so a JPEG's full decode (`example["image"]`) never happens."""
-    data = example["image_bytes"]
-
-    def cut() -> tf.Tensor:
-        return _rgb(example["image"])[window[0] : window[0] + window[2], window[1] : window[1] + window[3]]
-
-    return tf.cond(tf.io.is_jpeg(data), lambda: tf.image.decode_and_crop_jpeg(data, window, channels=3), cut)
 
 
 def _rgb(image: tf.Tensor) -> tf.Tensor:
@@ -101,7 +104,9 @@ def _resize(image: tf.Tensor) -> tf.Tensor:
 
 def build_model(input_shape: tuple[int, ...], num_classes: int | None, learning_rate: float) -> keras.Model:
     if num_classes is None or len(input_shape) != 3:
-        raise ValueError(f"this ResNet takes (height, width, channels) images, not {input_shape}, into {num_classes} classes")
+        raise ValueError(
+            f"this ResNet classifies images (height, width, channels), not {input_shape} into {num_classes}"
+        )
     inputs = keras.Input(shape=input_shape, dtype="uint8", name="image")  # as preprocess returns it
     x = layers.Rescaling(1 / 255)(inputs)  # to [0, 1], in the compute dtype (bfloat16 under mixed precision)
     # ImageNet's stem shrinks 4x (7x7 stride 2, then a max-pool); at 64 pixels one stride-2 3x3 conv, 2x.

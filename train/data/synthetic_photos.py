@@ -1,11 +1,13 @@
 """`synthetic_photos`: RGB images of varying size stored as JPEG in 10 classes, a TFDS builder that needs no
 network (the shape of tf_flowers or imagenette, small).
 
-Each image is 40 to 120 pixels high and, independently, as wide. Each class is a colour and a pattern
-(stripes, checks, rings, plain) over the whole image, under noise, a random period and phase and a random
-brightness: a crop of any part of it, flipped or not, keeps its class, so it suits the random-resized crops
-of examples/resnet.py. Generated locally and deterministically, stored as TFDS stores photos (JPEG, quality
-95), so a model reads the encoded bytes and decodes what it needs. Importing this module registers it.
+Each image is 40 to 120 pixels high and, independently, as wide. Each class is a hue and a pattern
+(stripes, checks, rings, plain) over the whole image, under noise, at a random period and phase; hue,
+saturation and value vary per image, so neighbouring classes overlap in colour and only their patterns
+tell them apart. A crop of any part of an image, flipped or not, keeps its class, so it suits the
+random-resized crops of examples/resnet.py (about 0.9 accuracy in 5 epochs at 64 pixels). Generated
+locally and deterministically, stored as TFDS stores photos (JPEG, quality 95), so a model reads the
+encoded bytes and decodes what it needs. Importing this module registers it.
 
     make train MODEL=examples/resnet.py DATASET=synthetic_photos
 """
@@ -22,7 +24,7 @@ TRAIN_EXAMPLES = 2_048
 TEST_EXAMPLES = 512
 SIDES = (40, 120)  # pixels: height and width drawn apart, so the aspect ratio runs from 1:3 to 3:1
 PERIOD = (6.0, 14.0)  # pixels per stripe: visible in an 8% crop of the smallest image
-NOISE = 20.0  # per pixel and channel: enough to hide nothing, little enough to keep the JPEGs small
+NOISE = 20.0  # per pixel and channel, a photo's grain; noise does not compress, so more makes larger JPEGs
 HUE_JITTER = 0.6  # of the hue step between classes, either way: more than half, so neighbours overlap
 PATTERNS = ("horizontal", "vertical", "checks", "rings", "plain")  # each unchanged in kind by a flip
 

@@ -277,6 +277,8 @@ def tuned_tfdata_feed(runtime: Runtime, data: Data, seed: int) -> PipelineFeed:
     import tensorflow_datasets as tfds
 
     split, replicas, per_replica = data.train, runtime.replicas, runtime.per_replica_batch
+    if split.spec.records:
+        return _tuned_preprocess_feed(runtime, split, seed)
     feature_key, label_key = split.spec.feature_key, split.spec.label_key
     feature_shape, label_shape = list(split.spec.feature_shape), list(split.spec.label_shape)
 
@@ -304,6 +306,40 @@ def tuned_tfdata_feed(runtime: Runtime, data: Data, seed: int) -> PipelineFeed:
 
         batches = batches.map(per_replica_batches, num_parallel_calls=tf.data.AUTOTUNE)
         return batches.unbatch().prefetch(tf.data.AUTOTUNE)
+
+    return PipelineFeed(distribute(runtime.strategy, dataset_fn))
+
+
+def _tuned_preprocess_feed(runtime: Runtime, split, seed: int) -> PipelineFeed:
+    """The general path's tuned tf.data pipeline (flax's imagenet input_pipeline): TFDS reads the files
+    interleaved, images undecoded (SkipDecoding), shuffles the bytes, then decodes and runs the same
+    `preprocess` per example in a parallel, deterministic map, batches and prefetches; each example's seed from
+    its place in the stream."""
+    import tensorflow_datasets as tfds
+
+    from train.data.examples import example_seed
+
+    examples_of = split.spec.examples
+    per_replica = runtime.per_replica_batch
+
+    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        options = tf.data.Options()
+        options.deterministic = True
+        read_config = tfds.ReadConfig(
+            shuffle_seed=seed, interleave_cycle_length=16, num_parallel_calls_for_interleave_files=tf.data.AUTOTUNE,
+            num_parallel_calls_for_decode=tf.data.AUTOTUNE, options=options, try_autocache=False,
+        )  # fmt: skip
+        decoders = {key: tfds.decode.SkipDecoding() for key in examples_of.images}
+        stored = split.builder.as_dataset(split=split.split, shuffle_files=True, read_config=read_config,
+                                          decoders=decoders)  # fmt: skip
+        stored = stored.shard(context.num_input_pipelines, context.input_pipeline_id)
+        stored = stored.shuffle(split.shuffle_buffer, seed=seed).repeat().enumerate()
+
+        def prepare(index, example):
+            return examples_of.call(examples_of.with_images(example), True, example_seed(seed, 0, index))
+
+        prepared = stored.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+        return prepared.batch(per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
     return PipelineFeed(distribute(runtime.strategy, dataset_fn))
 
