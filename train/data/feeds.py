@@ -99,8 +99,10 @@ def _dataset_fn(strategy, split: TrainSplit, global_batch: int, seed: int, start
         # Each element: one replica's batch of row numbers and its pass. A restart skips row numbers, nothing read.
         rows = tf.data.Dataset.range(first_pass, np.iinfo(np.int64).max).flat_map(pass_rows).skip(offset * local)
         if isinstance(split, RecordsSplit):
-            return _prepared(split.spec, rows.map(lambda index, number: (
-                tf.gather(split.records, index), index, tf.fill(tf.shape(index), number))), per_replica)  # fmt: skip
+            records = rows.map(
+                lambda index, number: (tf.gather(split.records, index), index, tf.fill(tf.shape(index), number))
+            )
+            return _prepared(split.spec, records, per_replica, in_memory=True)
         features, labels = split.tensors
         # One gather per GATHER_BATCHES batches, then handed out one by one: tf.data's cost is per element.
         blocks = rows.batch(GATHER_BATCHES).map(
@@ -112,16 +114,18 @@ def _dataset_fn(strategy, split: TrainSplit, global_batch: int, seed: int, start
     return dataset_fn
 
 
-def _prepared(spec, batches: tf.data.Dataset, per_replica: int, training: bool = True) -> tf.data.Dataset:
+def _prepared(spec, batches: tf.data.Dataset, per_replica: int, in_memory: bool) -> tf.data.Dataset:
     """The general path: batches of (stored records, positions, passes), already in their order and already
     skipped to the resumed step, made into batches of `preprocess`'s (inputs, label), `per_replica` examples
     each. Decoding and `preprocess` run one example at a time, in parallel, in order."""
     examples = batches.unbatch().map(
-        lambda record, position, number: spec.examples.prepare(record, position, number, training),
+        lambda record, position, number: spec.examples.prepare(record, position, number, training=True),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )
-    return _no_copy(examples.batch(per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
+    batched = examples.batch(per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    # In memory, no graph rewrites (they would copy the records); streamed, tf.data's own (map and batch fused)
+    return _no_copy(batched) if in_memory else batched
 
 
 def _streamed(
@@ -155,7 +159,7 @@ def _streamed(
 
         batches = tf.data.Dataset.range(first_pass, np.iinfo(np.int64).max).flat_map(one_pass).skip(offset)
         if split.spec.records:  # skipped as records: a resume decodes none of what it skips
-            return _prepared(split.spec, batches, per_replica)
+            return _prepared(split.spec, batches, per_replica, in_memory=False)
         if local > 1:  # one replica's batch is the pipeline's batch already: no split, no per-batch work
             batches = batches.map(per_replica_batches, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
             batches = batches.unbatch()
