@@ -56,7 +56,8 @@ def float32_policy() -> Iterator[None]:
 
 
 class _Reads(dict):
-    """An example that notes which features `preprocess` reads: those the export's default signature takes."""
+    """An example that notes which features `preprocess` reads: those the export's default signature takes.
+    Whatever walks the whole dict (a copy, `**example`, `.items()`) reads every feature."""
 
     def __init__(self, example: dict, read: set[str]) -> None:
         super().__init__(example)
@@ -69,6 +70,22 @@ class _Reads(dict):
     def get(self, key, default=None):
         self.read.add(key)
         return super().get(key, default)
+
+    def _all(self):
+        self.read.update(super().keys())
+        return self
+
+    def __iter__(self):
+        return super(_Reads, self._all()).__iter__()
+
+    def keys(self):
+        return super(_Reads, self._all()).keys()
+
+    def items(self):
+        return super(_Reads, self._all()).items()
+
+    def values(self):
+        return super(_Reads, self._all()).values()
 
 
 @dataclass
@@ -84,7 +101,7 @@ class Examples:
     preprocess: Callable | None
     model: str  # MODEL, for the messages
     seed: int = 0
-    read: set[str] = field(default_factory=set)  # the features `preprocess` reads (found when first traced)
+    read: set[str] = field(default_factory=set)  # what `preprocess(training=False)` reads (found when traced)
 
     @property
     def images(self) -> tuple[str, ...]:
@@ -105,6 +122,8 @@ class Examples:
         A `preprocess` that reads only the bytes costs no decoding: TensorFlow prunes what nothing uses."""
         example = dict(example)
         for key in self.images:
+            if key not in example:  # not served: preprocess does not read it
+                continue
             encoded = example[key]
             example[key] = self.features[key].decode_example(encoded)
             example[key + BYTES_SUFFIX] = encoded
@@ -114,8 +133,10 @@ class Examples:
         """(inputs, label) of a decoded example: `preprocess`'s, or the columns of FEATURE_KEY as stored."""
         if self.preprocess is None:
             return example[self.feature_key], example[self.label_key]
+        if not training:  # what evaluation reads is what the export's default signature will take
+            example = _Reads(example, self.read)
         with float32_policy():
-            result = self.preprocess(_Reads(example, self.read), training, seed)
+            result = self.preprocess(example, training, seed)
         if not (isinstance(result, tuple | list) and len(result) == 2):
             raise SettingsError(
                 f"MODEL={self.model!r}: preprocess returned {type(result).__name__}, not (inputs, label) (see "
@@ -133,11 +154,10 @@ class Examples:
         columns each under the column's name."""
         import tensorflow_datasets as tfds
 
-        keys = sorted(self.read - {self.label_key}) if self.preprocess else [self.feature_key]
-        stored = {key.removesuffix(BYTES_SUFFIX) if key.removesuffix(BYTES_SUFFIX) in self.images else key
-                  for key in keys}  # fmt: skip
+        keys = self.read - {self.label_key} if self.preprocess else {self.feature_key}
+        images = {image + BYTES_SUFFIX: image for image in self.images}  # an image's bytes are the image served
         served: dict[str, tf.TensorSpec] = {}
-        for key in sorted(stored):
+        for key in sorted({images.get(key, key) for key in keys}):
             feature = self.features[key]
             if key in self.images:
                 served[key] = tf.TensorSpec((), tf.string, name=key)
@@ -168,8 +188,7 @@ class Examples:
                 else:
                     example[name] = value
             example[self.label_key] = tf.zeros(label_info.shape, label_info.tf_dtype)  # read, never used
-            example = self.with_images({key: value for key, value in example.items()})
-            inputs, _ = self.call(example, False, example_seed(self.seed, EVAL_PASS, 0))
+            inputs, _ = self.call(self.with_images(example), False, example_seed(self.seed, EVAL_PASS, 0))
             return inputs
 
         def serve(*batch):
