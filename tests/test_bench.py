@@ -77,6 +77,25 @@ def test_the_image_example_row_measures_the_cnn_against_its_ceiling_and_a_tuned_
     assert goals["5/6"]["met"] in (True, False) and goals["1/3"]["met"] is None
 
 
+@pytest.mark.slow
+def test_the_photos_row_measures_the_template_input_against_a_tuned_pipeline_running_the_same_preprocess(
+    tmp_path, photos_data_dir
+):
+    """make bench-images: examples/resnet.py's preprocess on synthetic_photos (images of their own size, JPEG).
+    The rows that train on arrays of the stored feature are left out; the input rows are measured."""
+    contenders = "template,in_memory,keras_fit,streamed_input,tuned_tfdata_input"
+    result = run_bench(
+        *SHORT, "--no-startup", "--contenders", contenders, "--batch-size", "32", cwd=tmp_path,
+        data_dir=photos_data_dir, MODEL="examples.resnet", DATASET="synthetic_photos", TRAIN_SPLIT="train[:512]",
+    )  # fmt: skip
+    assert result["inputs"] == "inputs [64, 64, 3] uint8"
+    assert set(result["contenders"]) == {"template", "streamed_input", "tuned_tfdata_input"}
+    for contender in result["contenders"].values():
+        assert contender["examples_per_sec"] > 0 and contender["examples_per_cpu_sec"] > 0
+    goals = {goal["goal"].split()[0]: goal for goal in result["goals"]}
+    assert set(goals) == set(RATIO_GOALS["preprocess"]) and goals["5i/6i"]["met"] in (True, False)
+
+
 def test_bench_gpu_without_a_gpu_says_it_needs_one_and_exits_0(tmp_path):
     result = run_train("bench", "--compare-replicas", "--require-gpus", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
