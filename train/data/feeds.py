@@ -11,6 +11,10 @@ call is a tensor: the step gathers its rows from the split in memory itself (`Ro
 from a block of the call's batches that tf.data read ahead from the streamed files (`BlocksFeed`). On GPUs
 and across workers a tf.data pipeline per worker prefetches each step's batch (`PipelineFeed`). Features and
 labels reach the model as the dataset stores them; scaling and augmentation are layers of the model.
+
+The general path (MODEL's `preprocess`, or a dict of columns: train.data.examples) follows the same plans
+over the stored records, and decodes and prepares each example after the plan has placed and skipped it
+(`_prepared`); it is always fed by a tf.data pipeline.
 """
 
 from __future__ import annotations
