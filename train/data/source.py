@@ -489,7 +489,9 @@ def _count(builder, split: str) -> int:
         raise damaged(builder, error) from None
 
 
-def _feature_keys(builder, settings: Settings) -> tuple[str, str]:
+def _feature_keys(builder, settings: Settings, preprocessed: bool = False) -> tuple[str, str]:
+    """(FEATURE_KEY, LABEL_KEY), given or from the dataset's supervised keys. `preprocessed`: MODEL's preprocess
+    makes the inputs from whatever features it reads, so a default FEATURE_KEY need not name one."""
     supervised = builder.info.supervised_keys
     if supervised and isinstance(supervised[0], str) and isinstance(supervised[1], str):
         default_feature, default_label = supervised
@@ -499,6 +501,8 @@ def _feature_keys(builder, settings: Settings) -> tuple[str, str]:
     label_key = settings.label_key or default_label
     features = builder.info.features
     for setting, key in (("FEATURE_KEY", feature_key), ("LABEL_KEY", label_key)):
+        if setting == "FEATURE_KEY" and preprocessed and not settings.feature_key:
+            continue
         if key not in features:
             raise SettingsError(
                 f"{setting}={key!r} is not a feature of {settings.dataset}: use one of {', '.join(features)}"
@@ -550,7 +554,7 @@ def _general_path(builder, settings: Settings, feature_key: str, label_key: str,
     """The general path's Examples where MODEL defines `preprocess` or FEATURE_KEY is a dict of columns."""
     import tensorflow_datasets as tfds
 
-    feature = builder.info.features[feature_key]
+    feature = builder.info.features[feature_key] if preprocess is None else None
     if preprocess is None and not isinstance(feature, tfds.features.FeaturesDict):
         return None
     if preprocess is None:
@@ -594,7 +598,7 @@ def inspect(builder, settings: Settings, count: bool = True, preprocess=None) ->
 
     train_examples = _split_examples(builder, "TRAIN_SPLIT", settings.train_split)
     eval_examples = _split_examples(builder, "EVAL_SPLIT", settings.eval_split)
-    feature_key, label_key = _feature_keys(builder, settings)
+    feature_key, label_key = _feature_keys(builder, settings, preprocessed=preprocess is not None)
     features = builder.info.features
     examples = _general_path(builder, settings, feature_key, label_key, preprocess)
     label_shape, label_dtype, num_classes = _label(builder, settings, label_key)
