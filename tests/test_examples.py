@@ -166,7 +166,8 @@ import tensorflow_datasets as tfds
 import train.data.synthetic_columns, train.data.synthetic_photos
 
 data_dir, name, split, saved_model = sys.argv[1:5]
-serve = tf.saved_model.load(saved_model).signatures["serving_default"]
+loaded = tf.saved_model.load(saved_model)
+serve = loaded.signatures["serving_default"]
 inputs = serve.structured_input_signature[1]
 builder = tfds.builder(name, data_dir=data_dir)
 dataset = builder.as_dataset(split=split, shuffle_files=False, decoders={"image": tfds.decode.SkipDecoding()}
@@ -177,7 +178,8 @@ for batch in dataset.batch(100):
     sent = {key: batch[key] if key in batch else columns[key] for key in inputs}
     predicted = np.argmax(next(iter(serve(**sent).values())).numpy(), axis=-1)
     right, total = right + int(np.sum(predicted == batch["label"].numpy())), total + len(predicted)
-print(json.dumps({"inputs": {key: spec.dtype.name for key, spec in inputs.items()}, "accuracy": right / total}))
+print(json.dumps({"inputs": {key: spec.dtype.name for key, spec in inputs.items()}, "accuracy": right / total,
+                  "signatures": sorted(loaded.signatures)}))
 """
 
 
@@ -202,6 +204,7 @@ def test_the_resnet_trains_on_photos_of_any_size_and_serves_their_jpeg_bytes(tmp
     served = served_accuracy(photos_data_dir, "synthetic_photos", "test", run)
     assert served["inputs"] == {"image": "string"}  # the stored JPEG bytes, by the feature's name
     assert abs(served["accuracy"] - summary["eval"]["accuracy"]) <= 0.005
+    assert served["signatures"] == ["serve", "serve_inputs", "serving_default"]  # serve_inputs: preprocess's output
 
 
 def test_the_tabular_model_takes_each_column_by_name_and_serves_them(tmp_path, photos_data_dir):
@@ -216,3 +219,8 @@ def test_the_tabular_model_takes_each_column_by_name_and_serves_them(tmp_path, p
     served = served_accuracy(photos_data_dir, "synthetic_columns", "test", run)
     assert set(served["inputs"]) == {"age", "fare", "pclass", "sex", "position"}
     assert abs(served["accuracy"] - summary["eval"]["accuracy"]) <= 0.005
+    # model.keras, on the columns by name, with the run's own settings
+    exported = run_train("evaluate", "--exported", "--output-dir", str(run), cwd=tmp_path, MODEL=None)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    report = json.loads(exported.stdout[exported.stdout.index("{") :])
+    assert abs(report["accuracy"] - summary["eval"]["accuracy"]) < 1e-6
