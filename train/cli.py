@@ -29,7 +29,7 @@ import click
 import typer
 
 from train.errors import EXIT_FAILED, EXIT_PREEMPTED, BusyError, SettingsError, TrainingError, first_line
-from train.rundir import StopRequest, preflight, write_json
+from train.rundir import StopRequest, check_same_model, preflight, write_json
 from train.settings import FIELDS, Settings, load_settings
 
 app = typer.Typer(
@@ -214,6 +214,7 @@ def evaluate(
     ] = False,
 ) -> None:
     """Every compiled metric on EVAL_SPLIT, printed as JSON; the run's settings.json fills in the settings."""
+    check_same_model(settings)  # another model, or a damaged run.json: before TensorFlow loads
     _load_tensorflow()
     from train.fit import evaluate as run_evaluate
 
