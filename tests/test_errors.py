@@ -189,7 +189,7 @@ def test_what_a_killed_save_left_is_removed_when_the_run_next_opens_and_the_chec
     assert result.exit_code == REACHED_TENSORFLOW, result.output
     assert sorted(path.name for path in checkpoints.iterdir()) == kept
     assert not (output_dir / "saved_model.tmp").exists() and not (output_dir / ".summary.json.4242.tmp").exists()
-    assert "removed what a save or export killed midway left in" in result.stderr
+    assert "removed what a killed save or export left (or damaged) in" in result.stderr
     assert "checkpoints/ckpt-5_temp" in result.stderr
 
 
@@ -237,7 +237,8 @@ def test_an_output_that_does_not_fit_the_labels_is_exit_2_before_the_run_directo
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
-        f"error: MODEL='wrong.py': its output (None, {scores}) scores {scores} classes, but each label of "
+        f"error: MODEL='wrong.py': its output (None, {scores}) scores {scores} class{'es' if scores > 1 else ''}, "
+        "but each label of "
         "synthetic_clusters/1.0.0 (LABEL_KEY='label') is one of 10 (0-9) under sparse categorical cross-entropy: end "
         "the model with num_classes units, like Dense(num_classes, activation='softmax')"
     )

@@ -168,7 +168,7 @@ def build(settings: Settings, spec: DatasetSpec, strategy) -> Built:
                 f"MODEL={settings.model!r}: its output {_output_shape(network)} does not fit the labels of "
                 f"{spec.name} (LABEL_KEY={spec.label_key!r}: {_label_kind(spec)}): {first_line(error, 200)}"
             ) from None
-        _check_classes(settings, network, serving.output, spec)
+        _check_output(settings, network, serving.output, spec)
         if not network.optimizer.built:  # (the symbolic build builds it too) now, so a checkpoint restores into it
             network.optimizer.build(network.trainable_variables)
         gradients_come_summed(network.optimizer)
@@ -179,17 +179,24 @@ def build(settings: Settings, spec: DatasetSpec, strategy) -> Built:
     return built
 
 
-def _check_classes(settings: Settings, network: keras.Model, output: Any, spec: DatasetSpec) -> None:
-    """Sparse categorical cross-entropy wants one score per class on the output's last axis; Keras takes any width
-    without a word (wider trains a classifier of classes the data lacks; 1 trains to NaN). Raises SettingsError."""
+def _check_output(settings: Settings, network: keras.Model, output: Any, spec: DatasetSpec) -> None:
+    """What Keras builds without a word but cannot train as meant: an output no gradient flows through (an integer
+    one), and under sparse categorical cross-entropy one whose last axis is not one score per class (wider trains
+    a classifier of classes the data lacks; 1 trains to NaN). Raises SettingsError."""
+    if not hasattr(output, "shape"):  # several outputs: Keras's own checks only
+        return
+    if not keras.backend.is_float_dtype(output.dtype):
+        raise SettingsError(
+            f"MODEL={settings.model!r}: its output is {output.dtype}, through which no gradient flows: end the model "
+            "with a floating-point output (no cast to an integer type inside it)"
+        )
     loss = keras.losses.get(network.loss) if isinstance(network.loss, str) else network.loss
     sparse = getattr(loss, "fn", loss) is keras.losses.sparse_categorical_crossentropy
-    if not sparse or spec.num_classes is None or spec.label_shape != () or not hasattr(output, "shape"):
-        return
     classes = spec.num_classes
-    if output.shape[-1] != classes:
+    if sparse and classes is not None and spec.label_shape == () and output.shape[-1] != classes:
         raise SettingsError(
-            f"MODEL={settings.model!r}: its output {tuple(output.shape)} scores {output.shape[-1]} classes, but each "
+            f"MODEL={settings.model!r}: its output {tuple(output.shape)} scores {output.shape[-1]} class"
+            f"{'es' if output.shape[-1] != 1 else ''}, but each "
             f"label of {spec.name} (LABEL_KEY={spec.label_key!r}) is one of {classes} (0-{classes - 1}) under "
             "sparse categorical cross-entropy: end the model with num_classes units, like "
             "Dense(num_classes, activation='softmax')"

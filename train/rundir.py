@@ -201,6 +201,8 @@ def read_run(output_dir: Path) -> dict[str, Any]:
     """What the run's first start resolved (empty for a new run). Raises SettingsError for a run.json that cannot
     be read or is damaged: it says which model the checkpoints are of, so it is never guessed or rewritten."""
     path = output_dir / RUN
+    if output_dir.exists() and not output_dir.is_dir():
+        raise SettingsError(f"OUTPUT_DIR={output_dir} is a file, not a run directory")
     try:
         recorded = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -248,28 +250,14 @@ RUN_ENTRIES = {
 
 
 def check_run_files(output_dir: Path) -> None:
-    """Each of the run's files and folders is what the run will write there, and is writable by this UID.
-    Raises SettingsError naming the first that is not: before TensorFlow loads, not minutes into a run."""
+    """Each of the run's files and folders is what the run will write there, and this UID may write it (and read
+    the checkpoints). Raises SettingsError naming the first that is not: before TensorFlow loads, not after."""
+    checkpoint = re.compile(r"ckpt-\d+\.(index|data-\d+-of-\d+)")
     for name, folder in RUN_ENTRIES.items():
-        entry = output_dir / name
-        if entry.is_symlink() and not entry.exists():
-            raise SettingsError(
-                f"{entry} is a symlink to {os.readlink(entry)}, which does not exist: remove the link, or restore "
-                "what it pointed to"
-            )
-        if not entry.exists():
-            continue
-        if entry.is_dir() != folder:
-            found, kept = ("a folder", "a file") if entry.is_dir() else ("a file", "a folder")
-            raise SettingsError(
-                f"{entry} is {found}, where a run keeps {kept}: move it away, or use another OUTPUT_DIR"
-            )
-        if folder and not os.access(entry, os.W_OK | os.X_OK):
-            owned = f", owned by {owner(entry)}" if owner(entry) else ""
-            raise SettingsError(
-                f"{entry} is not writable by UID {os.getuid()}{owned}: fix its owner or permissions, or use another "
-                "OUTPUT_DIR"
-            )
+        _check_entry(output_dir / name, folder)
+    for name in _listing(output_dir / "checkpoints"):
+        if checkpoint.fullmatch(name):  # restored, or replaced by the next save of its number
+            _check_entry(output_dir / "checkpoints" / name, folder=False, read=True)
     lock = output_dir / LOCK
     if lock.is_file():
         try:
@@ -278,16 +266,78 @@ def check_run_files(output_dir: Path) -> None:
             raise lock_error(lock, error) from None
 
 
+def _check_entry(entry: Path, folder: bool, read: bool = False) -> None:
+    try:
+        if entry.is_symlink() and not entry.exists():
+            raise SettingsError(
+                f"{entry} is a symlink to {os.readlink(entry)}, which does not exist: remove the link, or restore what "
+                "it pointed to"
+            )
+        if not entry.exists():
+            return
+        if entry.is_dir() != folder:
+            found, kept = ("a folder", "a file") if entry.is_dir() else ("a file", "a folder")
+            raise SettingsError(
+                f"{entry} is {found}, where a run keeps {kept}: move it away, or use another OUTPUT_DIR"
+            )
+        access, what = (os.W_OK | os.X_OK, "writable") if folder else (os.R_OK, "readable")
+        if (folder or read) and not os.access(entry, access):
+            owned = f", owned by {owner(entry)}" if owner(entry) else ""
+            raise SettingsError(
+                f"{entry} is not {what} by UID {os.getuid()}{owned}: fix its owner or permissions, or use another "
+                "OUTPUT_DIR"
+            )
+    except OSError as error:  # in a folder this UID cannot search
+        raise SettingsError(
+            f"{entry} cannot be looked at by UID {os.getuid()} ({error.strerror}): fix the owner or permissions of "
+            f"{entry.parent}, or use another OUTPUT_DIR"
+        ) from None
+
+
+def _listing(folder: Path) -> list[str]:
+    """The names in a folder; none where there is no folder. Raises SettingsError where it cannot be read: it would
+    look empty, and a run would start over on top of the checkpoints in it."""
+    try:
+        return os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as error:
+        owned = f", owned by {owner(folder)}" if owner(folder) else ""
+        raise SettingsError(
+            f"{folder} cannot be read by UID {os.getuid()} ({error.strerror}{owned}): fix its owner or permissions, "
+            "or use another OUTPUT_DIR"
+        ) from None
+
+
 def leftovers(output_dir: Path) -> list[Path]:
     """What a save or an export killed midway leaves: TensorFlow's `ckpt-N_temp/` folder, the data of a
-    checkpoint whose index was never written, the export's staging copies, write_json's temporary files."""
+    checkpoint whose index was never written, the export's staging copies, write_json's temporary files; and
+    a `checkpoint` state file that is not text (TensorFlow ignores one it cannot parse, but fails on one it cannot
+    decode; the checkpoints are found by listing the folder, and the next save writes the file anew)."""
     checkpoints = output_dir / "checkpoints"
-    found = [path for path in checkpoints.glob("ckpt-*_temp") if re.fullmatch(r"ckpt-\d+_temp", path.name)]
-    found += [path for path in checkpoints.glob("ckpt-*.data-*")
-              if not (checkpoints / f"{path.name.partition('.data-')[0]}.index").exists()]  # fmt: skip
-    found += [output_dir / name for name in ("model.tmp.keras", "saved_model.tmp") if (output_dir / name).exists()]
-    found += [path for path in output_dir.glob(".*.tmp") if re.fullmatch(r"\..+\.\d+\.tmp", path.name)]
+    try:
+        found = [path for path in checkpoints.glob("ckpt-*_temp") if re.fullmatch(r"ckpt-\d+_temp", path.name)]
+        found += [path for path in checkpoints.glob("ckpt-*.data-*")
+                  if not (checkpoints / f"{path.name.partition('.data-')[0]}.index").exists()]  # fmt: skip
+        found += [output_dir / name for name in ("model.tmp.keras", "saved_model.tmp") if (output_dir / name).exists()]
+        found += [path for path in output_dir.glob(".*.tmp") if re.fullmatch(r"\..+\.\d+\.tmp", path.name)]
+        found += [checkpoints / "checkpoint"] if _not_text(checkpoints / "checkpoint") else []
+    except OSError:  # a folder this UID cannot read: check_run_files says so
+        return []
     return sorted(found)
+
+
+def _not_text(path: Path) -> bool:
+    """A regular file whose bytes are not UTF-8 (not one that cannot be read: TensorFlow ignores that)."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        path.read_bytes().decode("utf-8")
+    except OSError:
+        return False
+    except UnicodeDecodeError:
+        return True
+    return False
 
 
 def remove_leftovers(output_dir: Path) -> list[str]:
@@ -325,7 +375,7 @@ def preflight(settings: Settings, warn: Callable[[str], None] = lambda message: 
     if not settings.multi_worker or (settings.cluster is not None and settings.cluster.is_chief):
         removed = remove_leftovers(output_dir)  # first, so that the free space counted next is the true one
         if removed:
-            warn(f"removed what a save or export killed midway left in {output_dir}: {', '.join(removed)}")
+            warn(f"removed what a killed save or export left (or damaged) in {output_dir}: {', '.join(removed)}")
     check_output_dir(output_dir)
     check_run_files(output_dir)
     check_same_model(settings)  # reads run.json: a damaged one is refused
@@ -351,11 +401,12 @@ def checkpoints_newest_first(checkpoint_dir: Path) -> list[Path]:
     """Every checkpoint in this directory (prefixes like .../ckpt-120), newest first.
 
     Found by listing the directory, not by trusting the `checkpoint` state file: that file can name
-    paths outside the run directory, and can be behind the files after a kill.
+    paths outside the run directory, and can be behind the files after a kill. Raises SettingsError for a
+    directory that cannot be read.
     """
     numbered = []
-    for index in checkpoint_dir.glob("ckpt-*.index"):
-        match = re.fullmatch(r"ckpt-(\d+)\.index", index.name)
+    for name in _listing(checkpoint_dir):
+        match = re.fullmatch(r"ckpt-(\d+)\.index", name)
         if match:
             numbered.append((int(match.group(1)), checkpoint_dir / f"ckpt-{match.group(1)}"))
     return [prefix for _, prefix in sorted(numbered, reverse=True)]
