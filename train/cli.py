@@ -149,8 +149,8 @@ def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool =
             return command(settings, **kwargs)
         except (SettingsError, TrainingError, BusyError) as error:
             _fail(str(error), error.exit_code)
-        except (typer.Exit, click.exceptions.Exit, click.exceptions.Abort, click.ClickException):  # exit codes
-            raise
+        except (typer.Exit, click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise  # a command's own exit code, or click's (typer.Exit is an Exception too)
         except Exception as error:  # anything the engine did not foresee: one line, the traceback kept in a file
             _crash(error, settings)
 

@@ -194,12 +194,12 @@ def _check_output(settings: Settings, network: keras.Model, output: Any, spec: D
     sparse = getattr(loss, "fn", loss) is keras.losses.sparse_categorical_crossentropy
     classes = spec.num_classes
     if sparse and classes is not None and spec.label_shape == () and output.shape[-1] != classes:
+        scores = f"{output.shape[-1]} class{'es' if output.shape[-1] != 1 else ''}"
         raise SettingsError(
-            f"MODEL={settings.model!r}: its output {tuple(output.shape)} scores {output.shape[-1]} class"
-            f"{'es' if output.shape[-1] != 1 else ''}, but each "
-            f"label of {spec.name} (LABEL_KEY={spec.label_key!r}) is one of {classes} (0-{classes - 1}) under "
-            "sparse categorical cross-entropy: end the model with num_classes units, like "
-            "Dense(num_classes, activation='softmax')"
+            f"MODEL={settings.model!r}: its output {tuple(output.shape)} scores {scores}, but each label of "
+            f"{spec.name} (LABEL_KEY={spec.label_key!r}) is one of {classes} (0-{classes - 1}) under sparse "
+            "categorical cross-entropy: end the model with num_classes units, like Dense(num_classes, "
+            "activation='softmax')"
         )
 
 
