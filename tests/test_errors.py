@@ -26,7 +26,7 @@ from train import cli as cli_module
 from train.cli import app
 from train.cluster.tf_config import WAITING_REPORT_SECONDS, Cluster, StartupDeadline
 from train.errors import EXIT_BAD_INPUT, EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, first_line, storage_fix
-from train.rundir import RUN, RunLock, write_json
+from train.rundir import RUN, RunLock, owner, write_json
 from train.settings import ENVIRONMENT_TYPO_CUTOFF, FIELDS, RUN_SETTINGS, likely_typos, model_fingerprint
 
 GOOD_MODEL = """import keras
@@ -298,10 +298,10 @@ def test_a_lock_file_of_another_user_is_exit_2_naming_the_file_and_its_owner(tmp
         lock.chmod(0o444)
     result = run_python(["-c", UNPRIVILEGED_TRAIN, "fit"], cwd=tmp_path, env=clean_env(OUTPUT_DIR=output_dir))
     assert result.returncode == 2, result.stderr[-3000:]
-    owner = "UID 12345" if os.geteuid() == 0 else f"UID {os.geteuid()}"
+    owned = "UID 12345" if os.geteuid() == 0 else owner(lock)  # a UID this machine has no name for
     assert result.stderr.strip().splitlines() == [
         f"error: OUTPUT_DIR={output_dir} cannot be locked: {lock} cannot be opened for writing by UID "
-        f"{os.getuid()} (Permission denied, owned by {owner}): use another OUTPUT_DIR, or fix its owner or "
+        f"{os.getuid()} (Permission denied, owned by {owned}): use another OUTPUT_DIR, or fix its owner or "
         "permissions"
     ]
     assert RunLock(output_dir).path.read_text() == ""
