@@ -87,7 +87,7 @@ runner = CliRunner()
 
 @pytest.fixture
 def cli(tmp_path, monkeypatch):
-    """`python -m train ARGS` in this process, in tmp_path, with SETTINGS only; TensorFlow is never loaded: a
+    """`python -m train ARGS` in this process, in tmp_path, with only the settings given; TensorFlow never loads: a
     command that gets that far exits REACHED_TENSORFLOW."""
 
     def load_tensorflow():
