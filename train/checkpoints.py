@@ -8,7 +8,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from train.errors import TrainingError, first_line
+from train.errors import TrainingError, first_line, storage_fix
 from train.model import Built
 from train.rundir import checkpoints_newest_first
 
@@ -68,5 +68,6 @@ def save_checkpoint(manager, step: int, skipped: int) -> None:
     except (OSError, tf.errors.OpError) as error:
         raise TrainingError(
             f"could not write checkpoint ckpt-{step} to {manager.directory} ({first_line(error, 160)}); "
-            f"the previous checkpoint {manager.latest_checkpoint} is intact: free space and run again to resume"
+            f"the previous checkpoint {manager.latest_checkpoint} is intact: {storage_fix(error, manager.directory)} "
+            "and run again to resume"
         ) from None

@@ -18,15 +18,18 @@ import os
 import re
 import sys
 import tempfile
+import time
+import traceback
 import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
+import click
 import typer
 
-from train.errors import EXIT_FAILED, EXIT_PREEMPTED, BusyError, SettingsError, TrainingError
-from train.rundir import StopRequest, preflight, write_json
+from train.errors import EXIT_FAILED, EXIT_PREEMPTED, BusyError, SettingsError, TrainingError, first_line
+from train.rundir import StopRequest, check_same_model, preflight, write_json
 from train.settings import FIELDS, Settings, load_settings
 
 app = typer.Typer(
@@ -73,6 +76,36 @@ def _fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
+def _warn(message: str) -> None:
+    typer.echo(f"warning: {message}", err=True)
+
+
+CRASH_LOG = "crash.log"  # in OUTPUT_DIR: the traceback of every failure the engine did not foresee
+
+
+def _crash(error: Exception, settings: Settings | None) -> None:
+    """A failure the engine did not foresee (a bug): exit 1 with its first line and where its full traceback was
+    written, OUTPUT_DIR/crash.log where the run directory exists, else a file in the temporary folder."""
+    header = f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}, pid {os.getpid()}: {' '.join(sys.argv)}\n"
+    text = header + "".join(traceback.format_exception(error))
+    output_dir, cluster = (settings.output_dir, settings.cluster) if settings else (None, None)
+    name = CRASH_LOG if cluster is None or cluster.is_chief else f"crash-worker{cluster.worker_index}.log"
+    places = [output_dir / name] if output_dir is not None and output_dir.is_dir() else []
+    places.append(Path(tempfile.gettempdir()) / f"tf-train-crash-{os.getpid()}.log")
+    for path in places:
+        try:
+            with open(path, "a", encoding="utf-8") as stream:
+                stream.write(text)
+        except OSError:
+            continue
+        where = f"the full traceback is in {path}"
+        break
+    else:  # nowhere to write it: shown rather than lost
+        typer.echo(text, err=True, nl=False)
+        where = "its traceback is above"
+    _fail(f"{type(error).__name__}: {first_line(error, 200)}. This is a bug: {where}; please report it", EXIT_FAILED)
+
+
 def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool = False) -> Any:
     """Give a command one flag per setting, and hand it the resolved, validated `Settings`.
 
@@ -110,12 +143,16 @@ def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool =
     @functools.wraps(command)
     def run(**kwargs: Any) -> Any:
         flags = {field.env: kwargs.pop(field.attr) for field in FIELDS}
+        settings = None
         try:
-            warn = lambda message: typer.echo(f"warning: {message}", err=True)  # noqa: E731
-            settings = load_settings(flags, warn=warn, from_run=from_run)
+            settings = load_settings(flags, warn=_warn, from_run=from_run)
             return command(settings, **kwargs)
         except (SettingsError, TrainingError, BusyError) as error:
             _fail(str(error), error.exit_code)
+        except (typer.Exit, click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise  # a command's own exit code, or click's (typer.Exit is an Exception too)
+        except Exception as error:  # anything the engine did not foresee: one line, the traceback kept in a file
+            _crash(error, settings)
 
     del run.__wrapped__  # typer must see the signature below, not the command's own
     run.__signature__ = inspect.Signature(own + setting_params)
@@ -158,7 +195,7 @@ def _write_json(path: Path | None, payload: Any) -> None:
 @with_settings
 def fit(settings: Settings) -> None:
     """Train, checkpointing as it goes; resumes from OUTPUT_DIR's latest checkpoint."""
-    preflight(settings)  # the run directory's problems in the first second, before TensorFlow loads
+    preflight(settings, _warn)  # the run directory's problems in the first second, before TensorFlow loads
     with StopRequest() as stop:  # from now on, SIGTERM means "save and exit 42", even while TF loads
         _load_tensorflow()
         from train.fit import fit as run_fit
@@ -177,6 +214,7 @@ def evaluate(
     ] = False,
 ) -> None:
     """Every compiled metric on EVAL_SPLIT, printed as JSON; the run's settings.json fills in the settings."""
+    check_same_model(settings)  # another model, or a damaged run.json: before TensorFlow loads
     _load_tensorflow()
     from train.fit import evaluate as run_evaluate
 

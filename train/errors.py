@@ -1,5 +1,7 @@
 """The failures a user sees as one line, and every exit code of `python -m train`. No TensorFlow here."""
 
+import errno
+import os
 import re
 
 EXIT_OK = 0
@@ -55,3 +57,15 @@ def first_line(error: BaseException, limit: int | None = None) -> str:
     if space >= 0 and space > len(cut) - 20:  # at a word ending near the limit; a long path or URL is cut inside
         cut = cut[:space]
     return cut + "..."
+
+
+def storage_fix(error: BaseException, where: object) -> str:
+    """What to do about a write that failed, from its cause (an OSError's errno, or TensorFlow's status text)."""
+    code, text = getattr(error, "errno", None), str(error)
+    if code in (errno.EACCES, errno.EPERM) or "Permission denied" in text or "Operation not permitted" in text:
+        return f"fix the owner or permissions of {where} (UID {os.getuid()} writes there)"
+    if code == errno.EROFS or "Read-only file system" in text:
+        return f"make {where} writable (it is on a read-only filesystem), or use another OUTPUT_DIR"
+    if code in (errno.ENOSPC, errno.EDQUOT) or "No space left" in text or "quota exceeded" in text.lower():
+        return "free space"
+    return "fix what it names"

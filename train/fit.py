@@ -33,7 +33,7 @@ from train.data import (
     open_dataset,
 )
 from train.devices.runtime import Runtime, auto_precision, choose_xla, setup_runtime
-from train.errors import SettingsError, TrainingError, first_line
+from train.errors import SettingsError, TrainingError, first_line, storage_fix
 from train.loop import Outcome, Schedule, check_finite, longest_call, run_loop, write_scalars
 from train.model import Built, averaged_weights, build, export, spread_seeds, use_averaged_weights, weights_fingerprint
 from train.progress import evaluation_notice, format_metrics, reporter
@@ -189,6 +189,13 @@ def _open_run_dir(run: Run, lock: RunLock) -> None:
     if run.peers.is_chief:
         lock.acquire()
         changed = changed_settings(run.output_dir / RUN_SETTINGS, settings)
+        run.built.serving.summary(print_fn=lambda line, **_: say(line))
+    run.checkpoint = make_checkpoint(run.built)
+    run.manager = run.peers.checkpoint_manager(run.checkpoint, run.checkpoint_dir, settings.keep_checkpoints)
+    restored = run.peers.restore(run.checkpoint, run.checkpoint_dir, say)
+    # Written once the run's checkpoints have loaded (or there are none): a start that cannot open the run rewrites
+    # nothing of it (a run.json naming another model would lock the right one out).
+    if run.peers.is_chief:
         write_json(run.output_dir / RUN_SETTINGS, settings.to_json())
         recorded = read_run(run.output_dir)
         write_json(run.output_dir / RUN, {
@@ -196,10 +203,6 @@ def _open_run_dir(run: Run, lock: RunLock) -> None:
             "jit_compile": run.jit_compile, "data_in_memory": run.data.in_memory, "precision": run.runtime.precision,
             **{key: recorded[key] for key in ("jit_compile", "data_in_memory", "precision") if key in recorded},
         })  # fmt: skip
-        run.built.serving.summary(print_fn=lambda line, **_: say(line))
-    run.checkpoint = make_checkpoint(run.built)
-    run.manager = run.peers.checkpoint_manager(run.checkpoint, run.checkpoint_dir, settings.keep_checkpoints)
-    restored = run.peers.restore(run.checkpoint, run.checkpoint_dir, say)
     if restored:
         spread_seeds(run.built, run.runtime.strategy)
         run.resumed_from = int(run.checkpoint.step.numpy())
@@ -416,10 +419,11 @@ def _finish(run: Run, outcome: Outcome) -> dict[str, Any]:
         if run.peers.is_chief:
             try:
                 summary["exported_model"] = export(run.built, run.output_dir)
-            except OSError as error:
+            except (OSError, tf.errors.OpError) as error:
                 raise TrainingError(
-                    f"could not export the model to {run.output_dir} ({error.strerror}); checkpoint "
-                    f"{run.manager.latest_checkpoint} is intact: free space and run again to export"
+                    f"could not export the model to {run.output_dir} ({first_line(error, 160)}); checkpoint "
+                    f"{run.manager.latest_checkpoint} is intact: {storage_fix(error, run.output_dir)} and run again "
+                    "to export"
                 ) from None
     if run.peers.is_chief:
         write_json(run.output_dir / "summary.json", summary)

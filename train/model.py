@@ -170,6 +170,7 @@ def build(settings: Settings, spec: DatasetSpec, strategy) -> Built:
                 f"MODEL={settings.model!r}: its output {_output_shape(network)} does not fit the labels of "
                 f"{spec.name} (LABEL_KEY={spec.label_key!r}: {_label_kind(spec)}): {first_line(error, 200)}"
             ) from None
+        _check_output(settings, network, serving.output, spec)
         if not network.optimizer.built:  # (the symbolic build builds it too) now, so a checkpoint restores into it
             network.optimizer.build(network.trainable_variables)
         gradients_come_summed(network.optimizer)
@@ -178,6 +179,30 @@ def build(settings: Settings, spec: DatasetSpec, strategy) -> Built:
     built = Built(network, serving, spec, seeds)
     spread_seeds(built, strategy)
     return built
+
+
+def _check_output(settings: Settings, network: keras.Model, output: Any, spec: DatasetSpec) -> None:
+    """What Keras builds without a word but cannot train as meant: an output no gradient flows through (an integer
+    one), and under sparse categorical cross-entropy one whose last axis is not one score per class (wider trains
+    a classifier of classes the data lacks; 1 trains to NaN). Raises SettingsError."""
+    if not hasattr(output, "shape"):  # several outputs: Keras's own checks only
+        return
+    if not keras.backend.is_float_dtype(output.dtype):
+        raise SettingsError(
+            f"MODEL={settings.model!r}: its output is {output.dtype}, through which no gradient flows: end the model "
+            "with a floating-point output (no cast to an integer type inside it)"
+        )
+    loss = keras.losses.get(network.loss) if isinstance(network.loss, str) else network.loss
+    sparse = getattr(loss, "fn", loss) is keras.losses.sparse_categorical_crossentropy
+    classes = spec.num_classes
+    if sparse and classes is not None and spec.label_shape == () and output.shape[-1] != classes:
+        scores = f"{output.shape[-1]} class{'es' if output.shape[-1] != 1 else ''}"
+        raise SettingsError(
+            f"MODEL={settings.model!r}: its output {tuple(output.shape)} scores {scores}, but each label of "
+            f"{spec.name} (LABEL_KEY={spec.label_key!r}) is one of {classes} (0-{classes - 1}) under sparse "
+            "categorical cross-entropy: end the model with num_classes units, like Dense(num_classes, "
+            "activation='softmax')"
+        )
 
 
 def _output_shape(network: keras.Model) -> str:

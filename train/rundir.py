@@ -5,21 +5,23 @@ No TensorFlow here: a wrong UID on a mounted volume or a full disk is caught in 
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import json
 import os
+import pwd
 import re
+import shutil
 import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from train.errors import BusyError, SettingsError
-from train.settings import Settings, model_fingerprint
+from train.errors import BusyError, SettingsError, first_line
+from train.settings import RUN_SETTINGS, Settings, model_fingerprint, read_run_settings
 
 PROBE_BYTES = 1 << 20  # a write of this size must succeed: a nearly full disk fails here, not at step 10,000
 MIN_FREE_BYTES = 64 << 20  # room for a few checkpoints of a small model, the export and the logs
@@ -45,6 +47,12 @@ def check_output_dir(path: Path) -> None:
     """Write and remove a probe file where the run will write. Raises SettingsError naming path and UID."""
     existing = path
     while not existing.exists():
+        if existing.is_symlink():  # mkdir would fail on it with "File exists"
+            where = f"OUTPUT_DIR={path}" + ("" if existing == path else f": {existing}")
+            raise SettingsError(
+                f"{where} is a symlink to {os.readlink(existing)}, which does not exist: create that folder, remove "
+                "the link, or use another OUTPUT_DIR"
+            )
         existing = existing.parent
     if not existing.is_dir():
         raise SettingsError(f"OUTPUT_DIR={path} cannot be created: {existing} is a file")
@@ -101,9 +109,16 @@ class RunLock:
         return self.output_dir / LOCK
 
     def acquire(self) -> None:
-        """Take the lock, creating OUTPUT_DIR if needed, or raise BusyError naming the holder (writes nothing)."""
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        stream = open(self.path, "a+")  # noqa: SIM115 (held open for the process's life: the lock is its descriptor)
+        """Take the lock, creating OUTPUT_DIR if needed, or raise BusyError naming the holder (writes nothing).
+        Raises SettingsError naming the file and its owner where this UID cannot open it."""
+        try:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise SettingsError(f"OUTPUT_DIR={self.output_dir} cannot be created ({error.strerror})") from None
+        try:
+            stream = open(self.path, "a+")  # noqa: SIM115 (held open for the process's life: the lock is its descriptor)
+        except OSError as error:
+            raise lock_error(self.path, error) from None
         try:
             fcntl.flock(stream, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
@@ -121,6 +136,27 @@ class RunLock:
         if self._stream is not None:
             self._stream.close()  # closing the descriptor releases the lock
             self._stream = None
+
+
+def owner(path: Path) -> str:
+    """Who owns a file: "UID 1000 (alice)", or "" where it cannot be known."""
+    try:
+        uid = path.lstat().st_uid
+    except OSError:
+        return ""
+    try:
+        return f"UID {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:  # a UID this machine has no name for (a volume from another host or container)
+        return f"UID {uid}"
+
+
+def lock_error(path: Path, error: OSError) -> SettingsError:
+    """The lock file cannot be opened for writing: typically a run directory of another user."""
+    owned = f", owned by {owner(path)}" if owner(path) else ""
+    return SettingsError(
+        f"OUTPUT_DIR={path.parent} cannot be locked: {path} cannot be opened for writing by UID {os.getuid()} "
+        f"({error.strerror}{owned}): use another OUTPUT_DIR, or fix its owner or permissions"
+    )
 
 
 def holder(output_dir: Path) -> str | None:
@@ -151,17 +187,49 @@ def busy(output_dir: Path) -> BusyError:
     )
 
 
+# What run.json may hold, and the form of each value (a key may be missing: older runs recorded fewer).
+RUN_VALUES = {
+    "model": lambda value: isinstance(value, str),
+    "model_sha256": lambda value: isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) is not None,
+    "jit_compile": lambda value: isinstance(value, bool),
+    "data_in_memory": lambda value: isinstance(value, bool),
+    "precision": lambda value: value in ("float32", "mixed_float16", "mixed_bfloat16"),
+}
+
+
 def read_run(output_dir: Path) -> dict[str, Any]:
-    """What the run's first start resolved (empty for a new run, or a file that is not ours)."""
-    with contextlib.suppress(OSError, ValueError):
-        recorded = json.loads((output_dir / RUN).read_text())
-        if isinstance(recorded, dict):
+    """What the run's first start resolved (empty for a new run). Raises SettingsError for a run.json that cannot
+    be read or is damaged: it says which model the checkpoints are of, so it is never guessed or rewritten."""
+    path = output_dir / RUN
+    if output_dir.exists() and not output_dir.is_dir():
+        raise SettingsError(f"OUTPUT_DIR={output_dir} is a file, not a run directory")
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except OSError as error:
+        owned = f", owned by {owner(path)}" if owner(path) else ""
+        problem = f"cannot be read ({error.strerror}{owned})"
+    except ValueError as error:  # not JSON, or not UTF-8
+        problem = f"is damaged (not JSON: {first_line(error, 80)})"
+    else:
+        if not isinstance(recorded, dict):
+            problem = f"is damaged (a JSON {type(recorded).__name__}, not an object)"
+        elif wrong := [key for key, fits in RUN_VALUES.items() if key in recorded and not fits(recorded[key])]:
+            problem = f"is damaged ({wrong[0]}: {recorded[wrong[0]]!r})"
+        else:
             return recorded
-    return {}
+    if checkpoints_newest_first(output_dir / "checkpoints"):
+        fix = "it records which MODEL this run's checkpoints are of: put back a good copy, or delete it to have the "
+        fix += "next start record MODEL anew (checkpoints of another model then do not load, and nothing is rewritten)"
+    else:
+        fix = "no checkpoint depends on it: delete it and run again"
+    raise SettingsError(f"{path} {problem}; {fix}")
 
 
 def check_same_model(settings: Settings) -> None:
-    """A run directory holding checkpoints of another model is refused in one line (they would not load)."""
+    """A run directory holding checkpoints of another model is refused in one line (they would not load), as is
+    one whose run.json is damaged."""
     recorded = read_run(settings.output_dir).get("model_sha256")
     if not recorded or not checkpoints_newest_first(settings.output_dir / "checkpoints"):
         return
@@ -174,10 +242,143 @@ def check_same_model(settings: Settings) -> None:
         )
 
 
-def preflight(settings: Settings) -> None:
-    """Everything about the run directory that can be known before TensorFlow loads."""
-    check_output_dir(settings.output_dir)
-    check_same_model(settings)
+# What a run keeps in OUTPUT_DIR: True for a folder it writes into, False for a file it replaces whole.
+RUN_ENTRIES = {
+    RUN_SETTINGS: False, RUN: False, "summary.json": False, LOCK: False, "model.keras": False, "saved_model": True,
+    "checkpoints": True, "checkpoints/checkpoint": False, "logs": True, "logs/train": True, "logs/eval": True,
+}  # fmt: skip
+
+
+def check_run_files(output_dir: Path) -> None:
+    """Each of the run's files and folders is what the run will write there, and this UID may write it (and read
+    the checkpoints). Raises SettingsError naming the first that is not: before TensorFlow loads, not after."""
+    checkpoint = re.compile(r"ckpt-\d+\.(index|data-\d+-of-\d+)")
+    for name, folder in RUN_ENTRIES.items():
+        _check_entry(output_dir / name, folder)
+    for name in _listing(output_dir / "checkpoints"):
+        if checkpoint.fullmatch(name):  # restored, or replaced by the next save of its number
+            _check_entry(output_dir / "checkpoints" / name, folder=False, read=True)
+    lock = output_dir / LOCK
+    if lock.is_file():
+        try:
+            os.close(os.open(lock, os.O_WRONLY | os.O_APPEND))  # what RunLock.acquire opens it for; writes nothing
+        except OSError as error:
+            raise lock_error(lock, error) from None
+
+
+def _check_entry(entry: Path, folder: bool, read: bool = False) -> None:
+    try:
+        if entry.is_symlink() and not entry.exists():
+            raise SettingsError(
+                f"{entry} is a symlink to {os.readlink(entry)}, which does not exist: remove the link, or restore what "
+                "it pointed to"
+            )
+        if not entry.exists():
+            return
+        if entry.is_dir() != folder:
+            found, kept = ("a folder", "a file") if entry.is_dir() else ("a file", "a folder")
+            raise SettingsError(
+                f"{entry} is {found}, where a run keeps {kept}: move it away, or use another OUTPUT_DIR"
+            )
+        access, what = (os.W_OK | os.X_OK, "writable") if folder else (os.R_OK, "readable")
+        if (folder or read) and not os.access(entry, access):
+            owned = f", owned by {owner(entry)}" if owner(entry) else ""
+            raise SettingsError(
+                f"{entry} is not {what} by UID {os.getuid()}{owned}: fix its owner or permissions, or use another "
+                "OUTPUT_DIR"
+            )
+    except OSError as error:  # in a folder this UID cannot search
+        raise SettingsError(
+            f"{entry} cannot be looked at by UID {os.getuid()} ({error.strerror}): fix the owner or permissions of "
+            f"{entry.parent}, or use another OUTPUT_DIR"
+        ) from None
+
+
+def _listing(folder: Path) -> list[str]:
+    """The names in a folder; none where there is no folder. Raises SettingsError where it cannot be read: it would
+    look empty, and a run would start over on top of the checkpoints in it."""
+    try:
+        return os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as error:
+        owned = f", owned by {owner(folder)}" if owner(folder) else ""
+        raise SettingsError(
+            f"{folder} cannot be read by UID {os.getuid()} ({error.strerror}{owned}): fix its owner or permissions, "
+            "or use another OUTPUT_DIR"
+        ) from None
+
+
+def leftovers(output_dir: Path) -> list[Path]:
+    """What a save or an export killed midway leaves: TensorFlow's `ckpt-N_temp/` folder, the data of a
+    checkpoint whose index was never written, the export's staging copies, write_json's temporary files; and
+    a `checkpoint` state file that is not text (TensorFlow ignores one it cannot parse, but fails on one it cannot
+    decode; the checkpoints are found by listing the folder, and the next save writes the file anew)."""
+    checkpoints = output_dir / "checkpoints"
+    try:
+        found = [path for path in checkpoints.glob("ckpt-*_temp") if re.fullmatch(r"ckpt-\d+_temp", path.name)]
+        found += [path for path in checkpoints.glob("ckpt-*.data-*")
+                  if not (checkpoints / f"{path.name.partition('.data-')[0]}.index").exists()]  # fmt: skip
+        found += [output_dir / name for name in ("model.tmp.keras", "saved_model.tmp") if (output_dir / name).exists()]
+        found += [path for path in output_dir.glob(".*.tmp") if re.fullmatch(r"\..+\.\d+\.tmp", path.name)]
+        found += [checkpoints / "checkpoint"] if _not_text(checkpoints / "checkpoint") else []
+    except OSError:  # a folder this UID cannot read: check_run_files says so
+        return []
+    return sorted(found)
+
+
+def _not_text(path: Path) -> bool:
+    """A regular file whose bytes are not UTF-8 (not one that cannot be read: TensorFlow ignores that)."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        path.read_bytes().decode("utf-8")
+    except OSError:
+        return False
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def remove_leftovers(output_dir: Path) -> list[str]:
+    """Remove `leftovers` under the run's lock (so no live save loses its files); their names, relative to
+    OUTPUT_DIR. Removes nothing while another process holds the lock, or where it cannot be taken."""
+    found = leftovers(output_dir) if output_dir.is_dir() else []
+    if not found:
+        return []
+    try:
+        stream = open(output_dir / LOCK, "a+")  # noqa: SIM115
+    except OSError:
+        return []  # check_run_files says why
+    with stream:
+        try:
+            fcntl.flock(stream, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return []  # in use: preflight says so
+        removed = []
+        for path in leftovers(output_dir):  # again, now that nobody else can be writing
+            try:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+            except OSError:
+                continue
+            removed.append(str(path.relative_to(output_dir)))
+    return removed
+
+
+def preflight(settings: Settings, warn: Callable[[str], None] = lambda message: None) -> None:
+    """Everything about the run directory that can be known before TensorFlow loads. Raises SettingsError or
+    BusyError; `warn` hears what is repaired (a killed save's leftovers) or cannot be (a damaged settings.json)."""
+    output_dir = settings.output_dir
+    if not settings.multi_worker or (settings.cluster is not None and settings.cluster.is_chief):
+        removed = remove_leftovers(output_dir)  # first, so that the free space counted next is the true one
+        if removed:
+            warn(f"removed what a killed save or export left (or damaged) in {output_dir}: {', '.join(removed)}")
+    check_output_dir(output_dir)
+    check_run_files(output_dir)
+    check_same_model(settings)  # reads run.json: a damaged one is refused
     # Across workers the chief says it once they have joined (train.cluster.workers), so that every worker ends
     # with the same exit code: a worker that stopped here would leave the others waiting for it.
     if not settings.multi_worker and holder(settings.output_dir) is not None:
@@ -188,17 +389,24 @@ def preflight(settings: Settings) -> None:
             f"RESUME=never but OUTPUT_DIR={settings.output_dir} already holds checkpoints ({existing[0].name}): "
             "use another OUTPUT_DIR, delete that one, or RESUME=auto"
         )
+    _, problem = read_run_settings(output_dir / RUN_SETTINGS)
+    if problem:
+        warn(
+            f"{output_dir / RUN_SETTINGS} {problem}: which settings changed since the run's last start cannot be "
+            "said; this start writes it anew"
+        )
 
 
 def checkpoints_newest_first(checkpoint_dir: Path) -> list[Path]:
     """Every checkpoint in this directory (prefixes like .../ckpt-120), newest first.
 
     Found by listing the directory, not by trusting the `checkpoint` state file: that file can name
-    paths outside the run directory, and can be behind the files after a kill.
+    paths outside the run directory, and can be behind the files after a kill. Raises SettingsError for a
+    directory that cannot be read.
     """
     numbered = []
-    for index in checkpoint_dir.glob("ckpt-*.index"):
-        match = re.fullmatch(r"ckpt-(\d+)\.index", index.name)
+    for name in _listing(checkpoint_dir):
+        match = re.fullmatch(r"ckpt-(\d+)\.index", name)
         if match:
             numbered.append((int(match.group(1)), checkpoint_dir / f"ckpt-{match.group(1)}"))
     return [prefix for _, prefix in sorted(numbered, reverse=True)]

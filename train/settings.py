@@ -26,7 +26,7 @@ from typing import Any
 from dotenv.parser import parse_stream
 
 from train.cluster.tf_config import EXAMPLE, Cluster, parse_tf_config
-from train.errors import SettingsError
+from train.errors import SettingsError, first_line
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
 SINGLE_HOST = ("one_device", "mirrored")
@@ -141,16 +141,27 @@ def model_source(text: str) -> Path | None:
 
 
 def model_fingerprint(text: str) -> str:
-    """sha256 of MODEL's code: its syntax tree, so comments and formatting may change but the code may not."""
+    """sha256 of MODEL's code: its syntax tree, so comments and formatting may change but the code may not.
+
+    Raises SettingsError for a file that is gone, cannot be read or does not parse: the file, the line, the message.
+    """
     source = model_source(text)
-    assert source is not None, text  # validated by _model
-    tree = ast.dump(ast.parse(source.read_text(encoding="utf-8")))
-    return hashlib.sha256(tree.encode()).hexdigest()
+    if source is None:
+        raise SettingsError(f"MODEL={text!r} is no longer a file (from {Path.cwd()}): put it back, or set MODEL again")
+    try:
+        tree = ast.parse(source.read_bytes(), filename=str(source))  # bytes: Python's own rules for the encoding
+    except OSError as error:
+        raise SettingsError(f"MODEL={text!r}: {source} cannot be read ({error.strerror})") from None
+    except SyntaxError as error:  # IndentationError, a null byte and text that is not UTF-8 included
+        where = f"{source}, line {error.lineno}" if error.lineno else str(source)
+        raise SettingsError(f"MODEL={text!r} does not parse: {where}: {error.msg}") from None
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
 
 
 def _model(name: str, text: str) -> str:
     text = _text(name, text)
     if model_source(text) is not None:
+        model_fingerprint(text)  # a file that cannot be read or does not parse: one line now, not a traceback later
         return text
     if is_model_path(text):
         raise SettingsError(
@@ -443,7 +454,7 @@ def load_settings(
     layers = [flags, environ, dotenv, project]
     if from_run:
         output_dir = _parse(FIELDS_BY_ENV["OUTPUT_DIR"], _resolve("OUTPUT_DIR", layers))
-        layers.insert(2, _run_settings(output_dir / RUN_SETTINGS))
+        layers.insert(2, _run_settings(output_dir / RUN_SETTINGS, warn))
 
     values = {field.attr: _parse(field, _resolve(field.env, layers)) for field in FIELDS}
     settings = Settings(**values, cluster=parse_tf_config(environ.get("TF_CONFIG")))
@@ -467,18 +478,33 @@ def _resolve(name: str, layers: Iterable[Mapping[str, str]]) -> str:
     return FIELDS_BY_ENV[name].default
 
 
-def _run_settings(path: Path) -> dict[str, str]:
-    """A run's settings.json as a layer: only names that are settings, only text values."""
+def read_run_settings(path: Path) -> tuple[dict[str, str], str | None]:
+    """A run's settings.json: the settings it holds ({NAME: text}), and what is wrong with the file ("is damaged
+    (...)", "cannot be read (...)"), None where nothing is (or there is no file). Raises nothing."""
     try:
-        saved = json.loads(path.read_text())
+        saved = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as error:
-        message = f"{path} cannot be read ({error}): it is not a run's settings; use another OUTPUT_DIR"
-        raise SettingsError(message) from None
+        return {}, None
+    except OSError as error:
+        return {}, f"cannot be read ({error.strerror})"
+    except ValueError as error:  # not JSON, or not UTF-8
+        return {}, f"is damaged (not JSON: {first_line(error, 100)})"
     if not isinstance(saved, dict):
-        raise SettingsError(f"{path} is not a run's settings (not a JSON object); use another OUTPUT_DIR")
-    return {name: value for name, value in saved.items() if name in FIELDS_BY_ENV and isinstance(value, str)}
+        return {}, f"is damaged (a JSON {type(saved).__name__}, not an object)"
+    settings = {name: value for name, value in saved.items() if name in FIELDS_BY_ENV}
+    wrong = [name for name, value in settings.items() if not isinstance(value, str)]
+    if wrong:
+        return {}, f"is damaged ({wrong[0]}: {settings[wrong[0]]!r} is not text)"
+    return settings, None
+
+
+def _run_settings(path: Path, warn: Callable[[str], None] | None) -> dict[str, str]:
+    """A run's settings.json as a layer; a damaged one is said (as fit says it) and left out."""
+    settings, problem = read_run_settings(path)
+    if problem and warn:
+        warn(f"{path} {problem}: the run's settings are not known; evaluating with the flags, the environment, "
+             ".env and the defaults alone")  # fmt: skip
+    return settings
 
 
 def _check_combinations(settings: Settings) -> None:
@@ -532,12 +558,10 @@ WORKERS_AGREE = tuple(field.env for field in FIELDS if field.workers_agree)
 
 
 def changed_settings(path: Path, settings: Settings) -> list[tuple[str, str, str]]:
-    """(NAME, before, now) for each run-defining setting that differs from the settings.json at `path`."""
-    try:
-        before = json.loads(path.read_text())
-    except (OSError, ValueError):  # no earlier start, or a file that is not ours
-        return []
-    if not isinstance(before, dict):
+    """(NAME, before, now) for each run-defining setting that differs from the settings.json at `path` (none for
+    a first start or a damaged file: preflight says that)."""
+    before, _ = read_run_settings(path)
+    if not before:
         return []
     now = settings.to_json()
     return [(name, str(before[name]), now[name]) for name in RUN_DEFINING if before.get(name, now[name]) != now[name]]

@@ -1,0 +1,230 @@
+"""No traceback on any path: run directories and model files damaged in many ways, then `evaluate`, `fit` and
+`devices` on each. Every run exits with a code of the README's table, prints no traceback, ends an error in one
+line naming the file or setting (never "This is a bug"), and leaves the newest intact checkpoint loadable.
+
+The damage is drawn from FUZZ_SEED (default 27; `FUZZ_SEED=$RANDOM make test` draws other offsets, bytes and
+values); the cases are the same for every seed. They run in one process (tests/harness/fuzz.py), without root's
+power over files where the tests run as root, so an unwritable file is unwritable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, clean_env, run_python, run_train
+from tests.harness.caps import can_drop_file_override
+from train.errors import EXIT_OK
+from train.settings import FIELDS
+
+pytestmark = pytest.mark.skipif(not can_drop_file_override(), reason="root here cannot drop CAP_DAC_OVERRIDE")
+
+SEED = int(os.environ.get("FUZZ_SEED", "27"))
+ROOT = os.geteuid() == 0
+OTHER_UID = 12345  # the owner of "another user's" files
+
+# A small run: checkpoints 0, 2 and 4 kept, splits cut down so that a command that gets to TensorFlow is quick.
+SETTINGS = {"MODEL": "model.py", "OUTPUT_DIR": "run", "BATCH_SIZE": 32, "EPOCHS": 1, "STEPS_PER_EPOCH": 4,
+            "CHECKPOINT_EVERY": 2, "KEEP_CHECKPOINTS": 3, "LOG_EVERY": 1000, "JIT_COMPILE": "false",
+            "TRAIN_SPLIT": "train[:256]", "EVAL_SPLIT": "test[:128]"}  # fmt: skip
+NEWEST = 4
+MODEL = """import keras
+
+
+def build_model(input_shape, num_classes, learning_rate):
+    model = keras.Sequential([keras.Input(input_shape), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(num_classes, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    return model
+"""
+INTEGER_OUTPUT = """import keras
+
+
+def build_model(input_shape, num_classes, learning_rate):
+    inputs = keras.Input(input_shape)
+    scores = keras.layers.Dense(num_classes, activation="softmax")(inputs)
+    model = keras.Model(inputs, keras.ops.cast(scores * 100, "int32"))
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss="sparse_categorical_crossentropy")
+    return model
+"""
+
+FILE_DAMAGE = ("truncated", "garbage", "wrong-json", "deleted", "a-folder", "unwritable", "unreadable", "another-user",
+               "dangling-symlink")  # fmt: skip
+FOLDER_DAMAGE = ("deleted", "a-file", "unwritable", "unreadable", "another-user", "dangling-symlink")
+FILES = ("settings.json", "run.json", "summary.json", ".lock", "model.keras", "checkpoints/checkpoint",
+         f"checkpoints/ckpt-{NEWEST}.index", f"checkpoints/ckpt-{NEWEST}.data-00000-of-00001")  # fmt: skip
+FOLDERS = (".", "checkpoints", "logs", "logs/train", "saved_model")
+JSON = ("settings.json", "run.json", "summary.json", ".lock")
+LEFTOVERS = {
+    "killed-save": f"checkpoints/ckpt-{NEWEST + 2}_temp",
+    "unindexed-data": f"checkpoints/ckpt-{NEWEST + 2}.data-00000-of-00001",
+}
+WRONG_JSON = ([], 7, "text", None, True, [{"MODEL": "model.py"}], {"MODEL": 3}, {"BATCH_SIZE": ["32"]},
+              {"model_sha256": 12}, {"jit_compile": "yes"}, {"precision": "float99"}, {"pid": "me"})  # fmt: skip
+MODELS = {
+    "cut": None,  # MODEL cut at a random offset
+    "garbage-bytes": None,  # random bytes put in at a random offset
+    "missing-import": "import not_a_module_anywhere\n" + MODEL,
+    "wrong-signature": MODEL.replace("(input_shape, num_classes, learning_rate)", "(input_shape)"),
+    "more-classes": MODEL.replace("Dense(num_classes,", "Dense(num_classes + {k},"),
+    "one-output": MODEL.replace("Dense(num_classes,", "Dense(1,"),
+    "extra-axis": MODEL.replace('activation="softmax")]', 'activation="softmax"), keras.layers.Reshape((-1, 1))]'),
+    "integer-output": INTEGER_OUTPUT,
+    "raises": MODEL.replace("    model = ", "    raise {error}('{message}')\n    model = "),
+    "returns-none": MODEL.replace("    return model", "    return None"),
+    "not-compiled": MODEL.replace("    model.compile(", "    dict("),
+    "not-a-function": "build_model = 3\n",
+    "raises-on-import": "raise RuntimeError('no licence server')\n" + MODEL,
+    "empty": "",
+    "a-folder": None,
+    "unreadable": MODEL,
+    "dangling-symlink": None,
+}
+
+CASES = (
+    [f"{target}:{kind}" for target in FILES for kind in FILE_DAMAGE if kind != "wrong-json" or target in JSON]
+    + [f"{target}/:{kind}" for target in FOLDERS for kind in FOLDER_DAMAGE]
+    + [f"leftover:{kind}" for kind in LEFTOVERS]
+    + [f"model:{kind}" for kind in MODELS]
+)
+
+
+def damage_file(path: Path, kind: str, rng: random.Random) -> None:
+    if kind == "truncated":
+        data = path.read_bytes()
+        path.write_bytes(data[: rng.randrange(len(data))] if data else b"")
+    elif kind == "garbage":
+        path.write_bytes(rng.randbytes(rng.randint(1, 300)))
+    elif kind == "wrong-json":
+        path.write_text(json.dumps(rng.choice(WRONG_JSON)))
+    elif kind in ("deleted", "a-folder", "dangling-symlink"):
+        path.unlink()
+        if kind == "a-folder":
+            path.mkdir()
+            (path / "inside").write_text("x")
+        elif kind == "dangling-symlink":
+            path.symlink_to(path.parent / "nowhere" / path.name)
+    else:
+        take_away(path, kind)
+
+
+def take_away(path: Path, kind: str) -> None:
+    """unwritable, unreadable, another-user: what a user without root's power over files meets."""
+    folder = path.is_dir()
+    if kind == "unwritable":
+        path.chmod(0o555 if folder else 0o444)
+    elif kind == "unreadable":
+        path.chmod(0o000)
+    elif ROOT:  # another-user: theirs, readable by all
+        for each in [path, *path.rglob("*")] if folder else [path]:
+            os.chown(each, OTHER_UID, OTHER_UID, follow_symlinks=False)
+    else:
+        path.chmod(0o555 if folder else 0o444)
+
+
+def damage_folder(path: Path, kind: str) -> None:
+    if kind in ("deleted", "a-file", "dangling-symlink"):
+        shutil.rmtree(path)
+        if kind == "a-file":
+            path.write_text("x")
+        elif kind == "dangling-symlink":
+            path.symlink_to(path.parent / "nowhere")
+    else:
+        take_away(path, kind)
+
+
+def damage_model(path: Path, kind: str, rng: random.Random) -> None:
+    text = MODELS[kind]
+    if kind == "cut":
+        path.write_text(MODEL[: rng.randrange(1, len(MODEL))])
+    elif kind == "garbage-bytes":
+        at = rng.randrange(len(MODEL))
+        path.write_bytes(MODEL[:at].encode() + rng.randbytes(rng.randint(1, 16)) + MODEL[at:].encode())
+    elif kind == "a-folder":
+        path.mkdir()
+    elif kind == "dangling-symlink":
+        path.symlink_to(path.parent / "nowhere.py")
+    else:
+        error = rng.choice(["RuntimeError", "KeyError", "ValueError", "MemoryError", "ImportError"])
+        path.write_text(text.format(k=rng.randint(1, 50), error=error, message="no GPU budget today"))
+        if kind == "unreadable":
+            path.chmod(0o000)
+
+
+def make_case(name: str, template: Path, folder: Path) -> dict:
+    """The case's folder (a copy of the template run, damaged), its settings and its newest intact checkpoint."""
+    rng = random.Random(f"{SEED}:{name}")
+    target, kind = name.rsplit(":", 1)
+    shutil.copytree(template, folder, symlinks=True)
+    run, intact = folder / "run", NEWEST
+    settings = {**SETTINGS, "OUTPUT_DIR": str(run)}
+    if target == "model":
+        (folder / "model.py").unlink()
+        damage_model(folder / "model.py", kind, rng)
+        settings["OUTPUT_DIR"], intact = str(folder / "new-run"), None  # a new run: its model is built
+    elif target == "leftover":
+        leftover = run / LEFTOVERS[kind]
+        if kind == "killed-save":
+            leftover.mkdir()
+            leftover = leftover / "part-00000-of-00001.data-00000-of-00001"
+        leftover.write_bytes(rng.randbytes(4096))
+    elif target.endswith("/"):
+        damage_folder(run / target[:-1], kind)
+        gone = kind in ("deleted", "a-file", "dangling-symlink") and target in ("./", "checkpoints/")
+        intact = None if gone else intact
+    else:
+        damage_file(run / target, kind, rng)
+        readable = kind in ("unwritable", "another-user")
+        intact = NEWEST - 2 if target.startswith(f"checkpoints/ckpt-{NEWEST}.") and not readable else intact
+    env = {name: str(value) for name, value in settings.items()}
+    return {"name": name, "dir": str(folder), "env": env, "intact": intact,
+            "commands": [["evaluate"], ["fit"], ["devices"]]}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, tfds_data_dir) -> dict:
+    """Every case's runs, from one driver process."""
+    base = tmp_path_factory.mktemp("fuzz")
+    template = base / "template"
+    template.mkdir()
+    (template / "model.py").write_text(MODEL)
+    trained = run_train("fit", cwd=template, TFDS_DATA_DIR=tfds_data_dir, **SETTINGS)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    cases = [make_case(name, template, base / f"case{index}") for index, name in enumerate(CASES)]
+    (base / "cases.json").write_text(json.dumps(cases))
+    driven = run_python(["-m", "tests.harness.fuzz", str(base / "cases.json"), str(base / "results.json")],
+                        cwd=REPO, env=clean_env(TFDS_DATA_DIR=tfds_data_dir), timeout=600)  # fmt: skip
+    assert driven.returncode == 0, driven.stderr[-5000:]
+    assert "Traceback" not in driven.stderr, driven.stderr[-5000:]
+    return {case["name"]: {**case, **json.loads((base / "results.json").read_text())[case["name"]]} for case in cases}
+
+
+TABLE = (REPO / "README.md").read_text().split("## Exit codes", 1)[1].split("\n## ", 1)[0]
+EXIT_CODES = {int(code) for code in re.findall(r"^\| (\d+) \|", TABLE, flags=re.MULTILINE)}
+SETTING_NAMES = tuple(field.env for field in FIELDS)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_every_command_ends_in_a_documented_code_without_a_traceback_and_keeps_the_checkpoints(results, name):
+    case = results[name]
+    for run in case["runs"]:
+        said = (
+            f"{' '.join(run['args'])} on {name}: exit {run['exit']}\n{run['stdout'][-1500:]}\n{run['stderr'][-3000:]}"
+        )
+        assert run["exception"] is None, said + run["exception"]
+        assert run["exit"] in EXIT_CODES, said
+        assert "Traceback" not in run["stdout"] + run["stderr"], said
+        assert "This is a bug" not in run["stderr"], said
+        if run["exit"] != EXIT_OK:
+            last = run["stderr"].strip().splitlines()[-1] if run["stderr"].strip() else ""
+            assert last.startswith("error: "), said
+            assert case["dir"] in last or any(f"{setting}=" in last for setting in SETTING_NAMES), said
+    if case["intact"] is not None:
+        assert case["loaded"] is not None and case["loaded"] >= case["intact"], (name, case["loaded"])
