@@ -10,6 +10,7 @@ N GPUs or N workers alike. What multi-worker does differently sits behind `peers
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from train.progress import evaluation_notice, format_metrics, reporter
 from train.rundir import RUN, RunLock, StopRequest, check_same_model, read_run, write_json
 from train.settings import RUN_SETTINGS, WORKERS_AGREE, Settings, changed_settings, model_fingerprint
 from train.step import Evaluator, make_train_calls
+from train.timeline import Segment, first_segment, resume, segment_at
 
 Say = Callable[[str], None]
 
@@ -50,7 +52,7 @@ def _say(message: str) -> None:
 
 def steps_per_epoch(settings: Settings, data: Data, runtime: Runtime) -> int:
     """STEPS_PER_EPOCH, or one pass over the split. Raises SettingsError for a split under one global batch."""
-    pipelines = input_pipelines(runtime.strategy)
+    pipelines = input_pipelines(runtime.strategy, streamed=not data.in_memory)
     return settings.steps_per_epoch or batches_per_pass(data.train, runtime.global_batch, pipelines=pipelines)
 
 
@@ -81,9 +83,19 @@ def agree(settings: Settings, runtime: Runtime, peers: SingleHost, dataset: Data
     return reconcile(peers.all_gather("report", this_worker))
 
 
+def _topology(runtime: Runtime) -> dict[str, Any]:
+    """What a start ran on: a resume on other devices decides again what does not change the math."""
+    return {"workers": runtime.workers, "replicas": runtime.replicas, "devices": list(runtime.devices)}
+
+
 def _decide_xla(settings: Settings, runtime: Runtime, peers: SingleHost, built: Built, whole_call: bool, jit: str):
-    """XLA on or off, decided once per run on the chief (and reused on resume), the same on every worker."""
-    recorded = read_run(settings.output_dir).get("jit_compile") if peers.is_chief else None
+    """XLA on or off, decided on the chief at a run's first start and reused on resume (on the same devices; on
+    others, decided again), the same on every worker."""
+    recorded_run = read_run(settings.output_dir) if peers.is_chief else {}
+    recorded = recorded_run.get("jit_compile")
+    starts = recorded_run.get("starts") or []
+    if starts and {key: starts[-1].get(key) for key in ("workers", "replicas", "devices")} != _topology(runtime):
+        recorded = None  # other devices: auto chooses for these (XLA does not change the math)
     if jit == "auto" and recorded is not None and not runtime.deterministic:  # DETERMINISTIC=true: always off
         try:
             choose_xla("true" if recorded else "false", runtime, whole_call, built.convolutional, None)
@@ -115,6 +127,8 @@ class Run:
     progress: Any = None
     resumed_from: int | None = None
     profiling: bool = False
+    segment: Segment | None = None  # how steps map to epochs and to the data from here on (train.timeline)
+    starts: list[dict[str, Any]] = field(default_factory=list)  # every start of the run (run.json), this one last
 
     @property
     def output_dir(self) -> Path:
@@ -195,14 +209,11 @@ def _open_run_dir(run: Run, lock: RunLock) -> None:
     restored = run.peers.restore(run.checkpoint, run.checkpoint_dir, say)
     # Written once the run's checkpoints have loaded (or there are none): a start that cannot open the run rewrites
     # nothing of it (a run.json naming another model would lock the right one out).
+    step = int(run.checkpoint.step.numpy()) if restored else 0
+    _take_up_segment(run, step, read_run(run.output_dir).get("starts") or [] if run.peers.is_chief else [])
     if run.peers.is_chief:
         write_json(run.output_dir / RUN_SETTINGS, settings.to_json())
-        recorded = read_run(run.output_dir)
-        write_json(run.output_dir / RUN, {
-            "model": settings.model, "model_sha256": model_fingerprint(settings.model),
-            "jit_compile": run.jit_compile, "data_in_memory": run.data.in_memory, "precision": run.runtime.precision,
-            **{key: recorded[key] for key in ("jit_compile", "data_in_memory", "precision") if key in recorded},
-        })  # fmt: skip
+        _write_run(run)
     if restored:
         spread_seeds(run.built, run.runtime.strategy)
         run.resumed_from = int(run.checkpoint.step.numpy())
@@ -221,6 +232,55 @@ def _open_run_dir(run: Run, lock: RunLock) -> None:
     if run.peers.is_chief:
         write_hparams(run, logs)
     run.evaluate = Evaluator(run.built, run.runtime.strategy)
+
+
+def _segment_facts(run: Run) -> tuple[int, int, int]:
+    """(global batch, steps per epoch, batches per pass) of the run as it now is."""
+    runtime = run.runtime
+    pipelines = input_pipelines(runtime.strategy, streamed=not run.data.in_memory)
+    pass_batches = batches_per_pass(run.data.train, runtime.global_batch, pipelines=pipelines)
+    return runtime.global_batch, steps_per_epoch(run.settings, run.data, runtime), pass_batches
+
+
+def _take_up_segment(run: Run, step: int, starts: list[dict[str, Any]]) -> None:
+    """This start's segment (train.timeline): the recorded one at `step`, re-based where the global batch or
+    the steps per epoch differ; decided on the chief, the same on every worker. Said where it changes."""
+    facts = _segment_facts(run)
+    previous = segment_at(starts, step) or (first_segment(*facts) if step == 0 or not starts else None)
+    if previous is None:  # a run.json from before starts were recorded: its steps map as they did
+        previous = first_segment(*facts)
+    segment = resume(previous, step, *facts)
+    text = run.peers.share_from_chief("segment", json.dumps(segment.to_json()))
+    run.segment = Segment.from_json(json.loads(text))
+    run.starts = [*starts, {"first_step": step, **_topology(run.runtime), "precision": run.runtime.precision,
+                            "xla": run.jit_compile, "global_batch": run.runtime.global_batch,
+                            "segment": run.segment.to_json()}]  # fmt: skip
+    if run.peers.is_chief and previous.global_batch != run.segment.global_batch:
+        _say_new_batch(run, previous, step)
+
+
+def _say_new_batch(run: Run, previous: Segment, step: int) -> None:
+    segment, epochs, replicas = run.segment, run.settings.epochs, run.runtime.replicas
+    owed = max(0.0, epochs - segment.epochs_done(step))
+    run.say(
+        f"warning: the global batch is {segment.global_batch} on this start, {previous.global_batch} before it "
+        f"(BATCH_SIZE x {replicas} replica{'s' if replicas > 1 else ''}): EPOCHS={epochs} still counts passes "
+        "over the data, so "
+        f"the {owed:.2f} epochs still owed take {Schedule(run.settings, segment).total_steps - step} steps of "
+        f"{segment.global_batch} from step {step}, reading on from the same example of the pass under way. Set "
+        "GLOBAL_BATCH_SIZE to keep the global batch (and every batch's examples) when the hardware changes."
+    )
+
+
+def _write_run(run: Run) -> None:
+    """run.json: what the first start resolved (kept), and every start (this one last)."""
+    settings, recorded = run.settings, read_run(run.output_dir)
+    write_json(run.output_dir / RUN, {
+        "model": settings.model, "model_sha256": model_fingerprint(settings.model),
+        "jit_compile": run.jit_compile, "data_in_memory": run.data.in_memory, "precision": run.runtime.precision,
+        **{key: recorded[key] for key in ("jit_compile", "data_in_memory", "precision") if key in recorded},
+        "starts": run.starts,
+    })  # fmt: skip
 
 
 def write_hparams(run: Run, logs: Path) -> None:
@@ -273,15 +333,16 @@ def _train(run: Run) -> Outcome:
     run.peers.watch_stops(lambda step: save_checkpoint(run.manager, step, int(run.checkpoint.skipped_steps)))
     while True:
         runtime = run.runtime
-        schedule = Schedule(settings, steps_per_epoch(settings, run.data, runtime))
+        schedule = Schedule(settings, run.segment)
         start = int(run.checkpoint.step.numpy())
-        feed = make_feed(runtime.strategy, run.data.train, runtime.global_batch, settings.seed, start,
-                         longest_call(settings, schedule.steps_per_epoch), settings.device_prefetch)  # fmt: skip
+        feed = make_feed(runtime.strategy, run.data.train, runtime.global_batch, settings.seed,
+                         run.segment.data_step(start), longest_call(settings, schedule.steps_per_epoch),
+                         settings.device_prefetch)  # fmt: skip
         say(_describe(run, schedule, start))
         calls = make_train_calls(run.built, runtime.strategy, feed, runtime.global_batch, run.jit_compile)
         _say_profile(run, start)
         run.progress = reporter(settings.progress, run.peers.is_chief, say, schedule.total_steps,
-                                schedule.steps_per_epoch, settings.epochs, start)  # fmt: skip
+                                schedule.epoch_under_way, settings.epochs, start)  # fmt: skip
         try:
             with streamed_files_intact(run):
                 return run_loop(calls, schedule, start, int(run.checkpoint.skipped_steps.numpy()), run)
@@ -329,15 +390,22 @@ def _halve_batch(run: Run) -> None:
     runtime, settings = run.runtime, run.settings
     failed, picture = runtime.per_replica_batch, memory_picture(runtime)
     if not settings.auto_batch or failed == 1:
+        lower = (f"GLOBAL_BATCH_SIZE (e.g. {max(runtime.replicas, runtime.global_batch // 2)})"
+                 if settings.global_batch_size else f"BATCH_SIZE (e.g. {max(1, failed // 2)})")  # fmt: skip
+        halve = "" if runtime.workers > 1 or settings.global_batch_size else ", or AUTO_BATCH=true to halve it"
         raise TrainingError(
             f"out of memory at BATCH_SIZE={failed} per replica (global batch {runtime.global_batch}); {picture}; "
-            f"the last checkpoint {run.manager.latest_checkpoint} is intact. Lower BATCH_SIZE "
-            f"(e.g. {max(1, failed // 2)}), "
-            f"set MEMORY_GROWTH=true{'' if runtime.workers > 1 else ', or AUTO_BATCH=true to halve it'}"
+            f"the last checkpoint {run.manager.latest_checkpoint} is intact. Lower {lower}, "
+            f"set MEMORY_GROWTH=true{halve}"
         ) from None
     run.runtime = runtime.with_batch(failed // 2)
     restore_newest(run.checkpoint, run.checkpoint_dir, run.say)
     spread_seeds(run.built, runtime.strategy)
+    # A new global batch from the restored step on: the epochs and the data re-based to it (train.timeline).
+    run.segment = resume(run.segment, int(run.checkpoint.step.numpy()), *_segment_facts(run))
+    run.starts[-1].update(global_batch=run.runtime.global_batch, segment=run.segment.to_json())
+    if run.peers.is_chief:
+        _write_run(run)
     run.built.network.reset_metrics()
     run.say(
         f"AUTO_BATCH: out of memory at BATCH_SIZE={failed} ({picture}); continuing from "
@@ -361,10 +429,7 @@ def memory_picture(runtime: Runtime) -> str:
 
 
 def _summary(run: Run, outcome: Outcome, fingerprint: str) -> dict[str, Any]:
-    runtime, schedule = (
-        run.runtime,
-        Schedule(run.settings, steps_per_epoch(run.settings, run.data, run.runtime)),
-    )
+    runtime, schedule = run.runtime, Schedule(run.settings, run.segment)
     return {
         "dataset": run.data.name,
         "model": run.settings.model,
@@ -383,8 +448,10 @@ def _summary(run: Run, outcome: Outcome, fingerprint: str) -> dict[str, Any]:
         "steps": outcome.step,
         "total_steps": schedule.total_steps,
         "steps_per_epoch": schedule.steps_per_epoch,
-        "epochs_completed": outcome.step // schedule.steps_per_epoch,
+        "epochs_completed": schedule.epochs_completed(outcome.step),
         "resumed_from_step": run.resumed_from,
+        # every start: its first step, where it ran, and what it resolved there
+        "starts": [{key: value for key, value in start.items() if key != "segment"} for start in run.starts],
         "interrupted": outcome.interrupted,
         "skipped_steps": outcome.skipped,
         "loss_scale": run.built.loss_scale,

@@ -18,6 +18,7 @@ import tensorflow as tf
 from train.errors import TrainingError
 from train.settings import Settings
 from train.step import CallResult, TrainCalls
+from train.timeline import Segment
 
 Say = Callable[[str], None]
 
@@ -26,12 +27,13 @@ def _next_multiple(step: int, every: int) -> int:
     return (step // every + 1) * every
 
 
-def call_steps(settings: Settings, step: int, steps_per_epoch: int, total_steps: int) -> int:
+def call_steps(settings: Settings, step: int, steps_per_epoch: int, total_steps: int, epoch_origin: int = 0) -> int:
     """The length of the call that starts at `step`: STEPS_PER_CALL, cut at the next epoch end, checkpoint,
-    log step, the ends of PROFILE_STEPS or the end of training (so those happen between calls, on time)."""
+    log step, the ends of PROFILE_STEPS or the end of training (so those happen between calls, on time).
+    `epoch_origin`: a step at which an epoch ends (train.timeline: 0 unless a start re-based the epochs)."""
     boundaries = [
         total_steps,
-        _next_multiple(step, steps_per_epoch),
+        epoch_origin + _next_multiple(step - epoch_origin, steps_per_epoch),
         _next_multiple(step, settings.checkpoint_every),
         _next_multiple(step, settings.log_every),
     ]
@@ -51,17 +53,30 @@ def longest_call(settings: Settings, steps_per_epoch: int) -> int:
 
 @dataclass
 class Schedule:
-    """When things happen: the epochs, and the steps at which the loop logs, evaluates and saves."""
+    """When things happen: the epochs (as the run's segment maps them to steps: train.timeline), and the steps at
+    which the loop logs, evaluates and saves."""
 
     settings: Settings
-    steps_per_epoch: int
+    segment: Segment
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.segment.steps_per_epoch
 
     @property
     def total_steps(self) -> int:
-        return self.steps_per_epoch * self.settings.epochs
+        segment = self.segment
+        return segment.origin_step + self.steps_per_epoch * (self.settings.epochs - segment.origin_epoch)
 
     def epoch_end(self, step: int) -> bool:
-        return step % self.steps_per_epoch == 0
+        return (step - self.segment.origin_step) % self.steps_per_epoch == 0
+
+    def epochs_completed(self, step: int) -> int:
+        return self.segment.origin_epoch + (step - self.segment.origin_step) // self.steps_per_epoch
+
+    def epoch_under_way(self, step: int) -> int:
+        """The epoch (from 1) that step `step` belongs to: the last one that ended there, at an epoch's end."""
+        return self.segment.origin_epoch - (-(step - self.segment.origin_step) // self.steps_per_epoch)
 
     def logs(self, step: int) -> bool:
         return step % self.settings.log_every == 0 or self.epoch_end(step) or step == self.total_steps
@@ -137,7 +152,9 @@ def run_loop(
     while step < schedule.total_steps:
         if between.should_stop(step, saved_step, skipped):
             return Outcome(step, throughput.per_sec, True, skipped)
-        steps = call_steps(schedule.settings, step, schedule.steps_per_epoch, schedule.total_steps)
+        steps = call_steps(
+            schedule.settings, step, schedule.steps_per_epoch, schedule.total_steps, schedule.segment.origin_step
+        )
         between.before_call(step)
         started = time.perf_counter()
         result = calls(steps)  # returns once the steps have run: it reads their metrics
@@ -148,7 +165,7 @@ def run_loop(
         if schedule.logs(step):
             between.log(step, result, throughput.per_sec)
         if schedule.epoch_end(step):
-            between.end_epoch(step // schedule.steps_per_epoch, step)
+            between.end_epoch(schedule.epochs_completed(step), step)
         if schedule.saves(step):
             between.save(step, skipped)
             saved_step = step

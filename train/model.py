@@ -170,7 +170,9 @@ def build(settings: Settings, spec: DatasetSpec, strategy) -> Built:
                 f"MODEL={settings.model!r}: its output {_output_shape(network)} does not fit the labels of "
                 f"{spec.name} (LABEL_KEY={spec.label_key!r}: {_label_kind(spec)}): {first_line(error, 200)}"
             ) from None
-        _check_output(settings, network, serving.output, spec)
+        # The output as the data meets it (on the general path the network is the served model: no Input of ours)
+        output = network.compute_output_spec(_spec_batch(spec, True)[0]) if spec.records else serving.output
+        _check_output(settings, network, output, spec)
         if not network.optimizer.built:  # (the symbolic build builds it too) now, so a checkpoint restores into it
             network.optimizer.build(network.trainable_variables)
         gradients_come_summed(network.optimizer)

@@ -50,14 +50,14 @@ def evaluation_notice(say: Say, split: str, examples: int) -> Iterator[None]:
 class Lines:
     """Plain lines: container logs, CI, `| tee`."""
 
-    def __init__(self, say: Say, total_steps: int, steps_per_epoch: int, epochs: int) -> None:
-        self.say, self.total, self.steps_per_epoch, self.epochs = say, total_steps, steps_per_epoch, epochs
+    def __init__(self, say: Say, total_steps: int, epoch_of: Callable[[int], int], epochs: int) -> None:
+        self.say, self.total, self.epoch_of, self.epochs = say, total_steps, epoch_of, epochs
 
     def called(self, step: int, metrics: dict[str, float | list], examples_per_sec: float | None) -> None:
         """After every call (the bar moves; lines wait for `log`)."""
 
     def log(self, step: int, metrics: dict[str, float | list], examples_per_sec: float | None) -> None:
-        epoch = -(-step // self.steps_per_epoch)
+        epoch = self.epoch_of(step)
         speed = f"{examples_per_sec:,.0f} examples/s" if examples_per_sec else "(first call: tracing)"
         self.say(f"step {step:>7}/{self.total}  epoch {epoch}/{self.epochs}  {format_metrics(metrics)}  {speed}")
 
@@ -84,11 +84,12 @@ class Quiet(Lines):
 class Bar(Lines):
     """A live bar on a terminal; what the lines would say stays above it, epoch by epoch."""
 
-    def __init__(self, say: Say, total_steps: int, steps_per_epoch: int, epochs: int, start_step: int = 0) -> None:
+    def __init__(self, say: Say, total_steps: int, epoch_of: Callable[[int], int], epochs: int, start_step: int = 0
+                 ) -> None:  # fmt: skip
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        super().__init__(say, total_steps, steps_per_epoch, epochs)
+        super().__init__(say, total_steps, epoch_of, epochs)
         self.console = Console(file=sys.stdout)
         self.progress = Progress(
             TextColumn("epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
@@ -101,7 +102,7 @@ class Bar(Lines):
         self.progress.start()
 
     def _epoch(self, step: int) -> str:
-        return f"{max(1, -(-step // self.steps_per_epoch))}/{self.epochs}"
+        return f"{max(1, self.epoch_of(step))}/{self.epochs}"
 
     def called(self, step: int, metrics: dict[str, float | list], examples_per_sec: float | None) -> None:
         speed = f"{examples_per_sec:,.0f} examples/s" if examples_per_sec else ""
@@ -124,10 +125,12 @@ class Bar(Lines):
         self.progress.stop()
 
 
-def reporter(mode: str, chief: bool, say: Say, total_steps: int, steps_per_epoch: int, epochs: int, start: int):
-    """PROGRESS resolved: auto is a bar where stdout is a terminal (and this is the chief), else lines."""
+def reporter(mode: str, chief: bool, say: Say, total_steps: int, epoch_of: Callable[[int], int], epochs: int,
+             start: int):  # fmt: skip
+    """PROGRESS resolved: auto is a bar where stdout is a terminal (and this is the chief), else lines.
+    `epoch_of(step)`: the epoch (from 1) a step belongs to."""
     if not chief:
-        return Quiet(say, total_steps, steps_per_epoch, epochs)
+        return Quiet(say, total_steps, epoch_of, epochs)
     if mode == "bar" or (mode == "auto" and sys.stdout.isatty()):
-        return Bar(say, total_steps, steps_per_epoch, epochs, start)
-    return Lines(say, total_steps, steps_per_epoch, epochs)
+        return Bar(say, total_steps, epoch_of, epochs, start)
+    return Lines(say, total_steps, epoch_of, epochs)

@@ -194,6 +194,10 @@ RUN_VALUES = {
     "jit_compile": lambda value: isinstance(value, bool),
     "data_in_memory": lambda value: isinstance(value, bool),
     "precision": lambda value: value in ("float32", "mixed_float16", "mixed_bfloat16"),
+    "starts": lambda value: (
+        isinstance(value, list)
+        and all(isinstance(start, dict) and isinstance(start.get("segment", {}), dict) for start in value)
+    ),
 }
 
 

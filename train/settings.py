@@ -254,7 +254,8 @@ FIELDS: tuple[Field, ...] = (
     Field("EVAL_SPLIT", "test", _text, "TFDS split to evaluate on.", **W),
     Field("FEATURE_KEY", "", _optional_text, "Input feature; default: supervised keys, else image.", **RW),
     Field("LABEL_KEY", "", _optional_text, "Label feature; default: supervised keys, else label.", **RW),
-    Field("BATCH_SIZE", "128", _positive_int, "Examples per replica per step (global: x replicas).", **RW),
+    Field("BATCH_SIZE", "128", _optional_positive_int, "Examples per replica per step (global: x replicas).", **RW),
+    Field("GLOBAL_BATCH_SIZE", "", _optional_positive_int, "Examples per step on all replicas (not BATCH_SIZE).", **RW),
     Field("EPOCHS", "5", _positive_int, "Number of epochs.", **W),
     Field("STEPS_PER_EPOCH", "", _optional_positive_int, "Steps per epoch; default: one pass over the split.", **RW),
     Field("STEPS_PER_CALL", "32", _positive_int, "Most steps per tf.function call (cut at log, save, epoch).", **W),
@@ -293,7 +294,8 @@ class Settings:
     eval_split: str
     feature_key: str | None
     label_key: str | None
-    batch_size: int
+    batch_size: int | None  # None: GLOBAL_BATCH_SIZE is set
+    global_batch_size: int | None
     epochs: int
     steps_per_epoch: int | None
     steps_per_call: int
@@ -457,6 +459,7 @@ def load_settings(
         layers.insert(2, _run_settings(output_dir / RUN_SETTINGS, warn))
 
     values = {field.attr: _parse(field, _resolve(field.env, layers)) for field in FIELDS}
+    _one_batch_size(values, any("BATCH_SIZE" in layer for layer in layers))
     settings = Settings(**values, cluster=parse_tf_config(environ.get("TF_CONFIG")))
 
     if settings.gpu_memory_limit_mb is not None and settings.memory_growth:
@@ -468,6 +471,21 @@ def load_settings(
         raise SettingsError("GPU_MEMORY_LIMIT_MB is set but GPUS=none: there is no GPU to cap")
     _check_combinations(settings)
     return settings
+
+
+def _one_batch_size(values: dict[str, Any], batch_size_given: bool) -> None:
+    """BATCH_SIZE or GLOBAL_BATCH_SIZE: with the latter, `batch_size` is None (the runtime divides the global batch
+    by the replicas); an empty BATCH_SIZE alone is its default. Raises SettingsError where both are set."""
+    if values["global_batch_size"] is None:
+        values["batch_size"] = values["batch_size"] or int(FIELDS_BY_ENV["BATCH_SIZE"].default)
+    elif values["batch_size"] is not None and batch_size_given:
+        raise SettingsError(
+            f"GLOBAL_BATCH_SIZE={values['global_batch_size']} and BATCH_SIZE={values['batch_size']} are both set: "
+            "GLOBAL_BATCH_SIZE is the batch of a step over every replica of every worker (each replica takes it "
+            "divided by the replica count), BATCH_SIZE one replica's; set only one of them"
+        )
+    else:
+        values["batch_size"] = None
 
 
 def _resolve(name: str, layers: Iterable[Mapping[str, str]]) -> str:
@@ -536,6 +554,12 @@ def _check_combinations(settings: Settings) -> None:
             f"CROSS_DEVICE_OPS={settings.cross_device_ops} is not allowed with "
             f"STRATEGY={settings.strategy if settings.strategy != 'auto' else 'auto (multi-worker)'}: it chooses "
             "MirroredStrategy's all-reduce; use CROSS_DEVICE_OPS=auto"
+        )
+    if settings.global_batch_size is not None and settings.auto_batch:
+        raise SettingsError(
+            f"AUTO_BATCH=true is not allowed with GLOBAL_BATCH_SIZE={settings.global_batch_size}: halving the "
+            "batch would change the global batch that GLOBAL_BATCH_SIZE keeps (the template does not accumulate "
+            "gradients over steps); use AUTO_BATCH=false, or BATCH_SIZE instead of GLOBAL_BATCH_SIZE"
         )
     if settings.multi_worker and settings.auto_batch:
         raise SettingsError(

@@ -31,11 +31,13 @@ from train.errors import SettingsError
 GATHER_BATCHES = 32  # training batches gathered by one op in the in-memory tf.data pipeline
 
 
-def input_pipelines(strategy) -> int:
-    """How many input pipelines feed the replicas (train.data.feeds.distribute): one per worker on GPUs and
-    across workers, one per replica on a host's CPU devices."""
-    if _on_gpus(strategy) or isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return strategy.num_replicas_in_sync // len(strategy.extended.worker_devices)  # the workers
+def input_pipelines(strategy, streamed: bool = False) -> int:
+    """How many input pipelines feed the replicas (train.data.feeds.distribute): one per worker on GPUs, across
+    workers, and for a streamed split (each reads its worker's share: the order is then the worker's, whatever
+    its devices); one per replica for a split in memory on a host's CPU devices (its order is the split's)."""
+    workers = strategy.num_replicas_in_sync // len(strategy.extended.worker_devices)
+    if streamed or _on_gpus(strategy) or isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return workers
     return strategy.num_replicas_in_sync
 
 
@@ -79,12 +81,14 @@ def train_dataset(strategy, split: TrainSplit, global_batch: int, seed: int, sta
     The k-th global batch of a pass is cut into per-replica slices, replica r taking slice r. A restart at
     step s rebuilds the plan and skips s batches: of indices in memory; of examples read, when streaming.
     """
-    return distribute(strategy, _dataset_fn(strategy, split, global_batch, seed, start_step), device_prefetch)
+    dataset_fn = _dataset_fn(strategy, split, global_batch, seed, start_step)
+    return distribute(strategy, dataset_fn, device_prefetch, per_replica=not isinstance(split, StreamedSplit))
 
 
 def _dataset_fn(strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int):
     """`train_dataset`'s dataset_fn: an input pipeline's batches, given its tf.distribute.InputContext."""
-    pass_batches = batches_per_pass(split, global_batch, pipelines=input_pipelines(strategy))
+    streamed = isinstance(split, StreamedSplit)
+    pass_batches = batches_per_pass(split, global_batch, pipelines=input_pipelines(strategy, streamed))
     first_pass, offset = divmod(start_step, pass_batches)
     replicas = strategy.num_replicas_in_sync
     per_replica = global_batch // replicas
@@ -173,23 +177,22 @@ def _streamed(
 
 
 def _blocks(dataset_fn, replicas: int, longest: int) -> tf.data.Dataset:
-    """The batches `train_dataset` gives one host's CPU replicas (one input pipeline each), `longest` steps to
-    an element: [longest, replicas, per_replica, ...], replica r's pipeline in slice r."""
-    pipelines = [dataset_fn(tf.distribute.InputContext(replicas, index, replicas)) for index in range(replicas)]
-    steps = tf.data.Dataset.zip(tuple(pipelines)).map(
-        lambda *batches: tuple(tf.stack(parts) for parts in zip(*batches, strict=True))
-    )
+    """The batches `train_dataset` gives one host's CPU replicas from a streamed split (one input pipeline for the
+    host, its per-replica batches in replica order), `longest` steps to an element: [longest, replicas,
+    per_replica, ...], replica r's batch in slice r."""
+    steps = dataset_fn(tf.distribute.InputContext(1, 0, replicas)).batch(replicas, drop_remainder=True)
     return steps.batch(longest, drop_remainder=True).prefetch(1)
 
 
-def distribute(strategy, dataset_fn, device_prefetch: int = 1):
+def distribute(strategy, dataset_fn, device_prefetch: int = 1, per_replica: bool = True):
     """The per-replica datasets as `strategy.run` takes them.
 
     On GPUs, tf.distribute's default: one input pipeline per worker, prefetched to every GPU (DEVICE_PREFETCH
     batches ahead: its per-replica buffer). On CPU devices
     that MultiDeviceIterator costs more per step than a small model's step itself, so each replica gets a
     plain tf.data iterator on the host: one replica takes the dataset as it is, several take one pipeline
-    each (PER_REPLICA) without a copy to the device they already share.
+    each (PER_REPLICA) without a copy to the device they already share. `per_replica=False` (a streamed
+    split: `input_pipelines`): one pipeline for the host's CPU devices, as on GPUs, without the copy.
     """
     if _on_gpus(strategy):
         options = tf.distribute.InputOptions(experimental_per_replica_buffer_size=device_prefetch)
@@ -198,6 +201,10 @@ def distribute(strategy, dataset_fn, device_prefetch: int = 1):
         return strategy.distribute_datasets_from_function(dataset_fn)
     if strategy.num_replicas_in_sync == 1:
         return dataset_fn(tf.distribute.InputContext())
+    if not per_replica:
+        return strategy.distribute_datasets_from_function(
+            dataset_fn, tf.distribute.InputOptions(experimental_fetch_to_device=False)
+        )
     options = tf.distribute.InputOptions(
         experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
         experimental_fetch_to_device=False,

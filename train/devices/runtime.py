@@ -227,6 +227,21 @@ class Resolution:
         }
 
 
+def per_replica_batch(settings: Settings, replicas: int) -> int:
+    """BATCH_SIZE, or GLOBAL_BATCH_SIZE divided by the replicas of all workers. Raises SettingsError."""
+    total = settings.global_batch_size
+    if total is None:
+        return settings.batch_size
+    if total % replicas:
+        below, above = total // replicas * replicas, -(-total // replicas) * replicas
+        nearest = " or ".join(str(value) for value in (below, above) if value)
+        raise SettingsError(
+            f"GLOBAL_BATCH_SIZE={total} does not divide by the {replicas} replicas of this run (BATCH_SIZE would be "
+            f"{total / replicas:g} per replica): use a multiple of {replicas}, like {nearest}"
+        )
+    return total // replicas
+
+
 def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> Resolution:
     """What the settings mean on these devices. `local_only`: this host alone (evaluate, check), TF_CONFIG or not."""
     cluster = settings.cluster
@@ -242,6 +257,7 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
     if name == "multi_worker":
         # MultiWorkerMirroredStrategy runs one replica per visible GPU, or one on the CPU: a split CPU does not count.
         devices = plan.training_devices if plan.visible_gpus else plan.training_devices[:1]
+        batch = per_replica_batch(settings, len(devices) * workers)
         if not plan.visible_gpus and plan.cpu_devices > 1:
             notes += (
                 f"CPU_DEVICES={plan.cpu_devices} does not apply to multi_worker: a worker without GPUs is one replica.",
@@ -250,7 +266,7 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
         return Resolution(
             name,
             devices,
-            settings.batch_size,
+            batch,
             plan,
             plan.notes + notes,
             cluster,
@@ -262,7 +278,7 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
     cross_device_ops, ops_notes = choose_cross_device_ops(settings.cross_device_ops, name, plan)
     notes += precision_notes + ops_notes
     return Resolution(
-        name, devices, settings.batch_size, plan, plan.notes + notes, None,
+        name, devices, per_replica_batch(settings, len(devices)), plan, plan.notes + notes, None,
         precision=precision, precision_why=why, cross_device_ops=cross_device_ops,
         deterministic=settings.deterministic,
     )  # fmt: skip

@@ -307,7 +307,7 @@ def tuned_tfdata_feed(runtime: Runtime, data: Data, seed: int) -> PipelineFeed:
         batches = batches.map(per_replica_batches, num_parallel_calls=tf.data.AUTOTUNE)
         return batches.unbatch().prefetch(tf.data.AUTOTUNE)
 
-    return PipelineFeed(distribute(runtime.strategy, dataset_fn))
+    return PipelineFeed(distribute(runtime.strategy, dataset_fn, per_replica=False))  # streamed: one per worker
 
 
 def _tuned_preprocess_feed(runtime: Runtime, split, seed: int) -> PipelineFeed:
@@ -341,7 +341,7 @@ def _tuned_preprocess_feed(runtime: Runtime, split, seed: int) -> PipelineFeed:
         prepared = stored.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
         return prepared.batch(per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
-    return PipelineFeed(distribute(runtime.strategy, dataset_fn))
+    return PipelineFeed(distribute(runtime.strategy, dataset_fn, per_replica=False))
 
 
 def input_contender(name: str, settings: Settings, runtime: Runtime, data: Data, tuned: bool) -> Contender:

@@ -1,0 +1,182 @@
+"""A run resumed on other hardware: GLOBAL_BATCH_SIZE keeps the global batch, and with it the data order and
+the math; without it, EPOCHS still counts passes over the data. TensorFlow runs in processes of their own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import clean_env, read_summary, run_python, run_train
+
+# The global batches a run reads from step START on (each one's examples, by their place in the split, every
+# replica's slice in replica order), as `fit` makes them on these devices.
+ORDER = """
+import json, sys
+import numpy as np
+from train.data import Split, load_data, train_dataset
+from train.devices.runtime import setup_runtime
+from train.settings import load_settings
+
+settings = load_settings()
+runtime = setup_runtime(settings)
+data = load_data(settings)
+if isinstance(data.train, Split):
+    rows = data.train.features
+else:
+    rows = np.concatenate([features.numpy() for features, _ in data.train.read(shuffle_files=False).batch(4096)])
+index = {row.tobytes(): i for i, row in enumerate(rows)}
+start, steps = int(sys.argv[2]), int(sys.argv[3])
+iterator = iter(train_dataset(runtime.strategy, data.train, runtime.global_batch, settings.seed, start))
+batches = []
+for _ in range(steps):
+    parts = runtime.strategy.experimental_local_results(next(iterator)[0])
+    batches.append([index[row.tobytes()] for part in parts for row in part.numpy()])
+json.dump({"replicas": runtime.replicas, "global_batch": runtime.global_batch, "batches": batches},
+          open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.parametrize("in_memory", ["true", "false"])
+def test_with_global_batch_size_one_and_two_devices_read_the_same_global_batches(tmp_path, tfds_data_dir, in_memory):
+    """From a step in the middle of a pass (and on into the next), the global batches 2 replicas read are those
+    1 device reads: in memory, and streamed (one input pipeline per worker, whatever its devices)."""
+    read = {}
+    for replicas in (1, 2):
+        output = tmp_path / f"order{replicas}.json"
+        env = clean_env(TFDS_DATA_DIR=tfds_data_dir, DATA_IN_MEMORY=in_memory, CPU_DEVICES=replicas,
+                        GLOBAL_BATCH_SIZE=1024, BATCH_SIZE=None)  # fmt: skip
+        result = run_python(["-c", ORDER, str(output), "10", "12"], cwd=tmp_path, env=env)
+        assert result.returncode == 0, result.stderr[-3000:]
+        read[replicas] = json.loads(output.read_text())
+        assert (read[replicas]["replicas"], read[replicas]["global_batch"]) == (replicas, 1024)
+    assert read[1]["batches"] == read[2]["batches"]  # steps 10-21: the rest of pass 0 (16 batches) and pass 1
+    assert len({i for batch in read[1]["batches"][:6] for i in batch}) == 6 * 1024
+
+
+RELATIVE_DIFFERENCE = """
+import json, sys, numpy as np, keras
+a, b = (keras.saving.load_model(path) for path in sys.argv[1:3])
+x, y = (np.concatenate([w.ravel() for w in m.get_weights()]) for m in (a, b))
+print(json.dumps(float(np.linalg.norm(x - y) / np.linalg.norm(x))))
+"""
+
+
+def relative_difference(first: Path, second: Path) -> float:
+    result = run_python(["-c", RELATIVE_DIFFERENCE, str(first / "model.keras"), str(second / "model.keras")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+ELASTIC = {"GLOBAL_BATCH_SIZE": 256, "BATCH_SIZE": None, "STEPS_PER_EPOCH": 40, "CHECKPOINT_EVERY": 1000,
+           "LEARNING_RATE": 0.003}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)], ids=["2 -> 1 replicas", "1 -> 2 replicas"])
+def test_a_run_resumed_on_another_replica_count_ends_where_the_uninterrupted_one_does(
+    tmp_path, tfds_data_dir, before, after
+):
+    common = {**ELASTIC, "TFDS_DATA_DIR": tfds_data_dir}
+    straight = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "straight", CPU_DEVICES=before, EPOCHS=3,
+                         **common)  # fmt: skip
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    first = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "moved", CPU_DEVICES=before, EPOCHS=1, **common)
+    assert first.returncode == 0, first.stderr[-3000:]
+    # Step 40 is in the middle of a pass (64 batches of 256): the resumed run must read on from there.
+    moved = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "moved", CPU_DEVICES=after, EPOCHS=3, **common)
+    assert moved.returncode == 0, moved.stderr[-3000:]
+    assert "the global batch is" not in moved.stdout  # kept: nothing to warn of
+    reference, summary = read_summary(tmp_path / "straight"), read_summary(tmp_path / "moved")
+    assert (summary["steps"], summary["global_batch"], summary["replicas"]) == (120, 256, after)
+    for name, value in reference["eval"].items():
+        assert abs(summary["eval"][name] - value) <= 0.002, name
+    assert relative_difference(tmp_path / "straight", tmp_path / "moved") < 1e-3
+    starts = summary["starts"]
+    assert [(s["first_step"], s["replicas"], s["global_batch"]) for s in starts] == [(0, before, 256), (40, after, 256)]
+    # XLA is chosen again on the new devices: on for one CPU device, off mirrored over two
+    assert [s["xla"] for s in starts] == [before == 1, after == 1]
+
+
+@pytest.mark.slow
+def test_two_workers_resumed_on_one_end_where_the_two_do(tmp_path, tfds_data_dir):
+    from tests.test_multi_worker import run_workers
+
+    (tmp_path / "straight").mkdir()
+    (tmp_path / "moved").mkdir()
+    common = {**ELASTIC, "EPOCHS": 3, "STEPS_PER_CALL": 8}
+    straight = run_workers(tmp_path / "straight", [{}, {}], tfds_data_dir, **common)
+    assert [code for code, _ in straight] == [0, 0], straight[0][1][-3000:]
+    first = run_workers(tmp_path / "moved", [{}, {}], tfds_data_dir, **{**common, "EPOCHS": 1})
+    assert [code for code, _ in first] == [0, 0], first[0][1][-3000:]
+    moved = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "moved" / "run", TFDS_DATA_DIR=tfds_data_dir,
+                      **common)  # fmt: skip
+    assert moved.returncode == 0, moved.stderr[-3000:]
+    reference, summary = read_summary(tmp_path / "straight" / "run"), read_summary(tmp_path / "moved" / "run")
+    assert (reference["workers"], summary["workers"], summary["steps"]) == (2, 1, 120)
+    for name, value in reference["eval"].items():
+        assert abs(summary["eval"][name] - value) <= 0.002, name
+    assert relative_difference(tmp_path / "straight" / "run", tmp_path / "moved" / "run") < 1e-3
+    assert [s["workers"] for s in summary["starts"]] == [2, 1]
+
+
+def _back_to(run: Path, step: int) -> None:
+    """The run as if it had stopped at `step`: the checkpoints after it and the summary gone."""
+    for path in (run / "checkpoints").glob("ckpt-*"):
+        if int(path.name.split("-")[1].split(".")[0].split("_")[0]) > step:
+            path.unlink()
+    (run / "checkpoints" / "checkpoint").unlink()
+    (run / "summary.json").unlink()
+
+
+@pytest.mark.parametrize(("before", "after"), [(1, 2), (2, 1)], ids=["1 -> 2 devices", "2 -> 1 devices"])
+def test_without_global_batch_size_epochs_still_count_passes_and_no_epoch_is_evaluated_twice(
+    tmp_path, tfds_data_dir, before, after
+):
+    """The fault probe's cases: 3 epochs of the default split, stopped mid-epoch 1, resumed at the other
+    global batch: 3 passes in all, each epoch's evaluation once, and a warning that names both batches."""
+    run = tmp_path / "run"
+    common = {"TFDS_DATA_DIR": tfds_data_dir, "OUTPUT_DIR": run, "EPOCHS": 3, "CHECKPOINT_EVERY": 40,
+              "KEEP_CHECKPOINTS": 20}  # fmt: skip
+    first = run_train("fit", cwd=tmp_path, CPU_DEVICES=before, **common)
+    assert first.returncode == 0, first.stderr[-3000:]
+    _back_to(run, 40)  # 40 steps of 128 x `before` examples: in epoch 1
+    resumed = run_train("fit", cwd=tmp_path, CPU_DEVICES=after, **common)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    old, new = 128 * before, 128 * after
+    warning = next(line for line in resumed.stdout.splitlines() if "the global batch is" in line)
+    assert f"the global batch is {new} on this start, {old} before it" in warning and "GLOBAL_BATCH_SIZE" in warning
+    assert [line.split()[1] for line in resumed.stdout.splitlines() if line.endswith(" eval:") or " eval: " in line
+            ][:3] == ["1", "2", "3"]  # fmt: skip
+    summary = read_summary(run)
+    assert summary["resumed_from_step"] == 40
+    assert summary["epochs_completed"] == 3 and summary["steps"] == summary["total_steps"]
+    assert 40 * old + (summary["steps"] - 40) * new == 3 * 16_384  # EPOCHS x the split, in all
+    assert [(s["first_step"], s["global_batch"]) for s in summary["starts"][-1:]] == [(40, new)]
+
+
+def test_global_and_per_replica_batch_together_are_refused_before_anything_is_written(tmp_path):
+    result = run_train("fit", cwd=tmp_path, GLOBAL_BATCH_SIZE=256, BATCH_SIZE=64, OUTPUT_DIR=tmp_path / "run")
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip().splitlines()[-1].startswith("error: GLOBAL_BATCH_SIZE=256 and BATCH_SIZE=64 are both set")
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_global_batch_that_does_not_divide_by_the_replicas_is_refused_before_anything_is_written(tmp_path):
+    result = run_train("fit", cwd=tmp_path, GLOBAL_BATCH_SIZE=255, BATCH_SIZE=None, CPU_DEVICES=2,
+                       OUTPUT_DIR=tmp_path / "run")  # fmt: skip
+    assert result.returncode == 2
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: GLOBAL_BATCH_SIZE=255 does not divide by the 2 replicas") and "254 or 256" in error
+    assert not (tmp_path / "run").exists()
+
+
+def test_auto_batch_is_refused_with_a_global_batch_size(tmp_path):
+    result = run_train("fit", cwd=tmp_path, GLOBAL_BATCH_SIZE=256, BATCH_SIZE=None, AUTO_BATCH="true",
+                       OUTPUT_DIR=tmp_path / "run", fresh=True)  # fmt: skip
+    assert result.returncode == 2
+    assert "AUTO_BATCH=true is not allowed with GLOBAL_BATCH_SIZE=256" in result.stderr
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,82 @@
+"""Where a run is, across starts on other hardware: its steps, its epochs and its place in the data.
+
+A run's step counts calls of the optimizer; what `EPOCHS` counts is passes over the data, and what the data
+order follows is the place in the plan of batches (train.data.feeds). While the global batch stays, the three
+move together: step s is epoch s // steps_per_epoch and batch s of the plan. A start at another global batch
+(another BATCH_SIZE or replica count without GLOBAL_BATCH_SIZE, or AUTO_BATCH halving it) re-bases them:
+
+- epochs: the fraction of the epoch under way is kept, and the epochs left are counted in the new steps, so
+  EPOCHS x the split is what the run trains in all, and no epoch ends (or is evaluated) twice;
+- the data: the pass under way goes on from the same example in the pass's order, in batches of the new size.
+
+A `Segment` is that mapping for a stretch of steps at one global batch; `run.json` records one per start
+(train.fit), and the next start takes up the one that holds its checkpoint's step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Steps from `first_step` on at `global_batch` examples a step.
+
+    Epoch e (counted from 0) ends at step `origin_step + (e - origin_epoch + 1) x steps_per_epoch`; the data
+    plan is read at batch `step + data_shift` (of `pass_batches` batches a pass)."""
+
+    first_step: int
+    global_batch: int
+    steps_per_epoch: int
+    pass_batches: int
+    origin_step: int = 0
+    origin_epoch: int = 0
+    data_shift: int = 0
+
+    def epochs_done(self, step: int) -> float:
+        """Epochs trained by `step`, a fraction where one is under way."""
+        return self.origin_epoch + (step - self.origin_step) / self.steps_per_epoch
+
+    def data_step(self, step: int) -> int:
+        return step + self.data_shift
+
+    def to_json(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Segment:
+        return cls(**{name: int(data[name]) for name in cls.__dataclass_fields__})
+
+
+def first_segment(global_batch: int, steps_per_epoch: int, pass_batches: int) -> Segment:
+    return Segment(0, global_batch, steps_per_epoch, pass_batches)
+
+
+def resume(previous: Segment, step: int, global_batch: int, steps_per_epoch: int, pass_batches: int) -> Segment:
+    """The segment a start at `step` goes on with: `previous` itself where nothing that maps steps changed, else
+    re-based (see the module's docstring)."""
+    same = (previous.global_batch, previous.steps_per_epoch, previous.pass_batches)
+    if same == (global_batch, steps_per_epoch, pass_batches):
+        return previous
+    done = previous.epochs_done(step)
+    epoch = int(done + 1e-9)  # an epoch that ended exactly at `step` counts as done
+    into_epoch = round((done - epoch) * steps_per_epoch)
+    # The data: the same pass, at the same example of its order (rounded to the new batch).
+    pass_number, batch = divmod(previous.data_step(step), previous.pass_batches)
+    examples_into_pass = batch * previous.global_batch
+    data_step = pass_number * pass_batches + min(pass_batches, round(examples_into_pass / global_batch))
+    return Segment(step, global_batch, steps_per_epoch, pass_batches, step - into_epoch, epoch, data_step - step)
+
+
+def segment_at(starts: list[dict[str, Any]], step: int) -> Segment | None:
+    """The segment of the latest start recorded in run.json that began at or before `step` (a restore may go
+    back before the last start, to an older checkpoint)."""
+    for start in reversed(starts):
+        try:
+            segment = Segment.from_json(start["segment"])
+        except (KeyError, TypeError, ValueError):  # not recorded (or damaged): the start before it, if any
+            continue
+        if segment.first_step <= step:
+            return segment
+    return None
