@@ -88,6 +88,8 @@ def test_a_run_resumed_on_another_replica_count_ends_where_the_uninterrupted_one
     moved = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "moved", CPU_DEVICES=after, EPOCHS=3, **common)
     assert moved.returncode == 0, moved.stderr[-3000:]
     assert "the global batch is" not in moved.stdout  # kept: nothing to warn of
+    said = f"This start runs {after} replica(s) on 1 worker(s), the last one {before} on 1: chosen again"
+    assert said in moved.stdout
     reference, summary = read_summary(tmp_path / "straight"), read_summary(tmp_path / "moved")
     assert (summary["steps"], summary["global_batch"], summary["replicas"]) == (120, 256, after)
     for name, value in reference["eval"].items():

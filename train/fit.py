@@ -90,13 +90,12 @@ def _topology(runtime: Runtime) -> dict[str, Any]:
 
 def _decide_xla(settings: Settings, runtime: Runtime, peers: SingleHost, built: Built, whole_call: bool, jit: str):
     """XLA on or off, decided on the chief at a run's first start and reused on resume (on the same devices; on
-    others, decided again), the same on every worker."""
+    others, decided again: it does not change the math), the same on every worker."""
     recorded_run = read_run(settings.output_dir) if peers.is_chief else {}
     recorded = recorded_run.get("jit_compile")
     starts = recorded_run.get("starts") or []
-    if starts and {key: starts[-1].get(key) for key in ("workers", "replicas", "devices")} != _topology(runtime):
-        recorded = None  # other devices: auto chooses for these (XLA does not change the math)
-    if jit == "auto" and recorded is not None and not runtime.deterministic:  # DETERMINISTIC=true: always off
+    moved = bool(starts) and {key: starts[-1].get(key) for key in _topology(runtime)} != _topology(runtime)
+    if jit == "auto" and recorded is not None and not moved and not runtime.deterministic:  # DETERMINISTIC: off
         try:
             choose_xla("true" if recorded else "false", runtime, whole_call, built.convolutional, None)
             on, why = bool(recorded), "auto: as this run's first start decided"
@@ -104,6 +103,10 @@ def _decide_xla(settings: Settings, runtime: Runtime, peers: SingleHost, built: 
             on, why = False, "auto: this run's first start had it on, but it cannot be here"
     else:
         on, why = choose_xla(jit, runtime, whole_call, built.convolutional, built.layer_without_xla())
+        if moved and jit == "auto":
+            last = starts[-1]
+            why = (f"{why}; chosen again: the last start ran {last.get('replicas')} replica(s) on "
+                   f"{last.get('workers')} worker(s)")  # fmt: skip
     on = peers.share_from_chief("jit", "1" if on else "0") == "1"
     return on, why if peers.is_chief else "as the chief decided"
 
@@ -253,10 +256,29 @@ def _take_up_segment(run: Run, step: int, starts: list[dict[str, Any]]) -> None:
     text = run.peers.share_from_chief("segment", json.dumps(segment.to_json()))
     run.segment = Segment.from_json(json.loads(text))
     run.starts = [*starts, {"first_step": step, **_topology(run.runtime), "precision": run.runtime.precision,
-                            "xla": run.jit_compile, "global_batch": run.runtime.global_batch,
-                            "segment": run.segment.to_json()}]  # fmt: skip
+                            "xla": run.jit_compile, "all_reduce": _all_reduce(run), "global_batch":
+                            run.runtime.global_batch, "segment": run.segment.to_json()}]  # fmt: skip
+    if run.peers.is_chief and starts and {key: starts[-1].get(key) for key in _topology(run.runtime)} != _topology(
+        run.runtime
+    ):  # fmt: skip
+        last = starts[-1]
+        run.say(
+            f"This start runs {run.runtime.replicas} replica(s) on {run.runtime.workers} worker(s), the last one "
+            f"{last.get('replicas')} on {last.get('workers')}: chosen again for these devices, XLA "
+            f"{'on' if run.jit_compile else 'off'} and the all-reduce {_all_reduce(run)}."
+        )
     if run.peers.is_chief and previous.global_batch != run.segment.global_batch:
         _say_new_batch(run, previous, step)
+
+
+def _all_reduce(run: Run) -> str:
+    """The all-reduce the replicas' gradients go through (XLA's own collective where XLA compiles the step)."""
+    runtime = run.runtime
+    if runtime.replicas == 1:
+        return "none (one replica)"
+    if run.jit_compile:  # under XLA on several replicas TensorFlow uses its own, whatever CROSS_DEVICE_OPS says
+        return "xla collective"
+    return runtime.cross_device_ops or ("collective ops" if runtime.workers > 1 else "TensorFlow's choice")
 
 
 def _say_new_batch(run: Run, previous: Segment, step: int) -> None:
