@@ -182,3 +182,69 @@ def test_auto_batch_is_refused_with_a_global_batch_size(tmp_path):
     assert result.returncode == 2
     assert "AUTO_BATCH=true is not allowed with GLOBAL_BATCH_SIZE=256" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+# A streamed pass read by 2 workers for READ batches, then resumed on 1: what the 2 read (their own input
+# pipelines, reading the files), and what the 1 reads first (the rest of that pass), each example by its place.
+REMAINDER = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+from train.data import Remainder, load_data, train_dataset
+from train.devices.runtime import setup_runtime
+from train.settings import load_settings
+
+settings = load_settings()
+runtime = setup_runtime(settings)
+data = load_data(settings)
+split, batch, seed = data.train, runtime.global_batch, settings.seed
+rows = np.concatenate([features.numpy() for features, _ in split.read(shuffle_files=False).batch(4096)])
+index = {row.tobytes(): i for i, row in enumerate(rows)}
+read_batches, pass_number = int(sys.argv[2]), 1
+read = [index[row.tobytes()] for worker in range(2) for features, _ in
+        split.batches(worker, 2, seed, pass_number, batch // 2).take(read_batches) for row in features.numpy()]
+marks = split.remainder_marks(seed, pass_number, 2, batch // 2, read_batches, 1)
+length = int(marks[0].sum()) // batch
+pass_batches = split.pass_batches(batch, 1)
+remainder = Remainder(pass_number, tuple(marks), length)
+start = (pass_number + 1) * pass_batches
+iterator = iter(train_dataset(runtime.strategy, split, batch, seed, start, remainder=remainder))
+rest = [index[row.tobytes()] for _ in range(length) for row in next(iterator)[0].numpy()]
+following = [index[row.tobytes()] for _ in range(pass_batches) for row in next(iterator)[0].numpy()]
+json.dump({"examples": len(rows), "read": read, "rest": rest, "following": following, "batch": batch},
+          open(sys.argv[1], "w"))
+"""
+
+
+def test_a_streamed_pass_resumed_on_fewer_workers_reads_every_unread_example_once(tmp_path, tfds_data_dir):
+    output = tmp_path / "remainder.json"
+    env = clean_env(TFDS_DATA_DIR=tfds_data_dir, DATA_IN_MEMORY="false", GLOBAL_BATCH_SIZE=1024, BATCH_SIZE=None)
+    result = run_python(["-c", REMAINDER, str(output), "5"], cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(output.read_text())
+    read, rest, batch, examples = found["read"], found["rest"], found["batch"], found["examples"]
+    assert len(read) == 5 * batch and len(set(read)) == len(read)  # what the 2 workers had read of the pass
+    assert not set(read) & set(rest) and len(set(rest)) == len(rest)  # the rest: none again, none twice
+    assert examples - len(read) - len(rest) < batch  # every example not yet read, but for less than a batch
+    following = found["following"]  # the next pass, whole, in the 1 worker's order
+    assert len(set(following)) == len(following) == examples // batch * batch
+
+
+@pytest.mark.slow
+def test_streamed_two_workers_resumed_on_one_mid_pass_finish_that_pass_then_train_the_rest(tmp_path, tfds_data_dir):
+    from tests.test_multi_worker import run_workers
+
+    common = {**ELASTIC, "STEPS_PER_EPOCH": None, "EPOCHS": 2, "DATA_IN_MEMORY": "false", "CHECKPOINT_EVERY": 20,
+              "KEEP_CHECKPOINTS": 20, "STEPS_PER_CALL": 4}  # fmt: skip
+    first = run_workers(tmp_path, [{}, {}], tfds_data_dir, **common)
+    assert [code for code, _ in first] == [0, 0], first[0][1][-3000:]
+    run = tmp_path / "run"
+    _back_to(run, 20)  # 20 of the pass's 64 global batches of 256
+    resumed = run_train("fit", cwd=tmp_path, OUTPUT_DIR=run, TFDS_DATA_DIR=tfds_data_dir, **common)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    said = "The run stopped in pass 0 after 20 of its batches on 2 worker(s); on 1 it reads first the 11,264 "
+    assert said in resumed.stdout
+    summary = read_summary(run)
+    # 11,264 examples left of pass 0: 44 steps of 256, then pass 1 whole (64 steps); each epoch evaluated once
+    assert (summary["steps"], summary["epochs_completed"], summary["resumed_from_step"]) == (128, 2, 20)
+    assert [line.split()[1] for line in resumed.stdout.splitlines() if " eval: " in line] == ["1", "2"]

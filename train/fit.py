@@ -26,6 +26,8 @@ from train.cluster.workers import SingleHost, connect
 from train.data import (
     Data,
     Dataset,
+    Remainder,
+    StreamedSplit,
     batches_per_pass,
     gathers_in_step,
     input_pipelines,
@@ -41,7 +43,7 @@ from train.progress import evaluation_notice, format_metrics, reporter
 from train.rundir import RUN, RunLock, StopRequest, check_same_model, read_run, write_json
 from train.settings import RUN_SETTINGS, WORKERS_AGREE, Settings, changed_settings, model_fingerprint
 from train.step import Evaluator, make_train_calls
-from train.timeline import Segment, first_segment, resume, segment_at
+from train.timeline import Segment, first_segment, resume, segment_at, unread_pass, with_remainder
 
 Say = Callable[[str], None]
 
@@ -131,6 +133,7 @@ class Run:
     resumed_from: int | None = None
     profiling: bool = False
     segment: Segment | None = None  # how steps map to epochs and to the data from here on (train.timeline)
+    marks: tuple[Any, ...] = ()  # the segment's rest of a streamed pass: what each input pipeline reads of it
     starts: list[dict[str, Any]] = field(default_factory=list)  # every start of the run (run.json), this one last
 
     @property
@@ -237,12 +240,40 @@ def _open_run_dir(run: Run, lock: RunLock) -> None:
     run.evaluate = Evaluator(run.built, run.runtime.strategy)
 
 
-def _segment_facts(run: Run) -> tuple[int, int, int]:
-    """(global batch, steps per epoch, batches per pass) of the run as it now is."""
+def _segment_facts(run: Run) -> tuple[int, int, int, int]:
+    """(global batch, steps per epoch, batches per pass, input pipelines) of the run as it now is."""
     runtime = run.runtime
     pipelines = input_pipelines(runtime.strategy, streamed=not run.data.in_memory)
     pass_batches = batches_per_pass(run.data.train, runtime.global_batch, pipelines=pipelines)
-    return runtime.global_batch, steps_per_epoch(run.settings, run.data, runtime), pass_batches
+    return runtime.global_batch, steps_per_epoch(run.settings, run.data, runtime), pass_batches, pipelines
+
+
+def _marks(run: Run, segment: Segment) -> tuple[Any, ...]:
+    """What each input pipeline reads of the rest of the pass `segment` begins with (train.timeline)."""
+    if not segment.in_remainder(segment.first_step):
+        return ()
+    return tuple(run.data.train.remainder_marks(
+        run.settings.seed, segment.remainder_pass, segment.read_by, segment.read_batch, segment.read_batches,
+        segment.pipelines,
+    ))  # fmt: skip
+
+
+def _with_unread_pass(run: Run, previous: Segment, segment: Segment, step: int) -> Segment:
+    """A streamed split resumed mid-pass at another worker count reads first what its old workers had not read
+    of that pass, every such example once: `segment` with that rest of the pass in front."""
+    split = run.data.train
+    unread = unread_pass(previous, step, segment.pipelines) if isinstance(split, StreamedSplit) else None
+    if unread is None or not split.as_records:
+        return segment
+    marks = _marks(run, with_remainder(segment, previous, unread, 1))
+    local_batch = segment.global_batch // segment.pipelines
+    length = min(int(mark.sum()) for mark in marks) // local_batch
+    run.say(
+        f"The run stopped in pass {unread[0]} after {unread[1]} of its batches on {previous.pipelines} worker(s); "
+        f"on {segment.pipelines} it reads first the {sum(int(mark.sum()) for mark in marks):,} examples of that "
+        f"pass not read yet ({length} steps), then the passes after it whole."
+    )
+    return with_remainder(segment, previous, unread, length)
 
 
 def _take_up_segment(run: Run, step: int, starts: list[dict[str, Any]]) -> None:
@@ -253,8 +284,11 @@ def _take_up_segment(run: Run, step: int, starts: list[dict[str, Any]]) -> None:
     if previous is None:  # a run.json from before starts were recorded: its steps map as they did
         previous = first_segment(*facts)
     segment = resume(previous, step, *facts)
+    if run.peers.is_chief:
+        segment = _with_unread_pass(run, previous, segment, step)
     text = run.peers.share_from_chief("segment", json.dumps(segment.to_json()))
     run.segment = Segment.from_json(json.loads(text))
+    run.marks = _marks(run, run.segment) if run.segment.in_remainder(step) else ()
     run.starts = [*starts, {"first_step": step, **_topology(run.runtime), "precision": run.runtime.precision,
                             "xla": run.jit_compile, "all_reduce": _all_reduce(run), "global_batch":
                             run.runtime.global_batch, "segment": run.segment.to_json()}]  # fmt: skip
@@ -355,11 +389,16 @@ def _train(run: Run) -> Outcome:
     run.peers.watch_stops(lambda step: save_checkpoint(run.manager, step, int(run.checkpoint.skipped_steps)))
     while True:
         runtime = run.runtime
-        schedule = Schedule(settings, run.segment)
+        schedule, segment = Schedule(settings, run.segment), run.segment
         start = int(run.checkpoint.step.numpy())
+        remainder = None
+        if segment.in_remainder(start):  # the rest of a streamed pass first (train.timeline)
+            length, done = segment.remainder_end - segment.first_step, start - segment.first_step
+            remainder = Remainder(segment.remainder_pass, run.marks, length, done)
         feed = make_feed(runtime.strategy, run.data.train, runtime.global_batch, settings.seed,
-                         run.segment.data_step(start), longest_call(settings, schedule.steps_per_epoch),
-                         settings.device_prefetch)  # fmt: skip
+                         segment.data_step(max(start, segment.remainder_end) if remainder else start),
+                         longest_call(settings, schedule.steps_per_epoch), settings.device_prefetch,
+                         remainder)  # fmt: skip
         say(_describe(run, schedule, start))
         calls = make_train_calls(run.built, runtime.strategy, feed, runtime.global_batch, run.jit_compile)
         _say_profile(run, start)

@@ -11,11 +11,14 @@ move together: step s is epoch s // steps_per_epoch and batch s of the plan. A s
 
 A `Segment` is that mapping for a stretch of steps at one global batch; `run.json` records one per start
 (train.fit), and the next start takes up the one that holds its checkpoint's step.
+
+A streamed split resumed mid-pass at another worker count (its order is each worker's: train.data.feeds)
+first reads the rest of that pass, every example its old workers had not read, once (`with_remainder`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, replace
 from typing import Any
 
 
@@ -33,6 +36,17 @@ class Segment:
     origin_step: int = 0
     origin_epoch: int = 0
     data_shift: int = 0
+    pipelines: int = 1  # input pipelines of a streamed split: the workers
+    # The rest of a streamed pass, read from `first_step` to `remainder_end`: pass `remainder_pass` as
+    # `read_by` pipelines of `read_batch` examples had read `read_batches` batches of it (-1: none).
+    remainder_pass: int = -1
+    remainder_end: int = 0
+    read_by: int = 0
+    read_batch: int = 0
+    read_batches: int = 0
+
+    def in_remainder(self, step: int) -> bool:
+        return self.remainder_pass >= 0 and step < self.remainder_end
 
     def epochs_done(self, step: int) -> float:
         """Epochs trained by `step`, a fraction where one is under way."""
@@ -46,18 +60,21 @@ class Segment:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Segment:
-        return cls(**{name: int(data[name]) for name in cls.__dataclass_fields__})
+        fields = cls.__dataclass_fields__
+        return cls(**{name: int(data[name]) for name in fields if name in data or fields[name].default is MISSING})
 
 
-def first_segment(global_batch: int, steps_per_epoch: int, pass_batches: int) -> Segment:
-    return Segment(0, global_batch, steps_per_epoch, pass_batches)
+def first_segment(global_batch: int, steps_per_epoch: int, pass_batches: int, pipelines: int = 1) -> Segment:
+    return Segment(0, global_batch, steps_per_epoch, pass_batches, pipelines=pipelines)
 
 
-def resume(previous: Segment, step: int, global_batch: int, steps_per_epoch: int, pass_batches: int) -> Segment:
+def resume(
+    previous: Segment, step: int, global_batch: int, steps_per_epoch: int, pass_batches: int, pipelines: int = 1
+) -> Segment:
     """The segment a start at `step` goes on with: `previous` itself where nothing that maps steps changed, else
     re-based (see the module's docstring)."""
-    same = (previous.global_batch, previous.steps_per_epoch, previous.pass_batches)
-    if same == (global_batch, steps_per_epoch, pass_batches):
+    same = (previous.global_batch, previous.steps_per_epoch, previous.pass_batches, previous.pipelines)
+    if same == (global_batch, steps_per_epoch, pass_batches, pipelines):
         return previous
     done = previous.epochs_done(step)
     epoch = int(done + 1e-9)  # an epoch that ended exactly at `step` counts as done
@@ -66,7 +83,33 @@ def resume(previous: Segment, step: int, global_batch: int, steps_per_epoch: int
     pass_number, batch = divmod(previous.data_step(step), previous.pass_batches)
     examples_into_pass = batch * previous.global_batch
     data_step = pass_number * pass_batches + min(pass_batches, round(examples_into_pass / global_batch))
-    return Segment(step, global_batch, steps_per_epoch, pass_batches, step - into_epoch, epoch, data_step - step)
+    return Segment(step, global_batch, steps_per_epoch, pass_batches, step - into_epoch, epoch, data_step - step,
+                   pipelines)  # fmt: skip
+
+
+def unread_pass(previous: Segment, step: int, pipelines: int) -> tuple[int, int] | None:
+    """(pass, batches of it read) where a start at `step` on `pipelines` streamed input pipelines must first read
+    the rest of a pass its old ones had begun; None where the pass is whole or nothing changed. (Within the rest
+    of a pass read that way, another change is not followed exactly: the remainder of a remainder.)"""
+    if pipelines == previous.pipelines or previous.in_remainder(step):
+        return None
+    pass_number, read = divmod(previous.data_step(step), previous.pass_batches)
+    return (pass_number, read) if read else None
+
+
+def with_remainder(segment: Segment, previous: Segment, unread: tuple[int, int], length: int) -> Segment:
+    """`segment` (a start's, at its first step) reading first `length` batches of the rest of pass `unread[0]`,
+    then the passes after it whole. One pass an epoch (the default STEPS_PER_EPOCH): that epoch ends with it."""
+    pass_number, read = unread
+    end = segment.first_step + length
+    origin_step, origin_epoch = segment.origin_step, segment.origin_epoch
+    if segment.steps_per_epoch == segment.pass_batches and previous.steps_per_epoch == previous.pass_batches:
+        origin_step = end - segment.steps_per_epoch  # the epoch under way ends where its pass does
+    return replace(
+        segment, origin_step=origin_step, origin_epoch=origin_epoch,
+        data_shift=(pass_number + 1) * segment.pass_batches - end, remainder_pass=pass_number, remainder_end=end,
+        read_by=previous.pipelines, read_batch=previous.global_batch // previous.pipelines, read_batches=read,
+    )  # fmt: skip
 
 
 def segment_at(starts: list[dict[str, Any]], step: int) -> Segment | None:

@@ -10,6 +10,7 @@ from train.data.feeds import (
     BlocksFeed,
     Feed,
     PipelineFeed,
+    Remainder,
     RowsFeed,
     batches_per_pass,
     distribute,
@@ -27,7 +28,8 @@ from train.devices.host_memory import available_memory_bytes, fits_in_memory, me
 from train.settings import Settings
 
 __all__ = [
-    "BlocksFeed", "Data", "Dataset", "DatasetSpec", "Feed", "PipelineFeed", "RecordsSplit", "RowsFeed", "Split",
+    "BlocksFeed", "Data", "Dataset", "DatasetSpec", "Feed", "PipelineFeed", "RecordsSplit", "Remainder", "RowsFeed",
+    "Split",
     "StreamedSplit", "TrainSplit", "batches_per_pass", "distribute", "eval_dataset", "eval_steps", "gathers_in_step",
     "general_path", "input_pipelines",
     "load_data", "make_feed", "open_dataset", "pass_order", "train_dataset",

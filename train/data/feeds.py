@@ -19,6 +19,7 @@ over the stored records, and decodes and prepares each example after the plan ha
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,18 @@ from train.data.source import RecordsSplit, Split, StreamedSplit, TrainSplit
 from train.errors import SettingsError
 
 GATHER_BATCHES = 32  # training batches gathered by one op in the in-memory tf.data pipeline
+
+
+@dataclass(frozen=True)
+class Remainder:
+    """The rest of a streamed pass that a run resumed in at another worker count: what each input pipeline reads
+    of pass `pass_number` (`marks`: StreamedSplit.remainder_marks), `length` batches of it, `done` of them
+    trained before this start; then the passes after it, whole."""
+
+    pass_number: int
+    marks: tuple[Any, ...] = field(repr=False)
+    length: int
+    done: int = 0
 
 
 def input_pipelines(strategy, streamed: bool = False) -> int:
@@ -75,17 +88,22 @@ def _local_replicas(replicas: int, context: tf.distribute.InputContext) -> tuple
     return local, context.input_pipeline_id * local
 
 
-def train_dataset(strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int, device_prefetch: int = 1):
+def train_dataset(
+    strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int, device_prefetch: int = 1,
+    remainder: Remainder | None = None,
+):  # fmt: skip
     """Per-replica training batches from `start_step` on, forever, as a distributed tf.data dataset.
 
     The k-th global batch of a pass is cut into per-replica slices, replica r taking slice r. A restart at
     step s rebuilds the plan and skips s batches: of indices in memory; of examples read, when streaming.
+    `remainder` (streamed): the rest of the pass a run resumed in at another worker count comes first, then
+    the plan from `start_step` on.
     """
-    dataset_fn = _dataset_fn(strategy, split, global_batch, seed, start_step)
+    dataset_fn = _dataset_fn(strategy, split, global_batch, seed, start_step, remainder)
     return distribute(strategy, dataset_fn, device_prefetch, per_replica=not isinstance(split, StreamedSplit))
 
 
-def _dataset_fn(strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int):
+def _dataset_fn(strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int, remainder=None):
     """`train_dataset`'s dataset_fn: an input pipeline's batches, given its tf.distribute.InputContext."""
     streamed = isinstance(split, StreamedSplit)
     pass_batches = batches_per_pass(split, global_batch, pipelines=input_pipelines(strategy, streamed))
@@ -93,7 +111,7 @@ def _dataset_fn(strategy, split: TrainSplit, global_batch: int, seed: int, start
     replicas = strategy.num_replicas_in_sync
     per_replica = global_batch // replicas
     if isinstance(split, StreamedSplit):
-        return _streamed(split, replicas, per_replica, pass_batches, seed, first_pass, offset)
+        return _streamed(split, replicas, per_replica, pass_batches, seed, first_pass, offset, remainder)
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         local, first_replica = _local_replicas(replicas, context)
@@ -137,8 +155,9 @@ def _prepared(spec, batches: tf.data.Dataset, per_replica: int, in_memory: bool)
 
 
 def _streamed(
-    split: StreamedSplit, replicas: int, per_replica: int, pass_batches: int, seed: int, first_pass: int, offset: int
-):
+    split: StreamedSplit, replicas: int, per_replica: int, pass_batches: int, seed: int, first_pass: int, offset: int,
+    remainder: Remainder | None = None,
+):  # fmt: skip
     """The dataset_fn of a streamed split: each input pipeline reads only its share of the files (or, with fewer
     files than pipelines, of the records), in shuffled windows, and makes its replicas' batches from it.
 
@@ -153,8 +172,8 @@ def _streamed(
         count, index = context.num_input_pipelines, context.input_pipeline_id
         local_batch = local * per_replica
 
-        def one_pass(pass_number):
-            batches = split.batches(index, count, seed, pass_number, local_batch).take(pass_batches)
+        def one_pass(pass_number, mine=None, length=pass_batches):
+            batches = split.batches(index, count, seed, pass_number, local_batch, mine=mine).take(length)
             if split.spec.records:  # (records, positions) and the pass, for each example's seed
                 return batches.map(lambda records, positions: (records, positions, tf.fill([local_batch], pass_number)))
             return batches
@@ -166,6 +185,10 @@ def _streamed(
             )
 
         batches = tf.data.Dataset.range(first_pass, np.iinfo(np.int64).max).flat_map(one_pass).skip(offset)
+        if remainder is not None:  # what this pipeline reads of the pass the run resumed in, then the plan
+            mine = tf.constant(remainder.marks[index])
+            rest = one_pass(tf.constant(remainder.pass_number, tf.int64), mine, remainder.length)
+            batches = rest.skip(remainder.done).concatenate(batches)
         if split.spec.records:  # skipped as records: a resume decodes none of what it skips
             return _prepared(split.spec, batches, per_replica, in_memory=False)
         if local > 1:  # one replica's batch is the pipeline's batch already: no split, no per-batch work
@@ -366,20 +389,22 @@ def general_path(split: TrainSplit) -> bool:
 
 
 def make_feed(
-    strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int, longest: int, device_prefetch: int = 1
-) -> Feed:
+    strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int, longest: int, device_prefetch: int = 1,
+    remainder: Remainder | None = None,
+) -> Feed:  # fmt: skip
     """On one host's CPU devices, rows gathered by the step (in memory) or blocks of a call's batches (streamed):
     the fast path of one fixed-shape feature as stored; a tf.data pipeline otherwise (GPUs, workers, and the
     general path, where `preprocess` runs per example in tf.data).
 
-    `longest`: the most steps a call takes (what the CPU feeds plan ahead for); `device_prefetch`: DEVICE_PREFETCH.
+    `longest`: the most steps a call takes (what the CPU feeds plan ahead for); `device_prefetch`: DEVICE_PREFETCH;
+    `remainder`: see `train_dataset`.
     """
     if not gathers_in_step(strategy, general_path(split)):
-        return PipelineFeed(train_dataset(strategy, split, global_batch, seed, start_step, device_prefetch))
+        return PipelineFeed(train_dataset(strategy, split, global_batch, seed, start_step, device_prefetch, remainder))
     replicas = strategy.num_replicas_in_sync
     if isinstance(split, Split):
         return RowsFeed(split, replicas, global_batch, seed, start_step, longest)
-    blocks = _blocks(_dataset_fn(strategy, split, global_batch, seed, start_step), replicas, longest)
+    blocks = _blocks(_dataset_fn(strategy, split, global_batch, seed, start_step, remainder), replicas, longest)
     return BlocksFeed(blocks, longest)
 
 

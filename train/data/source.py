@@ -229,10 +229,15 @@ class StreamedSplit:
         """Batches of `local_batch` every one of `count` pipelines can make each pass: its smallest share's."""
         return min(self.share(index, count)[1] for index in range(count)) // local_batch
 
-    def _records(self, files, seed: tf.Tensor, index: int, count: int) -> tf.data.Dataset:
+    def _records(
+        self, files, seed: tf.Tensor, index: int, count: int, positions: bool = False, read: bool = True
+    ) -> tf.data.Dataset:
         """The files' serialized examples in chunks of RECORD_CHUNK, the files in an order drawn from `seed`
         (one per pass). `count` > 1 pipelines reading the same files: every count-th chunk of each file is
-        pipeline `index`'s. Chunks, not records, cross tf.data's threads: each crossing has a cost of its own."""
+        pipeline `index`'s. Chunks, not records, cross tf.data's threads: each crossing has a cost of its own.
+
+        `positions`: each record with its place in the split (on the general path always: its examples' seeds
+        derive from it). `read=False`: the places alone, no file read (what a pass's order is made of)."""
         names = tf.constant([name for name, _, _ in files])
         skips = tf.constant([skip for _, skip, _ in files], tf.int64)
         takes = tf.constant([take for _, _, take in files], tf.int64)
@@ -241,38 +246,57 @@ class StreamedSplit:
         chosen = tf.data.Dataset.from_tensor_slices(
             tuple(tf.gather(each, order) for each in (names, skips, takes, firsts))
         )
+        positions = positions or self.spec.records
 
         def chunks(name, skip, take, first):
+            places = tf.data.Dataset.range(first, first + take)
+            if not read:
+                return places.batch(RECORD_CHUNK).shard(count, index)
             records = tf.data.TFRecordDataset(name).skip(skip).take(take)
             # a file with fewer records than its info lists (damaged, truncated) is an error, not a short pass
             records = records.apply(tf.data.experimental.assert_cardinality(take))
-            if self.spec.records:  # each record with its place in the split: what its examples' seeds derive from
-                records = tf.data.Dataset.zip(records, tf.data.Dataset.range(first, first + take))
+            if positions:
+                records = tf.data.Dataset.zip(records, places)
             return records.batch(RECORD_CHUNK).shard(count, index)
 
         return chosen.interleave(
             chunks, cycle_length=min(len(files), 8), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
         )
 
-    def batches(self, index: int, count: int, seed: int, pass_number, batch: int) -> tf.data.Dataset:
+    def batches(
+        self, index: int, count: int, seed: int, pass_number, batch: int, places: bool = False, mine=None
+    ) -> tf.data.Dataset:
         """One pass over input pipeline `index` of `count`'s share, in batches of `batch` examples as stored.
 
         The share is read in windows of about `shuffle_buffer` examples (a multiple of `batch`), each decoded
         at once and put in its own order drawn from (SEED, pass, pipeline, window): what a shuffle buffer does
-        one example at a time, vectorised. The last window's remainder is the pass's, and waits for the next."""
+        one example at a time, vectorised. The last window's remainder is the pass's, and waits for the next.
+
+        `places=True`: each batch as the places in the split of its examples, `(places,)`, no file read.
+        `mine`: a bool per place of the split; the pass reads every file and keeps the examples it marks (the
+        rest of a pass that a run resumed in at another worker count: `remainder_marks`)."""
         seeds = tf.stack([tf.constant(seed, tf.int64), tf.cast(pass_number, tf.int64) * 1_000_003 + index])
         window = max(batch, self.shuffle_buffer // batch * batch)
         if not self.as_records:
+            if places or mine is not None:
+                raise ValueError(f"{self.builder.info.file_format} files: no record's place in the split is known")
             examples = self.read(shuffle_files=True, seed=seed).shard(count, index).batch(window)
         else:
-            files, _ = self.share(index, count)
-            shared = len(self.files) < count  # fewer files than pipelines: they share the files, chunk by chunk
-            records = self._records(files, seeds, index if shared else 0, count if shared else 1)
-            # The general path shuffles the stored records (and their positions): decoding comes after.
-            examples = records.rebatch(window) if self.spec.records else self._decoded(records, window)
+            files, _ = self.share(index, count) if mine is None else (self.files, None)
+            shared = mine is None and len(self.files) < count  # fewer files than pipelines: chunk by chunk
+            records = self._records(files, seeds, index if shared else 0, count if shared else 1,
+                                    positions=mine is not None, read=not places)  # fmt: skip
+            if mine is not None:
+                records = records.map(lambda chunk, at: _kept(chunk, at, tf.gather(mine, at), self.spec.records))
+            if places:
+                examples = records.rebatch(window).map(lambda at: (at,))
+            elif self.spec.records:  # the general path shuffles the stored records (and places): decoding after
+                examples = records.rebatch(window)
+            else:
+                examples = self._decoded(records, window)
 
         def shuffled_batches(number, window_examples):
-            size = tf.shape(window_examples[1])[0]
+            size = tf.shape(window_examples[-1])[0]
             order = tf.random.experimental.stateless_shuffle(
                 tf.range(size), seed=tf.stack([seeds[0], seeds[1] * 65_537 + number])
             )
@@ -282,6 +306,23 @@ class StreamedSplit:
 
         windows = examples.enumerate().map(shuffled_batches, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return windows.unbatch()
+
+    def remainder_marks(
+        self, seed: int, pass_number: int, read_by: int, local_batch: int, batches: int, pipelines: int
+    ) -> list[np.ndarray]:
+        """What each of `pipelines` input pipelines reads of pass `pass_number` when a run that read `batches`
+        batches of it on `read_by` pipelines (of `local_batch` examples each) resumes on `pipelines`: every
+        example not read yet, dealt out in turn by place (a bool per place of the split, a pipeline each). The
+        places read are found by replaying that pass's order, no file read."""
+        read = np.zeros(self.examples, bool)
+        for index in range(read_by):
+            for (places,) in self.batches(index, read_by, seed, pass_number, local_batch, places=True).take(batches):
+                read[places.numpy()] = True
+        left = np.flatnonzero(~read)
+        marks = [np.zeros(self.examples, bool) for _ in range(pipelines)]
+        for index, mark in enumerate(marks):
+            mark[left[index::pipelines]] = True
+        return marks
 
     def _decoded(self, records: tf.data.Dataset, window: int) -> tf.data.Dataset:
         """Windows of (features, labels) as stored, from chunks of serialized examples: each chunk parsed at
@@ -309,6 +350,12 @@ class StreamedSplit:
             chunks = records.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
             return chunks.rebatch(window)
         return records.rebatch(window).map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _kept(chunk: tf.Tensor, at: tf.Tensor, keep: tf.Tensor, with_places: bool):
+    """A chunk's records (and their places, on the general path) that `keep` marks."""
+    records = tf.boolean_mask(chunk, keep)
+    return (records, tf.boolean_mask(at, keep)) if with_places else records
 
 
 def _example_spec(info) -> tf.io.FixedLenFeature:
