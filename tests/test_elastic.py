@@ -248,3 +248,24 @@ def test_streamed_two_workers_resumed_on_one_mid_pass_finish_that_pass_then_trai
     # 11,264 examples left of pass 0: 44 steps of 256, then pass 1 whole (64 steps); each epoch evaluated once
     assert (summary["steps"], summary["epochs_completed"], summary["resumed_from_step"]) == (128, 2, 20)
     assert [line.split()[1] for line in resumed.stdout.splitlines() if " eval: " in line] == ["1", "2"]
+
+
+@pytest.mark.slow
+def test_one_worker_resumed_on_two_ends_where_the_one_does(tmp_path, tfds_data_dir):
+    from tests.test_multi_worker import run_workers
+
+    common = {**ELASTIC, "EPOCHS": 3, "STEPS_PER_CALL": 8}
+    straight = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "straight", TFDS_DATA_DIR=tfds_data_dir,
+                         **common)  # fmt: skip
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    first = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "run", TFDS_DATA_DIR=tfds_data_dir,
+                      **{**common, "EPOCHS": 1})  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    moved = run_workers(tmp_path, [{}, {}], tfds_data_dir, **common)  # the same OUTPUT_DIR: tmp_path / "run"
+    assert [code for code, _ in moved] == [0, 0], moved[0][1][-3000:]
+    reference, summary = read_summary(tmp_path / "straight"), read_summary(tmp_path / "run")
+    assert (reference["workers"], summary["workers"], summary["steps"], summary["resumed_from_step"]) == (1, 2, 120, 40)
+    for name, value in reference["eval"].items():
+        assert abs(summary["eval"][name] - value) <= 0.002, name
+    assert relative_difference(tmp_path / "straight", tmp_path / "run") < 1e-3
+    assert [s["workers"] for s in summary["starts"]] == [1, 2]
