@@ -200,6 +200,11 @@ class Callbacks:
                 f"MONITOR={self.monitor!r} is not among epoch {epoch}'s logs: {', '.join(sorted(logs))}; set MONITOR "
                 f"to one of them (a val_ name is evaluation's), then run again to resume"
             )
+        if not isinstance(logs[self.monitor], int | float):
+            raise SettingsError(
+                f"MONITOR={self.monitor!r} is a metric of several values ({logs[self.monitor]!r:.60}): name one "
+                f"that is a single number, like {', '.join(sorted(n for n, v in logs.items() if isinstance(v, float)))}"
+            )
         if self.direction is None:
             self.direction = monitor_direction(self.network, self.monitor)
             if self.direction is None:
@@ -236,9 +241,12 @@ class Callbacks:
         self.stopped_early = self.stopped_early or stop
         return stop
 
-    def end(self) -> None:
-        """on_train_end, with the last epoch's logs."""
+    def end(self, step: int) -> None:
+        """on_train_end, with the last epoch's logs, once training ended at `step` (not by a signal)."""
         self._each("on_train_end", dict(self.epochs[-1]["logs"]) if self.epochs else {})
+        if self.stopped_early:
+            epoch = -(-step // self.steps_per_epoch)
+            self.run.say(f"Stopped early at step {step} (epoch {epoch}): a callback set model.stop_training.")
 
     # --- the end: the best epoch's weights ---
 
@@ -256,6 +264,11 @@ class Callbacks:
                 f"({first_line(error, 160)}); the last checkpoint {self.run.manager.latest_checkpoint} is intact: "
                 "run again to export"
             ) from None
+        value = self.best["logs"][self.monitor]
+        self.run.say(
+            f"MONITOR={self.monitor}: the best epoch is {self.best['epoch']} (step {self.best['step']}, {self.monitor} "
+            f"{value:.4f}, {self.direction}); its weights are evaluated and exported, the last checkpoint resumes."
+        )
 
     def summary(self) -> dict[str, Any]:
         """What summary.json says of the callbacks and MONITOR."""

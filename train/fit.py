@@ -470,7 +470,7 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> dict[str, Any
             if run.callbacks.stopped_early:  # model.stop_training: the run is done, not interrupted
                 outcome = dataclasses.replace(outcome, interrupted=False)
             if not outcome.interrupted:
-                run.callbacks.end()
+                run.callbacks.end(outcome.step)
             with streamed_files_intact(run):
                 return _finish(run, outcome)
     finally:
