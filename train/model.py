@@ -197,7 +197,7 @@ def build(settings: Settings, spec: DatasetSpec, strategy, context: Context | No
                 f"MODEL={settings.model!r}: its output {_output_shape(network)} does not fit the labels of "
                 f"{spec.name} (LABEL_KEY={spec.label_key!r}: {_label_kind(spec)}): {first_line(error, 200)}"
             ) from None
-        _check_output(settings, network, serving.output, spec)
+        _check_output(settings, network, _output(serving), spec)
         if not network.optimizer.built:  # (the symbolic build builds it too) now, so a checkpoint restores into it
             network.optimizer.build(network.trainable_variables)
         gradients_come_summed(network.optimizer)
@@ -232,9 +232,19 @@ def _check_output(settings: Settings, network: keras.Model, output: Any, spec: D
         )
 
 
+def _output(model: keras.Model) -> Any:
+    """The model's output (a list of several): `model.outputs`, since a Sequential model, what the general path
+    trains as it is, has no `.output` of its own ("never been called"). None for a model without Inputs."""
+    try:
+        outputs = model.outputs
+    except (AttributeError, ValueError):  # a subclassed model
+        return None
+    return outputs[0] if outputs and len(outputs) == 1 else outputs
+
+
 def _output_shape(network: keras.Model) -> str:
     with contextlib.suppress(Exception):
-        return str(tuple(network.output.shape))
+        return str(tuple(_output(network).shape))
     return "(unknown shape)"
 
 
