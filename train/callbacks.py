@@ -118,7 +118,7 @@ class Callbacks:
         self._each("on_train_begin", {})
         for entry in recorded:
             self._each("on_epoch_begin", entry["epoch"] - 1, {})
-            self._epoch_end(entry["epoch"], entry["step"], dict(entry["logs"]), replay=True)
+            self._epoch_end(entry["epoch"], entry["step"], entry["logs"], replay=True)
         if self.callbacks and recorded:
             self._restore_again(start_step)
         if self.monitor and recorded:  # the chief's best, the one whose checkpoint it found, on every worker
@@ -190,7 +190,9 @@ class Callbacks:
                 ) from None
 
     def _epoch_end(self, epoch: int, step: int, logs: dict[str, Any], replay: bool) -> None:
-        self._each("on_epoch_end", epoch - 1, logs)
+        """on_epoch_end, then the logs recorded as the callbacks left them (what they add, like ReduceLROnPlateau's
+        learning_rate, included); a replayed epoch keeps its record, whatever the callbacks write into theirs."""
+        self._each("on_epoch_end", epoch - 1, dict(logs) if replay else logs)
         entry = {"epoch": epoch, "step": step, "logs": logs}
         self.epochs.append(entry)
         if not self.monitor:

@@ -78,8 +78,12 @@ def sample_function(split: TrainSplit, spec: DatasetSpec) -> Callable[[int], tf.
                 num_parallel_calls=tf.data.AUTOTUNE,
                 deterministic=True,
             )
-        elif isinstance(split, StreamedSplit):
-            examples = split.read(shuffle_files=False).take(n).map(lambda feature, _: feature)
+        elif isinstance(split, StreamedSplit):  # the files one after another, as a split in memory is read
+            import tensorflow_datasets as tfds
+
+            config = tfds.ReadConfig(interleave_cycle_length=1, try_autocache=False)
+            examples = split.builder.as_dataset(split=split.split, shuffle_files=False, read_config=config)
+            examples = examples.take(n).map(lambda example: example[spec.feature_key])
         else:
             examples = tf.data.Dataset.from_tensor_slices(split.tensors[0][:n])
         if spec.is_image and not spec.records:  # as the engine scales it in front of the model
