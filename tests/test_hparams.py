@@ -159,6 +159,7 @@ def test_hp_flags_reach_the_settings_and_an_unknown_one_is_one_line(model, monke
     monkeypatch.setitem(sys.modules, "train.fit", types.SimpleNamespace(fit=lambda s, stop, **_: got.update(s=s) or {
         "interrupted": False}))  # fmt: skip
     monkeypatch.setattr("train.cli.preflight", lambda settings, warn: None)
+    monkeypatch.setattr("train.cli._load_tensorflow", lambda: None)  # no TensorFlow in pytest's process
     env = {**clean_env(), "COLUMNS": "200"}
     result = runner.invoke(app, ["fit", "--model", model, "--hp-width", "128", "--hp-smooth=true"], env=env)
     assert result.exit_code == 0, result.output
@@ -188,10 +189,14 @@ def test_a_bad_hyperparameter_stops_fit_in_seconds_before_tensorflow_and_writes_
     assert took < 5
 
 
-def test_make_passes_hyperparameters_through_to_the_command():
+def test_make_passes_hyperparameters_through_to_the_command_and_the_container():
     result = subprocess.run(
         ["make", "--no-print-directory", "--eval", 'show-hp: ; @echo "[$$HP_WIDTH]"', "show-hp", "HP_WIDTH=128"],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[128]"
+    docker = subprocess.run(["make", "-s", "-n", "--no-print-directory", "docker-train", "HP_WIDTH=128"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert docker.returncode == 0, docker.stderr
+    assert " -e HP_WIDTH " in docker.stdout  # by name: its value from make's environment

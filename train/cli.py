@@ -4,6 +4,7 @@
     python -m train fit                       # train; run it again to resume from the last checkpoint
     python -m train fit --gpus 0,1 --epochs 3 # flags beat environment variables, which beat .env
     CPU_DEVICES=2 python -m train fit         # 2 replicas of MirroredStrategy on a machine without GPUs
+    python -m train fit --model examples/cnn.py --hp-width 64   # build_model's own settings (--help lists them)
     python -m train evaluate                  # the latest checkpoint on EVAL_SPLIT, with the run's settings
 
 Each command only resolves the settings and calls the library (`train.fit`, `train.tools`).
