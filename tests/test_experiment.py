@@ -14,7 +14,8 @@ from tests.conftest import REPO, clean_env, read_summary, run_python, run_train,
 from train.cluster.launch import free_ports, tf_configs
 
 # Writes the context build_model got, the hyperparameters' values and a digest of context.sample beside the run
-# directory, one file a process. FACTS_PREPROCESS=1 gives it a preprocess (the general path).
+# directory, one file a process. FACTS_PREPROCESS=1 gives it a preprocess (the general path); FACTS_CALLBACKS=1 an
+# EarlyStopping that stops after epoch 2 (min_delta=10: no epoch after the first is better).
 FACTS = '''import hashlib, json, os, time
 import numpy as np
 import keras
@@ -26,6 +27,9 @@ SAMPLE = 300
 if os.environ.get("FACTS_PREPROCESS"):
     def preprocess(example, training, seed):
         return example["features"] * 2.0, example["label"]
+if os.environ.get("FACTS_CALLBACKS"):
+    def build_callbacks(context):
+        return [keras.callbacks.EarlyStopping(monitor="val_loss", min_delta=10, patience=1)]
 
 
 def first_examples(n):
@@ -242,15 +246,23 @@ def start_workers(tmp_path: Path, data_dir: Path, per_worker: list[dict], **sett
     return codes
 
 
-def test_context_on_two_workers_and_the_same_sample_on_each(tmp_path, tfds_data_dir, one_replica):
+def test_context_on_two_workers_the_same_sample_on_each_and_callbacks_and_monitor_alike(
+    tmp_path, tfds_data_dir, one_replica
+):
+    """Both workers run the callbacks; the chief's stop_training ends both after epoch 2; both evaluate the best
+    epoch (MONITOR=val_loss, max: the first), restored from the chief's checkpoints."""
     model = write(tmp_path, "facts.py", FACTS)
-    codes = start_workers(tmp_path, tfds_data_dir, [{}, {}], MODEL=model, EPOCHS=1, **SMALL | {"BATCH_SIZE": 16})
+    codes = start_workers(tmp_path, tfds_data_dir, [{}, {}], MODEL=model, EPOCHS=3, FACTS_CALLBACKS=1,
+                          MONITOR="val_loss", MONITOR_MODE="max", **SMALL | {"BATCH_SIZE": 16})  # fmt: skip
     assert codes == [0, 0], (tmp_path / "worker0.log").read_text()[-3000:]
     workers = facts(tmp_path)
     assert sorted(w["is_chief"] for w in workers) == [False, True]
     for each in workers:
         assert (each["global_batch"], each["replicas"], each["workers"], each["steps_per_epoch"]) == (32, 2, 2, 10)
         assert each["sample_sha256"] == facts(one_replica[0])[0]["sample_sha256"]  # the one host's, too
+    summary = read_summary(tmp_path / "run")
+    assert (summary["stopped_early"], summary["steps"], summary["best"]["epoch"]) == (True, 20, 1)
+    assert summary["eval"]["loss"] == summary["best"]["val_loss"]
 
 
 def test_workers_must_agree_on_a_hyperparameter(tmp_path, tfds_data_dir):
