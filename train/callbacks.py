@@ -93,7 +93,9 @@ class Callbacks:
         self.best: dict[str, Any] | None = None  # one of `epochs`
         self.kept: int | None = None  # the step of the checkpoint kept out of the rotation for the best epoch
         self.metrics: dict[str, Any] = {}  # the last call's training metrics
-        self.begun_epoch: int | None = None
+        # The epoch under way (from 0, as Keras counts) and the step it began at: from the loop's epoch ends (and
+        # the recorded ones), not from step arithmetic, since a start at another global batch re-bases the epochs.
+        self.epoch, self.epoch_start, self.epoch_begun = 0, 0, False
         self.stopped_early = False
         network = run.built.network
         network.stop_training = False
@@ -115,6 +117,11 @@ class Callbacks:
         """on_train_begin, then the recorded epochs up to `start_step` replayed, then the checkpoint restored again
         (after `train.fit._open_run_dir` restored it)."""
         recorded = self._recorded(start_step)
+        if recorded:
+            self.epoch, self.epoch_start = recorded[-1]["epoch"], recorded[-1]["step"]
+        else:  # a first start, or a run without its epochs.json
+            self.epoch = start_step // self.steps_per_epoch
+            self.epoch_start = self.epoch * self.steps_per_epoch
         self._each("on_train_begin", {})
         for entry in recorded:
             self._each("on_epoch_begin", entry["epoch"] - 1, {})
@@ -165,21 +172,21 @@ class Callbacks:
     def before_call(self, step: int) -> None:
         if not self.callbacks:
             return
-        epoch, batch = divmod(step, self.steps_per_epoch)
-        if epoch != self.begun_epoch:
-            self.begun_epoch = epoch
-            self._each("on_epoch_begin", epoch, {})
-        self._each("on_train_batch_begin", batch, {})
+        if not self.epoch_begun:  # an epoch's first call, or the first call of a start
+            self.epoch_begun = True
+            self._each("on_epoch_begin", self.epoch, {})
+        self._each("on_train_batch_begin", step - self.epoch_start, {})
 
     def after_call(self, step: int, metrics: dict[str, Any]) -> None:
         self.metrics = metrics
         if self.callbacks:
-            self._each("on_train_batch_end", (step - 1) % self.steps_per_epoch, dict(metrics))
+            self._each("on_train_batch_end", step - 1 - self.epoch_start, dict(metrics))
 
     def end_epoch(self, epoch: int, step: int, evaluation: dict[str, Any]) -> None:
         """After epoch `epoch` (from 1) was evaluated at `step`: on_epoch_end, MONITOR, epochs.json (the chief)."""
         logs = {**self.metrics, **{f"val_{name}": value for name, value in evaluation.items()}}
         self._epoch_end(epoch, step, logs, replay=False)
+        self.epoch, self.epoch_start, self.epoch_begun = epoch, step, False
         if self.run.peers.is_chief:
             try:
                 write_json(self.run.output_dir / EPOCHS, self.epochs)
@@ -247,7 +254,7 @@ class Callbacks:
         """on_train_end, with the last epoch's logs, once training ended at `step` (not by a signal)."""
         self._each("on_train_end", dict(self.epochs[-1]["logs"]) if self.epochs else {})
         if self.stopped_early:
-            epoch = -(-step // self.steps_per_epoch)
+            epoch = self.epoch + (step > self.epoch_start)  # from 1: the one it stopped in, or at the end of
             self.run.say(f"Stopped early at step {step} (epoch {epoch}): a callback set model.stop_training.")
 
     # --- the end: the best epoch's weights ---
