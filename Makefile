@@ -10,6 +10,8 @@ EXTRAS ?= dev# add ",gpu" on a GPU machine: make setup EXTRAS=dev,gpu
 SETTINGS := $(shell sed -n 's/^ *Field."\([A-Z0-9_]*\)".*/\1/p' train/settings.py)
 # A setting given to make (or already in the environment) reaches python as an environment variable.
 export $(foreach name,$(SETTINGS),$(if $(filter undefined,$(origin $(name))),,$(name)))
+# build_model's hyperparameters pass through too: `make train HP_WIDTH=128` (MODEL's own settings, train/hparams.py).
+export $(filter HP_%,$(.VARIABLES))
 
 .PHONY: help setup train train-workers devices check bench bench-images bench-gpu bench-levers evaluate test test-fast test-gpu lint format tensorboard lock clean
 

@@ -47,8 +47,9 @@ DOCKER_NAME ?= tf-train-$(RUN_NAME)
 
 # Settings passed to the container by name (`-e NAME`) when given to make or set in its
 # environment: every `Field("NAME", ...)` of train/settings.py (the one table of settings),
-# plus the root Makefile's SETTINGS. GPUS, TFDS_DATA_DIR and OUTPUT_DIR are mapped, not passed.
-DOCKER_SETTINGS_ALL := $(sort $(SETTINGS) $(shell sed -n 's/^ *Field."\([A-Z0-9_]*\)".*/\1/p' $(DOCKER_ROOT)/train/settings.py 2>/dev/null))
+# plus the root Makefile's SETTINGS, plus build_model's hyperparameters (HP_WIDTH=64: MODEL's own).
+# GPUS, TFDS_DATA_DIR and OUTPUT_DIR are mapped, not passed.
+DOCKER_SETTINGS_ALL := $(sort $(SETTINGS) $(shell sed -n 's/^ *Field."\([A-Z0-9_]*\)".*/\1/p' $(DOCKER_ROOT)/train/settings.py 2>/dev/null) $(filter HP_%,$(.VARIABLES)))
 DOCKER_PASSED = $(foreach name,$(filter-out GPUS TFDS_DATA_DIR OUTPUT_DIR,$(DOCKER_SETTINGS_ALL)),\
 	$(if $(filter undefined default,$(origin $(name))),,$(name)))
 export $(DOCKER_PASSED)

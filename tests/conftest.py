@@ -32,8 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 # rather than one long file running alone while the other worker idles.
 LONGEST_FIRST = (
     "test_multi_worker.py", "test_train.py", "test_resilience.py", "test_fuzz.py", "test_bench.py", "test_data.py",
-    "test_preprocess.py", "test_elastic.py", "test_bench_processes.py", "test_examples.py", "test_replicas.py",
-    "test_slurm.py", "test_observability.py", "test_memory.py", "test_probe.py",
+    "test_experiment.py", "test_preprocess.py", "test_elastic.py", "test_bench_processes.py", "test_examples.py",
+    "test_replicas.py", "test_slurm.py", "test_observability.py", "test_memory.py", "test_probe.py",
 )  # fmt: skip
 
 
@@ -55,6 +55,7 @@ def clean_env(**settings: object) -> dict[str, str]:
     """The process environment without any setting of the user's, plus the engine's defaults and the given ones
     (a setting given as None is left out: unset)."""
     not_passed = {f.env for f in FIELDS} | {"TF_CONFIG"}  # a TF_CONFIG in the shell would make every run multi-worker
+    not_passed |= {name for name in os.environ if name.startswith("HP_")}  # build_model's settings (train/hparams.py)
     not_passed |= set(likely_typos(os.environ, ENVIRONMENT_TYPO_CUTOFF))  # their warnings would add lines to stderr
     env = {name: value for name, value in os.environ.items() if name not in not_passed}
     env.update(engine_defaults())

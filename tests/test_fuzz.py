@@ -58,10 +58,10 @@ def build_model(input_shape, num_classes, learning_rate):
 FILE_DAMAGE = ("truncated", "garbage", "wrong-json", "deleted", "a-folder", "unwritable", "unreadable", "another-user",
                "dangling-symlink")  # fmt: skip
 FOLDER_DAMAGE = ("deleted", "a-file", "unwritable", "unreadable", "another-user", "dangling-symlink")
-FILES = ("settings.json", "run.json", "summary.json", ".lock", "model.keras", "checkpoints/checkpoint",
+FILES = ("settings.json", "run.json", "epochs.json", "summary.json", ".lock", "model.keras", "checkpoints/checkpoint",
          f"checkpoints/ckpt-{NEWEST}.index", f"checkpoints/ckpt-{NEWEST}.data-00000-of-00001")  # fmt: skip
 FOLDERS = (".", "checkpoints", "logs", "logs/train", "saved_model")
-JSON = ("settings.json", "run.json", "summary.json", ".lock")
+JSON = ("settings.json", "run.json", "epochs.json", "summary.json", ".lock")
 LEFTOVERS = {
     "killed-save": f"checkpoints/ckpt-{NEWEST + 2}_temp",
     "unindexed-data": f"checkpoints/ckpt-{NEWEST + 2}.data-00000-of-00001",
@@ -82,6 +82,10 @@ MODELS = {
     "not-compiled": MODEL.replace("    model.compile(", "    dict("),
     "not-a-function": "build_model = 3\n",
     "raises-on-import": "raise RuntimeError('no licence server')\n" + MODEL,
+    "tuple-hyperparameter": MODEL.replace("learning_rate):", "learning_rate, *, sizes=(8, 8)):"),
+    "positional-context": MODEL.replace("learning_rate):", "learning_rate, context):"),
+    "callbacks-raise": MODEL + "\n\ndef build_callbacks(context):\n    raise {error}('{message}')\n",
+    "callbacks-not-a-list": MODEL + "\n\ndef build_callbacks(context):\n    return 7\n",
     "empty": "",
     "a-folder": None,
     "unreadable": MODEL,

@@ -217,7 +217,8 @@ def test_two_workers_train_to_identical_weights_and_the_chief_writes_once(uninte
     assert summary["steps"] == summary["total_steps"] == 200 and not summary["interrupted"]
     assert summary["weights_sha256"].startswith(hashes[0][0])
     assert sorted(p.name for p in run.iterdir()) == [
-        ".lock", "checkpoints", "logs", "model.keras", "run.json", "saved_model", "settings.json", "summary.json",
+        ".lock", "checkpoints", "epochs.json", "logs", "model.keras", "run.json", "saved_model", "settings.json",
+        "summary.json",
     ]  # fmt: skip
     ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert ckpts == ["checkpoint"] + [

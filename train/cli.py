@@ -4,6 +4,7 @@
     python -m train fit                       # train; run it again to resume from the last checkpoint
     python -m train fit --gpus 0,1 --epochs 3 # flags beat environment variables, which beat .env
     CPU_DEVICES=2 python -m train fit         # 2 replicas of MirroredStrategy on a machine without GPUs
+    python -m train fit --model examples/cnn.py --hp-width 64   # build_model's own settings (--help lists them)
     python -m train evaluate                  # the latest checkpoint on EVAL_SPLIT, with the run's settings
 
 Each command only resolves the settings and calls the library (`train.fit`, `train.tools`).
@@ -11,6 +12,8 @@ Each command only resolves the settings and calls the library (`train.fit`, `tra
 
 from __future__ import annotations
 
+import contextvars
+import copy
 import functools
 import inspect
 import json
@@ -27,10 +30,12 @@ from typing import Annotated, Any, Optional
 
 import click
 import typer
+from typer.core import TyperCommand
 
+from train import hparams
 from train.errors import EXIT_FAILED, EXIT_PREEMPTED, BusyError, SettingsError, TrainingError, first_line
 from train.rundir import StopRequest, check_same_model, preflight, write_json
-from train.settings import FIELDS, Settings, load_settings
+from train.settings import FIELDS, Settings, load_settings, peek_hyperparameters
 
 app = typer.Typer(
     help=__doc__.split("\n\n")[0],
@@ -106,12 +111,65 @@ def _crash(error: Exception, settings: Settings | None) -> None:
     _fail(f"{type(error).__name__}: {first_line(error, 200)}. This is a bug: {where}; please report it", EXIT_FAILED)
 
 
+# The --hp-* values of the command being run, by setting name (HP_WIDTH): SettingsCommand.invoke sets them,
+# with_settings reads them (typer hands its callback only the parameters the function declares).
+_HYPERPARAMETER_FLAGS: contextvars.ContextVar[dict[str, str | None] | None] = contextvars.ContextVar("hp", default=None)
+
+
+def _flag_values(args: list[str], flag: str) -> list[str]:
+    """The values `args` give a flag, as `--flag value` or `--flag=value`, in order (click keeps the last)."""
+    values = []
+    for index, arg in enumerate(args):
+        if arg == flag and index + 1 < len(args):
+            values.append(args[index + 1])
+        elif arg.startswith(flag + "="):
+            values.append(arg.partition("=")[2])
+    return values
+
+
+class SettingsCommand(TyperCommand):
+    """A command whose flags are every setting's and build_model's hyperparameters' (--hp-width): those depend on
+    MODEL, so they are found before click parses the arguments, from the MODEL they (or the environment, .env,
+    the defaults) name. An --hp-* that build_model does not declare is taken too, for load_settings to refuse in
+    one line naming the declared ones."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        flags = {}
+        for name in ("MODEL", "OUTPUT_DIR"):
+            given = _flag_values(args, "--" + name.lower().replace("_", "-"))
+            if given:
+                flags[name] = given[-1]
+        declared = peek_hyperparameters(flags, from_run=getattr(self.callback, "from_run", False))
+        help_of = {each.flag: (each.metavar, each.help) for each in declared.values()}
+        for arg in args:
+            flag = arg.partition("=")[0]
+            if flag.startswith(hparams.flag_name(hparams.PREFIX)) and flag not in help_of:
+                help_of[flag] = ("TEXT", "not a hyperparameter of MODEL's build_model")
+        self.params = [param for param in self.params if not getattr(param, "hyperparameter", False)]
+        text_option = next(param for param in self.params if param.name == "model")  # a setting's: optional text
+        for flag, (metavar, text) in help_of.items():
+            option = copy.copy(text_option)  # typer's options are made from annotations: this one is, renamed
+            option.name, option.opts, option.secondary_opts = flag[2:].replace("-", "_"), [flag], []
+            option.metavar, option.help, option.hyperparameter = metavar, text, True
+            self.params.append(option)
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        found = [name for name in ctx.params if name.startswith(hparams.PREFIX.lower())]
+        token = _HYPERPARAMETER_FLAGS.set({name.upper(): ctx.params.pop(name) for name in found})
+        try:
+            return super().invoke(ctx)
+        finally:
+            _HYPERPARAMETER_FLAGS.reset(token)
+
+
 def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool = False) -> Any:
     """Give a command one flag per setting, and hand it the resolved, validated `Settings`.
 
     Flags are declared as text and parsed by `train.settings`, so a bad value reads the same
     whether it came from a flag, the environment or `.env`: one line, exit code 2. `from_run`: the
-    run directory's settings.json fills in what flags and the environment leave (evaluate).
+    run directory's settings.json fills in what flags and the environment leave (evaluate). The command is
+    registered with `cls=SettingsCommand`, which adds build_model's hyperparameters' flags.
     """
     if command is None:
         return functools.partial(with_settings, from_run=from_run)
@@ -143,6 +201,7 @@ def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool =
     @functools.wraps(command)
     def run(**kwargs: Any) -> Any:
         flags = {field.env: kwargs.pop(field.attr) for field in FIELDS}
+        flags |= _HYPERPARAMETER_FLAGS.get() or {}
         settings = None
         try:
             settings = load_settings(flags, warn=_warn, from_run=from_run)
@@ -155,6 +214,7 @@ def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool =
             _crash(error, settings)
 
     del run.__wrapped__  # typer must see the signature below, not the command's own
+    run.from_run = from_run  # type: ignore[attr-defined]  # what SettingsCommand resolves MODEL from
     run.__signature__ = inspect.Signature(own + setting_params)
     run.__annotations__ = {p.name: p.annotation for p in own + setting_params}
     return run
@@ -191,7 +251,7 @@ def _write_json(path: Path | None, payload: Any) -> None:
         raise TrainingError(f"could not write --json {path} ({error.strerror}); the result is printed above") from None
 
 
-@app.command(short_help="Train; resume from OUTPUT_DIR's latest checkpoint.")
+@app.command(short_help="Train; resume from OUTPUT_DIR's latest checkpoint.", cls=SettingsCommand)
 @with_settings
 def fit(settings: Settings) -> None:
     """Train, checkpointing as it goes; resumes from OUTPUT_DIR's latest checkpoint."""
@@ -205,7 +265,7 @@ def fit(settings: Settings) -> None:
         raise typer.Exit(EXIT_PREEMPTED)
 
 
-@app.command(short_help="Score the latest checkpoint (or --exported) on EVAL_SPLIT.")
+@app.command(short_help="Score the latest checkpoint (or --exported) on EVAL_SPLIT.", cls=SettingsCommand)
 @with_settings(from_run=True)
 def evaluate(
     settings: Settings,
@@ -221,7 +281,7 @@ def evaluate(
     _print_json(run_evaluate(settings, exported=exported))
 
 
-@app.command(short_help="Trial-run real steps; find the batch size that fits.")
+@app.command(short_help="Trial-run real steps; find the batch size that fits.", cls=SettingsCommand)
 @with_settings
 def check(
     settings: Settings,
@@ -240,7 +300,7 @@ def check(
     _write_json(json_path, result)
 
 
-@app.command(short_help="Measure the loop against its ceiling and Keras fit.")
+@app.command(short_help="Measure the loop against its ceiling and Keras fit.", cls=SettingsCommand)
 @with_settings
 def bench(
     settings: Settings,
@@ -290,7 +350,7 @@ def bench(
     _write_json(json_path, result)
 
 
-@app.command(short_help="What TensorFlow sees; what the settings resolve to.")
+@app.command(short_help="What TensorFlow sees; what the settings resolve to.", cls=SettingsCommand)
 @with_settings
 def devices(
     settings: Settings,

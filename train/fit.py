@@ -10,6 +10,7 @@ N GPUs or N workers alike. What multi-worker does differently sits behind `peers
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import socket
 from collections.abc import Callable, Iterator
@@ -20,9 +21,11 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from train.callbacks import Callbacks, build_callbacks
 from train.checkpoints import make_checkpoint, restore_newest, save_checkpoint
 from train.cluster.agreement import Decision, reconcile, report
 from train.cluster.workers import SingleHost, connect
+from train.context import run_context
 from train.data import (
     Data,
     Dataset,
@@ -41,7 +44,7 @@ from train.loop import Outcome, Schedule, check_finite, longest_call, run_loop, 
 from train.model import Built, averaged_weights, build, export, spread_seeds, use_averaged_weights, weights_fingerprint
 from train.progress import evaluation_notice, format_metrics, reporter
 from train.rundir import RUN, RunLock, StopRequest, check_same_model, read_run, write_json
-from train.settings import RUN_SETTINGS, WORKERS_AGREE, Settings, changed_settings, model_fingerprint
+from train.settings import RUN_SETTINGS, Settings, agreed_settings, changed_settings, model_fingerprint
 from train.step import Evaluator, make_train_calls
 from train.timeline import Segment, first_segment, resume, segment_at, unread_pass, with_remainder
 
@@ -77,9 +80,8 @@ def agree(settings: Settings, runtime: Runtime, peers: SingleHost, dataset: Data
         "label": f"{spec.label_key} {list(spec.label_shape)} {spec.label_dtype}",
     }
     recorded = read_run(settings.output_dir) if peers.is_chief else {}
-    text = settings.to_json()
     this_worker = report(
-        {name: text[name] for name in WORKERS_AGREE}, model_fingerprint(settings.model), facts,
+        agreed_settings(settings), model_fingerprint(settings.model), facts,
         dataset.fits_in_memory(_workers_here(runtime)), auto_precision(runtime.plan)[0], recorded,
     )  # fmt: skip
     return reconcile(peers.all_gather("report", this_worker))
@@ -135,6 +137,8 @@ class Run:
     segment: Segment | None = None  # how steps map to epochs and to the data from here on (train.timeline)
     marks: tuple[Any, ...] = ()  # the segment's rest of a streamed pass: what each input pipeline reads of it
     starts: list[dict[str, Any]] = field(default_factory=list)  # every start of the run (run.json), this one last
+    context: Any = None  # train.context.Context: the run's facts, as build_model and build_callbacks got them
+    callbacks: Any = None  # train.callbacks.Callbacks: the fork's callbacks, MONITOR, epochs.json
 
     @property
     def output_dir(self) -> Path:
@@ -147,6 +151,10 @@ class Run:
     # --- between calls (train.loop) ---
 
     def should_stop(self, step: int, saved_step: int, skipped: int) -> bool:
+        if self.callbacks.stop_requested(step):  # model.stop_training: ends the run, with a checkpoint
+            if saved_step != step:
+                self.save(step, skipped)
+            return True
         return self.peers.should_stop(step, saved_step)
 
     def before_call(self, step: int) -> None:
@@ -155,9 +163,11 @@ class Run:
         if profile and self.peers.is_chief and not self.profiling and profile[0] - 1 <= step < profile[1]:
             tf.profiler.experimental.start(str(self.output_dir / "logs"))
             self.profiling = True
+        self.callbacks.before_call(step)
 
     def after_call(self, step: int, result, examples_per_sec: float | None) -> None:
         self.progress.called(step, result.metrics, examples_per_sec)
+        self.callbacks.after_call(step, result.metrics)
         if self.profiling and step >= self.settings.profile_steps[1]:
             tf.profiler.experimental.stop()
             self.profiling = False
@@ -177,9 +187,11 @@ class Run:
             metrics = self.evaluate(self.data.eval, self.runtime.global_batch)
         self.progress.evaluated(epoch, metrics)
         write_scalars(self.writers["eval"], step, metrics)
+        self.callbacks.end_epoch(epoch, step, metrics)
 
     def save(self, step: int, skipped: int) -> None:
         save_checkpoint(self.manager, step, skipped)
+        self.callbacks.saved(step)
 
 
 def _start(settings: Settings, runtime: Runtime, peers: SingleHost, say: Say) -> Run:
@@ -195,11 +207,13 @@ def _start(settings: Settings, runtime: Runtime, peers: SingleHost, say: Say) ->
     data = dataset.load(settings, decision.data_in_memory, _workers_here(runtime))
     for line in (*decision.notes, *data.notes):
         say(line)
-    steps_per_epoch(settings, data, runtime)  # a split under one global batch: before writing
-    built = build(settings, data.spec, runtime.strategy)  # a model that breaks the contract: before writing
+    context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))  # a split under one
+    built = build(settings, data.spec, runtime.strategy, context)  # global batch, a bad model: before writing
     whole_call = gathers_in_step(runtime.strategy, data.spec.records)  # the feed lets XLA compile the whole call
     jit, why = _decide_xla(settings, runtime, peers, built, whole_call, decision.jit_compile)
-    return Run(settings, runtime, peers, data, built, jit, why, say)
+    run = Run(settings, runtime, peers, data, built, jit, why, say, context=context)
+    run.callbacks = Callbacks(build_callbacks(settings, context), run)  # bad callbacks: before writing
+    return run
 
 
 def _open_run_dir(run: Run, lock: RunLock) -> None:
@@ -344,10 +358,7 @@ def write_hparams(run: Run, logs: Path) -> None:
     and what the run resolved, for TensorBoard's HParams table (runs under one parent, side by side)."""
     from tensorboard.plugins.hparams import api as hp
 
-    values: dict[str, Any] = {}
-    for name, text in run.settings.to_json().items():
-        value = getattr(run.settings, name.lower())
-        values[name] = value if isinstance(value, bool | int | float) and not isinstance(value, tuple) else text
+    values: dict[str, Any] = run.settings.typed()  # build_model's hyperparameters (HP_*) among them
     runtime = run.runtime
     values.update(replicas=runtime.replicas, global_batch=runtime.global_batch, precision=runtime.precision,
                   xla=run.jit_compile, data_in_memory=run.data.in_memory)  # fmt: skip
@@ -530,7 +541,7 @@ def _finish(run: Run, outcome: Outcome) -> dict[str, Any]:
     for writer in run.writers.values():
         writer.flush()
     fingerprint = weights_fingerprint(run.built)
-    summary = _summary(run, outcome, fingerprint)
+    summary = _summary(run, outcome, fingerprint) | run.callbacks.summary()
     if outcome.interrupted:
         run.say(f"Stopped {run.peers.stopped_by()} at step {outcome.step}; checkpoint saved. Run the same "
                 "command again to resume.")  # fmt: skip
@@ -538,6 +549,7 @@ def _finish(run: Run, outcome: Outcome) -> dict[str, Any]:
             write_json(run.output_dir / "summary.json", summary)
         return summary
     run.peers.agree_on_weights(fingerprint)
+    run.callbacks.use_best()  # MONITOR: the best epoch's weights are evaluated and exported
     settings, batch = run.settings, run.runtime.global_batch
     with averaged_weights(run.built):
         with evaluation_notice(run.say, settings.train_split, len(run.data.train)):
@@ -580,8 +592,13 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> dict[str, Any
             peers.refuse_if_busy(settings.output_dir)
             run = _start(settings, runtime, peers, say)
             _open_run_dir(run, lock)
+            run.callbacks.begin(int(run.checkpoint.step.numpy()))  # on_train_begin, the recorded epochs replayed
         with peers.guard("training", run.checkpoint_dir):
             outcome = _train(run)
+            if run.callbacks.stopped_early:  # model.stop_training: the run is done, not interrupted
+                outcome = dataclasses.replace(outcome, interrupted=False)
+            if not outcome.interrupted:
+                run.callbacks.end(outcome.step)
             with streamed_files_intact(run):
                 return _finish(run, outcome)
     finally:
@@ -599,7 +616,8 @@ def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> dic
     if settings.mixed_precision == "auto" and precision:
         runtime = runtime.with_precision(precision)
     data = load_data(settings)
-    built = build(settings, data.spec, runtime.strategy)  # its compiled loss and metrics score either source
+    context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))  # this host's facts
+    built = build(settings, data.spec, runtime.strategy, context)  # its compiled loss and metrics score either source
     if exported:
         path = settings.output_dir / "model.keras"
         if not path.is_file():

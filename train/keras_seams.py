@@ -13,6 +13,8 @@ Keras 3.15.1 (pinned in pyproject.toml). If an upgrade moves one of these, the t
   local gradients. The loop all-reduces first instead, so that clipping and loss scaling see the global
   gradient, and turns this second sum off (tests/test_replicas.py: 2 replicas against 1, clipping, overflow).
 - `model._flatten_layers`: every layer, nested ones included, as Keras's own `model_supports_jit` walks them.
+- `MonitorCallback._set_monitor_op`: MONITOR's direction as Keras's mode="auto" decides it (the name "loss", or
+  a compiled metric's `_direction`), asked of an EarlyStopping (tests/test_experiment.py).
 """
 
 from __future__ import annotations
@@ -48,3 +50,15 @@ def gradients_come_summed(optimizer: keras.optimizers.Optimizer) -> None:
 
 def all_layers(model: keras.Model) -> list[keras.layers.Layer]:
     return list(model._flatten_layers(include_self=False))
+
+
+def monitor_direction(model: keras.Model, monitor: str) -> str | None:
+    """ "max" or "min": which way MONITOR improves, as Keras's callbacks decide it with mode="auto"; None where
+    Keras cannot tell."""
+    probe = keras.callbacks.EarlyStopping(monitor=monitor, mode="auto")
+    probe.set_model(model)
+    try:
+        probe._set_monitor_op()
+    except ValueError:
+        return None
+    return "max" if bool(probe.monitor_op(1.0, 0.0)) else "min"

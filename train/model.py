@@ -1,16 +1,18 @@
 """MODEL in: the fork's compiled model, checked against the data, and the model that trains and is exported.
 
 The contract a model file keeps is one function, `build_model(input_shape, num_classes, learning_rate)`,
-returning a compiled `keras.Model` (examples/mlp.py says it in full). Around it the engine puts what the
-data needs and the export must carry: an `Input` of the feature's stored shape and dtype, named after the
-feature, then, for a TFDS image, the scaling of uint8 to [0, 1]. That composed model (`Built.serving`) is
-what trains, what evaluates and what `model.keras` and `saved_model/` hold, so the export serves exactly
-what was evaluated.
+returning a compiled `keras.Model` (examples/mlp.py says it in full); its keyword-only parameters get the
+hyperparameters' values (train.hparams) and, one named `context`, the run's facts (train.context). Around it
+the engine puts what the data needs and the export must carry: an `Input` of the feature's stored shape and
+dtype, named after the feature, then, for a TFDS image, the scaling of uint8 to [0, 1]. That composed model
+(`Built.serving`) is what trains, what evaluates and what `model.keras` and `saved_model/` hold, so the export
+serves exactly what was evaluated.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import shutil
 from collections.abc import Iterator
@@ -22,8 +24,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from train.context import Context
 from train.data.source import DatasetSpec
 from train.errors import SettingsError, first_line
+from train.hparams import CONTEXT
 from train.keras_seams import all_layers, build_metrics_and_loss, gradients_come_summed, inner_optimizers
 from train.model_file import load_model_file
 from train.settings import Settings
@@ -78,11 +82,33 @@ def load_build_model(text: str):
     return load_model_file(text).build_model
 
 
-def _call_build_model(settings: Settings, spec: DatasetSpec) -> keras.Model:
-    build = load_build_model(settings.model)
-    arguments = f"({spec.input_shape}, {spec.num_classes}, {settings.learning_rate})"
+def wants_context(settings: Settings, build) -> bool:
+    """Whether build_model declares `context` (keyword-only). Raises SettingsError for one it cannot be given as."""
     try:
-        network = build(spec.input_shape, spec.num_classes, settings.learning_rate)
+        parameter = inspect.signature(build).parameters.get(CONTEXT)
+    except (TypeError, ValueError):  # no signature to read (a builtin, a C function)
+        return False
+    if parameter is None or parameter.kind is inspect.Parameter.VAR_KEYWORD:
+        return False
+    if parameter.kind is not inspect.Parameter.KEYWORD_ONLY:
+        raise SettingsError(
+            f"MODEL={settings.model!r}: build_model's {CONTEXT} is not keyword-only: declare it after a `*`, like "
+            f"build_model(input_shape, num_classes, learning_rate, *, {CONTEXT})"
+        )
+    return True
+
+
+def _call_build_model(settings: Settings, spec: DatasetSpec, context: Context | None) -> keras.Model:
+    build = load_build_model(settings.model)
+    keywords: dict[str, Any] = dict(settings.hyperparameters)
+    given = "".join(f", {name}={value!r}" for name, value in keywords.items())
+    arguments = f"({spec.input_shape}, {spec.num_classes}, {settings.learning_rate}{given})"
+    if wants_context(settings, build):
+        if context is None:
+            raise SettingsError(f"MODEL={settings.model!r}: build_model declares {CONTEXT}, which this command lacks")
+        keywords[CONTEXT] = context
+    try:
+        network = build(spec.input_shape, spec.num_classes, settings.learning_rate, **keywords)
     except Exception as error:
         raise SettingsError(
             f"MODEL={settings.model!r}: build_model{arguments} raised {type(error).__name__}: {first_line(error, 240)}"
@@ -154,13 +180,14 @@ def _serving_model(network: keras.Model, spec: DatasetSpec) -> keras.Model:
     return keras.Model(inputs, network(features), name=f"{network.name}_serving")
 
 
-def build(settings: Settings, spec: DatasetSpec, strategy) -> Built:
+def build(settings: Settings, spec: DatasetSpec, strategy, context: Context | None = None) -> Built:
     """MODEL's model for this dataset, made inside the strategy's scope, checked, with its optimizer built.
+    `context`: the run's facts, for a build_model that declares it (train.context.run_context).
 
     Raises SettingsError for a model that breaks the contract, before anything is written."""
     keras.utils.set_random_seed(settings.seed)
     with strategy.scope():
-        network = _call_build_model(settings, spec)
+        network = _call_build_model(settings, spec, context)
         _check_optimizer(settings, network.optimizer)
         serving = _serving_model(network, spec)
         try:
@@ -207,9 +234,19 @@ def _check_output(settings: Settings, network: keras.Model, output: Any, spec: D
         )
 
 
+def _output(model: keras.Model) -> Any:
+    """The model's output (a list of several): `model.outputs`, since a Sequential model, what the general path
+    trains as it is, has no `.output` of its own ("never been called"). None for a model without Inputs."""
+    try:
+        outputs = model.outputs
+    except (AttributeError, ValueError):  # a subclassed model
+        return None
+    return outputs[0] if outputs and len(outputs) == 1 else outputs
+
+
 def _output_shape(network: keras.Model) -> str:
     with contextlib.suppress(Exception):
-        return str(tuple(network.output.shape))
+        return str(tuple(_output(network).shape))
     return "(unknown shape)"
 
 

@@ -2,10 +2,12 @@
 
     build_model(input_shape, num_classes, learning_rate) -> a compiled keras.Model      (required)
     preprocess(example, training, seed) -> (inputs, label)                              (optional)
+    build_callbacks(context) -> a list of keras.callbacks.Callback                       (optional)
 
-`build_model` is what train.model calls; `preprocess` is what the data path (train.data.examples) runs per
-example, in tf.data, in training, evaluation and the export. examples/mlp.py and examples/resnet.py say
-each in full.
+`build_model` is what train.model calls (its keyword-only parameters: hyperparameters, train.hparams, and
+`context`, train.context); `preprocess` is what the data path (train.data.examples) runs per example, in
+tf.data, in training, evaluation and the export; `build_callbacks` gives the callbacks the loop calls
+(train.callbacks). examples/mlp.py, examples/resnet.py and examples/early_stopping.py say each in full.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from train.errors import SettingsError, first_line
 from train.settings import is_model_path
 
 RESNET_EXAMPLE = "examples/resnet.py"  # where a fork finds a preprocess to start from
+CALLBACKS_EXAMPLE = "examples/early_stopping.py"  # ... and build_callbacks
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,7 @@ class ModelFile:
     text: str  # MODEL as given
     build_model: Callable
     preprocess: Callable | None
+    build_callbacks: Callable | None = None
 
 
 @cache
@@ -60,4 +64,10 @@ def load_model_file(text: str) -> ModelFile:
             f"MODEL={text!r}: preprocess is a {type(preprocess).__name__}, not a function: define "
             f"preprocess(example, training, seed) -> (inputs, label) (see {RESNET_EXAMPLE})"
         )
-    return ModelFile(text, build, preprocess)
+    build_callbacks = getattr(module, "build_callbacks", None)
+    if build_callbacks is not None and not callable(build_callbacks):
+        raise SettingsError(
+            f"MODEL={text!r}: build_callbacks is a {type(build_callbacks).__name__}, not a function: define "
+            f"build_callbacks(context) -> a list of keras.callbacks.Callback (see {CALLBACKS_EXAMPLE})"
+        )
+    return ModelFile(text, build, preprocess, build_callbacks)

@@ -90,6 +90,7 @@ def check_output_dir(path: Path) -> None:
 
 LOCK = ".lock"  # in OUTPUT_DIR: held (flock) by the process that trains there; it says who that is
 RUN = "run.json"  # in OUTPUT_DIR: what the run's first start resolved (model hash, XLA, data in memory, precision)
+EPOCHS = "epochs.json"  # in OUTPUT_DIR: each epoch's logs, as the callbacks got them (train.callbacks replays them)
 
 
 class RunLock:
@@ -231,6 +232,29 @@ def read_run(output_dir: Path) -> dict[str, Any]:
     raise SettingsError(f"{path} {problem}; {fix}")
 
 
+def read_epochs(output_dir: Path) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """epochs.json: [{"epoch": 1, "step": S, "logs": {name: value}}, ...] (None where there is no file), and what
+    is wrong with it ("is damaged (...)", "cannot be read (...)"), None where nothing is. Raises nothing."""
+    path = output_dir / EPOCHS
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, None
+    except OSError as error:
+        owned = f", owned by {owner(path)}" if owner(path) else ""
+        return None, f"cannot be read ({error.strerror}{owned})"
+    except ValueError as error:
+        return None, f"is damaged (not JSON: {first_line(error, 80)})"
+    if not isinstance(recorded, list):
+        return None, f"is damaged (a JSON {type(recorded).__name__}, not a list)"
+    for index, entry in enumerate(recorded):
+        fits = isinstance(entry, dict) and isinstance(entry.get("logs"), dict)
+        fits = fits and all(type(entry.get(key)) is int and entry[key] > 0 for key in ("epoch", "step"))
+        if not fits:
+            return None, f"is damaged (entry {index}: {str(entry)[:80]})"
+    return recorded, None
+
+
 def check_same_model(settings: Settings) -> None:
     """A run directory holding checkpoints of another model is refused in one line (they would not load), as is
     one whose run.json is damaged."""
@@ -248,7 +272,8 @@ def check_same_model(settings: Settings) -> None:
 
 # What a run keeps in OUTPUT_DIR: True for a folder it writes into, False for a file it replaces whole.
 RUN_ENTRIES = {
-    RUN_SETTINGS: False, RUN: False, "summary.json": False, LOCK: False, "model.keras": False, "saved_model": True,
+    RUN_SETTINGS: False, RUN: False, EPOCHS: False, "summary.json": False, LOCK: False, "model.keras": False,
+    "saved_model": True,
     "checkpoints": True, "checkpoints/checkpoint": False, "logs": True, "logs/train": True, "logs/eval": True,
 }  # fmt: skip
 
@@ -392,6 +417,12 @@ def preflight(settings: Settings, warn: Callable[[str], None] = lambda message: 
         raise SettingsError(
             f"RESUME=never but OUTPUT_DIR={settings.output_dir} already holds checkpoints ({existing[0].name}): "
             "use another OUTPUT_DIR, delete that one, or RESUME=auto"
+        )
+    _, problem = read_epochs(output_dir)
+    if problem:  # the callbacks and MONITOR's best epoch resume from it: never guessed
+        raise SettingsError(
+            f"{output_dir / EPOCHS} {problem}; it records each epoch's metrics, which the callbacks and MONITOR's best "
+            "epoch resume from: put back a good copy, or delete it to have them start afresh from the next epoch"
         )
     _, problem = read_run_settings(output_dir / RUN_SETTINGS)
     if problem:

@@ -3,7 +3,10 @@
 Nothing here imports TensorFlow, so `--help` and a bad value answer at once.
 
 Precedence, stated once (see `load_settings`):
-    command-line flag  >  process environment  >  `.env` file  >  default
+    command-line flag  >  process environment  >  `.env` file  >  project/defaults.env  >  default
+
+Besides the fixed table (FIELDS), MODEL's build_model declares its own settings: its keyword-only parameters with
+defaults, HP_<NAME> (train.hparams), read from the file's syntax tree and resolved through the same layers.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 # and a typo that silently drops a setting is what this template refuses to do.
 from dotenv.parser import parse_stream
 
+from train import hparams
 from train.cluster.tf_config import EXAMPLE, Cluster, parse_tf_config
 from train.errors import SettingsError, first_line
 
@@ -34,6 +38,7 @@ RESUME_MODES = ("auto", "never")
 AUTO_TRUE_FALSE = ("auto", "true", "false")
 PRECISIONS = ("auto", "off", "mixed_float16", "mixed_bfloat16")
 PROGRESS_MODES = ("auto", "bar", "lines")
+MONITOR_MODES = ("auto", "min", "max")
 ALL_REDUCES = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
@@ -145,6 +150,18 @@ def model_fingerprint(text: str) -> str:
 
     Raises SettingsError for a file that is gone, cannot be read or does not parse: the file, the line, the message.
     """
+    return hashlib.sha256(ast.dump(model_tree(text)).encode()).hexdigest()
+
+
+def model_hyperparameters(text: str) -> dict[str, hparams.HyperParameter] | None:
+    """build_model's hyperparameters by setting name (HP_WIDTH), from MODEL's syntax tree (None: the file has no
+    `def build_model` to read). Raises SettingsError as `model_fingerprint` does, and for a keyword-only parameter
+    that cannot be a setting."""
+    return hparams.declared(model_tree(text), text)
+
+
+def model_tree(text: str) -> ast.Module:
+    """MODEL's syntax tree. Raises SettingsError as `model_fingerprint` says."""
     source = model_source(text)
     if source is None:
         raise SettingsError(f"MODEL={text!r} is no longer a file (from {Path.cwd()}): put it back, or set MODEL again")
@@ -155,7 +172,7 @@ def model_fingerprint(text: str) -> str:
     except SyntaxError as error:  # IndentationError, a null byte and text that is not UTF-8 included
         where = f"{source}, line {error.lineno}" if error.lineno else str(source)
         raise SettingsError(f"MODEL={text!r} does not parse: {where}: {error.msg}") from None
-    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+    return tree
 
 
 def _model(name: str, text: str) -> str:
@@ -267,6 +284,8 @@ FIELDS: tuple[Field, ...] = (
     Field("OUTPUT_DIR", "runs/default", _path, "Run directory: checkpoints, logs, summary, exported model."),
     Field("CHECKPOINT_EVERY", "100", _positive_int, "Save a checkpoint every N steps (and at each epoch end).", **W),
     Field("KEEP_CHECKPOINTS", "3", _positive_int, "How many recent checkpoints to keep."),
+    Field("MONITOR", "", _optional_text, "Export (and keep) the best epoch by this metric, e.g. val_accuracy.", **W),
+    Field("MONITOR_MODE", "auto", _choice(MONITOR_MODES), "MONITOR's best: min, max, or auto (from its name).", **W),
     Field("LOG_EVERY", "50", _positive_int, "Print progress and write TensorBoard scalars every N steps.", **W),
     Field("PROGRESS", "auto", _choice(PROGRESS_MODES), "auto: a live bar on a terminal, else lines."),
     Field("PROFILE_STEPS", "", _profile_steps, "TensorBoard profiler trace of these steps, like 100-110.", **W),
@@ -307,6 +326,8 @@ class Settings:
     output_dir: Path
     checkpoint_every: int
     keep_checkpoints: int
+    monitor: str | None
+    monitor_mode: str
     log_every: int
     progress: str
     profile_steps: tuple[int, int] | None
@@ -315,6 +336,8 @@ class Settings:
     worker_start_timeout: int
     # Not a setting: the cluster TF_CONFIG names (from the process environment only, as TensorFlow reads it).
     cluster: Cluster | None = None
+    # build_model's hyperparameters, (parameter name, value) in its order: the settings HP_<NAME> (train.hparams).
+    hyperparameters: tuple[tuple[str, Any], ...] = ()
 
     @property
     def multi_worker(self) -> bool:
@@ -337,7 +360,17 @@ class Settings:
             return str(value)
 
         # GPUS=0,1 but PROFILE_STEPS=100-110: each tuple as its setting writes it
-        return {field.env: text(values[field.attr], "-" if field.attr == "profile_steps" else ",") for field in FIELDS}
+        fixed = {field.env: text(values[field.attr], "-" if field.attr == "profile_steps" else ",") for field in FIELDS}
+        return fixed | {hparams.env_name(name): hparams.text(value) for name, value in self.hyperparameters}
+
+    def typed(self) -> dict[str, Any]:
+        """Every setting by name with its value as a number, bool or text (TensorBoard's HParams take those)."""
+        values = {}
+        for name, text in self.to_json().items():
+            value = getattr(self, name.lower()) if name in FIELDS_BY_ENV else None
+            values[name] = value if isinstance(value, bool | int | float) else text
+        values.update({hparams.env_name(name): value for name, value in self.hyperparameters})
+        return values
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
@@ -383,7 +416,7 @@ def likely_typos(names: Iterable[str], cutoff: float = 0.8) -> dict[str, str]:
     squashed = {env.replace("_", ""): env for env in known}
     typos = {}
     for name in names:
-        if name in FIELDS_BY_ENV:
+        if name in FIELDS_BY_ENV or name.startswith(hparams.PREFIX):  # HP_ names: build_model's, checked apart
             continue
         guess = squashed.get(name.upper().replace("_", "")) or next(
             iter(difflib.get_close_matches(name.upper(), known, n=1, cutoff=cutoff)), None
@@ -454,13 +487,20 @@ def load_settings(
         for message in typos:
             warn(message)
     layers = [flags, environ, dotenv, project]
+    places = ["a flag", "the environment", str(dotenv_path), str(defaults_path)]  # where each layer comes from
     if from_run:
         output_dir = _parse(FIELDS_BY_ENV["OUTPUT_DIR"], _resolve("OUTPUT_DIR", layers))
         layers.insert(2, _run_settings(output_dir / RUN_SETTINGS, warn))
+        places.insert(2, str(output_dir / RUN_SETTINGS))
 
     values = {field.attr: _parse(field, _resolve(field.env, layers)) for field in FIELDS}
     _one_batch_size(values, any("BATCH_SIZE" in layer for layer in layers))
-    settings = Settings(**values, cluster=parse_tf_config(environ.get("TF_CONFIG")))
+    declared = model_hyperparameters(values["model"])
+    if warn:
+        for message in _hyperparameter_hints(declared, {str(dotenv_path): dotenv, str(defaults_path): project}):
+            warn(message)
+    hyperparameters = hparams.resolve(declared, zip(places, layers, strict=True), values["model"])
+    settings = Settings(**values, cluster=parse_tf_config(environ.get("TF_CONFIG")), hyperparameters=hyperparameters)
 
     if settings.gpu_memory_limit_mb is not None and settings.memory_growth:
         raise SettingsError(
@@ -488,6 +528,34 @@ def _one_batch_size(values: dict[str, Any], batch_size_given: bool) -> None:
         values["batch_size"] = None
 
 
+def peek_hyperparameters(
+    flags: Mapping[str, str], dotenv_path: Path | str = ".env", defaults_path: Path | str | None = "project",
+    from_run: bool = False,
+) -> dict[str, hparams.HyperParameter]:  # fmt: skip
+    """build_model's hyperparameters for the MODEL that `flags` (MODEL, OUTPUT_DIR), the environment, [the run's
+    settings.json,] .env and the defaults resolve to: the flags a command offers (--hp-width). Raises nothing:
+    where it cannot be known, none (load_settings then says why)."""
+    try:
+        if defaults_path == "project":
+            defaults_path = project_defaults_path()
+        layers = [flags, os.environ, read_dotenv(Path(dotenv_path)), read_dotenv(Path(defaults_path or "/nonexistent"))]
+        if from_run:
+            layers.insert(2, read_run_settings(Path(_resolve("OUTPUT_DIR", layers)).expanduser() / RUN_SETTINGS)[0])
+        return model_hyperparameters(_resolve("MODEL", layers)) or {}
+    except Exception:  # a bad .env, MODEL or folder: load_settings says it in one line
+        return {}
+
+
+def _hyperparameter_hints(declared: Mapping[str, Any] | None, files: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """`WIDTH=128` in .env or project/defaults.env, where build_model declares `width`: said, not ignored."""
+    return [
+        f"{where}: {name} is not a setting; did you mean {hparams.env_name(name)} (build_model's {name.lower()})?"
+        for where, values in files.items()
+        for name in values
+        if name not in FIELDS_BY_ENV and hparams.env_name(name) in (declared or {})
+    ]
+
+
 def _resolve(name: str, layers: Iterable[Mapping[str, str]]) -> str:
     """The text of a setting: the first layer that sets it, else its default."""
     for layer in layers:
@@ -509,7 +577,9 @@ def read_run_settings(path: Path) -> tuple[dict[str, str], str | None]:
         return {}, f"is damaged (not JSON: {first_line(error, 100)})"
     if not isinstance(saved, dict):
         return {}, f"is damaged (a JSON {type(saved).__name__}, not an object)"
-    settings = {name: value for name, value in saved.items() if name in FIELDS_BY_ENV}
+    settings = {
+        name: value for name, value in saved.items() if name in FIELDS_BY_ENV or name.startswith(hparams.PREFIX)
+    }
     wrong = [name for name, value in settings.items() if not isinstance(value, str)]
     if wrong:
         return {}, f"is damaged ({wrong[0]}: {settings[wrong[0]]!r} is not text)"
@@ -581,6 +651,14 @@ RUN_DEFINING = tuple(field.env for field in FIELDS if field.defines_run)
 WORKERS_AGREE = tuple(field.env for field in FIELDS if field.workers_agree)
 
 
+def agreed_settings(settings: Settings) -> dict[str, str]:
+    """The settings every worker must have alike, as text: WORKERS_AGREE's and build_model's hyperparameters."""
+    text = settings.to_json()
+    return {name: text[name] for name in WORKERS_AGREE} | {
+        hparams.env_name(name): text[hparams.env_name(name)] for name, _ in settings.hyperparameters
+    }
+
+
 def changed_settings(path: Path, settings: Settings) -> list[tuple[str, str, str]]:
     """(NAME, before, now) for each run-defining setting that differs from the settings.json at `path` (none for
     a first start or a damaged file: preflight says that)."""
@@ -588,4 +666,5 @@ def changed_settings(path: Path, settings: Settings) -> list[tuple[str, str, str
     if not before:
         return []
     now = settings.to_json()
-    return [(name, str(before[name]), now[name]) for name in RUN_DEFINING if before.get(name, now[name]) != now[name]]
+    defining = (*RUN_DEFINING, *(hparams.env_name(name) for name, _ in settings.hyperparameters))  # each defines it
+    return [(name, str(before[name]), now[name]) for name in defining if before.get(name, now[name]) != now[name]]

@@ -3,7 +3,8 @@
     python -m tests.harness.contract OUTPUT_DIR
 
 MODEL builds for DATASET's spec (read from the dataset's info: nothing is downloaded; with `preprocess`, what
-it returns for a random example of the dataset's features), takes one training step on random data of that
+it returns for a random example of the dataset's features; a `context` whose sample is that random data, and
+`build_callbacks` with it where the file has one), takes one training step on random data of that
 spec through the engine's own feed and training call, and its export saves and loads with Keras's
 safe_mode, and serves what clients send (the stored features `preprocess` reads). Prints one JSON object.
 """
@@ -19,6 +20,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from train.callbacks import build_callbacks
+from train.context import Context, sample_function
 from train.data import RecordsSplit, Split, make_feed
 from train.data.examples import random_record
 from train.data.source import inspect, open_builder
@@ -54,8 +57,12 @@ def main(output_dir: Path) -> dict:
     preprocess = load_model_file(settings.model).preprocess
     spec = inspect(open_builder(settings), settings, count=False, preprocess=preprocess)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-    built = build(settings, spec, strategy)
     split = random_split(spec)
+    context = Context(global_batch=BATCH, replicas=1, workers=1, steps_per_epoch=1, epochs=settings.epochs,
+                      seed=settings.seed, precision="float32", output_dir=output_dir,
+                      _sample=sample_function(split, spec))  # fmt: skip
+    built = build(settings, spec, strategy, context)
+    callbacks = build_callbacks(settings, context)
     feed = make_feed(strategy, split, BATCH, settings.seed, 0, 1)
     result = make_train_calls(built, strategy, feed, BATCH, jit_compile=False)(1)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -65,7 +72,7 @@ def main(output_dir: Path) -> dict:
     served = loaded(inputs, training=False)
     outcome = {
         "model": settings.model, "dataset": spec.name, "loss_finite": math.isfinite(result.loss),
-        "metrics": sorted(result.metrics), "served_shape": list(served.shape),
+        "metrics": sorted(result.metrics), "served_shape": list(served.shape), "callbacks": len(callbacks),
         "saved_model": (Path(paths["saved_model"]) / "saved_model.pb").is_file(),
     }  # fmt: skip
     if spec.records:  # the default signature takes the stored features, as a client sends them

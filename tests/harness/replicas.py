@@ -18,6 +18,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+from train.context import Context
 from train.data import DatasetSpec, Split, make_feed
 from train.data.feeds import RowsFeed
 from train.devices.runtime import setup_runtime
@@ -116,7 +117,10 @@ def random_draws() -> dict:
     )
     spec = DatasetSpec("images", "image", "label", (32, 32, 3), "uint8", True, (), "int64", 10, 64, 0)
     settings = load_settings({"MODEL": "examples.cnn"}, environ={}, defaults_path=None)
-    built = build(settings, spec, strategy)
+    # the facts its learning-rate schedule reads (no sample: it adapts nothing)
+    context = Context(global_batch=64, replicas=2, workers=1, steps_per_epoch=1, epochs=1, seed=settings.seed,
+                      precision="float32")  # fmt: skip
+    built = build(settings, spec, strategy, context)
     images = tf.constant(np.random.default_rng(0).integers(0, 256, size=(4, 32, 32, 3)), tf.uint8)
 
     def outputs(training: bool) -> list[np.ndarray]:

@@ -387,7 +387,9 @@ def build_contenders(
         elif name == "keras_fit":
             contender = c.best_keras_fit(settings, runtime, data, trial_seconds, say)
         else:
-            contender = c.keras_contender(name, settings, runtime.strategy, runtime.strategy_name, data, True, 0)
+            context = c.run_context(settings, runtime, data, c.steps_per_epoch(settings, data, runtime))
+            contender = c.keras_contender(name, settings, runtime.strategy, runtime.strategy_name, data, True, 0,
+                                          context=context)  # fmt: skip
         contender.measure(min(0.5, trial_seconds))
         made.append(contender)
     return made

@@ -16,10 +16,12 @@ from typing import Any
 
 import tensorflow as tf
 
+from train.context import run_context
 from train.data import gathers_in_step, load_data, make_feed
 from train.devices.backend import TensorFlowDevices
 from train.devices.runtime import choose_xla, setup_runtime
 from train.errors import SettingsError, first_line
+from train.fit import steps_per_epoch
 from train.model import build
 from train.settings import Settings
 from train.step import make_train_calls
@@ -94,7 +96,8 @@ def check(
     data = load_data(settings)
     for note in (*runtime.notes, *data.notes):
         say(note)
-    built = build(settings, data.spec, runtime.strategy)
+    context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))
+    built = build(settings, data.spec, runtime.strategy, context)
     whole_call = gathers_in_step(runtime.strategy, data.spec.records)
     jit, why = choose_xla(settings.jit_compile, runtime, whole_call, built.convolutional, built.layer_without_xla())
     try:  # where XLA can compile the step, both are timed

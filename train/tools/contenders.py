@@ -19,6 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from train.context import Context, run_context
 from train.data import BlocksFeed, Data, PipelineFeed, Split, distribute, gathers_in_step, make_feed
 from train.devices.runtime import Runtime, choose_xla
 from train.errors import TrainingError, first_line
@@ -54,9 +55,9 @@ def loop_contender(name: str, settings: Settings, runtime: Runtime, data: Data, 
     """The training loop as `fit` runs it: calls as long as `fit` makes them (STEPS_PER_CALL, cut at epoch ends,
     CHECKPOINT_EVERY and LOG_EVERY), each returning the metrics (which waits for the call). `feed_for(built,
     longest)` gives another feed than the template's own (a ceiling)."""
-    built = build(settings, data.spec, runtime.strategy)
-    jit, _ = template_xla(settings, runtime, built)
     per_epoch, global_batch = steps_per_epoch(settings, data, runtime), runtime.global_batch
+    built = build(settings, data.spec, runtime.strategy, run_context(settings, runtime, data, per_epoch))
+    jit, _ = template_xla(settings, runtime, built)
     longest = longest_call(settings, per_epoch)
     feed = (feed_for or (lambda: make_feed(runtime.strategy, data.train, global_batch, settings.seed, 0, longest,
                                            settings.device_prefetch)))()  # fmt: skip
@@ -198,11 +199,11 @@ def _clock(seconds: float) -> keras.callbacks.Callback:
 
 def keras_contender(
     name: str, settings: Settings, strategy: Any, strategy_name: str, data: Data, tutorial: bool, global_batch: int,
-    steps_per_execution: int = 1, jit_compile: bool | None = None,
+    steps_per_execution: int = 1, jit_compile: bool | None = None, context: Context | None = None,
 ) -> Contender:  # fmt: skip
     """The same model (as exported: input, scaling, the fork's model) trained by `model.fit`, compiled as
     build_model compiled it; `tutorial`: numpy arrays at fit's default batch, else with these settings."""
-    built = build(settings, data.spec, strategy)
+    built = build(settings, data.spec, strategy, context)
     model = built.serving
     with strategy.scope():
         config = built.network.get_compile_config()
@@ -233,6 +234,7 @@ def best_keras_fit(settings: Settings, runtime: Runtime, data: Data, trial_secon
     A setting that crashes under the runtime's strategy is said and skipped; one device only if none runs.
     """
     strategies = [(runtime.strategy, runtime.strategy_name)]
+    context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))
     if runtime.replicas > 1:
         strategies.append((tf.distribute.OneDeviceStrategy(runtime.devices[0]), "one_device"))
     crashed: list[str] = []
@@ -243,7 +245,7 @@ def best_keras_fit(settings: Settings, runtime: Runtime, data: Data, trial_secon
                 tried = f"{strategy_name}, steps_per_execution={steps_per_execution}, jit_compile={jit}"
                 try:
                     contender = keras_contender("keras_fit", settings, strategy, strategy_name, data, False,
-                                                runtime.global_batch, steps_per_execution, jit)  # fmt: skip
+                                                runtime.global_batch, steps_per_execution, jit, context)  # fmt: skip
                     contender.measure(min(0.2, trial_seconds))  # traces
                     examples, seconds = contender.measure(trial_seconds)
                 except Exception as error:  # what crashes under MirroredStrategy varies: say it, try the next

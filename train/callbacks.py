@@ -1,0 +1,290 @@
+"""The fork's Keras callbacks (MODEL's `build_callbacks(context)`), MONITOR's best epoch, and each epoch's logs.
+
+The loop (train.loop, through train.fit.Run's hooks) calls the callbacks as `model.fit` does:
+
+    on_train_begin()                      once a start, before the first call (then the replay, below)
+    on_epoch_begin(epoch)                 before an epoch's first call, and before the first call of a start
+    on_train_batch_begin(batch)           before each call (up to STEPS_PER_CALL steps, as fit's
+    on_train_batch_end(batch, logs)       steps_per_execution): batch is the epoch's index of its first / last
+                                          step, logs the training metrics since the epoch began
+    on_epoch_end(epoch, logs)             after the epoch's evaluation: the training metrics and evaluation's,
+                                          prefixed val_, named as fit names them
+    on_train_end(logs)                    once training ends, not when a signal stops it (it resumes)
+
+Epochs count from 0, as in Keras; `callback.model` is the fork's model. `model.stop_training = True` ends the run
+after the call, with a checkpoint. Across workers every worker runs its callbacks, and the chief's
+`stop_training` is the one every worker follows.
+
+Each epoch's logs go to OUTPUT_DIR/epochs.json. A restart replays them before training resumes: on_train_begin,
+then on_epoch_begin and on_epoch_end with each recorded epoch's logs, up to the checkpoint it resumes from; then
+that checkpoint is restored again, since what the replay changed in the model or the optimizer (a
+ReduceLROnPlateau's reduction) is already in it. So EarlyStopping's and ReduceLROnPlateau's counters come back
+as they were; what a callback built in the batch hooks, or read from the weights, does not (docs/design.md).
+
+MONITOR picks the best epoch by its logs: the direction as Keras's mode="auto" tells it from the name (or
+MONITOR_MODE), the best epoch's checkpoint kept whatever KEEP_CHECKPOINTS says, and exported at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from train.checkpoints import drop_kept, keep_out_of_rotation
+from train.context import Context
+from train.errors import SettingsError, TrainingError, first_line
+from train.keras_seams import monitor_direction
+from train.model_file import CALLBACKS_EXAMPLE, load_model_file
+from train.rundir import EPOCHS, read_epochs, write_json
+from train.settings import Settings
+
+Say = Callable[[str], None]
+
+
+def build_callbacks(settings: Settings, context: Context) -> list[keras.callbacks.Callback]:
+    """MODEL's `build_callbacks(context)`, checked: a list of Keras callbacks ([] without one). Raises SettingsError."""
+    function = load_model_file(settings.model).build_callbacks
+    if function is None:
+        return []
+    try:
+        callbacks = function(context)
+    except Exception as error:
+        raise SettingsError(
+            f"MODEL={settings.model!r}: build_callbacks(context) raised {type(error).__name__}: "
+            f"{first_line(error, 240)}"
+        ) from None
+    if not isinstance(callbacks, list | tuple) or not all(isinstance(c, keras.callbacks.Callback) for c in callbacks):
+        got = (
+            type(callbacks).__name__
+            if not isinstance(callbacks, list | tuple)
+            else "a list holding "
+            + ", ".join(sorted({type(c).__name__ for c in callbacks if not isinstance(c, keras.callbacks.Callback)}))
+        )
+        raise SettingsError(
+            f"MODEL={settings.model!r}: build_callbacks returned {got}: return a list of keras.callbacks.Callback "
+            f"(see {CALLBACKS_EXAMPLE})"
+        )
+    return list(callbacks)
+
+
+def _better(value: float, best: float | None, direction: str) -> bool:
+    """Strictly better, as Keras's monitors compare (a tie keeps the earlier epoch; NaN is never better)."""
+    if not isinstance(value, int | float) or math.isnan(value):
+        return False
+    return best is None or (value > best if direction == "max" else value < best)
+
+
+class Callbacks:
+    """The callbacks, the epochs' logs and MONITOR's best epoch of one run: what train.fit.Run calls between the
+    loop's calls. Without callbacks and MONITOR it only records the logs."""
+
+    def __init__(self, callbacks: list[keras.callbacks.Callback], run: Any) -> None:
+        self.callbacks, self.run = callbacks, run
+        settings = run.settings
+        self.monitor, self.mode = settings.monitor, settings.monitor_mode
+        self.direction: str | None = None if self.mode == "auto" else self.mode
+        self.steps_per_epoch = run.context.steps_per_epoch
+        self.epochs: list[dict[str, Any]] = []  # {"epoch": 1, "step": S, "logs": {...}}, epoch counted from 1
+        self.best: dict[str, Any] | None = None  # one of `epochs`
+        self.kept: int | None = None  # the step of the checkpoint kept out of the rotation for the best epoch
+        self.metrics: dict[str, Any] = {}  # the last call's training metrics
+        # The epoch under way (from 0, as Keras counts) and the step it began at: from the loop's epoch ends (and
+        # the recorded ones), not from step arithmetic, since a start at another global batch re-bases the epochs.
+        self.epoch, self.epoch_start, self.epoch_begun = 0, 0, False
+        self.stopped_early = False
+        network = run.built.network
+        network.stop_training = False
+        for callback in callbacks:
+            callback.set_model(network)
+            callback.set_params({"verbose": 0, "epochs": settings.epochs, "steps": self.steps_per_epoch})
+
+    @property
+    def network(self) -> keras.Model:
+        return self.run.built.network
+
+    def _each(self, hook: str, *args: Any) -> None:
+        for callback in self.callbacks:
+            getattr(callback, hook)(*args)
+
+    # --- a start: on_train_begin and the replay ---
+
+    def begin(self, start_step: int) -> None:
+        """on_train_begin, then the recorded epochs up to `start_step` replayed, then the checkpoint restored again
+        (after `train.fit._open_run_dir` restored it)."""
+        recorded = self._recorded(start_step)
+        if recorded:
+            self.epoch, self.epoch_start = recorded[-1]["epoch"], recorded[-1]["step"]
+        else:  # a first start, or a run without its epochs.json: the run's own mapping of steps to epochs
+            from train.loop import Schedule
+
+            segment = self.run.segment
+            self.epoch = Schedule(self.run.settings, segment).epochs_completed(start_step)
+            self.epoch_start = segment.origin_step + (self.epoch - segment.origin_epoch) * segment.steps_per_epoch
+        self._each("on_train_begin", {})
+        for entry in recorded:
+            self._each("on_epoch_begin", entry["epoch"] - 1, {})
+            self._epoch_end(entry["epoch"], entry["step"], entry["logs"], replay=True)
+        if self.callbacks and recorded:
+            self._restore_again(start_step)
+        if self.monitor and recorded:  # the chief's best, the one whose checkpoint it found, on every worker
+            best = self._share("best", str(self.best["step"]) if self.best else "")
+            self.best = next((entry for entry in self.epochs if str(entry["step"]) == best), None)
+            if self.best and self.run.peers.is_chief:  # a kill right after its save left it in the rotation
+                keep_out_of_rotation(self.run.manager, self.best["step"])
+                self.kept = self.best["step"]
+
+    def _recorded(self, start_step: int) -> list[dict[str, Any]]:
+        """The chief's epochs.json up to the step this start resumes from (an epoch logged but not saved is trained
+        again), the same on every worker."""
+        run = self.run
+        text = "[]"
+        if run.peers.is_chief:
+            recorded, _ = read_epochs(run.output_dir)  # damage was refused before TensorFlow loaded (preflight)
+            if recorded is None and start_step >= self.steps_per_epoch and (self.callbacks or self.monitor):
+                run.say(
+                    f"warning: {run.output_dir / EPOCHS} is missing: the callbacks and MONITOR start afresh at epoch "
+                    f"{start_step // self.steps_per_epoch + 1}; the epochs before it are not replayed."
+                )
+            text = json.dumps([entry for entry in recorded or [] if entry["step"] <= start_step])
+        return json.loads(self._share("epochs", text))
+
+    def _share(self, name: str, value: str) -> str:
+        return self.run.peers.share_from_chief(f"callbacks/{name}", value)
+
+    def _restore_again(self, start_step: int) -> None:
+        """What the replay changed in the model or optimizer was in the checkpoint already: it wins."""
+        from train.model import spread_seeds
+
+        prefix = self.run.checkpoint_dir / f"ckpt-{start_step}"
+        try:
+            self.run.checkpoint.restore(str(prefix)).assert_existing_objects_matched()
+        except Exception as error:
+            raise TrainingError(
+                f"checkpoint {prefix} did not load again after the callbacks' replay ({first_line(error, 160)}); it "
+                "is left as it is: run again to resume"
+            ) from None
+        spread_seeds(self.run.built, self.run.runtime.strategy)
+
+    # --- between calls ---
+
+    def before_call(self, step: int) -> None:
+        if not self.callbacks:
+            return
+        if not self.epoch_begun:  # an epoch's first call, or the first call of a start
+            self.epoch_begun = True
+            self._each("on_epoch_begin", self.epoch, {})
+        self._each("on_train_batch_begin", step - self.epoch_start, {})
+
+    def after_call(self, step: int, metrics: dict[str, Any]) -> None:
+        self.metrics = metrics
+        if self.callbacks:
+            self._each("on_train_batch_end", step - 1 - self.epoch_start, dict(metrics))
+
+    def end_epoch(self, epoch: int, step: int, evaluation: dict[str, Any]) -> None:
+        """After epoch `epoch` (from 1) was evaluated at `step`: on_epoch_end, MONITOR, epochs.json (the chief)."""
+        logs = {**self.metrics, **{f"val_{name}": value for name, value in evaluation.items()}}
+        self._epoch_end(epoch, step, logs, replay=False)
+        self.epoch, self.epoch_start, self.epoch_begun = epoch, step, False
+        if self.run.peers.is_chief:
+            try:
+                write_json(self.run.output_dir / EPOCHS, self.epochs)
+            except OSError as error:
+                raise TrainingError(
+                    f"could not write {self.run.output_dir / EPOCHS} ({error.strerror}); the last checkpoint "
+                    f"{self.run.manager.latest_checkpoint} is intact: free space or fix its permissions and run again"
+                ) from None
+
+    def _epoch_end(self, epoch: int, step: int, logs: dict[str, Any], replay: bool) -> None:
+        """on_epoch_end, then the logs recorded as the callbacks left them (what they add, like ReduceLROnPlateau's
+        learning_rate, included); a replayed epoch keeps its record, whatever the callbacks write into theirs."""
+        self._each("on_epoch_end", epoch - 1, dict(logs) if replay else logs)
+        entry = {"epoch": epoch, "step": step, "logs": logs}
+        self.epochs.append(entry)
+        if not self.monitor:
+            return
+        if self.monitor not in logs:
+            raise SettingsError(
+                f"MONITOR={self.monitor!r} is not among epoch {epoch}'s logs: {', '.join(sorted(logs))}; set MONITOR "
+                f"to one of them (a val_ name is evaluation's), then run again to resume"
+            )
+        if not isinstance(logs[self.monitor], int | float):
+            raise SettingsError(
+                f"MONITOR={self.monitor!r} is a metric of several values ({logs[self.monitor]!r:.60}): name one "
+                f"that is a single number, like {', '.join(sorted(n for n, v in logs.items() if isinstance(v, float)))}"
+            )
+        if self.direction is None:
+            self.direction = monitor_direction(self.network, self.monitor)
+            if self.direction is None:
+                raise SettingsError(
+                    f"MONITOR={self.monitor!r}: whether it should rise or fall cannot be told from its name (as "
+                    "Keras's mode='auto' tells it): set MONITOR_MODE=max or min, then run again to resume"
+                )
+        best = self.best["logs"][self.monitor] if self.best else None
+        if _better(logs[self.monitor], best, self.direction) and (not replay or self._saved(step)):
+            self.best = entry
+
+    def _saved(self, step: int) -> bool:
+        """On a restart: whether the chief still has the checkpoint of the epoch that ended at `step`."""
+        return not self.run.peers.is_chief or (self.run.checkpoint_dir / f"ckpt-{step}.index").exists()
+
+    def saved(self, step: int) -> None:
+        """After the checkpoint of `step` was saved: the best epoch's is kept out of KEEP_CHECKPOINTS' rotation,
+        and the one kept for the previous best is deleted (the chief's)."""
+        if not self.best or self.best["step"] != step or not self.run.peers.is_chief:
+            return
+        keep_out_of_rotation(self.run.manager, step)
+        if self.kept is not None and self.kept != step:
+            drop_kept(self.run.manager, self.kept)
+        self.kept = step
+
+    def stop_requested(self, step: int) -> bool:
+        """Whether a callback set `model.stop_training` (the chief's, across workers)."""
+        if not self.callbacks:
+            return False
+        stop = bool(getattr(self.network, "stop_training", False))
+        if self.run.peers.workers > 1:
+            stop = self._share(f"stop_training/{step}", "1" if stop else "0") == "1"
+            self.network.stop_training = stop
+        self.stopped_early = self.stopped_early or stop
+        return stop
+
+    def end(self, step: int) -> None:
+        """on_train_end, with the last epoch's logs, once training ended at `step` (not by a signal)."""
+        self._each("on_train_end", dict(self.epochs[-1]["logs"]) if self.epochs else {})
+        if self.stopped_early:
+            epoch = self.epoch + (step > self.epoch_start)  # from 1: the one it stopped in, or at the end of
+            self.run.say(f"Stopped early at step {step} (epoch {epoch}): a callback set model.stop_training.")
+
+    # --- the end: the best epoch's weights ---
+
+    def use_best(self) -> None:
+        """With MONITOR, the best epoch's weights in place of the last step's (on every worker), to evaluate and
+        export; the last checkpoint stays what a restart resumes from."""
+        if not self.best:
+            return
+        prefix = self.run.checkpoint_dir / f"ckpt-{self.best['step']}"
+        try:
+            self.run.checkpoint.restore(str(prefix)).assert_existing_objects_matched()
+        except (tf.errors.OpError, ValueError, AssertionError) as error:
+            raise TrainingError(
+                f"the best epoch's checkpoint {prefix} (MONITOR={self.monitor}) does not load "
+                f"({first_line(error, 160)}); the last checkpoint {self.run.manager.latest_checkpoint} is intact: "
+                "run again to export"
+            ) from None
+        value = self.best["logs"][self.monitor]
+        self.run.say(
+            f"MONITOR={self.monitor}: the best epoch is {self.best['epoch']} (step {self.best['step']}, {self.monitor} "
+            f"{value:.4f}, {self.direction}); its weights are evaluated and exported, the last checkpoint resumes."
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """What summary.json says of the callbacks and MONITOR."""
+        best = None
+        if self.best:
+            best = {key: self.best[key] for key in ("epoch", "step")} | {self.monitor: self.best["logs"][self.monitor]}
+        return {"stopped_early": self.stopped_early, "best": best}

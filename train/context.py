@@ -1,0 +1,97 @@
+"""The run's facts, handed to the MODEL file: `build_model(..., *, context)` and `build_callbacks(context)`.
+
+    context.global_batch, .replicas, .workers        the topology the run trains on
+    context.steps_per_epoch, .epochs, .total_steps   what a schedule needs (total_steps = steps_per_epoch x epochs)
+    context.seed, .precision                         SEED, and the Keras dtype policy ("float32", "mixed_bfloat16")
+    context.is_chief, .output_dir                    where a callback may write files (only the chief should)
+    context.sample(n)                                n training inputs, batched, as the model gets them
+
+`sample(n)` is what `Normalization.adapt` (and the like) needs: the first n examples of TRAIN_SPLIT in the order
+TFDS lists them, after `preprocess(training=False)` where the MODEL file has one (else the feature as stored, an
+image scaled to [0, 1]), inputs only. It depends on nothing but the split, so it is the same on every worker and
+every start, and a layer adapted on it comes out the same everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tensorflow as tf
+
+from train.data.examples import EVAL_PASS
+from train.data.source import Data, DatasetSpec, RecordsSplit, StreamedSplit, TrainSplit
+from train.devices.runtime import Runtime
+from train.settings import Settings
+
+SAMPLE_BATCH = 256  # examples per batch of `sample`: fixed, so its batches are alike on every topology
+
+
+@dataclass(frozen=True)
+class Context:
+    """The run's facts (see the module's docstring). Frozen: a model file reads them, it cannot change them."""
+
+    global_batch: int
+    replicas: int
+    workers: int
+    steps_per_epoch: int
+    epochs: int
+    seed: int
+    precision: str
+    is_chief: bool = True
+    output_dir: Path | None = None
+    _sample: Callable[[int], tf.data.Dataset] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps_per_epoch * self.epochs
+
+    def sample(self, n: int) -> tf.data.Dataset:
+        """The first `n` training inputs (all of them where the split holds fewer), batched, as the model gets them.
+        Raises ValueError for an `n` under 1."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"context.sample(n) takes a whole number of examples, 1 or more, not {n!r}")
+        if self._sample is None:
+            raise ValueError("context.sample is not available here: this context has no training split")
+        return self._sample(n)
+
+
+def run_context(settings: Settings, runtime: Runtime, data: Data, steps_per_epoch: int) -> Context:
+    """The facts of a run on this runtime (its topology and precision) and data (`sample` reads its train split)."""
+    return Context(
+        global_batch=runtime.global_batch, replicas=runtime.replicas, workers=runtime.workers,
+        steps_per_epoch=steps_per_epoch, epochs=settings.epochs, seed=settings.seed, precision=runtime.precision,
+        is_chief=runtime.is_chief, output_dir=settings.output_dir, _sample=sample_function(data.train, data.spec),
+    )  # fmt: skip
+
+
+def sample_function(split: TrainSplit, spec: DatasetSpec) -> Callable[[int], tf.data.Dataset]:
+    """`sample(n)` over a training split: in memory or streamed, the fixed-shape path or the general one."""
+
+    def sample(n: int) -> tf.data.Dataset:
+        if spec.records:  # preprocess(training=False), or the dict of columns, as evaluation prepares them
+            records = split.ordered_records() if isinstance(split, StreamedSplit) else _records(split)
+            prepare = spec.examples.prepare
+            examples = records.take(n).map(
+                lambda record, position: prepare(record, position, EVAL_PASS, training=False)[0],
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True,
+            )
+        elif isinstance(split, StreamedSplit):  # the files one after another, as a split in memory is read
+            import tensorflow_datasets as tfds
+
+            config = tfds.ReadConfig(interleave_cycle_length=1, try_autocache=False)
+            examples = split.builder.as_dataset(split=split.split, shuffle_files=False, read_config=config)
+            examples = examples.take(n).map(lambda example: example[spec.feature_key])
+        else:
+            examples = tf.data.Dataset.from_tensor_slices(split.tensors[0][:n])
+        if spec.is_image and not spec.records:  # as the engine scales it in front of the model
+            examples = examples.map(lambda image: tf.cast(image, tf.float32) * (1.0 / 255))
+        return examples.batch(SAMPLE_BATCH)
+
+    return sample
+
+
+def _records(split: RecordsSplit) -> tf.data.Dataset:
+    return tf.data.Dataset.range(len(split)).map(lambda position: (split.records[position], position))

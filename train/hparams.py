@@ -1,0 +1,197 @@
+"""build_model's hyperparameters: its keyword-only parameters with defaults, each a setting named HP_<NAME>.
+
+    def build_model(input_shape, num_classes, learning_rate, *, width=64, dropout=0.1, context): ...
+
+declares HP_WIDTH (an int, 64 unless set) and HP_DROPOUT (a float); `context`, declared without a default, is the
+run's facts (train.context), not a hyperparameter. Each is typed by its default (int, float, bool or str) and set
+like any setting (`--hp-width 128`, HP_WIDTH=128 in the environment, .env or project/defaults.env).
+
+The signature is read from MODEL's syntax tree, as its hash is (train.settings.model_fingerprint): nothing is
+imported, so no TensorFlow, and a bad value is refused in the first second. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from train.errors import SettingsError
+
+PREFIX = "HP_"
+CONTEXT = "context"  # build_model's keyword-only parameter that receives the run's facts
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+_KINDS = {bool: ("bool", "true|false"), int: ("int", "INT"), float: ("float", "X"), str: ("str", "TEXT")}
+
+
+def env_name(name: str) -> str:
+    """HP_ + a parameter's name in upper case: width -> HP_WIDTH."""
+    return PREFIX + name.upper()
+
+
+def flag_name(env: str) -> str:
+    """HP_WIDTH -> --hp-width."""
+    return "--" + env.lower().replace("_", "-")
+
+
+@dataclass(frozen=True)
+class HyperParameter:
+    """One of build_model's keyword-only parameters with a default: its name, and the default that types it."""
+
+    name: str
+    default: bool | int | float | str
+
+    @property
+    def env(self) -> str:
+        return env_name(self.name)
+
+    @property
+    def flag(self) -> str:
+        return flag_name(self.env)
+
+    @property
+    def kind(self) -> str:
+        return _KINDS[type(self.default)][0]
+
+    @property
+    def metavar(self) -> str:
+        return _KINDS[type(self.default)][1]
+
+    @property
+    def a_kind(self) -> str:
+        return ("an " if self.kind == "int" else "a ") + self.kind
+
+    @property
+    def help(self) -> str:
+        return f"build_model's {self.name}, {self.a_kind} (env: {self.env}; default: {text(self.default)})."
+
+    def parse(self, value: str) -> bool | int | float | str:
+        """The value of `HP_<NAME>=value`, of the default's type. Raises SettingsError naming the setting and type."""
+        kind = type(self.default)
+        if kind is str:
+            return value
+        if kind is bool:
+            if value.lower() in _TRUE:
+                return True
+            if value.lower() in _FALSE:
+                return False
+            allowed = "use true or false"
+        elif kind is int:
+            if re.fullmatch(r"[+-]?[0-9]+", value):
+                return int(value)
+            allowed = f"use a whole number, like {self.default}"
+        else:
+            try:
+                number = float(value)
+            except ValueError:
+                number = math.nan
+            if math.isfinite(number):
+                return number
+            allowed = f"use a finite number, like {self.default}"
+        raise SettingsError(
+            f"{self.env}={value!r} is not allowed: build_model's {self.name} is {self.a_kind} (its default is "
+            f"{text(self.default)}): {allowed}"
+        )
+
+
+def text(value: bool | int | float | str) -> str:
+    """A hyperparameter's value as a setting writes it: true/false for a bool, else as Python prints it."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _build_model(tree: ast.Module) -> ast.FunctionDef | None:
+    """The module's own `def build_model` (the last one, as Python would keep), or None."""
+    found = None
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "build_model":
+            found = node
+    return found
+
+
+def _constants(tree: ast.Module) -> dict[str, Any]:
+    """The module's top-level `NAME = literal` assignments: a default may name one (`width=WIDTH`)."""
+    constants = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                constants[node.targets[0].id] = ast.literal_eval(node.value)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                constants.pop(node.targets[0].id, None)
+    return constants
+
+
+def declared(tree: ast.Module, model: str) -> dict[str, HyperParameter] | None:
+    """build_model's hyperparameters by setting name (HP_WIDTH), or None where the file has no `def build_model`
+    (it imports or assigns it: nothing to read). Raises SettingsError for a keyword-only parameter that is neither
+    `context` nor a hyperparameter of a type a setting can hold."""
+    function = _build_model(tree)
+    if function is None:
+        return None
+    constants = _constants(tree)
+    found: dict[str, HyperParameter] = {}
+    for argument, default in zip(function.args.kwonlyargs, function.args.kw_defaults, strict=True):
+        name = argument.arg
+        if name == CONTEXT:
+            continue
+        if default is None:
+            raise SettingsError(
+                f"MODEL={model!r}: build_model's keyword-only parameter {name} has no default: give it one (it is then "
+                f"the hyperparameter {env_name(name)}), or name it {CONTEXT} to get the run's facts"
+            )
+        try:
+            value = constants[default.id] if isinstance(default, ast.Name) else ast.literal_eval(default)
+        except (KeyError, ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            value, kind = None, "an expression"
+        else:
+            kind = "None" if value is None else f"a {type(value).__name__}"
+        if type(value) not in _KINDS:
+            raise SettingsError(
+                f"MODEL={model!r}: build_model's keyword-only parameter {name}={ast.unparse(default)} is {kind}, but "
+                f"a hyperparameter ({env_name(name)}) is typed by its default: make it an int, float, bool or str "
+                "literal (or a module constant holding one), or move the parameter before the `*`"
+            )
+        parameter = HyperParameter(name, value)
+        if parameter.env in found:
+            raise SettingsError(
+                f"MODEL={model!r}: build_model's {found[parameter.env].name} and {name} are both the setting "
+                f"{parameter.env}: rename one"
+            )
+        found[parameter.env] = parameter
+    return found
+
+
+def describe(hyperparameters: Mapping[str, HyperParameter] | None) -> str:
+    """What build_model declares, for a message: "HP_WIDTH (int, 64), HP_DROPOUT (float, 0.1)"."""
+    if not hyperparameters:
+        return "none (its keyword-only parameters with defaults, like `*, width=64`, are its hyperparameters)"
+    return ", ".join(f"{env} ({each.kind}, {text(each.default)})" for env, each in hyperparameters.items())
+
+
+def resolve(
+    hyperparameters: Mapping[str, HyperParameter] | None,
+    layers: Iterable[tuple[str, Mapping[str, str]]],
+    model: str,
+) -> tuple[tuple[str, Any], ...]:
+    """(parameter name, value) of each hyperparameter: the first layer that sets HP_<NAME> (flags, environment,
+    ...), else its default. `layers`: (where, its values) from the highest precedence down.
+
+    Raises SettingsError for an HP_ name that build_model does not declare (naming those it does), or a value not
+    of its type."""
+    layers = list(layers)
+    for where, layer in layers:
+        for name in layer:
+            if name.startswith(PREFIX) and name not in (hyperparameters or {}):
+                if hyperparameters is None:
+                    reason = "its file has no `def build_model` whose signature could be read"
+                else:
+                    reason = f"build_model declares {describe(hyperparameters)}"
+                raise SettingsError(f"{name} (from {where}) is not a hyperparameter of MODEL={model!r}: {reason}")
+    values = []
+    for env, each in (hyperparameters or {}).items():
+        given = next((layer[env] for _, layer in layers if env in layer), None)
+        values.append((each.name, each.default if given is None else each.parse(given)))
+    return tuple(values)
