@@ -28,7 +28,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-import click
 import typer
 from typer.core import TyperCommand
 
@@ -133,7 +132,7 @@ class SettingsCommand(TyperCommand):
     the defaults) name. An --hp-* that build_model does not declare is taken too, for load_settings to refuse in
     one line naming the declared ones."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         flags = {}
         for name in ("MODEL", "OUTPUT_DIR"):
             given = _flag_values(args, "--" + name.lower().replace("_", "-"))
@@ -154,7 +153,7 @@ class SettingsCommand(TyperCommand):
             self.params.append(option)
         return super().parse_args(ctx, args)
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: typer.Context) -> Any:
         found = [name for name in ctx.params if name.startswith(hparams.PREFIX.lower())]
         token = _HYPERPARAMETER_FLAGS.set({name.upper(): ctx.params.pop(name) for name in found})
         try:
@@ -208,8 +207,8 @@ def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool =
             return command(settings, **kwargs)
         except (SettingsError, TrainingError, BusyError) as error:
             _fail(str(error), error.exit_code)
-        except (typer.Exit, click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
-            raise  # a command's own exit code, or click's (typer.Exit is an Exception too)
+        except (typer.Exit, typer.Abort, typer.TyperException):
+            raise  # a command's own exit code, or typer's (click's, which typer vendors: typer.Exit is an Exception)
         except Exception as error:  # anything the engine did not foresee: one line, the traceback kept in a file
             _crash(error, settings)
 
