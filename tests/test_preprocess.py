@@ -171,6 +171,8 @@ BAD = {
     "keys the model does not name": ("return {'pixels': tf.image.resize(example['image'], (8, 8))}, example['label']",
                                      "preprocess returns inputs ['pixels'] but the model's keras.Input names are "
                                      "['image']"),
+    "not (inputs, label)": ("return example['image']",
+                            "preprocess(training=True) returns one value, not (inputs, label)"),
     "an exception": ("raise ValueError('no such column: colour')",
                      "preprocess (training=True) raised ValueError: no such column: colour"),
 }  # fmt: skip

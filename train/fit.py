@@ -98,7 +98,7 @@ def _decide_xla(settings: Settings, runtime: Runtime, peers: SingleHost, built: 
     recorded_run = read_run(settings.output_dir) if peers.is_chief else {}
     recorded = recorded_run.get("jit_compile")
     starts = recorded_run.get("starts") or []
-    moved = bool(starts) and {key: starts[-1].get(key) for key in _topology(runtime)} != _topology(runtime)
+    moved = _moved(starts, runtime)
     if jit == "auto" and recorded is not None and not moved and not runtime.deterministic:  # DETERMINISTIC: off
         try:
             choose_xla("true" if recorded else "false", runtime, whole_call, built.convolutional, None)
@@ -230,10 +230,11 @@ def _open_run_dir(run: Run, lock: RunLock) -> None:
     # Written once the run's checkpoints have loaded (or there are none): a start that cannot open the run rewrites
     # nothing of it (a run.json naming another model would lock the right one out).
     step = int(run.checkpoint.step.numpy()) if restored else 0
-    _take_up_segment(run, step, read_run(run.output_dir).get("starts") or [] if run.peers.is_chief else [])
+    recorded = read_run(run.output_dir) if run.peers.is_chief else {}
+    _take_up_segment(run, step, recorded.get("starts") or [])
     if run.peers.is_chief:
         write_json(run.output_dir / RUN_SETTINGS, settings.to_json())
-        _write_run(run)
+        _write_run(run, recorded)
     if restored:
         spread_seeds(run.built, run.runtime.strategy)
         run.resumed_from = int(run.checkpoint.step.numpy())
@@ -272,43 +273,45 @@ def _marks(run: Run, segment: Segment) -> tuple[Any, ...]:
     ))  # fmt: skip
 
 
-def _with_unread_pass(run: Run, previous: Segment, segment: Segment, step: int) -> Segment:
+def _with_unread_pass(run: Run, previous: Segment, segment: Segment, step: int) -> tuple[Segment, tuple[Any, ...]]:
     """A streamed split resumed mid-pass at another worker count reads first what its old workers had not read
-    of that pass, every such example once: `segment` with that rest of the pass in front."""
+    of that pass, every such example once: `segment` with that rest of the pass in front, and its marks."""
     split = run.data.train
     unread = unread_pass(previous, step, segment.pipelines) if isinstance(split, StreamedSplit) else None
     if unread is None or not split.as_records:
-        return segment
-    marks = _marks(run, with_remainder(segment, previous, unread, 1))
-    local_batch = segment.global_batch // segment.pipelines
-    length = min(int(mark.sum()) for mark in marks) // local_batch
+        return segment, ()
+    marks = _marks(run, with_remainder(segment, previous, unread, length=1))  # the length is what they give
+    length = min(int(mark.sum()) for mark in marks) // (segment.global_batch // segment.pipelines)
     run.say(
         f"The run stopped in pass {unread[0]} after {unread[1]} of its batches on {previous.pipelines} worker(s); "
         f"on {segment.pipelines} it reads first the {sum(int(mark.sum()) for mark in marks):,} examples of that "
         f"pass not read yet ({length} steps), then the passes after it whole."
     )
-    return with_remainder(segment, previous, unread, length)
+    return with_remainder(segment, previous, unread, length), marks
+
+
+def _moved(starts: list[dict[str, Any]], runtime: Runtime) -> bool:
+    """Whether this start runs on other devices or workers than the last one recorded."""
+    return bool(starts) and {key: starts[-1].get(key) for key in _topology(runtime)} != _topology(runtime)
 
 
 def _take_up_segment(run: Run, step: int, starts: list[dict[str, Any]]) -> None:
     """This start's segment (train.timeline): the recorded one at `step`, re-based where the global batch or
     the steps per epoch differ; decided on the chief, the same on every worker. Said where it changes."""
     facts = _segment_facts(run)
-    previous = segment_at(starts, step) or (first_segment(*facts) if step == 0 or not starts else None)
-    if previous is None:  # a run.json from before starts were recorded: its steps map as they did
-        previous = first_segment(*facts)
-    segment = resume(previous, step, *facts)
+    # None recorded: a new run, or a run.json from before starts were recorded (its steps map as they did)
+    previous = segment_at(starts, step) or first_segment(*facts)
+    segment, marks = resume(previous, step, *facts), ()
     if run.peers.is_chief:
-        segment = _with_unread_pass(run, previous, segment, step)
+        segment, marks = _with_unread_pass(run, previous, segment, step)
     text = run.peers.share_from_chief("segment", json.dumps(segment.to_json()))
     run.segment = Segment.from_json(json.loads(text))
-    run.marks = _marks(run, run.segment) if run.segment.in_remainder(step) else ()
+    # the chief's, or (another worker, or a restart inside that rest of a pass) made again: the same
+    run.marks = marks or (_marks(run, run.segment) if run.segment.in_remainder(step) else ())
     run.starts = [*starts, {"first_step": step, **_topology(run.runtime), "precision": run.runtime.precision,
                             "xla": run.jit_compile, "all_reduce": _all_reduce(run), "global_batch":
                             run.runtime.global_batch, "segment": run.segment.to_json()}]  # fmt: skip
-    if run.peers.is_chief and starts and {key: starts[-1].get(key) for key in _topology(run.runtime)} != _topology(
-        run.runtime
-    ):  # fmt: skip
+    if run.peers.is_chief and _moved(starts, run.runtime):
         last = starts[-1]
         run.say(
             f"This start runs {run.runtime.replicas} replica(s) on {run.runtime.workers} worker(s), the last one "
@@ -342,9 +345,10 @@ def _say_new_batch(run: Run, previous: Segment, step: int) -> None:
     )
 
 
-def _write_run(run: Run) -> None:
-    """run.json: what the first start resolved (kept), and every start (this one last)."""
-    settings, recorded = run.settings, read_run(run.output_dir)
+def _write_run(run: Run, recorded: dict[str, Any]) -> None:
+    """run.json: what the first start resolved (kept from `recorded`, the file as it was), every start (this one
+    last)."""
+    settings = run.settings
     write_json(run.output_dir / RUN, {
         "model": settings.model, "model_sha256": model_fingerprint(settings.model),
         "jit_compile": run.jit_compile, "data_in_memory": run.data.in_memory, "precision": run.runtime.precision,
@@ -477,7 +481,7 @@ def _halve_batch(run: Run) -> None:
     run.segment = resume(run.segment, int(run.checkpoint.step.numpy()), *_segment_facts(run))
     run.starts[-1].update(global_batch=run.runtime.global_batch, segment=run.segment.to_json())
     if run.peers.is_chief:
-        _write_run(run)
+        _write_run(run, read_run(run.output_dir))
     run.built.network.reset_metrics()
     run.say(
         f"AUTO_BATCH: out of memory at BATCH_SIZE={failed} ({picture}); continuing from "

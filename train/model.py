@@ -77,11 +77,6 @@ class Built:
         return None
 
 
-def load_build_model(text: str):
-    """MODEL's `build_model` function. Raises SettingsError."""
-    return load_model_file(text).build_model
-
-
 def wants_context(settings: Settings, build) -> bool:
     """Whether build_model declares `context` (keyword-only). Raises SettingsError for one it cannot be given as."""
     try:
@@ -99,7 +94,7 @@ def wants_context(settings: Settings, build) -> bool:
 
 
 def _call_build_model(settings: Settings, spec: DatasetSpec, context: Context | None) -> keras.Model:
-    build = load_build_model(settings.model)
+    build = load_model_file(settings.model).build_model
     keywords: dict[str, Any] = dict(settings.hyperparameters)
     given = "".join(f", {name}={value!r}" for name, value in keywords.items())
     arguments = f"({spec.input_shape}, {spec.num_classes}, {settings.learning_rate}{given})"

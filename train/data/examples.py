@@ -137,12 +137,9 @@ class Examples:
             example = _Reads(example, self.read)
         with float32_policy():
             result = self.preprocess(example, training, seed)
-        if not (isinstance(result, tuple | list) and len(result) == 2):
-            raise SettingsError(
-                f"MODEL={self.model!r}: preprocess returned {type(result).__name__}, not (inputs, label) (see "
-                f"{RESNET_EXAMPLE})"
-            )
-        return tuple(result)
+        # (inputs, label) as returned; what is not is refused from the map's spec (`check_outputs`): an error raised
+        # here, inside tf.data's tracing, would reach the user wrapped in autograph's stack
+        return tuple(result) if isinstance(result, list) else result
 
     def prepare(self, record, position, pass_number, training: bool) -> tuple[Any, tf.Tensor]:
         """A stored record, its place in the split and the pass -> (inputs, label)."""
@@ -201,6 +198,12 @@ class Examples:
 
 def check_outputs(examples: Examples, element_spec, training: bool) -> tuple[Any, tf.TensorSpec]:
     """`preprocess`'s (inputs, label) spec, refused where the model cannot take it. Raises SettingsError."""
+    if not (isinstance(element_spec, tuple) and len(element_spec) == 2):
+        returned = f"{len(element_spec)} values" if isinstance(element_spec, tuple) else "one value"
+        raise SettingsError(
+            f"MODEL={examples.model!r}: preprocess(training={training}) returns {returned}, not (inputs, label) (see "
+            f"{RESNET_EXAMPLE})"
+        )
     inputs, label = element_spec
     where = f"MODEL={examples.model!r}: preprocess(training={training})" if examples.preprocess else (
         f"FEATURE_KEY={examples.feature_key!r}")  # fmt: skip

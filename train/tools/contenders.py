@@ -271,12 +271,26 @@ def streamed(settings: Settings) -> Data:
     return open_dataset(settings).load(settings, in_memory=False)
 
 
+def _tuned_read(split, seed: int, decoders=None) -> tf.data.Dataset:
+    """The split's examples as TFDS reads them at its best: files interleaved and decoded in parallel, in one
+    order drawn from `seed`, deterministic. try_autocache=False: with a shuffle seed TFDS caches a small split,
+    decoded, in memory after its first pass (docs/performance.md): that would be in memory, not streamed."""
+    import tensorflow_datasets as tfds
+
+    options = tf.data.Options()
+    options.deterministic = True
+    read_config = tfds.ReadConfig(
+        shuffle_seed=seed, interleave_cycle_length=16, num_parallel_calls_for_interleave_files=tf.data.AUTOTUNE,
+        num_parallel_calls_for_decode=tf.data.AUTOTUNE, options=options, try_autocache=False,
+    )  # fmt: skip
+    return split.builder.as_dataset(split=split.split, shuffle_files=True, read_config=read_config, decoders=decoders)
+
+
 def tuned_tfdata_feed(runtime: Runtime, data: Data, seed: int) -> PipelineFeed:
     """The same TFDS files read the way a tuned tf.data pipeline reads them: TFDS's interleaved file reads and
     parallel decoding, a shuffle buffer, batching, a vectorised map after batching, AUTOTUNE, prefetch; seeded
     and deterministic like the template's, and read from the files every pass, so the two compare like for
     like."""
-    import tensorflow_datasets as tfds
 
     split, replicas, per_replica = data.train, runtime.replicas, runtime.per_replica_batch
     if split.spec.records:
@@ -286,15 +300,7 @@ def tuned_tfdata_feed(runtime: Runtime, data: Data, seed: int) -> PipelineFeed:
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         local = replicas // context.num_input_pipelines
-        options = tf.data.Options()
-        options.deterministic = True
-        # try_autocache=False: with a shuffle seed TFDS caches a small split, decoded, in memory after its first
-        # pass (docs/performance.md): that would be in memory, not streamed
-        read_config = tfds.ReadConfig(
-            shuffle_seed=seed, interleave_cycle_length=16, num_parallel_calls_for_interleave_files=tf.data.AUTOTUNE,
-            num_parallel_calls_for_decode=tf.data.AUTOTUNE, options=options, try_autocache=False,
-        )  # fmt: skip
-        examples = split.builder.as_dataset(split=split.split, shuffle_files=True, read_config=read_config)
+        examples = _tuned_read(split, seed)
         examples = examples.map(lambda e: (e[feature_key], e[label_key]), num_parallel_calls=tf.data.AUTOTUNE)
         examples = examples.shard(context.num_input_pipelines, context.input_pipeline_id)
         batches = examples.shuffle(split.shuffle_buffer, seed=seed).repeat()
@@ -325,15 +331,7 @@ def _tuned_preprocess_feed(runtime: Runtime, split, seed: int) -> PipelineFeed:
     per_replica = runtime.per_replica_batch
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        options = tf.data.Options()
-        options.deterministic = True
-        read_config = tfds.ReadConfig(
-            shuffle_seed=seed, interleave_cycle_length=16, num_parallel_calls_for_interleave_files=tf.data.AUTOTUNE,
-            num_parallel_calls_for_decode=tf.data.AUTOTUNE, options=options, try_autocache=False,
-        )  # fmt: skip
-        decoders = {key: tfds.decode.SkipDecoding() for key in examples_of.images}
-        stored = split.builder.as_dataset(split=split.split, shuffle_files=True, read_config=read_config,
-                                          decoders=decoders)  # fmt: skip
+        stored = _tuned_read(split, seed, {key: tfds.decode.SkipDecoding() for key in examples_of.images})
         stored = stored.shard(context.num_input_pipelines, context.input_pipeline_id)
         stored = stored.shuffle(split.shuffle_buffer, seed=seed).repeat().enumerate()
 
