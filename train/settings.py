@@ -494,7 +494,7 @@ def load_settings(
         places.insert(2, str(output_dir / RUN_SETTINGS))
 
     values = {field.attr: _parse(field, _resolve(field.env, layers)) for field in FIELDS}
-    _one_batch_size(values, any("BATCH_SIZE" in layer for layer in layers))
+    _one_batch_size(values, layers)
     declared = model_hyperparameters(values["model"])
     if warn:
         for message in _hyperparameter_hints(declared, {str(dotenv_path): dotenv, str(defaults_path): project}):
@@ -513,19 +513,24 @@ def load_settings(
     return settings
 
 
-def _one_batch_size(values: dict[str, Any], batch_size_given: bool) -> None:
-    """BATCH_SIZE or GLOBAL_BATCH_SIZE: with the latter, `batch_size` is None (the runtime divides the global batch
-    by the replicas); an empty BATCH_SIZE alone is its default. Raises SettingsError where both are set."""
-    if values["global_batch_size"] is None:
-        values["batch_size"] = values["batch_size"] or int(FIELDS_BY_ENV["BATCH_SIZE"].default)
-    elif values["batch_size"] is not None and batch_size_given:
+def _one_batch_size(values: dict[str, Any], layers: Iterable[Mapping[str, str]]) -> None:
+    """BATCH_SIZE or GLOBAL_BATCH_SIZE, whichever the highest layer that sets either names (a flag over the
+    environment over .env ...): with GLOBAL_BATCH_SIZE, `batch_size` is None (the runtime divides the global batch
+    by the replicas). Raises SettingsError where that one layer sets both."""
+    names = ("BATCH_SIZE", "GLOBAL_BATCH_SIZE")
+    deciding = next((layer for layer in layers if any(layer.get(name, "").strip() for name in names)), {})
+    given = {name: deciding[name].strip() for name in names if deciding.get(name, "").strip()}
+    if len(given) == 2:
         raise SettingsError(
-            f"GLOBAL_BATCH_SIZE={values['global_batch_size']} and BATCH_SIZE={values['batch_size']} are both set: "
+            f"GLOBAL_BATCH_SIZE={given['GLOBAL_BATCH_SIZE']} and BATCH_SIZE={given['BATCH_SIZE']} are both set: "
             "GLOBAL_BATCH_SIZE is the batch of a step over every replica of every worker (each replica takes it "
             "divided by the replica count), BATCH_SIZE one replica's; set only one of them"
         )
-    else:
+    if "GLOBAL_BATCH_SIZE" in given:
         values["batch_size"] = None
+    else:
+        values["global_batch_size"] = None
+        values["batch_size"] = values["batch_size"] or int(FIELDS_BY_ENV["BATCH_SIZE"].default)
 
 
 def peek_hyperparameters(
