@@ -24,7 +24,7 @@ from tests.conftest import REPO, clean_env, engine_defaults, run_python, run_tra
 from tests.harness.caps import UNPRIVILEGED_TRAIN, can_drop_file_override
 from train import cli as cli_module
 from train.cli import app
-from train.cluster.tf_config import WAITING_REPORT_SECONDS, Cluster, StartupDeadline
+from train.cluster.tf_config import Cluster, StartupDeadline
 from train.errors import EXIT_BAD_INPUT, EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, first_line, storage_fix
 from train.rundir import RUN, RunLock, owner, write_json
 from train.settings import ENVIRONMENT_TYPO_CUTOFF, FIELDS, RUN_SETTINGS, likely_typos, model_fingerprint
@@ -328,7 +328,6 @@ def test_a_worker_waiting_for_the_others_says_who_is_up_and_who_is_awaited(capfd
     assert lines[0].endswith(
         f"up: worker 0 (this one, 127.0.0.1:1), worker 1 ({up}); awaited: worker 2 at {silent} (nothing listens there)"
     )
-    assert WAITING_REPORT_SECONDS == 30
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from train.checkpoints import drop_kept, keep_out_of_rotation
 from train.context import Context
-from train.errors import SettingsError, TrainingError, first_line
+from train.errors import SettingsError, TrainingError, first_line, storage_fix
 from train.keras_seams import monitor_direction
 from train.model_file import CALLBACKS_EXAMPLE, load_model_file
 from train.rundir import EPOCHS, read_epochs, write_json
@@ -145,10 +145,13 @@ class Callbacks:
         text = "[]"
         if run.peers.is_chief:
             recorded, _ = read_epochs(run.output_dir)  # damage was refused before TensorFlow loaded (preflight)
-            if recorded is None and start_step >= self.steps_per_epoch and (self.callbacks or self.monitor):
+            from train.loop import Schedule
+
+            done = Schedule(run.settings, run.segment).epochs_completed(start_step)  # the run's own epochs
+            if recorded is None and done >= 1 and (self.callbacks or self.monitor):
                 run.say(
                     f"warning: {run.output_dir / EPOCHS} is missing: the callbacks and MONITOR start afresh at epoch "
-                    f"{start_step // self.steps_per_epoch + 1}; the epochs before it are not replayed."
+                    f"{done + 1}; the epochs before it are not replayed."
                 )
             text = json.dumps([entry for entry in recorded or [] if entry["step"] <= start_step])
         return json.loads(self._share("epochs", text))
@@ -195,8 +198,9 @@ class Callbacks:
                 write_json(self.run.output_dir / EPOCHS, self.epochs)
             except OSError as error:
                 raise TrainingError(
-                    f"could not write {self.run.output_dir / EPOCHS} ({error.strerror}); the last checkpoint "
-                    f"{self.run.manager.latest_checkpoint} is intact: free space or fix its permissions and run again"
+                    f"could not write {self.run.output_dir / EPOCHS} ({error.strerror or error}); the last checkpoint "
+                    f"{self.run.manager.latest_checkpoint} is intact: {storage_fix(error, self.run.output_dir)} and "
+                    "run again"
                 ) from None
 
     def _epoch_end(self, epoch: int, step: int, logs: dict[str, Any], replay: bool) -> None:
@@ -270,7 +274,7 @@ class Callbacks:
         prefix = self.run.checkpoint_dir / f"ckpt-{self.best['step']}"
         try:
             self.run.checkpoint.restore(str(prefix)).assert_existing_objects_matched()
-        except (tf.errors.OpError, ValueError, AssertionError) as error:
+        except (tf.errors.OpError, ValueError, AssertionError, IndexError) as error:  # (restore_newest's kinds)
             raise TrainingError(
                 f"the best epoch's checkpoint {prefix} (MONITOR={self.monitor}) does not load "
                 f"({first_line(error, 160)}); the last checkpoint {self.run.manager.latest_checkpoint} is intact: "

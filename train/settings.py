@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -161,18 +162,28 @@ def model_hyperparameters(text: str) -> dict[str, hparams.HyperParameter] | None
 
 
 def model_tree(text: str) -> ast.Module:
-    """MODEL's syntax tree. Raises SettingsError as `model_fingerprint` says."""
+    """MODEL's syntax tree, parsed once per version of the file (validation, the fingerprint and the hyperparameters
+    all read it). Raises SettingsError as `model_fingerprint` says."""
     source = model_source(text)
     if source is None:
         raise SettingsError(f"MODEL={text!r} is no longer a file (from {Path.cwd()}): put it back, or set MODEL again")
     try:
-        tree = ast.parse(source.read_bytes(), filename=str(source))  # bytes: Python's own rules for the encoding
+        stat = source.stat()
+        return _parsed(str(source), stat.st_mtime_ns, stat.st_size)
     except OSError as error:
         raise SettingsError(f"MODEL={text!r}: {source} cannot be read ({error.strerror})") from None
     except SyntaxError as error:  # IndentationError, a null byte and text that is not UTF-8 included
         where = f"{source}, line {error.lineno}" if error.lineno else str(source)
         raise SettingsError(f"MODEL={text!r} does not parse: {where}: {error.msg}") from None
-    return tree
+    except (RecursionError, MemoryError, ValueError) as error:  # nesting too deep for the parser, and the like
+        raise SettingsError(f"MODEL={text!r} does not parse: {source}: {type(error).__name__}") from None
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(path: str, mtime_ns: int, size: int) -> ast.Module:
+    """(keyed on the file's version: a file changed between two reads is parsed again)"""
+    del mtime_ns, size
+    return ast.parse(Path(path).read_bytes(), filename=path)  # bytes: Python's own rules for the encoding
 
 
 def _model(name: str, text: str) -> str:
