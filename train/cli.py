@@ -6,12 +6,14 @@
     CPU_DEVICES=2 python -m train fit         # 2 replicas of MirroredStrategy on a machine without GPUs
     python -m train fit --model examples/cnn.py --hp-width 64   # build_model's own settings (--help lists them)
     python -m train evaluate                  # the latest checkpoint on EVAL_SPLIT, with the run's settings
+    python -m train predict photos/ rows.csv  # the run's export on files (or --split test): JSON Lines
 
 Each command only resolves the settings and calls the library (`train.fit`, `train.tools`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import copy
 import functools
@@ -223,21 +225,21 @@ def _print_json(payload: Any) -> None:
     typer.echo(json.dumps(payload, indent=2))
 
 
-def _check_json_path(path: Path | None) -> None:
-    """`--json PATH` can be written: found before minutes of work, not after them."""
+def _check_json_path(path: Path | None, flag: str = "--json") -> None:
+    """`--json PATH` (or another `flag`'s file) can be written: found before minutes of work, not after them."""
     if path is None:
         return
     if path.is_dir():
-        raise SettingsError(f"--json {path} is a directory: give a file name, like {path / 'result.json'}")
+        raise SettingsError(f"{flag} {path} is a directory: give a file name, like {path / 'result.json'}")
     if path.exists():  # a file, a pipe, /dev/stdout: written in place
         if not os.access(path, os.W_OK):
-            raise SettingsError(f"--json {path} is not writable; write elsewhere")
+            raise SettingsError(f"{flag} {path} is not writable; write elsewhere")
         return
     folder = path.parent
     if not folder.is_dir():
-        raise SettingsError(f"--json {path}: the directory {folder} does not exist; create it or write elsewhere")
+        raise SettingsError(f"{flag} {path}: the directory {folder} does not exist; create it or write elsewhere")
     if not os.access(folder, os.W_OK):
-        raise SettingsError(f"--json {path}: the directory {folder} is not writable; write elsewhere")
+        raise SettingsError(f"{flag} {path}: the directory {folder} is not writable; write elsewhere")
 
 
 def _write_json(path: Path | None, payload: Any) -> None:
@@ -278,6 +280,44 @@ def evaluate(
     from train.fit import evaluate as run_evaluate
 
     _print_json(run_evaluate(settings, exported=exported))
+
+
+@app.command(short_help="Predict with the run's export: image files, folders, CSV or JSON Lines rows, a split.",
+             cls=SettingsCommand)  # fmt: skip
+@with_settings(from_run=True)
+def predict(
+    settings: Settings,
+    inputs: Annotated[
+        Optional[list[Path]],  # noqa: UP045
+        typer.Argument(help="Image files or folders of them, CSV or JSON Lines files of rows.", show_default=False),
+    ] = None,
+    split: Annotated[Optional[str], typer.Option(help="Also predict this split of the run's DATASET.")] = None,  # noqa: UP045
+    batch: Annotated[int, typer.Option(min=1, help="Examples per call of the model.")] = 64,
+    exported: Annotated[
+        bool, typer.Option("--exported/--checkpoint", help="The run's saved_model/, or its latest checkpoint.")
+    ] = True,
+    output: Annotated[Optional[Path], typer.Option(help="Write the JSON Lines here, not to stdout.")] = None,  # noqa: UP045
+) -> None:
+    """One JSON object per example, in input order: "input" and the class (with its score and every class's), the
+    labels above 0.5, or the prediction; from OUTPUT_DIR's saved_model/, what a server runs."""
+    from train.predict import check_run
+    from train.predict_inputs import gather
+
+    if not inputs and split is None:
+        raise SettingsError("predict needs INPUT files or folders, or --split NAME: nothing to predict")
+    check_run(settings, checkpoint=not exported)  # before TensorFlow loads, as the inputs below
+    sources = gather(list(inputs or []), warn=_warn)
+    if output is not None:
+        _check_json_path(output, "--output")
+    _load_tensorflow()
+    from train.predict import predict as run_predict
+
+    def open_output():
+        return open(output, "w", encoding="utf-8") if output else contextlib.nullcontext(sys.stdout)
+
+    count = run_predict(settings, sources, split, batch, checkpoint=not exported, open_output=open_output, say=_warn)
+    if output is not None:
+        typer.echo(f"{count} predictions written to {output}", err=True)
 
 
 @app.command(short_help="Trial-run real steps; find the batch size that fits.", cls=SettingsCommand)

@@ -30,6 +30,7 @@ from train.errors import SettingsError, first_line
 from train.hparams import CONTEXT
 from train.keras_seams import all_layers, build_metrics_and_loss, gradients_come_summed, inner_optimizers
 from train.model_file import load_model_file
+from train.outputs import name_outputs
 from train.settings import Settings
 
 # A replica's random stream is the seed's, moved by this much per replica id: replicas and workers draw
@@ -304,22 +305,24 @@ def serving_endpoints(built: Built) -> list[tuple[str, Any, list[tf.TensorSpec]]
 
     `serve` takes what clients have, each feature under its own name: the stored feature (a batch of it); on the
     general path, each stored feature `preprocess` reads (an image as its JPEG or PNG bytes), run through
-    `preprocess(training=False)`, or the columns by name. With `preprocess`, `serve_inputs` takes what it returns."""
+    `preprocess(training=False)`, or the columns by name. With `preprocess`, `serve_inputs` takes what it returns.
+    Each returns the outputs named as train.outputs has them (`scores` and `classes` for a class label)."""
     serving, spec = built.serving, built.spec
+    named = name_outputs(built.network, spec)
     if not spec.records:
         signature = [tf.TensorSpec((None, *spec.feature_shape), spec.feature_dtype, name=spec.feature_key)]
-        return [("serve", lambda features: serving(features, training=False), signature)]
+        return [("serve", lambda features: named(serving(features, training=False)), signature)]
     serve, signature = spec.examples.serving_function(serving, spec.inputs)
-    endpoints = [("serve", serve, signature)]
+    endpoints = [("serve", lambda *batch: named(serve(*batch)), signature)]
     if spec.examples.preprocess is not None:
         if isinstance(spec.inputs, dict):
             names = list(spec.inputs)
             inputs = [tf.TensorSpec((None, *s.shape), s.dtype, name=name) for name, s in spec.inputs.items()]
-            endpoints.append(("serve_inputs", lambda *values: serving(dict(zip(names, values, strict=True)),
-                                                                        training=False), inputs))  # fmt: skip
+            endpoints.append(("serve_inputs", lambda *values: named(serving(dict(zip(names, values, strict=True)),
+                                                                              training=False)), inputs))  # fmt: skip
         else:
             inputs = [tf.TensorSpec((None, *spec.inputs.shape), spec.inputs.dtype, name="inputs")]
-            endpoints.append(("serve_inputs", lambda values: serving(values, training=False), inputs))
+            endpoints.append(("serve_inputs", lambda values: named(serving(values, training=False)), inputs))
     return endpoints
 
 

@@ -59,6 +59,7 @@ class DatasetSpec:
     examples: Examples | None = None
     inputs: Any = None
     record_bytes: int = 0  # the general path: a stored record's bytes, on average
+    class_names: tuple[str, ...] | None = None  # a ClassLabel's names (what the export's `classes` holds)
 
     @property
     def records(self) -> bool:
@@ -674,7 +675,14 @@ def inspect(builder, settings: Settings, count: bool = True, preprocess=None) ->
         examples=examples,
         inputs=inputs,
         record_bytes=_record_bytes(builder, settings.train_split) if examples is not None else 0,
+        class_names=_class_names(features[label_key]),
     )
+
+
+def _class_names(label) -> tuple[str, ...] | None:
+    import tensorflow_datasets as tfds
+
+    return tuple(label.names) if isinstance(label, tfds.features.ClassLabel) else None
 
 
 def damaged(builder, error: BaseException) -> SettingsError:

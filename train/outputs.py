@@ -1,0 +1,86 @@
+"""What the export's signatures return, named as TF Serving's classification and regression APIs name them.
+
+    a class label      scores  float32 [batch, k]  probabilities (a softmax where the model gives logits)
+                       classes string  [batch, k]  the class names, in the order of `scores`
+    a multi-hot label  scores  float32 [batch, k]  each class's probability (a sigmoid where it gives logits)
+                       classes string  [batch, k]
+    a value            outputs                     the model's prediction
+    anything else      the model's own output names (several outputs, or not one score per class)
+
+Class names are the TFDS ClassLabel's; where the dataset has none, the class indices as text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # importing this module loads no TensorFlow: `predict` reads these names before it loads
+    import keras
+
+    from train.data.source import DatasetSpec
+
+SCORES = "scores"  # tf.saved_model.CLASSIFY_OUTPUT_SCORES
+CLASSES = "classes"  # tf.saved_model.CLASSIFY_OUTPUT_CLASSES
+OUTPUTS = "outputs"  # tf.saved_model.REGRESS_OUTPUTS
+
+
+def label_kind(spec: DatasetSpec) -> str:
+    """"class" (one of num_classes), "multi_hot" (a (k,) vector) or "value" (regression)."""
+    if spec.label_shape == () and spec.num_classes is not None:
+        return "class"
+    if len(spec.label_shape) == 1:
+        return "multi_hot"
+    return "value"
+
+
+def class_names(spec: DatasetSpec) -> tuple[str, ...]:
+    """The k class names of the label: the ClassLabel's, else "0" ... "k-1"."""
+    if spec.class_names:
+        return tuple(spec.class_names)
+    count = spec.num_classes if spec.num_classes is not None else spec.label_shape[0]
+    return tuple(str(index) for index in range(count))
+
+
+def gives_logits(network: keras.Model) -> bool:
+    """Whether the compiled loss takes logits (`from_logits=True`): then the scores need an activation."""
+    loss = network.loss
+    config = loss.get_config() if hasattr(loss, "get_config") else {}
+    return bool(config.get("from_logits", False))
+
+
+def _own_names(network: keras.Model, output: Any) -> dict[str, Any]:
+    """Outputs under the model's own names: a dict's keys, a functional model's output names, else output_<i>."""
+    if isinstance(output, dict):
+        return dict(output)
+    values = list(output) if isinstance(output, list | tuple) else [output]
+    names = getattr(network, "output_names", None) or []
+    if len(names) != len(values) or len(set(names)) != len(names):
+        names = [f"output_{index}" for index in range(len(values))]
+    return dict(zip(names, values, strict=True))
+
+
+def name_outputs(network: keras.Model, spec: DatasetSpec) -> Callable[[Any], dict[str, tf.Tensor]]:
+    """A function of the model's output (a batch) to the signature's named outputs (the module's table)."""
+    import tensorflow as tf
+
+    kind = label_kind(spec)
+    logits = gives_logits(network)
+    names = class_names(spec) if kind != "value" else ()
+
+    def named(output: Any) -> dict[str, tf.Tensor]:
+        if isinstance(output, dict | list | tuple) and len(output) != 1:
+            return _own_names(network, output)
+        if isinstance(output, dict | list | tuple):
+            output = next(iter(output.values())) if isinstance(output, dict) else output[0]
+        if kind == "value":
+            return {OUTPUTS: output}
+        if output.shape.rank != 2 or output.shape[-1] != len(names):  # not one score per class
+            return _own_names(network, output)
+        scores = tf.cast(output, tf.float32)
+        if logits:
+            scores = tf.nn.softmax(scores) if kind == "class" else tf.sigmoid(scores)
+        classes = tf.tile(tf.constant(names, tf.string)[tf.newaxis], [tf.shape(scores)[0], 1])
+        return {SCORES: scores, CLASSES: classes}
+
+    return named

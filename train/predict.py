@@ -1,0 +1,237 @@
+"""`python -m train predict`: a run's model on files or a split, one JSON object per example (JSON Lines).
+
+    python -m train predict --output-dir runs/default photos/             # every image under photos/, sorted
+    python -m train predict --output-dir runs/default rows.csv --output predictions.jsonl
+    python -m train predict --output-dir runs/default --split test        # a split of the run's DATASET
+
+It runs the run's `saved_model/` `serving_default`, what a server runs (`preprocess(training=False)` included),
+so what it predicts is what a server would; `--checkpoint` runs the latest checkpoint through the same function
+instead. Each line has "input" (the file, `file:line` for a row, `split[index]`) and, after train.outputs'
+named outputs: "class", "score" and "scores" for a class label; "labels" (the classes above 0.5) and "scores"
+for a multi-hot one; "prediction" for a value; else each output under its own name.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from train.errors import SettingsError, first_line
+from train.outputs import CLASSES, OUTPUTS, SCORES
+from train.predict_inputs import Example, Reader, Source
+from train.rundir import check_same_model
+from train.settings import Settings
+
+SAVED_MODEL = "saved_model"
+THRESHOLD = 0.5  # a multi-hot class is one of the "labels" above this probability
+
+
+def check_run(settings: Settings, checkpoint: bool) -> None:
+    """What the run directory must hold for `predict`, found before TensorFlow loads. Raises SettingsError."""
+    if checkpoint:
+        check_same_model(settings)  # the checkpoint's weights fit the MODEL file that made them
+        return
+    if not (settings.output_dir / SAVED_MODEL / "saved_model.pb").is_file():
+        raise SettingsError(
+            f"OUTPUT_DIR={settings.output_dir} has no {SAVED_MODEL}/ export: run fit to its end (it exports there), "
+            "or predict --checkpoint with the latest checkpoint"
+        )
+
+
+@dataclass
+class Predictor:
+    """The signature's inputs (name -> tf.TensorSpec) and a function of a batch of them to the outputs (NumPy)."""
+
+    inputs: dict[str, Any]
+    call: Callable[[dict[str, Any]], dict[str, Any]]
+    keep: Any = None  # what the function needs alive (the loaded SavedModel)
+
+
+def _exported(settings: Settings) -> Predictor:
+    import tensorflow as tf
+
+    path = settings.output_dir / SAVED_MODEL
+    try:
+        loaded = tf.saved_model.load(str(path))
+        signature = loaded.signatures["serving_default"]
+    except (OSError, KeyError, ValueError, tf.errors.OpError) as error:
+        raise SettingsError(f"{path} cannot be loaded: {first_line(error, 200)}; run fit to its end again") from None
+    inputs = dict(signature.structured_input_signature[1])
+    return Predictor(inputs, lambda batch: {k: v.numpy() for k, v in signature(**batch).items()}, loaded)
+
+
+def _from_checkpoint(settings: Settings, runtime, say: Callable[[str], None]) -> Predictor:
+    """The latest checkpoint's weights in the model fit builds, through the export's default function."""
+    import tensorflow as tf
+
+    from train.checkpoints import make_checkpoint, restore_newest
+    from train.context import run_context
+    from train.data import load_data
+    from train.fit import steps_per_epoch
+    from train.model import build, serving_endpoints, use_averaged_weights
+
+    data = load_data(settings)
+    context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))
+    built = build(settings, data.spec, runtime.strategy, context)
+    if not restore_newest(make_checkpoint(built), settings.output_dir / "checkpoints", say):
+        raise SettingsError(f"OUTPUT_DIR={settings.output_dir} has no checkpoint: run fit first")
+    use_averaged_weights(built)
+    _, function, signature = serving_endpoints(built)[0]
+    serve = tf.function(function, input_signature=signature)
+    names = [spec.name for spec in signature]
+
+    def call(batch: dict[str, Any]) -> dict[str, Any]:
+        return {k: v.numpy() for k, v in serve(*[batch[name] for name in names]).items()}
+
+    return Predictor({spec.name: spec for spec in signature}, call, built)
+
+
+def _label_is_class(builder, settings: Settings) -> bool:
+    """Whether the run's label is one class (a ClassLabel, or a scalar) rather than a multi-hot vector."""
+    import tensorflow_datasets as tfds
+
+    supervised = builder.info.supervised_keys
+    label_key = settings.label_key or (supervised[1] if supervised else "label")
+    label = builder.info.features[label_key] if label_key in builder.info.features else None
+    return isinstance(label, tfds.features.ClassLabel) or tuple(getattr(label, "shape", ())) == ()
+
+
+def _split_examples(builder, split: str, predictor: Predictor, images: set[str]) -> Iterator[Example]:
+    """The split's examples as stored, each signature input by its name (an image as its bytes where the
+    signature takes them). Raises SettingsError where the split cannot be read."""
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    decoders = {name: tfds.decode.SkipDecoding() for name in images if predictor.inputs[name].dtype == tf.string}
+    try:
+        dataset = builder.as_dataset(split=split, shuffle_files=False, decoders=decoders or None)
+    except Exception as error:  # an unknown split, a dataset not prepared: TFDS raises several types
+        raise SettingsError(
+            f"--split {split!r} of DATASET={builder.info.full_name} in {builder.data_dir} cannot be read: "
+            f"{first_line(error, 200)}"
+        ) from None
+    for index, stored in enumerate(tfds.as_numpy(dataset)):
+        yield Example(f"{split}[{index}]", {name: _column(stored, name, split) for name in predictor.inputs})
+
+
+def _column(stored: dict, name: str, split: str) -> Any:
+    """A stored feature by name, or a column of a dict feature by its own name."""
+    if name in stored:
+        return stored[name]
+    for value in stored.values():
+        if isinstance(value, dict) and name in value:
+            return value[name]
+    raise SettingsError(f"--split {split!r}: the model takes {name!r}, which the dataset does not store")
+
+
+def _batch(examples: list[Example], inputs: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+    import tensorflow as tf
+
+    batch = {}
+    for name, spec in inputs.items():
+        values = [example.values[name] for example in examples]
+        batch[name] = tf.constant(values, tf.string) if spec.dtype == tf.string else np.stack(values)
+    return batch
+
+
+def describe(outputs: dict[str, Any], row: int, is_class: bool) -> dict[str, Any]:
+    """One example's outputs as its JSON line has them (the module's docstring)."""
+    if SCORES in outputs and CLASSES in outputs:
+        names = [name.decode() for name in outputs[CLASSES][row]]
+        scores = [float(score) for score in outputs[SCORES][row]]
+        by_name = dict(zip(names, scores, strict=True))
+        if is_class:
+            top = max(range(len(scores)), key=scores.__getitem__)
+            return {"class": names[top], "score": scores[top], "scores": by_name}
+        return {"labels": [name for name, score in by_name.items() if score > THRESHOLD], "scores": by_name}
+    if set(outputs) == {OUTPUTS}:
+        return {"prediction": outputs[OUTPUTS][row].tolist()}
+    return {name: _plain(value[row]) for name, value in outputs.items()}
+
+
+def _plain(value: Any) -> Any:
+    listed = value.tolist()
+    if isinstance(listed, bytes):
+        return listed.decode(errors="replace")
+    if isinstance(listed, list) and listed and isinstance(listed[0], bytes):
+        return [each.decode(errors="replace") for each in listed]
+    return listed
+
+
+def _chunks(examples: Iterable[Example], size: int) -> Iterator[list[Example]]:
+    iterator = iter(examples)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
+
+
+def predict(settings: Settings, sources: list[Source], split: str | None, batch: int, checkpoint: bool,
+            open_output: Callable[[], TextIO], say: Callable[[str], None]) -> int:  # fmt: skip
+    """Predict every example of `sources` (then of `split`), in order, `batch` at a time, on the first device the
+    settings choose; each checked before `open_output()` is called and the first line written. Returns how many
+    were predicted. Raises SettingsError (exit 2) for an input the model cannot take."""
+    import tensorflow as tf
+
+    from train.data.source import open_builder
+    from train.devices.runtime import setup_runtime
+
+    runtime = setup_runtime(settings, local_only=True)
+    predictor = _from_checkpoint(settings, runtime, say) if checkpoint else _exported(settings)
+    builder = open_builder(settings)
+    features = builder.info.features
+    images = {name for name in predictor.inputs if _is_image_feature(features, name)}
+    examples: Iterable[Example] = Reader(predictor.inputs, images).read(sources)
+    total = len(examples)
+    if split is not None:
+        examples = itertools.chain(examples, _split_examples(builder, split, predictor, images))
+        total += _split_size(builder, split)
+    is_class = _label_is_class(builder, settings)
+    written = 0
+    with tf.device(runtime.devices[0]), open_output() as output, _progress(total) as advance:
+        for chunk in _chunks(examples, batch):
+            outputs = predictor.call(_batch(chunk, predictor.inputs))
+            for row, example in enumerate(chunk):
+                output.write(json.dumps({"input": example.input, **describe(outputs, row, is_class)}) + "\n")
+            written += len(chunk)
+            advance(len(chunk))
+    return written
+
+
+def _is_image_feature(features, name: str) -> bool:
+    import tensorflow_datasets as tfds
+
+    return name in features and isinstance(features[name], tfds.features.Image)
+
+
+def _split_size(builder, split: str) -> int:
+    try:
+        return int(builder.info.splits[split].num_examples)
+    except Exception:  # not listed (or not prepared): the split says so when it is read
+        return 0
+
+
+class _progress:
+    """A progress bar on stderr where it is a terminal (and the lines do not go to it); else nothing."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.bar = total, None
+
+    def __enter__(self) -> Callable[[int], None]:
+        if not sys.stderr.isatty() or sys.stdout.isatty():
+            return lambda count: None
+        from rich.console import Console
+        from rich.progress import Progress
+
+        self.bar = Progress(console=Console(stderr=True), transient=True)
+        self.bar.start()
+        task = self.bar.add_task("predicting", total=self.total or None)
+        return lambda count: self.bar.advance(task, count)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()

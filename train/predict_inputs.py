@@ -1,0 +1,208 @@
+"""What `predict` reads: image files and folders of them, CSV and JSON Lines rows, a split of the run's DATASET.
+
+Every input is read and checked before the first prediction is written: a file the model cannot take, a row
+missing a column the signature takes, a value of the wrong type or shape is one line (SettingsError, exit 2)
+naming the file and line. `gather` needs no TensorFlow (it runs before it loads); `Reader` knows the signature.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from train.errors import SettingsError, first_line
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")  # what tf.io.decode_image reads
+IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"BM")
+CSV_SUFFIXES = (".csv",)
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+TAKEN = "image files (JPEG, PNG, GIF, BMP) or folders of them, CSV (.csv) or JSON Lines (.jsonl) files"
+
+
+@dataclass(frozen=True)
+class Source:
+    """One INPUT file, of a kind: "image", "csv" or "jsonl"."""
+
+    path: Path
+    kind: str
+
+
+def _is_image(path: Path) -> bool:
+    if path.suffix.lower() in IMAGE_SUFFIXES:
+        return True
+    try:
+        with open(path, "rb") as stream:
+            return stream.read(4).startswith(IMAGE_MAGIC)
+    except OSError:
+        return False
+
+
+def _kind(path: Path) -> str | None:
+    suffix = path.suffix.lower()
+    if suffix in CSV_SUFFIXES:
+        return "csv"
+    if suffix in JSONL_SUFFIXES:
+        return "jsonl"
+    return "image" if _is_image(path) else None
+
+
+def gather(paths: list[Path], warn=lambda message: None) -> list[Source]:
+    """INPUT paths as sources, in order: a folder's images searched recursively, in sorted order (what is not an
+    image there is left out, and said). Raises SettingsError for a path missing, unreadable or of no kind taken."""
+    sources: list[Source] = []
+    for path in paths:
+        if not path.exists():
+            raise SettingsError(f"INPUT {path} does not exist: give {TAKEN}")
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+            images = [p for p in files if _is_image(p)]
+            if not images:
+                raise SettingsError(f"INPUT {path} is a folder with no image files (JPEG, PNG, GIF, BMP) in it")
+            if len(images) < len(files):
+                other = next(p for p in files if p not in set(images))
+                warn(f"INPUT {path}: {len(files) - len(images)} files that are not images left out (like {other})")
+            sources.extend(Source(p, "image") for p in images)
+            continue
+        if not os.access(path, os.R_OK):
+            raise SettingsError(f"INPUT {path} is not readable")
+        kind = _kind(path)
+        if kind is None:
+            raise SettingsError(f"INPUT {path} is none of what predict takes: {TAKEN}")
+        sources.append(Source(path, kind))
+    return sources
+
+
+@dataclass(frozen=True)
+class Example:
+    """One example: where it came from ("file", "file:line", "split[index]") and a value per signature input."""
+
+    input: str
+    values: dict[str, Any]
+
+
+class Reader:
+    """Sources read into examples for one signature: `inputs` is its name -> tf.TensorSpec (batch axis first);
+    `images` names the inputs that take an image (stored bytes as a string, or decoded uint8 pixels)."""
+
+    def __init__(self, inputs: dict[str, Any], images: set[str]) -> None:
+        self.inputs, self.images = inputs, images
+
+    def read(self, sources: list[Source]) -> list[Example]:
+        """Every source's examples, in order, each checked. Raises SettingsError naming the file (and line)."""
+        examples: list[Example] = []
+        for source in sources:
+            if source.kind == "image":
+                examples.append(self._image_file(source.path))
+            else:
+                rows = _csv_rows(source.path) if source.kind == "csv" else _jsonl_rows(source.path)
+                examples.extend(self._row(source.path, where, row) for where, row in rows)
+        return examples
+
+    def _image_file(self, path: Path) -> Example:
+        if set(self.inputs) != self.images or len(self.images) != 1:
+            what = "an image, but the model takes no image" if not self.images else "one image, but the model takes"
+            raise SettingsError(
+                f"INPUT {path} is {what} {', '.join(self.inputs) if self.images else ''}".rstrip()
+                + ": give rows of a CSV or JSON Lines file with a column for each of "
+                + ", ".join(self.inputs)
+            )
+        (name,) = self.images
+        return Example(str(path), {name: self._image(path, name, str(path))})
+
+    def _image(self, path: Path, name: str, where: str) -> Any:
+        """An image file as the signature takes it: its bytes (checked to decode), or its uint8 pixels."""
+        import tensorflow as tf
+
+        try:
+            data = path.read_bytes()
+        except OSError as error:
+            raise SettingsError(f"{where}: cannot read {path} ({error.strerror})") from None
+        spec = self.inputs[name]
+        channels = int(spec.shape[-1]) if spec.dtype != tf.string and spec.shape[-1] is not None else 0
+        try:
+            pixels = tf.io.decode_image(data, channels=channels, expand_animations=False)
+        except (tf.errors.InvalidArgumentError, ValueError) as error:
+            raise SettingsError(f"{where}: {path} is not an image TensorFlow can decode ({first_line(error, 120)})")
+        if spec.dtype == tf.string:
+            return data
+        wanted = tuple(spec.shape[1:])
+        if not tf.TensorShape(pixels.shape).is_compatible_with(wanted):
+            raise SettingsError(
+                f"{where}: {path} is an image of {'x'.join(map(str, pixels.shape))}, but the model takes "
+                f"{'x'.join('any' if d is None else str(d) for d in wanted)} images, as the dataset stores them: "
+                "resize it first"
+            )
+        return pixels.numpy()
+
+    def _row(self, path: Path, where: str, row: dict[str, Any]) -> Example:
+        values = {}
+        for name, spec in self.inputs.items():
+            if name not in row:
+                raise SettingsError(
+                    f"{where}: no column {name!r}, which the model takes (it takes {', '.join(self.inputs)})"
+                )
+            if name in self.images:  # a path to the image, relative to the file's folder
+                image = Path(str(row[name]))
+                values[name] = self._image(image if image.is_absolute() else path.parent / image, name, where)
+            else:
+                values[name] = _value(row[name], spec, f"{where}: column {name!r}")
+        return Example(where, values)
+
+
+def _csv_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    try:
+        with open(path, newline="", encoding="utf-8") as stream:
+            reader = csv.DictReader(stream)
+            for row in reader:
+                yield f"{path}:{reader.line_num}", row
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise SettingsError(f"INPUT {path} cannot be read as CSV: {first_line(error, 160)}") from None
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise SettingsError(f"INPUT {path} cannot be read as JSON Lines: {first_line(error, 160)}") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise SettingsError(f"{path}:{number}: not JSON ({error.msg}): write one JSON object per line") from None
+        if not isinstance(row, dict):
+            raise SettingsError(f"{path}:{number}: a {type(row).__name__}, not a JSON object of columns by name")
+        yield f"{path}:{number}", row
+
+
+def _value(given: Any, spec: Any, where: str) -> Any:
+    """A CSV cell (text; a vector as a JSON list) or a JSON value as the spec's dtype and shape."""
+    import tensorflow as tf
+
+    if spec.dtype == tf.string:
+        return str(given).encode() if not isinstance(given, bytes) else given
+    value = given
+    if isinstance(given, str):
+        text = given.strip()
+        try:
+            value = json.loads(text) if text.startswith("[") else text
+            if spec.dtype == tf.bool and isinstance(value, str):
+                value = {"true": True, "false": False, "1": True, "0": False}[value.lower()]
+        except (json.JSONDecodeError, KeyError):
+            raise SettingsError(f"{where} is {given!r}, not a {spec.dtype.name}") from None
+    try:
+        array = np.asarray(value, dtype=spec.dtype.as_numpy_dtype)
+    except (ValueError, TypeError, OverflowError):
+        raise SettingsError(f"{where} is {given!r}, not a {spec.dtype.name}") from None
+    wanted = tf.TensorShape(spec.shape[1:])
+    if not wanted.is_compatible_with(array.shape):
+        raise SettingsError(f"{where} has shape {array.shape}, but the model takes {tuple(wanted.as_list())}")
+    return array
