@@ -56,6 +56,10 @@ bench-levers: setup ## The benchmark, then each value of every speed lever in it
 evaluate: setup ## Evaluate the latest checkpoint on EVAL_SPLIT
 	$(BIN)/python -m train evaluate
 
+.PHONY: predict
+predict: setup ## Predict with OUTPUT_DIR's export: make predict INPUT="photos/ rows.csv" (or SPLIT=test), as JSON Lines
+	$(BIN)/python -m train predict $(INPUT) $(if $(SPLIT),--split "$(SPLIT)")
+
 # Two test files at a time (the tests run training in processes of their own; each file's shared runs stay in
 # one worker). TEST_WORKERS=1 runs them one after another.
 TEST_WORKERS ?= 2

@@ -51,11 +51,15 @@ app = typer.Typer(
 
 
 _ABSL_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ ")  # absl's "I0000 00:00:1796.25 7627 " (time, thread)
+NO_DRIVER = "Could not find cuda drivers"  # TensorFlow's own finding: no libcuda, so no GPU to start
+CUINIT_FAILED = "failed call to cuInit"  # CUDA's start-up failing, an E line: harmless where NO_DRIVER was said
 
 
-def _load_tensorflow() -> None:
-    """Import TensorFlow, printing what its C++ start-up writes to stderr once: two of its libraries log the
-    same lines (absl's notice, "Could not find cuda drivers") before TF_CPP_MIN_LOG_LEVEL applies."""
+def _load_tensorflow(hide_harmless: bool = True) -> None:
+    """Import TensorFlow and start its CUDA platform, printing what their C++ start-up writes to stderr once: two of
+    its libraries log the same lines (absl's notice, "Could not find cuda drivers") before TF_CPP_MIN_LOG_LEVEL
+    applies. `hide_harmless`: leave out "failed call to cuInit" where TensorFlow found no GPU driver (a CPU
+    machine, where it alarms for nothing); the device doctor keeps it (`devices`)."""
     if "tensorflow" in sys.modules:
         return
     sys.stderr.flush()
@@ -63,15 +67,19 @@ def _load_tensorflow() -> None:
     with tempfile.TemporaryFile() as captured:
         os.dup2(captured.fileno(), 2)
         try:
-            import tensorflow  # noqa: F401
+            import tensorflow
+
+            tensorflow.config.list_physical_devices("GPU")  # CUDA's start-up, and its lines, inside the capture
         finally:
             sys.stderr.flush()
             os.dup2(kept, 2)
             os.close(kept)
             captured.seek(0)
+            text = captured.read().decode(errors="replace")
+            hidden = CUINIT_FAILED if hide_harmless and NO_DRIVER in text else None
             seen, lines = set(), []
-            for line in captured.read().decode(errors="replace").splitlines(keepends=True):
-                if _ABSL_PREFIX.sub("", line) not in seen:
+            for line in text.splitlines(keepends=True):
+                if _ABSL_PREFIX.sub("", line) not in seen and not (hidden and hidden in line):
                     seen.add(_ABSL_PREFIX.sub("", line))
                     lines.append(line)
             os.write(2, "".join(lines).encode())
@@ -289,7 +297,8 @@ def predict(
     settings: Settings,
     inputs: Annotated[
         Optional[list[Path]],  # noqa: UP045
-        typer.Argument(help="Image files or folders of them, CSV or JSON Lines files of rows.", show_default=False),
+        typer.Argument(help="Image files or folders of them, CSV or JSON Lines files of rows.", metavar="INPUT",
+                      show_default=False),
     ] = None,
     split: Annotated[Optional[str], typer.Option(help="Also predict this split of the run's DATASET.")] = None,  # noqa: UP045
     batch: Annotated[int, typer.Option(min=1, help="Examples per call of the model.")] = 64,
@@ -396,7 +405,7 @@ def devices(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (stable schema) for scripts.")] = False,
 ) -> None:
     """Devices, versions, GPU environment and what the settings resolve to, with diagnoses and fixes."""
-    _load_tensorflow()
+    _load_tensorflow(hide_harmless=False)  # the doctor shows CUDA's start-up as it is, cuInit's failure included
     from train.tools.doctor import device_report, format_report
 
     report = device_report(settings)

@@ -223,7 +223,6 @@ def _open_run_dir(run: Run, lock: RunLock) -> None:
     if run.peers.is_chief:
         lock.acquire()
         changed = changed_settings(run.output_dir / RUN_SETTINGS, settings)
-        run.built.serving.summary(print_fn=lambda line, **_: say(line))
     run.checkpoint = make_checkpoint(run.built)
     run.manager = run.peers.checkpoint_manager(run.checkpoint, run.checkpoint_dir, settings.keep_checkpoints)
     restored = run.peers.restore(run.checkpoint, run.checkpoint_dir, say)
@@ -235,6 +234,8 @@ def _open_run_dir(run: Run, lock: RunLock) -> None:
     if run.peers.is_chief:
         write_json(run.output_dir / RUN_SETTINGS, settings.to_json())
         _write_run(run, recorded)
+    if run.peers.is_chief:  # the model's table at the run's first start; a resume names it in one line
+        _say_model(run.built.serving, say, resumed=bool(restored))
     if restored:
         spread_seeds(run.built, run.runtime.strategy)
         run.resumed_from = int(run.checkpoint.step.numpy())
@@ -253,6 +254,13 @@ def _open_run_dir(run: Run, lock: RunLock) -> None:
     if run.peers.is_chief:
         write_hparams(run, logs)
     run.evaluate = Evaluator(run.built, run.runtime.strategy)
+
+
+def _say_model(model: keras.Model, say: Say, resumed: bool) -> None:
+    if resumed:
+        say(f"Model {model.name}: {model.count_params():,} parameters.")
+    else:
+        model.summary(print_fn=lambda line, **_: say(line))
 
 
 def _segment_facts(run: Run) -> tuple[int, int, int, int]:

@@ -115,18 +115,25 @@ def _split_examples(builder, split: str, predictor: Predictor, images: set[str])
             f"--split {split!r} of DATASET={builder.info.full_name} in {builder.data_dir} cannot be read: "
             f"{first_line(error, 200)}"
         ) from None
-    for index, stored in enumerate(tfds.as_numpy(dataset)):
-        yield Example(f"{split}[{index}]", {name: _column(stored, name, split) for name in predictor.inputs})
+    names = list(predictor.inputs)
+    missing = [name for name in names if not _stored(dataset.element_spec, name)]
+    if missing:
+        raise SettingsError(f"--split {split!r}: the model takes {missing[0]!r}, which the dataset does not store")
+    return (
+        Example(f"{split}[{index}]", {name: _column(stored, name) for name in names})
+        for index, stored in enumerate(tfds.as_numpy(dataset))
+    )
 
 
-def _column(stored: dict, name: str, split: str) -> Any:
+def _stored(element_spec: dict, name: str) -> bool:
+    return name in element_spec or any(isinstance(s, dict) and name in s for s in element_spec.values())
+
+
+def _column(stored: dict, name: str) -> Any:
     """A stored feature by name, or a column of a dict feature by its own name."""
     if name in stored:
         return stored[name]
-    for value in stored.values():
-        if isinstance(value, dict) and name in value:
-            return value[name]
-    raise SettingsError(f"--split {split!r}: the model takes {name!r}, which the dataset does not store")
+    return next(value[name] for value in stored.values() if isinstance(value, dict) and name in value)
 
 
 def _batch(examples: list[Example], inputs: dict[str, Any]) -> dict[str, Any]:

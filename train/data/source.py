@@ -17,6 +17,7 @@ import importlib
 import importlib.util
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -494,6 +495,9 @@ def prepare(builder, settings: Settings) -> None:
         return _directories(roots[0], depth=4) | _directories(roots[1], depth=2)
 
     before = folders()
+    import tensorflow_datasets as tfds
+
+    tfds.display_progress_bar(sys.stderr.isatty())  # a log that is not a terminal gets no bars' escape codes ("[A")
     try:
         with _downloads_checked_first():
             builder.download_and_prepare()
