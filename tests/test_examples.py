@@ -75,7 +75,7 @@ spec = serve.structured_input_signature[1]
 out = {"input": [model.inputs[0].name, list(model.inputs[0].shape), model.inputs[0].dtype],
        "signature": {name: [list(s.shape), s.dtype.name] for name, s in spec.items()}}
 for name, predict in (("keras", lambda x: model(x, training=False).numpy()),
-                      ("saved_model", lambda x: next(iter(serve(image=tf.constant(x)).values())).numpy())):
+                      ("saved_model", lambda x: serve(image=tf.constant(x))["scores"].numpy())):
     first, second = predict(images), predict(images)
     out[name] = {"repeatable": bool(np.array_equal(first, second)),
                  "accuracy": float(np.mean(np.argmax(first, axis=-1) == labels))}
@@ -176,7 +176,7 @@ right = total = 0
 for batch in dataset.batch(100):
     columns = batch.get("features", {})
     sent = {key: batch[key] if key in batch else columns[key] for key in inputs}
-    predicted = np.argmax(next(iter(serve(**sent).values())).numpy(), axis=-1)
+    predicted = np.argmax(serve(**sent)["scores"].numpy(), axis=-1)
     right, total = right + int(np.sum(predicted == batch["label"].numpy())), total + len(predicted)
 print(json.dumps({"inputs": {key: spec.dtype.name for key, spec in inputs.items()}, "accuracy": right / total,
                   "signatures": sorted(loaded.signatures)}))

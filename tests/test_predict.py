@@ -1,0 +1,270 @@
+"""`python -m train predict` on what a user has: image files and folders, CSV and JSON Lines rows, a split; each
+line checked against the run's SavedModel fed the same examples directly; and the export's named outputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import clean_env, run_python, run_train
+
+# The examples, each trained briefly: the kind of input and of label each covers. A text example adds one entry
+# (its MODEL, DATASET and data dir fixture), and `INPUTS` says which inputs it is given.
+RUNS = {
+    "image": {"MODEL": "examples.cnn", "DATASET": "synthetic_images", "TRAIN_SPLIT": "train[:64]",
+              "EVAL_SPLIT": "test[:32]", "BATCH_SIZE": 32, "data": "examples_data_dir"},
+    "photos": {"MODEL": "examples.resnet", "DATASET": "synthetic_photos", "TRAIN_SPLIT": "train[:32]",
+               "EVAL_SPLIT": "test[:16]", "BATCH_SIZE": 16, "data": "photos_data_dir"},
+    "tabular": {"MODEL": "examples.tabular", "DATASET": "synthetic_columns", "TRAIN_SPLIT": "train[:256]",
+                "EVAL_SPLIT": "test[:64]", "BATCH_SIZE": 64, "data": "photos_data_dir"},
+    "regression": {"MODEL": "examples.regression", "DATASET": "synthetic_values", "TRAIN_SPLIT": "train[:256]",
+                   "EVAL_SPLIT": "test[:64]", "BATCH_SIZE": 64, "data": "examples_data_dir"},
+    "multilabel": {"MODEL": "examples.multilabel", "DATASET": "synthetic_tags", "TRAIN_SPLIT": "train[:256]",
+                   "EVAL_SPLIT": "test[:64]", "BATCH_SIZE": 64, "data": "examples_data_dir"},
+}  # fmt: skip
+INPUTS = {  # what each is given, all in one predict call: files are written from the test split's first examples
+    "image": ("folder", "file", "split"),
+    "photos": ("folder", "split"),
+    "tabular": ("csv", "jsonl", "split"),
+    "regression": ("jsonl", "split"),
+    "multilabel": ("csv", "split"),
+}
+EXAMPLES = 7  # per input: fewer than --batch 4 x 2, so batches are full and partial
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """kind -> (run directory, TFDS data dir), trained once per module, on demand."""
+    trained: dict[str, tuple[Path, Path]] = {}
+
+    def get(kind: str) -> tuple[Path, Path]:
+        if kind not in trained:
+            settings = dict(RUNS[kind])
+            data_dir = request.getfixturevalue(settings.pop("data"))
+            run = tmp_path_factory.mktemp(kind) / "run"
+            result = run_train("fit", cwd=run.parent, OUTPUT_DIR=run, TFDS_DATA_DIR=data_dir, EPOCHS=1, **settings)
+            assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+            trained[kind] = run, data_dir
+        return trained[kind]
+
+    return get
+
+
+# Writes the test split's first examples as a user has them (image files, in class folders; CSV and JSON Lines rows
+# of every stored column, the label among them) and prints what serving_default gives for the same examples fed
+# directly: the top class's name, the classes above 0.5, or the value. The files' paths are listed in the order
+# `predict` reads them: a folder's sorted, then each file given.
+REFERENCE = """
+import csv, json, sys
+from pathlib import Path
+import numpy as np, tensorflow as tf, tensorflow_datasets as tfds
+data_dir, name, run, folder, count, kinds = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4]), int(sys.argv[5]), sys.argv[6].split(",")
+serve = tf.saved_model.load(f"{run}/saved_model").signatures["serving_default"]
+inputs = serve.structured_input_signature[1]
+builder = tfds.builder(name, data_dir=data_dir)
+images = [key for key in inputs if key in builder.info.features and isinstance(builder.info.features[key], tfds.features.Image)]
+skip = {key: tfds.decode.SkipDecoding() for key in images if inputs[key].dtype == tf.string}
+split = f"test[:{count}]"
+stored = list(tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False, decoders=skip or None)))
+def column(example, key):
+    return example[key] if key in example else next(v[key] for v in example.values() if isinstance(v, dict) and key in v)
+sent = {key: tf.constant(np.stack([column(e, key) for e in stored])) for key in inputs}
+outputs = {key: value.numpy() for key, value in serve(**sent).items()}
+if "classes" in outputs:
+    names = [[c.decode() for c in row] for row in outputs["classes"]]
+    top = [row[int(np.argmax(scores))] for row, scores in zip(names, outputs["scores"])]
+    above = [[c for c, s in zip(row, scores) if s > 0.5] for row, scores in zip(names, outputs["scores"])]
+    expected = {"class": top, "labels": above}
+else:
+    expected = {"prediction": outputs["outputs"].tolist()}
+files = {}
+if "folder" in kinds or "file" in kinds:
+    (key,) = images
+    paths = []
+    for index, example in enumerate(stored):
+        data = example[key] if skip else tf.io.encode_png(example[key]).numpy()
+        path = folder / "images" / str(index % 3) / f"{index:03d}.{'jpg' if skip else 'png'}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        paths.append(path)
+    files["folder"] = str(folder / "images")
+    files["in_folder"] = [str(p) for p in sorted(paths)]
+    files["order"] = [paths.index(p) for p in sorted(paths)]
+    files["file"] = str(paths[0])
+plain = lambda value: value.decode() if isinstance(value, bytes) else value.tolist()
+rows = [{key: plain(column(e, key)) for key in inputs} | {"label": 1} for e in stored] if "csv" in kinds or "jsonl" in kinds else []
+if "csv" in kinds:
+    with open(folder / "rows.csv", "w", newline="") as stream:
+        writer = csv.DictWriter(stream, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows({k: json.dumps(v) if isinstance(v, list | float) else v for k, v in row.items()} for row in rows)
+    files["csv"] = str(folder / "rows.csv")
+if "jsonl" in kinds:
+    (folder / "rows.jsonl").write_text("".join(json.dumps(row) + "\\n" for row in rows))
+    files["jsonl"] = str(folder / "rows.jsonl")
+print(json.dumps({"expected": expected, "files": files, "split": split}))
+"""
+
+
+def reference(runs, kind: str, folder: Path) -> dict:
+    run, data_dir = runs(kind)
+    argv = ["-c", REFERENCE, str(data_dir), RUNS[kind]["DATASET"], str(run), str(folder), str(EXAMPLES)]
+    result = run_python([*argv, ",".join(INPUTS[kind])])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def predict(run: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return run_train("predict", "--output-dir", str(run), *args, cwd=cwd, MODEL=None)
+
+
+def expected_lines(made: dict, kinds: tuple[str, ...]) -> tuple[list[str], list[int]]:
+    """The "input" of each line predict writes for these inputs, and which stored example each is."""
+    inputs, examples = [], []
+    for kind in kinds:
+        if kind == "folder":
+            inputs += made["files"]["in_folder"]
+            examples += made["files"]["order"]
+        elif kind == "file":
+            inputs.append(made["files"]["file"])
+            examples.append(0)
+        elif kind == "split":
+            inputs += [f"{made['split']}[{index}]" for index in range(EXAMPLES)]
+            examples += range(EXAMPLES)
+        else:  # rows: the CSV's first row is on line 2, after its header
+            first = 2 if kind == "csv" else 1
+            inputs += [f"{made['files'][kind]}:{first + index}" for index in range(EXAMPLES)]
+            examples += range(EXAMPLES)
+    return inputs, examples
+
+
+KINDS = [pytest.param(kind, marks=[pytest.mark.slow] if kind == "photos" else []) for kind in INPUTS]  # a ResNet
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_predict_gives_each_example_what_the_saved_model_gives_it_in_input_order(kind, runs, tmp_path):
+    made = reference(runs, kind, tmp_path)
+    run, _ = runs(kind)
+    args = [made["files"][k] for k in INPUTS[kind] if k != "split"]
+    args += ["--split", made["split"]] if "split" in INPUTS[kind] else []
+    result = predict(run, *args, "--batch", "4", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    inputs, examples = expected_lines(made, INPUTS[kind])
+    assert [line["input"] for line in lines] == inputs
+    expected = made["expected"]
+    for line, example in zip(lines, examples, strict=True):
+        if "prediction" in expected:
+            assert set(line) == {"input", "prediction"}
+            assert line["prediction"] == pytest.approx(expected["prediction"][example], rel=1e-5, abs=1e-6)
+        elif kind == "multilabel":
+            assert set(line) == {"input", "labels", "scores"} and len(line["scores"]) == 5
+            assert line["labels"] == expected["labels"][example]
+        else:
+            assert set(line) == {"input", "class", "score", "scores"}
+            assert line["class"] == expected["class"][example]
+            assert line["score"] == max(line["scores"].values())
+            assert sum(line["scores"].values()) == pytest.approx(1.0, abs=1e-4)  # probabilities
+
+
+def test_the_class_names_are_the_datasets_and_the_checkpoint_predicts_as_the_export(runs, tmp_path):
+    made = reference(runs, "tabular", tmp_path)
+    run, _ = runs("tabular")
+    exported = predict(run, made["files"]["csv"], cwd=tmp_path)
+    from_checkpoint = predict(run, made["files"]["csv"], "--checkpoint", "--output", str(tmp_path / "p.jsonl"),
+                              cwd=tmp_path)  # fmt: skip
+    assert exported.returncode == from_checkpoint.returncode == 0, exported.stderr[-2000:] + from_checkpoint.stderr
+    lines = [json.loads(line) for line in exported.stdout.splitlines()]
+    assert set(lines[0]["scores"]) == {"died", "survived"}  # synthetic_columns's ClassLabel names
+    written = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert [line["class"] for line in written] == [line["class"] for line in lines]
+    assert [line["score"] for line in written] == pytest.approx([line["score"] for line in lines], abs=1e-5)
+    assert from_checkpoint.stdout == ""
+
+
+def saved_model_cli(saved_model: Path) -> str:
+    tool = Path(sys.executable).parent / "saved_model_cli"
+    result = subprocess.run([str(tool), "show", "--dir", str(saved_model), "--all"], capture_output=True, text=True,
+                            env=clean_env(), timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def signature_outputs(shown: str, signature: str) -> dict[str, tuple[str, str]]:
+    """{output name: (dtype, shape)} of one signature, as `saved_model_cli show --all` lists it."""
+    section = shown.split(f"signature_def['{signature}']:")[1].split("signature_def[")[0]
+    outputs = section.split("contains the following output(s):")[1]
+    found = {}
+    for block in outputs.split("outputs['")[1:]:
+        name = block.split("'")[0]
+        dtype = block.split("dtype: ")[1].split()[0]
+        shape = block.split("shape: ")[1].split("\n")[0]
+        found[name] = (dtype, shape)
+    return found
+
+
+def test_the_export_names_its_outputs_as_tf_serving_does(runs):
+    image = saved_model_cli(runs("image")[0] / "saved_model")
+    assert signature_outputs(image, "serving_default") == {"scores": ("DT_FLOAT", "(-1, 10)"),
+                                                           "classes": ("DT_STRING", "(-1, 10)")}  # fmt: skip
+    multilabel = saved_model_cli(runs("multilabel")[0] / "saved_model")
+    assert signature_outputs(multilabel, "serving_default") == {"scores": ("DT_FLOAT", "(-1, 5)"),
+                                                                "classes": ("DT_STRING", "(-1, 5)")}  # fmt: skip
+    regression = saved_model_cli(runs("regression")[0] / "saved_model")
+    assert signature_outputs(regression, "serving_default") == {"outputs": ("DT_FLOAT", "(-1)")}
+
+
+@pytest.mark.slow
+def test_serve_inputs_names_its_outputs_as_serving_default_does(runs):
+    photos = saved_model_cli(runs("photos")[0] / "saved_model")  # serve_inputs (preprocess's output) returns the same
+    for signature in ("serving_default", "serve_inputs"):
+        assert set(signature_outputs(photos, signature)) == {"scores", "classes"}, signature
+
+
+def test_a_text_file_for_an_image_model_is_one_line_exit_2_and_nothing_is_written(runs, tmp_path):
+    run, _ = runs("image")
+    made = reference(runs, "image", tmp_path)
+    fake = tmp_path / "fake.png"
+    fake.write_text("not an image\n")
+    output = tmp_path / "out.jsonl"
+    result = predict(run, made["files"]["file"], str(fake), "--output", str(output), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {fake}: {fake} is not an image")
+    assert not output.exists() and result.stdout == ""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("a note\n")
+    result = predict(run, str(notes), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: INPUT {notes} is none of what predict takes: image files (JPEG, PNG, GIF, BMP) or folders of them, "
+        "CSV (.csv) or JSON Lines (.jsonl) files"
+    ]  # before TensorFlow loads: its start-up lines are not printed either
+
+
+def test_a_row_missing_a_column_names_its_file_and_line(runs, tmp_path):
+    run, _ = runs("tabular")
+    rows = tmp_path / "rows.jsonl"
+    complete = {"age": 30.0, "fare": 10.0, "pclass": 1, "sex": 0, "position": [1.0, 2.0]}
+    rows.write_text(json.dumps(complete) + "\n" + json.dumps({k: v for k, v in complete.items() if k != "fare"}) + "\n")
+    result = predict(run, str(rows), cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {rows}:2: no column 'fare', which the model takes")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("age,fare,pclass,sex,position\n30,ten,1,0,\"[1, 2]\"\n")
+    result = predict(run, str(bad), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == f"error: {bad}:2: column 'fare' is 'ten', not a float32"
+
+
+def test_a_run_without_an_export_is_one_line_before_tensorflow_loads(tmp_path):
+    result = run_train("predict", "--output-dir", str(tmp_path / "run"), "rows.csv", cwd=tmp_path, MODEL=None,
+                       fresh=True)  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: OUTPUT_DIR={tmp_path / 'run'} has no saved_model/ export: run fit to its end (it exports there), "
+        "or predict --checkpoint with the latest checkpoint"
+    ]
