@@ -6,7 +6,9 @@ MODEL builds for DATASET's spec (read from the dataset's info: nothing is downlo
 it returns for a random example of the dataset's features; a `context` whose sample is that random data, and
 `build_callbacks` with it where the file has one), takes one training step on random data of that
 spec through the engine's own feed and training call, and its export saves and loads with Keras's
-safe_mode, and serves what clients send (the stored features `preprocess` reads). Prints one JSON object.
+safe_mode, and serves what clients send (the stored features `preprocess` reads: images as their bytes, text as
+its strings, numbers and dict columns by name). Prints one JSON object; a fork the engine refuses fails with the
+engine's one line first on stderr ("error: ..."), exit 2 (or 1).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import traceback
 from pathlib import Path
 
 import keras
@@ -23,8 +26,9 @@ import tensorflow as tf
 from train.callbacks import build_callbacks
 from train.context import Context, sample_function
 from train.data import RecordsSplit, Split, make_feed
-from train.data.examples import random_record
+from train.data.examples import BYTES_SUFFIX, random_record
 from train.data.source import inspect, open_builder
+from train.errors import SettingsError, TrainingError, first_line
 from train.model import build, export
 from train.model_file import load_model_file
 from train.settings import load_settings
@@ -70,24 +74,40 @@ def main(output_dir: Path) -> dict:
     loaded = keras.saving.load_model(paths["keras"])  # safe_mode on, as evaluate --exported loads it
     inputs = next(iter(feed.iterator))[0] if spec.records else split.features[:BATCH]  # what the model gets
     served = loaded(inputs, training=False)
-    outcome = {
+    signature = tf.saved_model.load(paths["saved_model"]).signatures["serving_default"]
+    outputs = signature(**sent_by_client(spec, split, signature.structured_input_signature[1]))
+    return {
         "model": settings.model, "dataset": spec.name, "loss_finite": math.isfinite(result.loss),
-        "metrics": sorted(result.metrics), "served_shape": list(served.shape), "callbacks": len(callbacks),
-        "saved_model": (Path(paths["saved_model"]) / "saved_model.pb").is_file(),
+        "metrics": sorted(result.metrics), "served_shape": list(tf.nest.flatten(served)[0].shape),
+        "callbacks": len(callbacks), "saved_model": (Path(paths["saved_model"]) / "saved_model.pb").is_file(),
+        "served_default_shape": list(_scores(outputs).shape), "served_outputs": sorted(outputs),
     }  # fmt: skip
-    if spec.records:  # the default signature takes the stored features, as a client sends them
-        signature = tf.saved_model.load(paths["saved_model"]).signatures["serving_default"]
-        stored = [spec.examples.features.deserialize_example(record) for record in split.records[:BATCH]]
-        sent = {}
-        for name, each in signature.structured_input_signature[1].items():
-            if each.dtype == tf.string:  # an image: its encoded bytes
-                sent[name] = tf.stack(
-                    [spec.examples.decode(record)[name + "_bytes"] for record in split.records[:BATCH]]
-                )
-            else:
-                sent[name] = tf.stack([_column(example, name) for example in stored])
-        outcome["served_default_shape"] = list(next(iter(signature(**sent).values())).shape)
-    return outcome
+
+
+def sent_by_client(spec, split, signature: dict) -> dict:
+    """What a client sends serving_default for the split's first batch, each input by name: the stored feature as
+    it is (a batch of it); on the general path an image as its encoded bytes, text as its string, a number as
+    stored, a column of a dict feature by the column's own name."""
+    if not spec.records:
+        return {spec.feature_key: tf.constant(split.features[:BATCH])}
+    records = split.records[:BATCH]
+    stored = [spec.examples.features.deserialize_example(record) for record in records]
+    images = set(spec.examples.images)
+    sent = {}
+    for name in signature:
+        if name in images:  # its stored bytes (PNG or JPEG), as a client has the file
+            sent[name] = tf.stack([spec.examples.decode(record)[name + BYTES_SUFFIX] for record in records])
+        else:
+            sent[name] = tf.stack([_column(example, name) for example in stored])
+    return sent
+
+
+def _scores(outputs: dict):
+    """The export's scores by name (a class or multi-hot label), its `outputs` (a value), or its only output."""
+    for name in ("scores", "outputs"):
+        if name in outputs:
+            return outputs[name]
+    return next(iter(outputs.values()))
 
 
 def _column(example: dict, name: str):
@@ -98,4 +118,13 @@ def _column(example: dict, name: str):
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(Path(sys.argv[1]))))
+    try:
+        outcome = main(Path(sys.argv[1]))
+    except (SettingsError, TrainingError) as error:  # the engine's own one line, as `python -m train` prints it
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(error.exit_code)
+    except Exception as error:  # not foreseen: its one line first, then where it came from
+        print(f"error: {type(error).__name__}: {first_line(error, 300)}", file=sys.stderr)
+        traceback.print_exc()
+        sys.exit(1)
+    print(json.dumps(outcome))
