@@ -30,7 +30,7 @@ class ContractTexts(tfds.core.GeneratorBasedBuilder):
             yield index, {"text": "a good film" if index % 2 else "a bad film", "label": index % 2}
 '''
 
-TEXT_FORK = '''
+TEXT_FORK = """
 import keras, tensorflow as tf
 
 BUCKETS = 64
@@ -44,10 +44,10 @@ def build_model(input_shape, num_classes, learning_rate):
     model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss="sparse_categorical_crossentropy",
                   metrics=["accuracy"])
     return model
-'''
+"""
 
 # A table read from a CSV file beside the model file: numeric columns and a text one, the inputs a dict by name.
-CSV_DATASET = '''
+CSV_DATASET = """
 import csv
 from pathlib import Path
 import numpy as np, tensorflow_datasets as tfds
@@ -71,9 +71,9 @@ class ContractRows(tfds.core.GeneratorBasedBuilder):
             for index, row in enumerate(csv.DictReader(stream)):
                 yield index, {"age": float(row["age"]), "fare": float(row["fare"]), "city": row["city"],
                               "survived": int(row["survived"])}
-'''
+"""
 
-CSV_FORK = '''
+CSV_FORK = """
 import keras, tensorflow as tf
 
 def preprocess(example, training, seed):
@@ -85,10 +85,11 @@ def build_model(input_shape, num_classes, learning_rate):
     numbers = keras.Input(input_shape["numbers"], name="numbers")
     city = keras.Input(input_shape["city"], name="city")
     hidden = keras.layers.Dense(8, activation="relu")(keras.layers.Concatenate()([numbers, city]))
-    model = keras.Model({"numbers": numbers, "city": city}, keras.layers.Dense(num_classes, activation="softmax")(hidden))
+    scores = keras.layers.Dense(num_classes, activation="softmax")(hidden)
+    model = keras.Model({"numbers": numbers, "city": city}, scores)
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
-'''
+"""
 
 
 def fork(tmp_path: Path, name: str, source: str, dataset: str) -> dict[str, str]:
@@ -97,12 +98,16 @@ def fork(tmp_path: Path, name: str, source: str, dataset: str) -> dict[str, str]
     (tmp_path / "fork_datasets").mkdir()
     (tmp_path / "fork_datasets" / "__init__.py").write_text(dataset)
     (tmp_path / name).write_text("import fork_datasets  # registers the builder\n" + source)
-    return {"MODEL": str(tmp_path / name), "TFDS_DATA_DIR": str(tmp_path / "unprepared"),
-            "PYTHONPATH": f"{REPO}:{tmp_path}"}
+    return {
+        "MODEL": str(tmp_path / name),
+        "TFDS_DATA_DIR": str(tmp_path / "unprepared"),
+        "PYTHONPATH": f"{REPO}:{tmp_path}",
+    }
 
 
 def test_a_text_fork_passes_the_contract_serving_its_strings(tmp_path):
-    result = run_contract(tmp_path / "export", DATASET="contract_texts", **fork(tmp_path, "texts.py", TEXT_FORK, TEXT_DATASET))
+    settings = fork(tmp_path, "texts.py", TEXT_FORK, TEXT_DATASET)
+    result = run_contract(tmp_path / "export", DATASET="contract_texts", **settings)
     assert result.returncode == 0, failure(result)
     found = outcome(result)
     assert found["loss_finite"] and found["saved_model"], found

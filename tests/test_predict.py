@@ -62,16 +62,20 @@ REFERENCE = """
 import csv, json, sys
 from pathlib import Path
 import numpy as np, tensorflow as tf, tensorflow_datasets as tfds
-data_dir, name, run, folder, count, kinds = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4]), int(sys.argv[5]), sys.argv[6].split(",")
+data_dir, name, run, folder, count, kinds = sys.argv[1:7]
+folder, count, kinds = Path(folder), int(count), kinds.split(",")
 serve = tf.saved_model.load(f"{run}/saved_model").signatures["serving_default"]
 inputs = serve.structured_input_signature[1]
 builder = tfds.builder(name, data_dir=data_dir)
-images = [key for key in inputs if key in builder.info.features and isinstance(builder.info.features[key], tfds.features.Image)]
+features = builder.info.features
+images = [key for key in inputs if key in features and isinstance(features[key], tfds.features.Image)]
 skip = {key: tfds.decode.SkipDecoding() for key in images if inputs[key].dtype == tf.string}
 split = f"test[:{count}]"
 stored = list(tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False, decoders=skip or None)))
 def column(example, key):
-    return example[key] if key in example else next(v[key] for v in example.values() if isinstance(v, dict) and key in v)
+    if key in example:
+        return example[key]
+    return next(value[key] for value in example.values() if isinstance(value, dict) and key in value)
 sent = {key: tf.constant(np.stack([column(e, key) for e in stored])) for key in inputs}
 outputs = {key: value.numpy() for key, value in serve(**sent).items()}
 if "classes" in outputs:
@@ -96,12 +100,14 @@ if "folder" in kinds or "file" in kinds:
     files["order"] = [paths.index(p) for p in sorted(paths)]
     files["file"] = str(paths[0])
 plain = lambda value: value.decode() if isinstance(value, bytes) else value.tolist()
-rows = [{key: plain(column(e, key)) for key in inputs} | {"label": 1} for e in stored] if "csv" in kinds or "jsonl" in kinds else []
+wanted = bool({"csv", "jsonl"} & set(kinds))  # (rows of images' bytes are not text)
+rows = [{key: plain(column(e, key)) for key in inputs} | {"label": 1} for e in stored] if wanted else []
 if "csv" in kinds:
     with open(folder / "rows.csv", "w", newline="") as stream:
         writer = csv.DictWriter(stream, fieldnames=list(rows[0]))
         writer.writeheader()
-        writer.writerows({k: json.dumps(v) if isinstance(v, list | float) else v for k, v in row.items()} for row in rows)
+        for row in rows:
+            writer.writerow({k: json.dumps(v) if isinstance(v, list | float) else v for k, v in row.items()})
     files["csv"] = str(folder / "rows.csv")
 if "jsonl" in kinds:
     (folder / "rows.jsonl").write_text("".join(json.dumps(row) + "\\n" for row in rows))
@@ -252,9 +258,10 @@ def test_a_row_missing_a_column_names_its_file_and_line(runs, tmp_path):
     rows.write_text(json.dumps(complete) + "\n" + json.dumps({k: v for k, v in complete.items() if k != "fare"}) + "\n")
     result = predict(run, str(rows), cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {rows}:2: no column 'fare', which the model takes")
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {rows}:2: no column 'fare', which the model takes")
     bad = tmp_path / "bad.csv"
-    bad.write_text("age,fare,pclass,sex,position\n30,ten,1,0,\"[1, 2]\"\n")
+    bad.write_text('age,fare,pclass,sex,position\n30,ten,1,0,"[1, 2]"\n')
     result = predict(run, str(bad), cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == f"error: {bad}:2: column 'fare' is 'ten', not a float32"

@@ -297,8 +297,9 @@ def predict(
     settings: Settings,
     inputs: Annotated[
         Optional[list[Path]],  # noqa: UP045
-        typer.Argument(help="Image files or folders of them, CSV or JSON Lines files of rows.", metavar="INPUT",
-                      show_default=False),
+        typer.Argument(
+            help="Image files or folders of them, CSV or JSON Lines files of rows.", metavar="INPUT", show_default=False
+        ),
     ] = None,
     split: Annotated[Optional[str], typer.Option(help="Also predict this split of the run's DATASET.")] = None,  # noqa: UP045
     batch: Annotated[int, typer.Option(min=1, help="Examples per call of the model.")] = 64,

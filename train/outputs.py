@@ -26,7 +26,7 @@ OUTPUTS = "outputs"  # tf.saved_model.REGRESS_OUTPUTS
 
 
 def label_kind(spec: DatasetSpec) -> str:
-    """"class" (one of num_classes), "multi_hot" (a (k,) vector) or "value" (regression)."""
+    """ "class" (one of num_classes), "multi_hot" (a (k,) vector) or "value" (regression)."""
     if spec.label_shape == () and spec.num_classes is not None:
         return "class"
     if len(spec.label_shape) == 1:
@@ -60,7 +60,7 @@ def _own_names(network: keras.Model, output: Any) -> dict[str, Any]:
     return dict(zip(names, values, strict=True))
 
 
-def name_outputs(network: keras.Model, spec: DatasetSpec) -> Callable[[Any], dict[str, tf.Tensor]]:
+def name_outputs(network: keras.Model, spec: DatasetSpec) -> Callable[[Any], dict[str, Any]]:
     """A function of the model's output (a batch) to the signature's named outputs (the module's table)."""
     import tensorflow as tf
 

@@ -18,7 +18,6 @@ import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TextIO
 
 from train.errors import SettingsError, first_line
@@ -97,7 +96,7 @@ def _label_is_class(builder, settings: Settings) -> bool:
 
     supervised = builder.info.supervised_keys
     label_key = settings.label_key or (supervised[1] if supervised else "label")
-    label = builder.info.features[label_key] if label_key in builder.info.features else None
+    label = builder.info.features[label_key] if label_key in builder.info.features else None  # noqa: SIM401 (no .get)
     return isinstance(label, tfds.features.ClassLabel) or tuple(getattr(label, "shape", ())) == ()
 
 

@@ -129,7 +129,8 @@ class Reader:
         try:
             pixels = tf.io.decode_image(data, channels=channels, expand_animations=False)
         except (tf.errors.InvalidArgumentError, ValueError) as error:
-            raise SettingsError(f"{where}: {path} is not an image TensorFlow can decode ({first_line(error, 120)})")
+            cause = first_line(error, 120)
+            raise SettingsError(f"{where}: {path} is not an image TensorFlow can decode ({cause})") from None
         if spec.dtype == tf.string:
             return data
         wanted = tuple(spec.shape[1:])
