@@ -38,6 +38,7 @@ from train.data import (
     make_feed,
     open_dataset,
 )
+from train.data.raised import preprocess_raised
 from train.devices.runtime import Runtime, auto_precision, choose_xla, setup_runtime
 from train.errors import SettingsError, TrainingError, first_line, storage_fix
 from train.loop import Outcome, Schedule, check_finite, longest_call, run_loop, write_scalars
@@ -428,7 +429,10 @@ def _train(run: Run) -> Outcome:
         run.progress = reporter(settings.progress, run.peers.is_chief, say, schedule.total_steps,
                                 schedule.epoch_under_way, settings.epochs, start)  # fmt: skip
         try:
-            with streamed_files_intact(run):
+            with (
+                streamed_files_intact(run),
+                preprocess_raised(run.data.spec, settings.model, lambda: run.manager.latest_checkpoint),
+            ):
                 return run_loop(calls, schedule, start, int(run.checkpoint.skipped_steps.numpy()), run)
         except tf.errors.ResourceExhaustedError:
             _halve_batch(run)
