@@ -92,6 +92,101 @@ MODELS = {
     "dangling-symlink": None,
 }
 
+# The mistakes forkers make: each ends in one line naming the fix (exit 2 before the first step; exit 1 mid-run for
+# what only running finds, the last checkpoint intact), never "This is a bug". Each is (MODEL, exit code, a word of
+# the fix, the issue whose engine change makes the case pass, None where it passes now).
+SUBCLASSED = """import keras
+
+
+class Classifier(keras.Model):
+    def __init__(self, head):
+        super().__init__()
+        self.hidden = keras.layers.Dense(8, activation="relu")
+        self.head = head
+
+    def call(self, inputs):
+        return self.head(self.hidden(inputs))
+
+
+def build_model(input_shape, num_classes, learning_rate):
+    model = Classifier(keras.layers.Dense(num_classes, activation="softmax"))
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss="sparse_categorical_crossentropy")
+    return model
+"""
+PREPROCESS = """import tensorflow as tf
+
+
+def preprocess(example, training, seed):
+    return example["features"], example["label"]
+
+"""
+LOOKUP = PREPROCESS.replace(
+    "def preprocess",
+    """SIGN = tf.lookup.StaticHashTable(
+    tf.lookup.KeyValueTensorInitializer(tf.constant([0, 1], tf.int64), tf.constant([-1.0, 1.0])), 0.0)
+
+
+def preprocess""",
+).replace(
+    'return example["features"]',
+    'return example["features"] * SIGN.lookup(tf.cast(example["features"][0] > 0, tf.int64))',
+)
+RAISES_ON_SOME = PREPROCESS.replace(
+    "    return",
+    """    tf.debugging.assert_less(example["label"], tf.constant(9, tf.int64), message="a label of 9 is not handled")
+    return""",
+)
+IMAGE_FOLDER = """from pathlib import Path
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+ROOT = Path(__file__).parent / "photos"
+for split, label, index in [(s, c, i) for s in ("train", "test") for c in ("cat", "dog") for i in range(4)]:
+    path = ROOT / split / label / f"{index}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(tf.io.encode_png(tf.fill((8, 8, 3), tf.constant(40 * index, tf.uint8))).numpy())
+
+
+class Photos(tfds.ImageFolder):
+    def __init__(self, **kwargs):
+        super().__init__(root_dir=str(ROOT), shape=(8, 8, 3))
+"""
+IMAGE_MODEL = """import keras
+import tensorflow as tf
+
+
+def preprocess(example, training, seed):
+    return tf.image.resize(tf.cast(example["image"], tf.float32) / 255, (8, 8)), example["label"]
+
+
+def build_model(input_shape, num_classes, learning_rate):
+    model = keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(),
+                              keras.layers.Dense(num_classes, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss="sparse_categorical_crossentropy")
+    return model
+"""
+NON_DICT_STEP = MODEL.replace("    model = keras.Sequential([", "    model = Stepped([").replace(
+    "import keras\n",
+    """import keras
+
+
+class Stepped(keras.Sequential):
+    def train_step(self, data):
+        inputs, labels = data
+        return self.compute_loss(x=inputs, y=labels, y_pred=self(inputs, training=True))
+""",
+)
+MISTAKES = {
+    "no-get-config": (SUBCLASSED, 2, "get_config", "issue 31"),
+    "lookup-table-in-preprocess": (LOOKUP + MODEL, 2, "lookup", "issue 31"),
+    "image-folder-builder": (IMAGE_MODEL, 2, "DATASET=", "issue 30"),
+    "train-step-not-a-dict": (NON_DICT_STEP, 2, "train_step", "issue 32"),
+    "preprocess-raises-on-some-examples": (RAISES_ON_SOME + MODEL, 1, "preprocess", None),
+}
+MISTAKE_SETTINGS = {"image-folder-builder": {"DATASET": "photos"}}
+MISTAKE_DATASETS = {"image-folder-builder": IMAGE_FOLDER}  # the fork's project/datasets module, imported first
+
 CASES = (
     [f"{target}:{kind}" for target in FILES for kind in FILE_DAMAGE if kind != "wrong-json" or target in JSON]
     + [f"{target}/:{kind}" for target in FOLDERS for kind in FOLDER_DAMAGE]
@@ -192,6 +287,22 @@ def make_case(name: str, template: Path, folder: Path) -> dict:
             "commands": [["evaluate"], ["fit"], ["devices"]]}  # fmt: skip
 
 
+def make_mistake(name: str, folder: Path) -> dict:
+    """A new run of a MODEL file with a forker's mistake: its checkpoint 0 must stay loadable where it gets that far."""
+    folder.mkdir()
+    (folder / "model.py").write_text(MISTAKES[name][0])
+    # MODEL by its absolute path: the driver runs every case in one process, where a MODEL is loaded once per name
+    settings = {**SETTINGS, "MODEL": str(folder / "model.py"), "OUTPUT_DIR": str(folder / "run"),
+                **MISTAKE_SETTINGS.get(name, {})}  # fmt: skip
+    intact = 0 if MISTAKES[name][1] == 1 else None  # mid-run: the checkpoints saved before stay
+    case = {"name": f"mistake:{name}", "dir": str(folder), "env": {k: str(v) for k, v in settings.items()},
+            "intact": intact, "commands": [["fit"]]}  # fmt: skip
+    if name in MISTAKE_DATASETS:
+        (folder / "datasets.py").write_text(MISTAKE_DATASETS[name])
+        case["datasets"] = str(folder / "datasets.py")
+    return case
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory, tfds_data_dir) -> dict:
     """Every case's runs, from one driver process."""
@@ -202,6 +313,7 @@ def results(tmp_path_factory, tfds_data_dir) -> dict:
     trained = run_train("fit", cwd=template, TFDS_DATA_DIR=tfds_data_dir, **SETTINGS)
     assert trained.returncode == 0, trained.stderr[-3000:]
     cases = [make_case(name, template, base / f"case{index}") for index, name in enumerate(CASES)]
+    cases += [make_mistake(name, base / f"mistake{index}") for index, name in enumerate(MISTAKES)]
     (base / "cases.json").write_text(json.dumps(cases))
     driven = run_python(["-m", "tests.harness.fuzz", str(base / "cases.json"), str(base / "results.json")],
                         cwd=REPO, env=clean_env(TFDS_DATA_DIR=tfds_data_dir), timeout=600)  # fmt: skip
@@ -231,4 +343,23 @@ def test_every_command_ends_in_a_documented_code_without_a_traceback_and_keeps_t
             assert last.startswith("error: "), said
             assert case["dir"] in last or any(f"{setting}=" in last for setting in SETTING_NAMES), said
     if case["intact"] is not None:
+        assert case["loaded"] is not None and case["loaded"] >= case["intact"], (name, case["loaded"])
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(name, marks=[pytest.mark.xfail(strict=True, reason=f"fixed by {fixed}")] if fixed else [])
+     for name, (_, _, _, fixed) in MISTAKES.items()],
+)  # fmt: skip
+def test_a_forkers_mistake_ends_in_one_line_naming_the_fix_never_as_a_bug(results, name):
+    _, code, fix, _ = MISTAKES[name]
+    case = results[f"mistake:{name}"]
+    (run,) = case["runs"]
+    said = f"fit on {name}: exit {run['exit']}\n{run['stdout'][-1500:]}\n{run['stderr'][-3000:]}"
+    assert run["exception"] is None, said + run["exception"]
+    assert "Traceback" not in run["stdout"] + run["stderr"] and "This is a bug" not in run["stderr"], said
+    assert run["exit"] == code, said
+    last = run["stderr"].strip().splitlines()[-1]
+    assert last.startswith("error: ") and fix in last, said
+    if case["intact"] is not None:  # stopped mid-run: what was saved before still loads
         assert case["loaded"] is not None and case["loaded"] >= case["intact"], (name, case["loaded"])

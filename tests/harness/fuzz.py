@@ -13,6 +13,7 @@ streams, an exception that escaped, whether TensorFlow was reached, seconds) and
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -59,8 +60,18 @@ def newest_loadable(checkpoints: Path, at_least: int) -> int | None:
     return None
 
 
+def import_datasets(path: str) -> None:
+    """A case's own TFDS builders (its `datasets` file), registered as the engine registers a fork's
+    project/datasets: by importing the module before any command opens DATASET."""
+    spec = importlib.util.spec_from_file_location(f"fuzz_datasets_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
 def run_case(runner: CliRunner, app: Any, case: dict[str, Any], reached: list[bool]) -> dict[str, Any]:
     os.chdir(case["dir"])
+    if case.get("datasets"):
+        import_datasets(case["datasets"])
     runs = []
     for args in case["commands"]:
         reached.clear()
