@@ -55,11 +55,14 @@ NO_DRIVER = "Could not find cuda drivers"  # TensorFlow's own finding: no libcud
 CUINIT_FAILED = "failed call to cuInit"  # CUDA's start-up failing, an E line: harmless where NO_DRIVER was said
 
 
-def _load_tensorflow(hide_harmless: bool = True) -> None:
+_HIDDEN: list[str] = []  # what _load_tensorflow left out: the doctor (`devices`) shows it
+
+
+def _load_tensorflow() -> None:
     """Import TensorFlow and start its CUDA platform, printing what their C++ start-up writes to stderr once: two of
     its libraries log the same lines (absl's notice, "Could not find cuda drivers") before TF_CPP_MIN_LOG_LEVEL
-    applies. `hide_harmless`: leave out "failed call to cuInit" where TensorFlow found no GPU driver (a CPU
-    machine, where it alarms for nothing); the device doctor keeps it (`devices`)."""
+    applies. "failed call to cuInit" is left out (kept in _HIDDEN) where TensorFlow found no GPU driver: a CPU
+    machine, where it alarms for nothing (level 3 would hide real errors too)."""
     if "tensorflow" in sys.modules:
         return
     sys.stderr.flush()
@@ -76,10 +79,12 @@ def _load_tensorflow(hide_harmless: bool = True) -> None:
             os.close(kept)
             captured.seek(0)
             text = captured.read().decode(errors="replace")
-            hidden = CUINIT_FAILED if hide_harmless and NO_DRIVER in text else None
+            harmless = NO_DRIVER in text
             seen, lines = set(), []
             for line in text.splitlines(keepends=True):
-                if _ABSL_PREFIX.sub("", line) not in seen and not (hidden and hidden in line):
+                if harmless and CUINIT_FAILED in line:
+                    _HIDDEN.append(line)
+                elif _ABSL_PREFIX.sub("", line) not in seen:
                     seen.add(_ABSL_PREFIX.sub("", line))
                     lines.append(line)
             os.write(2, "".join(lines).encode())
@@ -406,7 +411,9 @@ def devices(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (stable schema) for scripts.")] = False,
 ) -> None:
     """Devices, versions, GPU environment and what the settings resolve to, with diagnoses and fixes."""
-    _load_tensorflow(hide_harmless=False)  # the doctor shows CUDA's start-up as it is, cuInit's failure included
+    _load_tensorflow()
+    for line in _HIDDEN:  # the doctor shows CUDA's start-up as it is, cuInit's failure included
+        typer.echo(line.rstrip("\n"), err=True)
     from train.tools.doctor import device_report, format_report
 
     report = device_report(settings)
