@@ -80,6 +80,9 @@ def test_help_and_validation_do_not_import_tensorflow(tmp_path):
         "CliRunner().invoke(app, ['fit', '--help'])\n"
         "result = CliRunner().invoke(app, ['fit', '--epochs', 'x'])\n"
         "assert result.exit_code == 2, result.output\n"
+        "CliRunner().invoke(app, ['predict', '--help'])\n"
+        "result = CliRunner().invoke(app, ['predict', '--output-dir', 'nowhere', 'rows.csv'])\n"
+        "assert result.exit_code == 2, result.output\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'tensorflow_datasets')))\n"
     )
     result = subprocess.run(

@@ -107,11 +107,11 @@ class Reader:
 
     def _image_file(self, path: Path) -> Example:
         if set(self.inputs) != self.images or len(self.images) != 1:
-            what = "an image, but the model takes no image" if not self.images else "one image, but the model takes"
+            names = ", ".join(self.inputs)
+            what = f"one image, but the model takes {names}" if self.images else "an image, but the model takes none"
             raise SettingsError(
-                f"INPUT {path} is {what} {', '.join(self.inputs) if self.images else ''}".rstrip()
-                + ": give rows of a CSV or JSON Lines file with a column for each of "
-                + ", ".join(self.inputs)
+                f"INPUT {path} is {what}: give rows of a CSV or JSON Lines file with a column for each of {names} "
+                "(an image as its file's path)"
             )
         (name,) = self.images
         return Example(str(path), {name: self._image(path, name, str(path))})
