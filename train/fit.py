@@ -235,7 +235,6 @@ def _open_run_dir(run: Run, lock: RunLock) -> None:
     if run.peers.is_chief:
         write_json(run.output_dir / RUN_SETTINGS, settings.to_json())
         _write_run(run, recorded)
-    if run.peers.is_chief:  # the model's table at the run's first start; a resume names it in one line
         _say_model(run.built.serving, say, resumed=bool(restored))
     if restored:
         spread_seeds(run.built, run.runtime.strategy)
@@ -258,6 +257,7 @@ def _open_run_dir(run: Run, lock: RunLock) -> None:
 
 
 def _say_model(model: keras.Model, say: Say, resumed: bool) -> None:
+    """The model's table at the run's first start; a resume names the model and its size in one line."""
     if resumed:
         say(f"Model {model.name}: {model.count_params():,} parameters.")
     else:
