@@ -330,7 +330,9 @@ def predict(
     def open_output():
         return open(output, "w", encoding="utf-8") if output else contextlib.nullcontext(sys.stdout)
 
-    count = run_predict(settings, sources, split, batch, checkpoint=not exported, open_output=open_output, say=_warn)
+    bar = sys.stderr.isatty() and (output is not None or not sys.stdout.isatty())  # not amid lines on a terminal
+    count = run_predict(settings, sources, split, batch, checkpoint=not exported, open_output=open_output, say=_warn,
+                        bar=bar)  # fmt: skip
     if output is not None:
         typer.echo(f"{count} predictions written to {output}", err=True)
 

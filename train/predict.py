@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -177,10 +176,11 @@ def _chunks(examples: Iterable[Example], size: int) -> Iterator[list[Example]]:
 
 
 def predict(settings: Settings, sources: list[Source], split: str | None, batch: int, checkpoint: bool,
-            open_output: Callable[[], TextIO], say: Callable[[str], None]) -> int:  # fmt: skip
+            open_output: Callable[[], TextIO], say: Callable[[str], None], bar: bool = False) -> int:  # fmt: skip
     """Predict every example of `sources` (then of `split`), in order, `batch` at a time, on the first device the
-    settings choose; each checked before `open_output()` is called and the first line written. Returns how many
-    were predicted. Raises SettingsError (exit 2) for an input the model cannot take."""
+    settings choose; each checked before `open_output()` is called and the first line written. `bar`: a progress
+    bar on stderr. Returns how many were predicted. Raises SettingsError (exit 2) for an input the model cannot
+    take."""
     import tensorflow as tf
 
     from train.data.source import open_builder
@@ -198,7 +198,7 @@ def predict(settings: Settings, sources: list[Source], split: str | None, batch:
         total += _split_size(builder, split)
     is_class = _label_is_class(builder, settings)
     written = 0
-    with tf.device(runtime.devices[0]), open_output() as output, _progress(total) as advance:
+    with tf.device(runtime.devices[0]), open_output() as output, _progress(total, bar) as advance:
         for chunk in _chunks(examples, batch):
             outputs = predictor.call(_batch(chunk, predictor.inputs))
             for row, example in enumerate(chunk):
@@ -222,13 +222,13 @@ def _split_size(builder, split: str) -> int:
 
 
 class _progress:
-    """A progress bar on stderr where it is a terminal (and the lines do not go to it); else nothing."""
+    """A progress bar on stderr (`shown`), transient; else nothing."""
 
-    def __init__(self, total: int) -> None:
-        self.total, self.bar = total, None
+    def __init__(self, total: int, shown: bool) -> None:
+        self.total, self.shown, self.bar = total, shown, None
 
     def __enter__(self) -> Callable[[int], None]:
-        if not sys.stderr.isatty() or sys.stdout.isatty():
+        if not self.shown:
             return lambda count: None
         from rich.console import Console
         from rich.progress import Progress
