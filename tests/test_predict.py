@@ -275,3 +275,60 @@ def test_a_run_without_an_export_is_one_line_before_tensorflow_loads(tmp_path):
         f"error: OUTPUT_DIR={tmp_path / 'run'} has no saved_model/ export: run fit to its end (it exports there), "
         "or predict --checkpoint with the latest checkpoint"
     ]
+
+
+# train.outputs on models of each kind, in a process of its own: what each signature returns under which name.
+NAMED = """
+import json
+import keras, numpy as np, tensorflow as tf
+from train.data.source import DatasetSpec
+from train.outputs import name_outputs
+
+def spec(label_shape, num_classes, names=None):
+    return DatasetSpec(name="d", feature_key="x", label_key="y", feature_shape=(3,), feature_dtype="float32",
+                       is_image=False, label_shape=label_shape, label_dtype="int64", num_classes=num_classes,
+                       train_examples=0, eval_examples=0, class_names=names)
+
+def model(outputs, loss):
+    inputs = keras.Input((3,), name="x")
+    made = keras.Model(inputs, outputs(inputs))
+    made.compile(optimizer="adam", loss=loss)
+    return made
+
+x = tf.constant(np.random.default_rng(0).normal(size=(4, 3)), tf.float32)
+cases = {
+    "logits": (model(lambda i: keras.layers.Dense(3)(i), keras.losses.SparseCategoricalCrossentropy(from_logits=True)),
+               spec((), 3, ("cat", "dog", "owl"))),
+    "multi-hot logits": (model(lambda i: keras.layers.Dense(2)(i), keras.losses.BinaryCrossentropy(from_logits=True)),
+                         spec((2,), 2)),
+    "one unit": (model(lambda i: keras.layers.Dense(1, activation="sigmoid", name="p")(i), "binary_crossentropy"),
+                 spec((), 2)),
+    "value": (model(lambda i: keras.layers.Dense(1)(i), "mse"), spec((), None)),
+    "two outputs": (model(lambda i: {"a": keras.layers.Dense(3)(i), "b": keras.layers.Dense(1)(i)}, "mse"),
+                    spec((), 3)),
+}
+found = {}
+for name, (made, data) in cases.items():
+    outputs = name_outputs(made, data)(made(x))
+    found[name] = {key: [value.dtype.name, list(value.shape)] for key, value in outputs.items()}
+    if "scores" in outputs:
+        found[name]["sums"] = np.sum(outputs["scores"].numpy(), axis=-1).round(5).tolist()
+        found[name]["in_range"] = bool(np.all((outputs["scores"].numpy() >= 0) & (outputs["scores"].numpy() <= 1)))
+        found[name]["first_classes"] = [c.decode() for c in outputs["classes"].numpy()[0]]
+print(json.dumps(found))
+"""
+
+
+def test_each_kind_of_output_gets_its_name_and_scores_are_probabilities():
+    result = run_python(["-c", NAMED])
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    logits = found["logits"]
+    assert logits["scores"] == ["float32", [4, 3]] and logits["classes"] == ["string", [4, 3]]
+    assert logits["sums"] == [1.0] * 4 and logits["first_classes"] == ["cat", "dog", "owl"]  # a softmax applied
+    multi_hot = found["multi-hot logits"]
+    assert multi_hot["in_range"] and multi_hot["sums"] != [1.0] * 4  # a sigmoid per class, not a softmax
+    assert multi_hot["first_classes"] == ["0", "1"]  # no names in the dataset: the indices as text
+    assert set(found["one unit"]) == {"p"}  # not one score per class: under the model's own output name
+    assert set(found["value"]) == {"outputs"}
+    assert set(found["two outputs"]) == {"a", "b"}
