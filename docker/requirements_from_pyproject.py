@@ -77,9 +77,8 @@ def lock_entries(lock_text: str) -> dict[str, tuple[str, set[str]]]:
             entries[name] = (line, set())
         elif name and line.lstrip().startswith("--hash"):
             entries[name] = (entries[name][0] + "\n" + line, entries[name][1])
-        elif name and (via := re.match(r"\s*#\s+(?:via\s+)?([A-Za-z0-9][A-Za-z0-9._-]*)", line)):
-            if via.group(1) != "via":
-                entries[name][1].add(_normalise(via.group(1)))
+        elif name and (via := re.match(r"\s*#\s+(?:via\s+)?([A-Za-z0-9][A-Za-z0-9._-]*)", line)) and via[1] != "via":
+            entries[name][1].add(_normalise(via.group(1)))
     return entries
 
 

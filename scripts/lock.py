@@ -114,7 +114,8 @@ def header(name: str, holds: str, uv: str) -> list[str]:
     return [
         f"# {name}: {holds},",
         f"# for Linux x86_64 and Python {' and '.join(PYTHONS)}, with the hashes of every file of each release.",
-        f"# Made by `make lock` (scripts/lock.py: {version} pip compile --generate-hashes --python-platform {PLATFORM}).",
+        f"# Made by `make lock` (scripts/lock.py: {version} pip compile --generate-hashes",
+        f"# --python-platform {PLATFORM}).",
         f"# Install: pip install --require-hashes -r {name}, then pip install --no-deps -e .",
     ]
 
