@@ -4,16 +4,13 @@ Used by docker/Dockerfile to install the dependencies in a layer of their own,
 before the source is copied in, so editing code does not reinstall TensorFlow.
 
     python requirements_from_pyproject.py pyproject.toml [EXTRA ...]
-    python requirements_from_pyproject.py --extras-only pyproject.toml [EXTRA ...]
     python requirements_from_pyproject.py --constraints requirements.lock pyproject.toml
     python requirements_from_pyproject.py --locked LOCK [--except FILE] pyproject.toml [EXTRA ...]
 
 The first form prints `[project] dependencies` plus those of each named optional
 extra (e.g. `gpu`, which brings `tensorflow[and-cuda]` and the CUDA/cuDNN wheels).
 An unknown extra is an error, so a typo in TF_VARIANT cannot silently build a
-CPU image. `--extras-only` prints only the extras' requirements (nothing for no
-extra): the Dockerfile installs them in a layer of their own on top of the
-dependencies both variants share.
+CPU image.
 
 The second form turns a pip-freeze style lock file into a constraints file pip
 accepts: only `name==version` lines are kept, extras are dropped (pip refuses
@@ -35,9 +32,9 @@ import tomllib
 from pathlib import Path
 
 
-def requirements(pyproject: dict, extras: list[str], base: bool = True) -> list[str]:
+def requirements(pyproject: dict, extras: list[str]) -> list[str]:
     project = pyproject.get("project", {})
-    reqs = list(project.get("dependencies", [])) if base else []
+    reqs = list(project.get("dependencies", []))
     optional = project.get("optional-dependencies", {})
     for extra in extras:
         if extra not in optional:
@@ -132,15 +129,9 @@ def main(argv: list[str]) -> int:
             for line in constraints(lock.read_text(), name):
                 print(line)
         return 0
-    base = argv[0] != "--extras-only"
-    if not base:
-        argv = argv[1:]
-    if not argv:
-        print(__doc__.strip(), file=sys.stderr)
-        return 2
     with open(argv[0], "rb") as f:
         data = tomllib.load(f)
-    for req in requirements(data, [e for e in argv[1:] if e], base):
+    for req in requirements(data, [e for e in argv[1:] if e]):
         print(req)
     return 0
 

@@ -67,7 +67,8 @@ def tensorflow_cuda_ranges() -> dict[str, tuple[str, str]]:
     for requirement in metadata.requires("tensorflow") or []:
         if re.search(r"extra\s*==\s*.and-cuda", requirement):
             name = re.match(r"[A-Za-z0-9._-]+", requirement).group(0)
-            ranges[normalise(name)] = (re.search(r">=\s*([0-9.]+)", requirement)[1], re.search(r"<\s*([0-9.]+)", requirement)[1])
+            lowest, below = re.search(r">=\s*([0-9.]+)", requirement)[1], re.search(r"<\s*([0-9.]+)", requirement)[1]
+            ranges[normalise(name)] = (lowest, below)
     return ranges
 
 
