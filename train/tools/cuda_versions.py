@@ -98,7 +98,7 @@ def format_versions(versions: dict[str, Any]) -> list[str]:
 
     lock = versions["lock"]
     return [
-        f"{'CUDA versions':<17}" + "".join(f"{LABELS[library]:<11}" for library in LIBRARIES),
+        (f"{'CUDA versions':<17}" + "".join(f"{LABELS[library]:<11}" for library in LIBRARIES)).rstrip(),
         row("built against", versions["built"], "TensorFlow's build info (it names no NCCL)"),
         row("installed", versions["installed"], "the nvidia-* wheels' metadata"),
         row("loaded", versions["loaded"], "the libraries' own calls" if versions["loaded"] else "no GPU: none asked"),
