@@ -184,7 +184,7 @@ MISTAKES = {
     "train-step-not-a-dict": (NON_DICT_STEP, 2, "train_step", "issue 32"),
     "preprocess-raises-on-some-examples": (RAISES_ON_SOME + MODEL, 1, "preprocess", None),
 }
-MISTAKE_SETTINGS = {"image-folder-builder": {"DATASET": "photos"}}
+MISTAKE_SETTINGS = {"image-folder-builder": {"DATASET": "photos", "TRAIN_SPLIT": "train", "EVAL_SPLIT": "test"}}
 MISTAKE_DATASETS = {"image-folder-builder": IMAGE_FOLDER}  # the fork's project/datasets module, imported first
 
 CASES = (
