@@ -256,6 +256,7 @@ def test_a_row_missing_a_column_names_its_file_and_line(runs, tmp_path):
     rows = tmp_path / "rows.jsonl"
     complete = {"age": 30.0, "fare": 10.0, "pclass": 1, "sex": 0, "position": [1.0, 2.0]}
     rows.write_text(json.dumps(complete) + "\n" + json.dumps({k: v for k, v in complete.items() if k != "fare"}) + "\n")
+    rows.with_name("fine.jsonl").write_text(json.dumps(complete) + "\n")
     result = predict(run, str(rows), cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == ""
     last = result.stderr.strip().splitlines()[-1]
@@ -265,6 +266,10 @@ def test_a_row_missing_a_column_names_its_file_and_line(runs, tmp_path):
     result = predict(run, str(bad), cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == f"error: {bad}:2: column 'fare' is 'ten', not a float32"
+    output = tmp_path / "out.jsonl"  # a split the dataset lacks, after rows that are fine: nothing written
+    result = predict(run, str(rows.with_name("fine.jsonl")), "--split", "valid", "--output", str(output), cwd=tmp_path)
+    assert result.returncode == 2 and not output.exists()
+    assert result.stderr.strip().splitlines()[-1].startswith("error: --split 'valid' of DATASET=synthetic_columns")
 
 
 def test_a_run_without_an_export_is_one_line_before_tensorflow_loads(tmp_path):
