@@ -2,7 +2,8 @@
 
 TensorFlow fixes its devices the first time anything runs, so `setup_runtime` must be called
 before any other TensorFlow work in the process. It is also the one place that computes the
-global batch: BATCH_SIZE x the replicas of every worker.
+global batch: BATCH_SIZE x the replicas of every worker, or GLOBAL_BATCH_SIZE, accumulated over micro-batches
+of at most BATCH_SIZE where BATCH_SIZE is set too (`batch_plan`).
 """
 
 from __future__ import annotations
@@ -171,7 +172,7 @@ class Resolution:
 
     strategy_name: str
     devices: tuple[str, ...]  # one per replica on this worker
-    per_replica_batch: int
+    per_replica_batch: int  # what one replica takes at once: the micro-batch where a step accumulates
     plan: DevicePlan
     notes: tuple[str, ...]
     cluster: Cluster | None = None  # set for multi_worker only
@@ -179,6 +180,7 @@ class Resolution:
     precision_why: str = ""
     deterministic: bool = False  # DETERMINISTIC: TensorFlow's op determinism is on
     cross_device_ops: str | None = None  # mirrored: the all-reduce; None is TensorFlow's own choice
+    accumulation: int = 1  # micro-batches a step accumulates on each replica before its one optimizer update
 
     @property
     def workers(self) -> int:
@@ -200,10 +202,23 @@ class Resolution:
 
     @property
     def global_batch(self) -> int:
+        """The examples of one step (one optimizer update) over every replica."""
+        return self.per_replica_batch * self.accumulation * self.replicas
+
+    @property
+    def micro_global_batch(self) -> int:
+        """What every replica takes at once, together: evaluation's global batch, so it fits where training does."""
         return self.per_replica_batch * self.replicas
 
     def with_batch(self, per_replica_batch: int) -> Resolution:
-        return replace(self, per_replica_batch=per_replica_batch)
+        """Another per-replica batch without accumulation (a new global batch)."""
+        return replace(self, per_replica_batch=per_replica_batch, accumulation=1)
+
+    def with_micro_batch(self, micro_batch: int) -> Resolution:
+        """The same global batch in micro-batches of `micro_batch`, which must divide each replica's share."""
+        share = self.per_replica_batch * self.accumulation
+        assert share % micro_batch == 0, (share, micro_batch)
+        return replace(self, per_replica_batch=micro_batch, accumulation=share // micro_batch)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -216,6 +231,7 @@ class Resolution:
             "devices": list(self.devices),
             "replicas": self.replicas,
             "per_replica_batch": self.per_replica_batch,
+            "accumulation": self.accumulation,
             "global_batch": self.global_batch,
             "workers": self.workers,
             "precision": self.precision,
@@ -227,11 +243,19 @@ class Resolution:
         }
 
 
-def per_replica_batch(settings: Settings, replicas: int) -> int:
-    """BATCH_SIZE, or GLOBAL_BATCH_SIZE divided by the replicas of all workers. Raises SettingsError."""
+def largest_divisor(number: int, at_most: int) -> int:
+    """The largest divisor of `number` that is at most `at_most` (1 at the least)."""
+    return max(d for d in range(1, min(number, at_most) + 1) if number % d == 0)
+
+
+def batch_plan(settings: Settings, replicas: int) -> tuple[int, int]:
+    """(what one replica takes at once, micro-batches a step accumulates). BATCH_SIZE alone: (BATCH_SIZE, 1).
+    GLOBAL_BATCH_SIZE alone: (its share per replica, 1). Both: the micro-batch is the largest divisor of the
+    share that is at most BATCH_SIZE, accumulated share / micro-batch times. Raises SettingsError where the
+    replicas do not divide GLOBAL_BATCH_SIZE."""
     total = settings.global_batch_size
     if total is None:
-        return settings.batch_size
+        return settings.batch_size, 1
     if total % replicas:
         below, above = total // replicas * replicas, -(-total // replicas) * replicas
         nearest = " or ".join(str(value) for value in (below, above) if value)
@@ -239,7 +263,11 @@ def per_replica_batch(settings: Settings, replicas: int) -> int:
             f"GLOBAL_BATCH_SIZE={total} does not divide by the {replicas} replicas of this run (BATCH_SIZE would be "
             f"{total / replicas:g} per replica): use a multiple of {replicas}, like {nearest}"
         )
-    return total // replicas
+    share = total // replicas
+    if settings.batch_size is None:
+        return share, 1
+    micro = largest_divisor(share, settings.batch_size)
+    return micro, share // micro
 
 
 def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> Resolution:
@@ -257,7 +285,7 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
     if name == "multi_worker":
         # MultiWorkerMirroredStrategy runs one replica per visible GPU, or one on the CPU: a split CPU does not count.
         devices = plan.training_devices if plan.visible_gpus else plan.training_devices[:1]
-        batch = per_replica_batch(settings, len(devices) * workers)
+        batch, accumulation = batch_plan(settings, len(devices) * workers)
         if not plan.visible_gpus and plan.cpu_devices > 1:
             notes += (
                 f"CPU_DEVICES={plan.cpu_devices} does not apply to multi_worker: a worker without GPUs is one replica.",
@@ -273,14 +301,16 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
             precision=precision,
             precision_why=why,
             deterministic=settings.deterministic,
+            accumulation=accumulation,
         )
     devices = plan.training_devices if name == "mirrored" else plan.training_devices[:1]
     cross_device_ops, ops_notes = choose_cross_device_ops(settings.cross_device_ops, name, plan)
     notes += precision_notes + ops_notes
+    batch, accumulation = batch_plan(settings, len(devices))
     return Resolution(
-        name, devices, per_replica_batch(settings, len(devices)), plan, plan.notes + notes, None,
+        name, devices, batch, plan, plan.notes + notes, None,
         precision=precision, precision_why=why, cross_device_ops=cross_device_ops,
-        deterministic=settings.deterministic,
+        deterministic=settings.deterministic, accumulation=accumulation,
     )  # fmt: skip
 
 
