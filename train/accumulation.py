@@ -37,7 +37,7 @@ def refuse_custom_train_step(model: str, network: keras.Model, accumulation: int
 
 
 def _micro_batches(tensors: Any, accumulation: int) -> Any:
-    """[share, ...] -> [accumulation, share / accumulation, ...]: micro-batch j holds the share's j-th run of examples."""
+    """[share, ...] -> [accumulation, share / accumulation, ...]: micro-batch j, the share's j-th run of examples."""
 
     def split(tensor):
         return tf.reshape(tensor, [accumulation, -1, *tensor.shape[1:]])

@@ -397,8 +397,8 @@ def _describe(run: Run, schedule: Schedule, start_step: int) -> str:
     per_epoch = f"{schedule.steps_per_epoch} step{'s' if schedule.steps_per_epoch != 1 else ''} per epoch"
     return (
         f"Training {data.name} on {runtime.replicas} replica(s){workers} ({runtime.strategy_name}: "
-        f"{', '.join(runtime.devices)}{' on each worker' if workers else ''}), {describe_batch(run.settings, runtime)}, "
-        f"{per_epoch}, {span}; {runtime.precision}; "
+        f"{', '.join(runtime.devices)}{' on each worker' if workers else ''}), "
+        f"{describe_batch(run.settings, runtime)}, {per_epoch}, {span}; {runtime.precision}; "
         f"data {where}, batches {how}, XLA {'on' if run.jit_compile else 'off'} ({run.jit_why})."
     )
 

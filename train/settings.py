@@ -538,7 +538,10 @@ def _batch_sizes(
     layers, places = list(layers), list(places)
     found = []
     for name in ("BATCH_SIZE", "GLOBAL_BATCH_SIZE"):  # an empty value (`GLOBAL_BATCH_SIZE=`) sets nothing
-        given = next(((layer[name], where) for layer, where in zip(layers, places) if layer.get(name, "").strip()), None)
+        setting = (
+            (layer[name], where) for layer, where in zip(layers, places, strict=True) if layer.get(name, "").strip()
+        )
+        given = next(setting, None)
         values[name.lower()] = _parse(FIELDS_BY_ENV[name], given[0]) if given else None
         if given:
             found.append((name, given[1]))
