@@ -350,7 +350,7 @@ class Settings:
     # build_model's hyperparameters, (parameter name, value) in its order: the settings HP_<NAME> (train.hparams).
     hyperparameters: tuple[tuple[str, Any], ...] = ()
     # Not a setting: where BATCH_SIZE and GLOBAL_BATCH_SIZE came from ((name, place), ...), for the start line.
-    batch_from: tuple[tuple[str, str], ...] = ()
+    batch_from: tuple[tuple[str, str], ...] = dataclasses.field(default=(), compare=False)
 
     @property
     def multi_worker(self) -> bool:
@@ -684,4 +684,6 @@ def changed_settings(path: Path, settings: Settings) -> list[tuple[str, str, str
         return []
     now = settings.to_json()
     defining = (*RUN_DEFINING, *(hparams.env_name(name) for name, _ in settings.hyperparameters))  # each defines it
+    if now["GLOBAL_BATCH_SIZE"] and before.get("GLOBAL_BATCH_SIZE") == now["GLOBAL_BATCH_SIZE"]:
+        defining = tuple(name for name in defining if name != "BATCH_SIZE")  # only how many a step accumulates
     return [(name, str(before[name]), now[name]) for name in defining if before.get(name, now[name]) != now[name]]

@@ -77,6 +77,7 @@ class TrainCalls:
     function: Callable[..., Any]
     feed: Feed
     global_batch: int
+    accumulation: int = 1  # micro-batches a step accumulates: each replica takes global / replicas / this at once
 
     def __call__(self, steps: int) -> CallResult:
         results, skipped = self.function(self.feed.call_args(steps), tf.constant(steps, tf.int32))
@@ -138,7 +139,7 @@ def make_train_calls(
         _, skipped = tf.while_loop(lambda step, _: step < steps, one_step, (tf.constant(0), tf.constant(0)))
         return network.get_metrics_result(), skipped
 
-    return TrainCalls(training_call, feed, global_batch)
+    return TrainCalls(training_call, feed, global_batch, accumulation)
 
 
 class Evaluator:
