@@ -150,7 +150,7 @@ def test_two_replicas_resumed_on_one_accumulating_end_where_the_two_do(tmp_path,
         "The global batch stays 256 (GLOBAL_BATCH_SIZE): the last start ran 2 replica(s) accumulating 1, this one 1 "
         "accumulating 4 micro-batch(es) of 64 a step"
     ) in moved.stdout
-    assert "the global batch is" not in moved.stdout and "settings changed" not in moved.stdout
+    assert "the global batch is" not in moved.stdout and "BATCH_SIZE (unset) -> 64" not in moved.stdout
     summary = read_summary(tmp_path / "moved")
     assert [(s["replicas"], s["accumulation"], s["global_batch"]) for s in summary["starts"]] == [(2, 1, 256),
                                                                                                   (1, 4, 256)]
