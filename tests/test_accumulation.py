@@ -152,8 +152,10 @@ def test_two_replicas_resumed_on_one_accumulating_end_where_the_two_do(tmp_path,
     ) in moved.stdout
     assert "the global batch is" not in moved.stdout and "BATCH_SIZE (unset) -> 64" not in moved.stdout
     summary = read_summary(tmp_path / "moved")
-    assert [(s["replicas"], s["accumulation"], s["global_batch"]) for s in summary["starts"]] == [(2, 1, 256),
-                                                                                                  (1, 4, 256)]
+    assert [(s["replicas"], s["accumulation"], s["global_batch"]) for s in summary["starts"]] == [
+        (2, 1, 256),
+        (1, 4, 256),
+    ]
     assert summary["steps"] == 120 and summary["accumulation"] == 4
     assert relative_difference(tmp_path / "straight", tmp_path / "moved") < 1e-3
 
@@ -186,7 +188,7 @@ def test_auto_batch_keeps_the_global_batch_and_accumulates_more(tmp_path, tfds_d
     said = [line for line in result.stdout.splitlines() if line.startswith("AUTO_BATCH:")]
     # a replica's share is 96: 96 -> 48 -> 32 -> 24 -> 16 at once (2 replicas: 32 <= 40), the divisors of 96
     assert [line.split("out of memory at BATCH_SIZE=")[1].split()[0] for line in said] == ["96", "48", "32", "24"]
-    assert "with micro-batches of 16 per replica, 6 accumulated a step (global batch 192 and the data order " in said[-1]
+    assert "with micro-batches of 16 per replica, 6 accumulated a step (global batch 192 and the data order" in said[-1]
     summary = read_summary(run)
     assert (summary["per_replica_batch"], summary["accumulation"], summary["global_batch"]) == (16, 6, 192)
     assert summary["steps"] == summary["total_steps"] == 16384 // 192

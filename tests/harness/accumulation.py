@@ -49,7 +49,8 @@ def same(options_list: list[str]) -> dict:
             built, result = train(strategy, settings, accumulation)
             pairs = zip(weights(reference), weights(built), strict=True)
             outcome[name] = {"max_difference": max(float(np.max(np.abs(x - y))) for x, y in pairs),
-                             "metrics": result.metrics, "iterations": int(built.optimizer.iterations.numpy())}  # fmt: skip
+                             "metrics": result.metrics,
+                             "iterations": int(built.optimizer.iterations.numpy())}  # fmt: skip
         report[options] = outcome
     return report
 
@@ -71,8 +72,9 @@ def overflow() -> dict:
     """One step with an overflowing micro-batch (the third of four, on replica 1 of 2), then a normal step."""
     from train.devices.runtime import setup_runtime
 
-    settings = load_settings({"MODEL": MODEL, "MIXED_PRECISION": "mixed_float16", "CPU_DEVICES": "2",
-                              "GLOBAL_BATCH_SIZE": "64", "BATCH_SIZE": "8"}, environ={}, defaults_path=None)  # fmt: skip
+    flags = {"MODEL": MODEL, "MIXED_PRECISION": "mixed_float16", "CPU_DEVICES": "2", "GLOBAL_BATCH_SIZE": "64",
+             "BATCH_SIZE": "8"}  # fmt: skip
+    settings = load_settings(flags, environ={}, defaults_path=None)
     runtime = setup_runtime(settings).with_precision("mixed_float16")
     strategy, accumulation = runtime.strategy, runtime.accumulation
     os.environ["TEST_OPTIMIZER"] = "{}"
