@@ -21,7 +21,13 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from train.accumulation import accumulation_changed, describe_batch, refuse_custom_train_step, smaller_micro_batch
+from train.accumulation import (
+    accumulation_changed,
+    describe_batch,
+    overrides_train_step,
+    refuse_custom_train_step,
+    smaller_micro_batch,
+)
 from train.callbacks import Callbacks, build_callbacks
 from train.checkpoints import make_checkpoint, restore_newest, save_checkpoint
 from train.cluster.agreement import Decision, reconcile, report
@@ -472,9 +478,16 @@ def _halve_batch(run: Run) -> None:
     next smaller micro-batch, accumulating more); otherwise a clear error."""
     runtime, settings = run.runtime, run.settings
     failed, picture = runtime.per_replica_batch, memory_picture(runtime)
-    smaller = smaller_micro_batch(runtime) if settings.global_batch_size else max(1, failed // 2)
-    if not settings.auto_batch or failed == 1 or smaller is None:
-        if settings.global_batch_size:
+    own_step = bool(settings.global_batch_size) and overrides_train_step(run.built.network)  # cannot accumulate
+    if settings.global_batch_size:
+        smaller = None if own_step else smaller_micro_batch(runtime)
+    else:
+        smaller = failed // 2 or None
+    if not settings.auto_batch or smaller is None:
+        if own_step:
+            lower = f"GLOBAL_BATCH_SIZE (e.g. {max(runtime.replicas, runtime.global_batch // 2)}; this model's own "
+            lower += "train_step cannot accumulate)"
+        elif settings.global_batch_size:
             lower = f"BATCH_SIZE (e.g. {max(1, failed // 2)}: a step then accumulates micro-batches of it)"
         else:
             lower = f"BATCH_SIZE (e.g. {max(1, failed // 2)})"
