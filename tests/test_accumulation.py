@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import REPO, clean_env, read_summary, run_python, run_train, start_train
 from tests.test_elastic import relative_difference
-from train.devices.runtime import batch_plan
+from train.batches import accumulation_changed, batch_plan, describe_batch
 from train.errors import SettingsError
 from train.settings import load_settings
 
@@ -36,6 +36,36 @@ def test_the_micro_batch_is_the_largest_divisor_of_a_replicas_share_within_batch
     assert plan(None, 64, 2) == (64, 1)  # BATCH_SIZE alone: as before
     with pytest.raises(SettingsError, match=r"^GLOBAL_BATCH_SIZE=255 does not divide by the 2 replicas"):
         plan(255, 32, 2)  # with BATCH_SIZE too: the same refusal
+
+
+def on_gpus(gpus: int, dotenv: Path, **flags: str):
+    """The settings (.env as `dotenv`, flags) resolved on `gpus` GPUs, without TensorFlow: (settings, resolution)."""
+    from train.devices.runtime import DevicePlan, resolve
+
+    settings = load_settings(flags, environ={}, dotenv_path=dotenv, defaults_path=None)
+    plan = DevicePlan(gpus, tuple(range(gpus)), True, None, 1, ())
+    return settings, resolve(settings, plan)
+
+
+def test_the_start_line_names_the_micro_batch_the_accumulation_and_where_each_setting_came_from(tmp_path):
+    dotenv = tmp_path / ".env"
+    dotenv.write_text((REPO / ".env.example").read_text().replace("GLOBAL_BATCH_SIZE=\n", "GLOBAL_BATCH_SIZE=256\n"))
+    settings, eight = on_gpus(8, dotenv)  # .env.example's BATCH_SIZE=128 with GLOBAL_BATCH_SIZE=256 on 8 GPUs
+    assert describe_batch(settings, eight) == (
+        f"global batch 256 = 32 per replica x 8 (GLOBAL_BATCH_SIZE=256 from {dotenv}, BATCH_SIZE=128 from {dotenv}: "
+        "32 a replica, no accumulation)"
+    )
+    settings, two = on_gpus(2, dotenv, BATCH_SIZE="32")  # resumed on 2 GPUs, BATCH_SIZE=32 as a flag
+    assert describe_batch(settings, two) == (
+        f"global batch 256 = micro-batch 32 x 4 accumulated x 2 (GLOBAL_BATCH_SIZE=256 from {dotenv}, BATCH_SIZE=32 "
+        "from a flag: 128 a replica, at most 32 at once)"
+    )
+    assert accumulation_changed({"replicas": 8, "accumulation": 1}, two) == (
+        "The global batch stays 256 (GLOBAL_BATCH_SIZE): the last start ran 8 replica(s) accumulating 1, this one 2 "
+        "accumulating 4 micro-batch(es) of 32 a step; the data order and EPOCHS are kept."
+    )
+    settings, alone = on_gpus(2, tmp_path / "none", GLOBAL_BATCH_SIZE="256")
+    assert describe_batch(settings, alone) == "global batch 256 = 128 per replica x 2"  # as before
 
 
 @pytest.fixture(scope="module")

@@ -180,7 +180,7 @@ def test_evaluate_takes_the_runs_settings_under_flags_and_the_environment_and_ov
 
 def test_batch_size_and_global_batch_size_each_come_from_their_own_highest_layer_and_say_where(tmp_path):
     """A fork's project/defaults.env BATCH_SIZE (what fits its GPU) with a flag's GLOBAL_BATCH_SIZE (what the recipe
-    needs): both kept, so the step accumulates (train.devices.runtime.batch_plan); one layer may set both."""
+    needs): both kept, so the step accumulates (train.batches.batch_plan); one layer may set both."""
     defaults = tmp_path / "defaults.env"
     defaults.write_text("BATCH_SIZE=64\n")
     none = tmp_path / "none"

@@ -1,6 +1,6 @@
 """Gradient accumulation: a step whose global batch is larger than the replicas take at once.
 
-With GLOBAL_BATCH_SIZE and BATCH_SIZE (train.devices.runtime.batch_plan) each replica is handed its share of the
+With GLOBAL_BATCH_SIZE and BATCH_SIZE (train.batches.batch_plan) each replica is handed its share of the
 step's global batch as without accumulation, the same examples with the same seeds, and takes it here in
 `accumulation` micro-batches, one after another in a loop inside the step: it sums their gradients, then the
 step all-reduces once and applies the optimizer once, as train.step does for an unaccumulated step. So a step is
@@ -101,41 +101,3 @@ def accumulating_replica_step(
         return finite
 
     return replica_step
-
-
-def describe_batch(settings, runtime) -> str:
-    """The start line's batch: the global batch, what a replica takes at once, how many micro-batches a step
-    accumulates and why, and where BATCH_SIZE and GLOBAL_BATCH_SIZE came from."""
-    per, replicas, accumulation = runtime.per_replica_batch, runtime.replicas, runtime.accumulation
-    if accumulation > 1:
-        text = f"global batch {runtime.global_batch} = micro-batch {per} x {accumulation} accumulated x {replicas}"
-    else:
-        text = f"global batch {runtime.global_batch} = {per} per replica x {replicas}"
-    if settings.global_batch_size is None or settings.batch_size is None:
-        return text
-    sources = dict(settings.batch_from)
-    share = runtime.global_batch // replicas
-    where = (f"GLOBAL_BATCH_SIZE={settings.global_batch_size} from {sources.get('GLOBAL_BATCH_SIZE', 'the settings')}, "
-             f"BATCH_SIZE={settings.batch_size} from {sources.get('BATCH_SIZE', 'the settings')}")  # fmt: skip
-    if accumulation == 1:
-        return f"{text} ({where}: {share} a replica, no accumulation)"
-    return f"{text} ({where}: {share} a replica, at most {settings.batch_size} at once)"
-
-
-def smaller_micro_batch(runtime) -> int | None:
-    """AUTO_BATCH under GLOBAL_BATCH_SIZE: the next smaller divisor of each replica's share of the global batch
-    (so the global batch, and with it the data order, stays), None where the micro-batch is 1 already."""
-    share = runtime.per_replica_batch * runtime.accumulation
-    smaller = [d for d in range(1, runtime.per_replica_batch) if share % d == 0]
-    return smaller[-1] if smaller else None
-
-
-def accumulation_changed(last_start: dict[str, Any], runtime) -> str:
-    """What the start line adds where a resume keeps the global batch but accumulates otherwise than before."""
-    before = last_start.get("accumulation", 1)
-    return (
-        f"The global batch stays {runtime.global_batch} (GLOBAL_BATCH_SIZE): the last start ran "
-        f"{last_start.get('replicas')} replica(s) accumulating {before}, this one {runtime.replicas} accumulating "
-        f"{runtime.accumulation} micro-batch(es) of {runtime.per_replica_batch} a step; the data order and EPOCHS "
-        "are kept."
-    )

@@ -21,13 +21,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from train.accumulation import (
-    accumulation_changed,
-    describe_batch,
-    overrides_train_step,
-    refuse_custom_train_step,
-    smaller_micro_batch,
-)
+from train.accumulation import overrides_train_step, refuse_custom_train_step
+from train.batches import accumulation_changed, describe_batch, smaller_micro_batch
 from train.callbacks import Callbacks, build_callbacks
 from train.checkpoints import make_checkpoint, restore_newest, save_checkpoint
 from train.cluster.agreement import Decision, reconcile, report

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from train.batches import batch_plan
 from train.cluster.tf_config import Cluster, StartupDeadline
 from train.devices.backend import DeviceBackend
 from train.errors import SettingsError, TrainingError, first_line
@@ -241,33 +242,6 @@ class Resolution:
             "cluster": self.cluster.describe() if self.cluster else None,
             "notes": list(self.notes),
         }
-
-
-def largest_divisor(number: int, at_most: int) -> int:
-    """The largest divisor of `number` that is at most `at_most` (1 at the least)."""
-    return max(d for d in range(1, min(number, at_most) + 1) if number % d == 0)
-
-
-def batch_plan(settings: Settings, replicas: int) -> tuple[int, int]:
-    """(what one replica takes at once, micro-batches a step accumulates). BATCH_SIZE alone: (BATCH_SIZE, 1).
-    GLOBAL_BATCH_SIZE alone: (its share per replica, 1). Both: the micro-batch is the largest divisor of the
-    share that is at most BATCH_SIZE, accumulated share / micro-batch times. Raises SettingsError where the
-    replicas do not divide GLOBAL_BATCH_SIZE."""
-    total = settings.global_batch_size
-    if total is None:
-        return settings.batch_size, 1
-    if total % replicas:
-        below, above = total // replicas * replicas, -(-total // replicas) * replicas
-        nearest = " or ".join(str(value) for value in (below, above) if value)
-        raise SettingsError(
-            f"GLOBAL_BATCH_SIZE={total} does not divide by the {replicas} replicas of this run (BATCH_SIZE would be "
-            f"{total / replicas:g} per replica): use a multiple of {replicas}, like {nearest}"
-        )
-    share = total // replicas
-    if settings.batch_size is None:
-        return share, 1
-    micro = largest_divisor(share, settings.batch_size)
-    return micro, share // micro
 
 
 def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> Resolution:
