@@ -66,8 +66,9 @@ def accumulating_replica_step(
 
     def replica_step(*args):
         features, labels = _micro_batches(feed.replica_batch(*args), accumulation)
-        metric_variables = [v for metric in network.metrics for v in metric.variables]
-        before = [tf.identity(v) for v in metric_variables] if loss_scaled else []
+        # under loss scaling, the metrics as they were: put back where the step overflows
+        metric_variables = [v for metric in network.metrics for v in metric.variables] if loss_scaled else []
+        before = [tf.identity(v) for v in metric_variables]
         reached: list[bool] = []  # which variables the loss reaches: known once the loop's body is traced
 
         def micro_step(index, sums):
