@@ -461,6 +461,10 @@ def run_benchmark(
     data = load_data(settings)
     for note in (*runtime.notes, *data.notes):
         say(note)
+    if runtime.accumulation > 1:  # the rows compare ways of taking one batch at once: row 1a is the accumulating one
+        say(f"The settings accumulate {runtime.accumulation} micro-batches a step: every row but 1a runs at the "
+            f"micro-batch, {runtime.per_replica_batch} per replica, one a step.")  # fmt: skip
+        runtime = runtime.with_batch(runtime.per_replica_batch)
     spec = data.spec
     say(
         f"Benchmark: {data.name}, {len(data.train)} examples of {spec.describe_inputs()}; "
