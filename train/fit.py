@@ -370,8 +370,8 @@ def write_hparams(run: Run, logs: Path) -> None:
 
     values: dict[str, Any] = run.settings.typed()  # build_model's hyperparameters (HP_*) among them
     runtime = run.runtime
-    values.update(replicas=runtime.replicas, global_batch=runtime.global_batch, precision=runtime.precision,
-                  xla=run.jit_compile, data_in_memory=run.data.in_memory)  # fmt: skip
+    values.update(replicas=runtime.replicas, global_batch=runtime.global_batch, accumulation=runtime.accumulation,
+                  precision=runtime.precision, xla=run.jit_compile, data_in_memory=run.data.in_memory)  # fmt: skip
     with tf.summary.create_file_writer(str(logs)).as_default():
         hp.hparams(values, trial_id=str(run.output_dir))
 
