@@ -91,6 +91,8 @@ def test_accumulating_4_micro_batches_ends_where_the_unaccumulated_run_does(
         f"global batch 256 = micro-batch {batch} x 4 accumulated x {devices} (GLOBAL_BATCH_SIZE=256 from the "
         f"environment, BATCH_SIZE={batch} from the environment: {256 // devices} a replica, at most {batch} at once)"
     ) in result.stdout
+    if devices == 1:  # the micro-batches' loop compiles with the rest of a call of STEPS_PER_CALL steps
+        assert "XLA on (auto: on for one CPU device, the whole call compiled)" in result.stdout
     summary, reference = read_summary(run), read_summary(unaccumulated)
     assert (summary["accumulation"], summary["per_replica_batch"], summary["global_batch"]) == (4, batch, 256)
     assert summary["steps"] == summary["total_steps"] == 600  # a step is one optimizer update
