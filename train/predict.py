@@ -72,7 +72,11 @@ def _from_checkpoint(settings: Settings, runtime, say: Callable[[str], None]) ->
     from train.data import load_data
     from train.fit import steps_per_epoch
     from train.model import build, serving_endpoints, use_averaged_weights
+    from train.rundir import read_run
 
+    precision = read_run(settings.output_dir).get("precision")  # the run's, as evaluate builds it
+    if settings.mixed_precision == "auto" and precision:
+        runtime = runtime.with_precision(precision)
     data = load_data(settings)
     context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))
     built = build(settings, data.spec, runtime.strategy, context)
