@@ -45,7 +45,7 @@ from train.model import Built, averaged_weights, build, export, spread_seeds, us
 from train.progress import evaluation_notice, format_metrics, reporter
 from train.rundir import RUN, RunLock, StopRequest, check_same_model, read_run, write_json
 from train.settings import RUN_SETTINGS, Settings, agreed_settings, changed_settings, model_fingerprint
-from train.step import Evaluator, make_train_calls
+from train.custom_step import make_calls, make_evaluator
 from train.timeline import Segment, first_segment, resume, segment_at, unread_pass, with_remainder
 
 Say = Callable[[str], None]
@@ -130,7 +130,7 @@ class Run:
     checkpoint: Any = None
     manager: Any = None
     writers: dict[str, Any] = field(default_factory=dict)
-    evaluate: Evaluator | None = None
+    evaluate: Any = None  # train.step.Evaluator, or the model's own test_step's (train.custom_step)
     progress: Any = None
     resumed_from: int | None = None
     profiling: bool = False
@@ -252,7 +252,7 @@ def _open_run_dir(run: Run, lock: RunLock) -> None:
     run.writers = {name: make(str(logs / name)) for name in ("train", "eval")}
     if run.peers.is_chief:
         write_hparams(run, logs)
-    run.evaluate = Evaluator(run.built, run.runtime.strategy)
+    run.evaluate = make_evaluator(run.built, run.runtime.strategy)
 
 
 def _segment_facts(run: Run) -> tuple[int, int, int, int]:
@@ -415,7 +415,7 @@ def _train(run: Run) -> Outcome:
                          longest_call(settings, schedule.steps_per_epoch), settings.device_prefetch,
                          remainder)  # fmt: skip
         say(_describe(run, schedule, start))
-        calls = make_train_calls(run.built, runtime.strategy, feed, runtime.global_batch, run.jit_compile)
+        calls = make_calls(run.built, runtime.strategy, feed, runtime.global_batch, run.jit_compile)
         _say_profile(run, start)
         run.progress = reporter(settings.progress, run.peers.is_chief, say, schedule.total_steps,
                                 schedule.epoch_under_way, settings.epochs, start)  # fmt: skip
@@ -638,5 +638,5 @@ def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> dic
         if not source:
             raise SettingsError(f"OUTPUT_DIR={settings.output_dir} has no checkpoint: run fit first")
         use_averaged_weights(built)  # the weights fit evaluated and exported, where the optimizer averages them
-    metrics = Evaluator(built, runtime.strategy, predict)(data.eval, runtime.global_batch)
+    metrics = make_evaluator(built, runtime.strategy, predict)(data.eval, runtime.global_batch)
     return {"source": source, "split": settings.eval_split, "examples": len(data.eval), **metrics}

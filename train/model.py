@@ -51,6 +51,7 @@ class Built:
     serving: keras.Model
     spec: DatasetSpec
     seeds: tuple[tf.Variable, ...]
+    custom_step: Any = None  # train.custom_step.CustomStep where the model brings its own train_step: it is the step
 
     @property
     def optimizer(self) -> keras.optimizers.Optimizer:
@@ -165,14 +166,22 @@ def _spec_batch(spec: DatasetSpec, model_input: bool) -> tuple[Any, Any]:
     return keras.KerasTensor((None, *spec.feature_shape), dtype), labels
 
 
-def _serving_model(network: keras.Model, spec: DatasetSpec) -> keras.Model:
+def _serving_model(settings: Settings, network: keras.Model, spec: DatasetSpec) -> keras.Model:
     """The model that trains and is exported: on the general path the fork's own (it gets what preprocess
-    returns, exactly); else an Input of the stored feature, named after it, and an image's scaling, in front."""
+    returns, exactly); else an Input of the stored feature, named after it, and an image's scaling, in front.
+    Raises SettingsError for a model that cannot be called on its input (a subclass without `call`)."""
     if spec.records:
         return network
     inputs = keras.Input(shape=spec.feature_shape, dtype=spec.feature_dtype, name=spec.feature_key)
     features = keras.layers.Rescaling(1.0 / 255, name="scale_to_unit_range")(inputs) if spec.is_image else inputs
-    return keras.Model(inputs, network(features), name=f"{network.name}_serving")
+    try:
+        outputs = network(features)
+    except NotImplementedError:
+        raise SettingsError(
+            f"MODEL={settings.model!r}: {type(network).__name__} cannot be called on its input (it defines no "
+            "call()): define call(inputs), what the model computes when served (a GAN: its discriminator's score)"
+        ) from None
+    return keras.Model(inputs, outputs, name=f"{network.name}_serving")
 
 
 def build(settings: Settings, spec: DatasetSpec, strategy, context: Context | None = None) -> Built:
@@ -180,29 +189,67 @@ def build(settings: Settings, spec: DatasetSpec, strategy, context: Context | No
     `context`: the run's facts, for a build_model that declares it (train.context.run_context).
 
     Raises SettingsError for a model that breaks the contract, before anything is written."""
+    # train.custom_step imports train.step, which imports this module: imported here, once a model is built
+    from train.custom_step import overrides_train_step, refuse_unrunnable
+
     keras.utils.set_random_seed(settings.seed)
     with strategy.scope():
         network = _call_build_model(settings, spec, context)
+        custom = overrides_train_step(network)
+        if custom:
+            refuse_unrunnable(settings.model, network)
         _check_optimizer(settings, network.optimizer)
-        serving = _serving_model(network, spec)
-        try:
-            build_metrics_and_loss(network, *_spec_batch(spec, model_input=True))
-        except Exception as error:
-            raise SettingsError(
-                f"MODEL={settings.model!r}: its output {_output_shape(network)} does not fit the labels of "
-                f"{spec.name} (LABEL_KEY={spec.label_key!r}: {_label_kind(spec)}): {first_line(error, 200)}"
-            ) from None
-        # The output as the data meets it (on the general path the network is the served model: no Input of ours)
-        output = network.compute_output_spec(_spec_batch(spec, True)[0]) if spec.records else serving.output
-        _check_output(settings, network, output, spec)
+        serving = _serving_model(settings, network, spec)
+        if custom:
+            custom_step = _prepare_custom_step(settings, network, serving, spec, strategy)
+        else:
+            custom_step = None
+            _check_engine_step_model(settings, network, serving, spec)
         if not network.optimizer.built:  # (the symbolic build builds it too) now, so a checkpoint restores into it
             network.optimizer.build(network.trainable_variables)
-        gradients_come_summed(network.optimizer)
+        if not custom:  # a model's own step applies optimizers that sum the replicas' gradients themselves
+            gradients_come_summed(network.optimizer)
     weights = {id(variable) for variable in serving.weights}
     seeds = tuple(variable.value for variable in serving.variables if id(variable) not in weights)
-    built = Built(network, serving, spec, seeds)
+    built = Built(network, serving, spec, seeds, custom_step)
     spread_seeds(built, strategy)
     return built
+
+
+def _check_engine_step_model(settings: Settings, network: keras.Model, serving: keras.Model, spec: DatasetSpec):
+    """The engine's own step trains the model's output against the labels: they must fit. Raises SettingsError."""
+    try:
+        build_metrics_and_loss(network, *_spec_batch(spec, model_input=True))
+    except Exception as error:
+        raise SettingsError(
+            f"MODEL={settings.model!r}: its output {_output_shape(network)} does not fit the labels of "
+            f"{spec.name} (LABEL_KEY={spec.label_key!r}: {_label_kind(spec)}): {first_line(error, 200)}"
+        ) from None
+    # The output as the data meets it (on the general path the network is the served model: no Input of ours)
+    output = network.compute_output_spec(_spec_batch(spec, True)[0]) if spec.records else serving.output
+    _check_output(settings, network, output, spec)
+
+
+def _prepare_custom_step(settings: Settings, network: keras.Model, serving: keras.Model, spec: DatasetSpec,
+                         strategy) -> Any:  # fmt: skip
+    """A model with its own train_step: no label check (a GAN's step need not use the labels, nor a loss), but
+    its compiled loss and metrics built as `model.fit` builds them, and its step traced once (train.custom_step).
+    Raises SettingsError."""
+    from train.custom_step import prepare_custom_step
+
+    try:
+        build_metrics_and_loss(network, *_spec_batch(spec, model_input=True))
+    except Exception as error:
+        raise SettingsError(
+            f"MODEL={settings.model!r}: its compiled loss or metrics cannot be built on the data's spec (as "
+            f"model.fit builds them): {first_line(error, 200)}"
+        ) from None
+    scale = serving.get_layer("scale_to_unit_range") if spec.is_image and not spec.records else None
+    features, labels = _spec_batch(spec, model_input=False)
+    tensors = [tf.TensorSpec(tensor.shape, tensor.dtype) for tensor in tf.nest.flatten((features, labels))]
+    features, labels = tf.nest.pack_sequence_as((features, labels), tensors)
+    return prepare_custom_step(settings.model, network, strategy, features, labels,
+                               scale if scale is not None else (lambda inputs: inputs))  # fmt: skip
 
 
 def _check_output(settings: Settings, network: keras.Model, output: Any, spec: DatasetSpec) -> None:
