@@ -130,25 +130,15 @@ def _check_logs(model_setting: str, logs: Any) -> None:
 def prepare_custom_step(model_setting: str, network: keras.Model, strategy, features: Any, labels: Any,
                         model_input: Callable[[Any], Any]) -> CustomStep:  # fmt: skip
     """Trace `network.train_step` once on the batch's spec (symbolic `features`, `labels` as stored) under
-    `strategy.run`, without running it: every optimizer it applies is built, so a checkpoint restores into
-    them. Raises SettingsError for a step that fails, returns other than a dict of scalars, or leaves an
-    optimizer the model holds unbuilt."""
-    spec = _data_spec(features, labels)
-
-    @tf.function(autograph=False)  # as Keras's one_step_on_data: do_not_convert
-    def one_step(data):
-        inputs, targets = data
-        return _mean_over_replicas(strategy, strategy.run(network.train_step, args=((model_input(inputs), targets),)))
-
-    try:
-        logs = one_step.get_concrete_function(spec).structured_outputs
-    except SettingsError:
-        raise
-    except Exception as error:
-        raise SettingsError(
-            f"MODEL={model_setting!r}: its train_step failed on a batch of the data's spec (inputs and labels as "
-            f"the model gets them): {type(error).__name__}: {first_line(error, 240)}"
-        ) from None
+    `strategy.run`, without running it, and build every optimizer it applies on the variables it applies it to,
+    so a checkpoint restores into them. Raises SettingsError for a step that fails, returns other than a dict of
+    scalars, or leaves an optimizer the model holds unbuilt."""
+    applied = _trace(model_setting, network, strategy, model_input, _data_spec(features, labels))
+    logs = applied.pop(None)
+    with strategy.scope():  # eagerly, in cross-replica context: a replica's variable could not be lifted out
+        for optimizer, variables in applied.values():
+            if not optimizer.built:
+                optimizer.build(variables)
     _check_logs(model_setting, logs)
     _refuse_unbuilt(model_setting, network)
     own_test_step = overrides_test_step(network)
@@ -157,10 +147,47 @@ def prepare_custom_step(model_setting: str, network: keras.Model, strategy, feat
                       own_test_step, evaluates)  # fmt: skip
 
 
+def _trace(model_setting: str, network: keras.Model, strategy, model_input: Callable[[Any], Any], spec: Any) -> dict:
+    """What train_step returns (under the key None), traced (not run) on `spec`, and each optimizer the model holds
+    with the variables the step applies it to (by id). Their `apply` is stood in for while tracing: an optimizer
+    built inside a replica's context would take the first replica's initial value, unliftable from the trace."""
+    applied: dict[Any, Any] = {}
+    optimizers = list(held_optimizers(network).values())
+
+    def recorder(optimizer):
+        def apply(grads, trainable_variables=None):
+            if trainable_variables is not None and id(optimizer) not in applied:
+                applied[id(optimizer)] = (optimizer, list(trainable_variables))
+
+        return apply
+
+    @tf.function(autograph=False)  # as Keras's one_step_on_data: do_not_convert
+    def one_step(data):
+        inputs, targets = data
+        step = strategy.run(network.train_step, args=((model_input(inputs), targets),))
+        return _mean_over_replicas(strategy, step)
+
+    for optimizer in optimizers:
+        optimizer.apply = recorder(optimizer)  # an instance attribute: apply_gradients calls it too
+    try:
+        applied[None] = one_step.get_concrete_function(spec).structured_outputs
+    except Exception as error:
+        raise SettingsError(
+            f"MODEL={model_setting!r}: its train_step failed on a batch of the data's spec (inputs and labels as "
+            f"the model gets them): {type(error).__name__}: {first_line(error, 240)}"
+        ) from None
+    finally:
+        for optimizer in optimizers:
+            del optimizer.apply
+    return applied
+
+
 def held_optimizers(network: keras.Model) -> dict[str, keras.optimizers.Optimizer]:
     """Every optimizer the model holds as an attribute (or in a list or dict of them), by attribute name."""
     found: dict[str, keras.optimizers.Optimizer] = {}
     for name, value in vars(network).items():
+        if name.startswith("_"):  # Keras's and TensorFlow's own bookkeeping (the compiled one is `optimizer`)
+            continue
         values = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else [value]
         for each in values:
             if isinstance(each, keras.optimizers.Optimizer) and all(each is not o for o in found.values()):

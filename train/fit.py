@@ -41,7 +41,9 @@ from train.data import (
 from train.devices.runtime import Runtime, auto_precision, choose_xla, setup_runtime
 from train.errors import SettingsError, TrainingError, first_line, storage_fix
 from train.loop import Outcome, Schedule, check_finite, longest_call, run_loop, write_scalars
-from train.model import Built, averaged_weights, build, export, spread_seeds, use_averaged_weights, weights_fingerprint
+from train.model import (
+    Built, averaged_weights, build, export, model_to_export, spread_seeds, use_averaged_weights, weights_fingerprint,
+)  # fmt: skip
 from train.progress import evaluation_notice, format_metrics, reporter
 from train.rundir import RUN, RunLock, StopRequest, check_same_model, read_run, write_json
 from train.settings import RUN_SETTINGS, Settings, agreed_settings, changed_settings, model_fingerprint
@@ -562,7 +564,7 @@ def _finish(run: Run, outcome: Outcome) -> dict[str, Any]:
             summary["eval"] = run.evaluate(run.data.eval, batch)
         if run.peers.is_chief:
             try:
-                summary["exported_model"] = export(run.built, run.output_dir)
+                summary["exported_model"] = export(run.built, run.output_dir, model_to_export(settings, run.built))
             except (OSError, tf.errors.OpError) as error:
                 raise TrainingError(
                     f"could not export the model to {run.output_dir} ({first_line(error, 160)}); checkpoint "

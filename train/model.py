@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from train.context import Context
 from train.data.source import DatasetSpec
-from train.errors import SettingsError, first_line
+from train.errors import SettingsError, TrainingError, first_line
 from train.hparams import CONTEXT
 from train.keras_seams import all_layers, build_metrics_and_loss, gradients_come_summed, inner_optimizers
 from train.model_file import load_model_file
@@ -370,13 +370,14 @@ def serving_endpoints(built: Built) -> list[tuple[str, Any, list[tf.TensorSpec]]
     return endpoints
 
 
-def export(built: Built, output_dir: Path) -> dict[str, str]:
+def export(built: Built, output_dir: Path, model: keras.Model | None = None) -> dict[str, str]:
     """`model.keras` for Keras and `saved_model/` for TF Serving, each replaced whole or not at all.
 
     `model.keras` is the model that trained: on the stored feature (scaled in front of it), or on what
     `preprocess` returns. `saved_model/`'s default signature takes what clients send (`serving_endpoints`).
-    Both call the model with training=False: random layers (augmentation, dropout) are off in what is served."""
-    serving = built.serving
+    Both call the model with training=False: random layers (augmentation, dropout) are off in what is served.
+    `model`: what MODEL's `export_model` returned in its place (a GAN's generator), served on its own inputs."""
+    serving = built.serving if model is None else model
     keras_path = output_dir / "model.keras"
     staging_keras = output_dir / "model.tmp.keras"
     serving.save(staging_keras)
@@ -387,12 +388,44 @@ def export(built: Built, output_dir: Path) -> dict[str, str]:
     shutil.rmtree(staging, ignore_errors=True)
     archive = keras.export.ExportArchive()
     archive.track(serving)
-    for name, function, signature in serving_endpoints(built):  # the first added is serving_default
+    endpoints = serving_endpoints(built) if model is None else [_own_endpoint(model)]
+    for name, function, signature in endpoints:  # the first added is serving_default
         archive.add_endpoint(name=name, fn=function, input_signature=signature)
     archive.write_out(str(staging), verbose=False)
     shutil.rmtree(saved_model, ignore_errors=True)
     os.replace(staging, saved_model)
     return {"keras": str(keras_path), "saved_model": str(saved_model)}
+
+
+def _own_endpoint(model: keras.Model) -> tuple[str, Any, list[tf.TensorSpec]]:
+    """`serve` for a model exported in the trained one's place: its own Inputs, by name."""
+    inputs = model.inputs
+    signature = [tf.TensorSpec(tensor.shape, tensor.dtype, name=tensor.name) for tensor in inputs]
+    if len(inputs) == 1:
+        return "serve", lambda values: model(values, training=False), signature
+    return "serve", lambda *values: model(list(values), training=False), signature
+
+
+def model_to_export(settings: Settings, built: Built) -> keras.Model | None:
+    """What MODEL's `export_model(model)` returns (None where it defines none). Raises TrainingError for what is
+    not a keras.Model with Inputs (the run's checkpoint stays: fix it and run again to export)."""
+    export_model = load_model_file(settings.model).export_model
+    if export_model is None:
+        return None
+    try:
+        model = export_model(built.network)
+        model.inputs  # noqa: B018 (a subclassed model without Inputs has no signature to serve)
+    except Exception as error:
+        raise TrainingError(
+            f"MODEL={settings.model!r}: export_model raised {type(error).__name__}: {first_line(error, 200)}; fix "
+            "it and run again to export (the checkpoint is kept)"
+        ) from None
+    if not isinstance(model, keras.Model) or not model.inputs:
+        raise TrainingError(
+            f"MODEL={settings.model!r}: export_model returned {type(model).__name__}, not a keras.Model with "
+            "keras.Inputs; fix it and run again to export (the checkpoint is kept)"
+        )
+    return model
 
 
 def weights_fingerprint(built: Built) -> str:
