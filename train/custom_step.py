@@ -254,40 +254,27 @@ class CustomEvaluator:
     def __init__(self, built, strategy) -> None:
         self.built, self.strategy = built, strategy
         network, custom = built.network, built.custom_step
-        self._empty = None
 
         def replica_step(features, labels):
             return network.test_step((custom.model_input(features), labels))
 
         @tf.function(autograph=False)
         def evaluate_steps(iterator, steps):
-            def one_step(step, _):
-                return step + 1, _mean_over_replicas(strategy, strategy.run(replica_step, args=next(iterator)))
+            def one_step(step):
+                strategy.run(replica_step, args=next(iterator))
+                return (step + 1,)
 
-            _, logs = tf.while_loop(lambda step, _: step < steps, one_step, (tf.constant(0), self._empty))
-            logs = flatten_logs(logs)
+            # every step but the last in the loop; the last outside it, for its logs (of any structure)
+            tf.while_loop(lambda step: step < steps - 1, one_step, (tf.constant(0),))
+            logs = flatten_logs(_mean_over_replicas(strategy, strategy.run(replica_step, args=next(iterator))))
             whole = network.get_metrics_result()
             return {name: whole.get(name, value) for name, value in logs.items()}
 
         self._evaluate_steps = evaluate_steps
 
-    def _spec(self, dataset) -> Any:
-        """The structure test_step returns, traced once on the dataset's element spec."""
-        network, custom, strategy = self.built.network, self.built.custom_step, self.strategy
-
-        @tf.function(autograph=False)
-        def one_step(data):
-            return _mean_over_replicas(strategy, strategy.run(lambda f, y: network.test_step((custom.model_input(f),
-                                                                                              y)), args=data))  # fmt: skip
-
-        element = tf.nest.map_structure(lambda s: tf.TensorSpec(s.shape, s.dtype), dataset.element_spec)
-        return one_step.get_concrete_function(element).structured_outputs
-
     def __call__(self, split: TrainSplit, global_batch: int) -> dict[str, float | list]:
         self.built.network.reset_metrics()
         dataset, steps = eval_dataset(self.strategy, split, global_batch)
-        if self._empty is None:
-            self._empty = tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype), self._spec(dataset))
         results = metric_values(self._evaluate_steps(iter(dataset), tf.constant(steps)))
         self.built.network.reset_metrics()
         return results
@@ -303,6 +290,19 @@ class NoEvaluation:
     def __call__(self, split: TrainSplit, global_batch: int) -> dict[str, float | list]:
         self.built.network.reset_metrics()
         return {}
+
+
+def refuse_unevaluated_monitor(monitor: str | None, model_setting: str, built) -> None:
+    """MONITOR on an evaluation metric (val_...) of a model that is not evaluated. Raises SettingsError."""
+    custom = built.custom_step
+    if not monitor or not monitor.startswith("val_") or custom is None or custom.evaluates:
+        return
+    names = ", ".join(sorted(flatten_logs(custom.logs_spec)))
+    raise SettingsError(
+        f"MONITOR={monitor!r} names an evaluation metric, but MODEL={model_setting!r} is not evaluated (it has "
+        f"neither a compiled loss nor its own test_step): monitor one of its training logs ({names}), or define "
+        "test_step"
+    )
 
 
 def make_evaluator(built, strategy, predict=None):

@@ -47,7 +47,7 @@ from train.model import (
 from train.progress import evaluation_notice, format_metrics, reporter
 from train.rundir import RUN, RunLock, StopRequest, check_same_model, read_run, write_json
 from train.settings import RUN_SETTINGS, Settings, agreed_settings, changed_settings, model_fingerprint
-from train.custom_step import make_calls, make_evaluator
+from train.custom_step import make_calls, make_evaluator, refuse_unevaluated_monitor
 from train.timeline import Segment, first_segment, resume, segment_at, unread_pass, with_remainder
 
 Say = Callable[[str], None]
@@ -211,6 +211,13 @@ def _start(settings: Settings, runtime: Runtime, peers: SingleHost, say: Say) ->
         say(line)
     context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))  # a split under one
     built = build(settings, data.spec, runtime.strategy, context)  # global batch, a bad model: before writing
+    if built.custom_step is not None and runtime.precision == "mixed_float16":  # MIXED_PRECISION=auto (train.model)
+        say("MIXED_PRECISION=auto: float32, not mixed_float16, for a model's own train_step (its loss scale would "
+            "judge each replica's gradients alone); mixed_bfloat16 needs compute capability 8.0+.")  # fmt: skip
+        runtime = runtime.with_precision("float32")
+        context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))
+        built = build(settings, data.spec, runtime.strategy, context)
+    refuse_unevaluated_monitor(settings.monitor, settings.model, built)
     whole_call = gathers_in_step(runtime.strategy, data.spec.records)  # the feed lets XLA compile the whole call
     jit, why = _decide_xla(settings, runtime, peers, built, whole_call, decision.jit_compile)
     run = Run(settings, runtime, peers, data, built, jit, why, say, context=context)

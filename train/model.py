@@ -198,6 +198,7 @@ def build(settings: Settings, spec: DatasetSpec, strategy, context: Context | No
         custom = overrides_train_step(network)
         if custom:
             refuse_unrunnable(settings.model, network)
+            _refuse_float16(settings)
         _check_optimizer(settings, network.optimizer)
         serving = _serving_model(settings, network, spec)
         if custom:
@@ -228,6 +229,18 @@ def _check_engine_step_model(settings: Settings, network: keras.Model, serving: 
     # The output as the data meets it (on the general path the network is the served model: no Input of ours)
     output = network.compute_output_spec(_spec_batch(spec, True)[0]) if spec.records else serving.output
     _check_output(settings, network, output, spec)
+
+
+def _refuse_float16(settings: Settings) -> None:
+    """float16 loss scaling judges "finite" per replica inside a model's own step (Keras's LossScaleOptimizer on
+    each replica's local gradients): an overflow on one replica would be applied by the others. MIXED_PRECISION=auto
+    falls back to float32 before this is reached (train.fit). Raises SettingsError."""
+    if keras.mixed_precision.global_policy().name == "mixed_float16" and settings.mixed_precision != "auto":
+        raise SettingsError(
+            f"MIXED_PRECISION=mixed_float16 is not allowed with MODEL={settings.model!r}'s own train_step: its loss "
+            "scale would judge each replica's gradients alone; use MIXED_PRECISION=mixed_bfloat16 (compute "
+            "capability 8.0+) or off"
+        )
 
 
 def _prepare_custom_step(settings: Settings, network: keras.Model, serving: keras.Model, spec: DatasetSpec,
