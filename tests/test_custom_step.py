@@ -148,3 +148,111 @@ def test_the_gan_trains_both_optimizers_checkpoints_them_and_resumes_exactly_aft
     exported = run_python(["-c", "import sys, keras; m = keras.saving.load_model(sys.argv[1]); print(m.name, "
                            "m.output.shape)", str(output_dir / "model.keras")])  # fmt: skip
     assert exported.stdout.strip().splitlines()[-1] == "generator (None, 32, 32, 3)"  # export_model's model
+
+
+GUIDE = "from examples.custom_step import CustomModel, build_model as guide\nimport keras, tensorflow as tf\n"
+REFUSED = {
+    "overrides_fit": (
+        GUIDE + "class Mine(CustomModel):\n    def fit(self, *args, **kwargs):\n        return super().fit(*args, **kwargs)\n"
+        "def build_model(input_shape, num_classes, learning_rate):\n    g = guide(input_shape, num_classes, learning_rate)\n"
+        "    m = Mine(g.inputs, g.outputs)\n    m.compile(optimizer='adam', loss='sparse_categorical_crossentropy')\n"
+        "    return m\n",
+        "Mine overrides fit, which the engine does not call",
+    ),
+    "never_applies_its_second_optimizer": (
+        GUIDE + "def build_model(input_shape, num_classes, learning_rate):\n"
+        "    m = guide(input_shape, num_classes, learning_rate)\n    m.head_optimizer = keras.optimizers.SGD()\n"
+        "    return m\n",
+        "the model's optimizer 'head_optimizer' is still unbuilt after tracing train_step once",
+    ),
+    "returns_a_tensor": (
+        GUIDE + "class Mine(CustomModel):\n    def train_step(self, data):\n        super().train_step(data)\n"
+        "        return tf.constant(1.0)\n"
+        "def build_model(input_shape, num_classes, learning_rate):\n    g = guide(input_shape, num_classes, learning_rate)\n"
+        "    m = Mine(g.inputs, g.outputs)\n    m.compile(optimizer='adam', loss='sparse_categorical_crossentropy')\n"
+        "    return m\n",
+        "train_step returned a tensor: it must return a dict of scalars",
+    ),
+    "step_fails": (
+        GUIDE + "class Mine(CustomModel):\n    def train_step(self, data):\n        raise RuntimeError('not today')\n"
+        "def build_model(input_shape, num_classes, learning_rate):\n    g = guide(input_shape, num_classes, learning_rate)\n"
+        "    m = Mine(g.inputs, g.outputs)\n    m.compile(optimizer='adam', loss='sparse_categorical_crossentropy')\n"
+        "    return m\n",
+        "its train_step failed on a batch of the data's spec (inputs and labels as the model gets them): RuntimeError",
+    ),
+}
+BUILD_EACH = """
+import json, sys
+from train.data import load_data
+from train.devices.runtime import setup_runtime
+from train.errors import SettingsError
+from train.model import build
+from train.settings import load_settings
+settings = load_settings()
+runtime, data, said = setup_runtime(settings), load_data(settings), {}
+for path in sys.argv[1:]:
+    try:
+        build(settings.replace(model=path), data.spec, runtime.strategy)
+        said[path] = None
+    except SettingsError as error:
+        said[path] = str(error)
+print(json.dumps(said))
+"""
+
+
+def test_what_the_engine_cannot_run_of_a_custom_step_is_one_line_naming_it(tmp_path, tfds_data_dir):
+    """All built in one process through the engine's `build`, on 2 replicas (what fit, evaluate and check call)."""
+    paths = {name: tmp_path / f"{name}.py" for name in REFUSED}
+    for name, (source, _) in REFUSED.items():
+        paths[name].write_text(source)
+    result = run_python(["-c", BUILD_EACH, *map(str, paths.values())], cwd=tmp_path,
+                        env=clean_env(TFDS_DATA_DIR=tfds_data_dir, CPU_DEVICES=2))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = json.loads(result.stdout.strip().splitlines()[-1])
+    for name, (_, expected) in REFUSED.items():
+        message = said[str(paths[name])]
+        assert message is not None and expected in message, (name, message)
+        assert message.startswith(f"MODEL={str(paths[name])!r}") and "\n" not in message, message
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"MODEL": str(REPO / "examples" / "gan.py"), "DATASET": "synthetic_images", "MONITOR": "val_d_loss"},
+         "error: MONITOR='val_d_loss' names an evaluation metric, but MODEL="),
+        ({"MODEL": str(REPO / "examples" / "custom_step.py"), "MIXED_PRECISION": "mixed_float16"},
+         "error: MIXED_PRECISION=mixed_float16 is not allowed with MODEL="),
+    ],
+)  # fmt: skip
+def test_a_setting_a_custom_step_cannot_honour_stops_fit_before_the_run_directory(
+    settings, expected, tmp_path, tfds_data_dir, examples_data_dir
+):
+    data_dir = examples_data_dir if settings.get("DATASET") else tfds_data_dir
+    result = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=data_dir, OUTPUT_DIR=tmp_path / "run", **settings)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].startswith(expected), result.stderr[-500:]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+PREDICATES = """
+import keras
+from examples.custom_step import build_model
+from train.custom_step import overrides_test_step, overrides_train_step
+class Below(keras.Model):
+    def train_step(self, data):
+        return super().train_step(data)
+class Above(Below):
+    pass
+plain = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+inputs = keras.Input((2,))
+print(overrides_train_step(build_model((4,), 3, 0.1)), overrides_train_step(Above(inputs, keras.layers.Dense(1)(inputs))),
+      overrides_train_step(plain), overrides_test_step(build_model((4,), 3, 0.1)))
+"""
+
+
+def test_overrides_train_step_sees_an_override_in_the_class_or_a_base_below_keras_model():
+    """The predicate gradient accumulation (and any other engine-step-only option) asks."""
+    result = run_python(["-c", PREDICATES], cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "True True False False"

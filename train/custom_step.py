@@ -114,7 +114,7 @@ def _check_logs(model_setting: str, logs: Any) -> None:
     """The step's return: a dict (nested dicts allowed) of numbers of a fixed shape. Raises SettingsError."""
     problem = None
     if not isinstance(logs, dict):
-        problem = f"returned {type(logs).__name__}"
+        problem = "returned a tensor" if isinstance(logs, tf.Tensor) else f"returned {type(logs).__name__}"
     else:
         for name, value in flatten_logs(logs).items():
             if not isinstance(value, tf.Tensor) or value.dtype == tf.string or not value.shape.is_fully_defined():
