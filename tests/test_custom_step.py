@@ -19,6 +19,7 @@ COUNTED = '''
 import keras, tensorflow as tf
 from examples.custom_step import build_model as guide_model
 
+@keras.saving.register_keras_serializable(package="counted")
 class Counted(keras.Model):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -102,6 +103,10 @@ def test_an_overridden_train_step_and_test_step_are_the_steps_fit_runs(replicas,
     # test_step saw every example once, whatever the replicas: a metric's result over the whole split
     assert summary["eval"] == {"calls": 200.0}
     assert summary["train"] == {"calls": 512.0}
+    exported = run_train("evaluate", "--exported", cwd=tmp_path, OUTPUT_DIR=output_dir, MODEL="counted.py",
+                         TFDS_DATA_DIR=tfds_data_dir, **SMALL, CPU_DEVICES=replicas)  # the MODEL file imported first
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert json.loads(exported.stdout[exported.stdout.index("{") :])["calls"] == 200.0
 
 
 GAN = {"MODEL": str(REPO / "examples" / "gan.py"), "DATASET": "synthetic_images", "TRAIN_SPLIT": "train[:256]",
@@ -146,7 +151,8 @@ def test_the_gan_trains_both_optimizers_checkpoints_them_and_resumes_exactly_aft
     assert resumed["resumed_from_step"] and resumed["resumed_from_step"] >= 8
     assert resumed["weights_sha256"] == summary["weights_sha256"]
     exported = run_python(["-c", "import sys, keras; m = keras.saving.load_model(sys.argv[1]); print(m.name, "
-                           "m.output.shape)", str(output_dir / "model.keras")])  # fmt: skip
+                           "m.outputs[0].shape)", str(output_dir / "model.keras")])  # fmt: skip
+    assert exported.returncode == 0, exported.stderr[-2000:]
     assert exported.stdout.strip().splitlines()[-1] == "generator (None, 32, 32, 3)"  # export_model's model
 
 

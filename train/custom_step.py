@@ -305,10 +305,24 @@ def refuse_unevaluated_monitor(monitor: str | None, model_setting: str, built) -
     )
 
 
+def _take_weights(built, exported: keras.Model) -> None:
+    """The exported model's weights into the model that trained. Raises SettingsError where they do not fit."""
+    try:
+        built.serving.set_weights(exported.get_weights())
+    except ValueError:
+        raise SettingsError(
+            f"evaluate --exported: {exported.name!r} in model.keras is not the model that trained (MODEL's "
+            "export_model replaced it), so its test_step cannot score it: evaluate the checkpoint (without --exported)"
+        ) from None
+
+
 def make_evaluator(built, strategy, predict=None):
-    """Evaluation's step for `built`: its own test_step, none (no loss, no test_step), or the engine's."""
+    """Evaluation's step for `built`: its own test_step, none (no loss, no test_step), or the engine's; `predict`:
+    a loaded export to score instead of `built`'s weights. Raises SettingsError for an export it cannot score."""
     custom = built.custom_step
     if custom is not None and custom.own_test_step:
+        if predict is not None:  # evaluate --exported: the export's weights, scored by the model's own test_step
+            _take_weights(built, predict)
         return CustomEvaluator(built, strategy)
     if custom is not None and not custom.evaluates:
         return NoEvaluation(built, strategy)
