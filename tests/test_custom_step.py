@@ -50,12 +50,13 @@ def harness(*args: str, **env: object) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("replicas", [1, 2])
-def test_a_custom_train_step_trains_and_logs_what_model_fit_of_the_same_model_does(replicas):
-    """examples/custom_step.py, 8 steps at a global batch of 64, against Keras's fit under the same strategy."""
-    outcome = harness("fit", str(replicas))
+@pytest.mark.parametrize(("replicas", "xla"), [(1, ""), (2, ""), (1, "xla")])
+def test_a_custom_train_step_trains_and_logs_what_model_fit_of_the_same_model_does(replicas, xla):
+    """examples/custom_step.py, 8 steps at a global batch of 64 in calls of 4, against Keras's fit (one step a
+    call, no XLA) under the same strategy. XLA on 1 device (on mirrored CPU devices it cannot compile any step)."""
+    outcome = harness("fit", str(replicas), *([xla] if xla else []))
     assert outcome["moved"] > 0.1  # the weights did train
-    assert outcome["max_difference"] < 1e-5
+    assert outcome["max_difference"] < (1e-4 if xla else 1e-5)  # XLA fuses the float math in another order
     assert set(outcome["engine"]) == {"loss", "accuracy", "gradient_norm"}  # the nested compile_metrics flattened
     assert outcome["engine"] == pytest.approx(outcome["fit"], rel=1e-5)
 

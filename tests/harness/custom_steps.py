@@ -1,6 +1,6 @@
 """A model's own train_step through the engine's training calls, against Keras's `model.fit` of the same model.
 
-    python -m tests.harness.custom_steps fit REPLICAS        # 8 steps at a global batch of 64, both ways
+    python -m tests.harness.custom_steps fit REPLICAS [xla]  # 8 steps at a global batch of 64, both ways
     TF_CONFIG=... python -m tests.harness.custom_steps engine  # the engine alone (2 workers: fit cannot run there)
 
 Prints one JSON object. The model is examples/custom_step.py (the Keras guide's override, a metric of its own);
@@ -40,10 +40,12 @@ def weights(model) -> list[np.ndarray]:
     return [np.asarray(w.numpy()) for w in model.weights]
 
 
-def engine(strategy, settings) -> tuple[list[np.ndarray], dict]:
+def engine(strategy, settings, xla: bool = False) -> tuple[list[np.ndarray], dict]:
+    """STEPS steps in calls of 4 (STEPS_PER_CALL), XLA compiling each whole call or not."""
     built = build(settings, SPEC, strategy)
-    feed = make_feed(strategy, arrays(), GLOBAL_BATCH, settings.seed, 0, STEPS)
-    result = make_calls(built, strategy, feed, GLOBAL_BATCH, jit_compile=False)(STEPS)
+    feed = make_feed(strategy, arrays(), GLOBAL_BATCH, settings.seed, 0, 4)
+    calls = make_calls(built, strategy, feed, GLOBAL_BATCH, jit_compile=xla)
+    result = [calls(4) for _ in range(STEPS // 4)][-1]
     return weights(built.network), result.metrics
 
 
@@ -57,7 +59,7 @@ def keras_fit(strategy, settings) -> tuple[list[np.ndarray], dict]:
     return weights(model), {name: values[-1] for name, values in history.history.items()}
 
 
-def compare(replicas: int) -> dict:
+def compare(replicas: int, xla: bool) -> dict:
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     settings = load_settings({"MODEL": "examples/custom_step.py", "LEARNING_RATE": str(LEARNING_RATE)}, environ={},
@@ -67,7 +69,7 @@ def compare(replicas: int) -> dict:
     else:
         strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
                                                   cross_device_ops=tf.distribute.ReductionToOneDevice())  # fmt: skip
-    (ours, ours_metrics), (fits, fit_metrics) = engine(strategy, settings), keras_fit(strategy, settings)
+    (ours, ours_metrics), (fits, fit_metrics) = engine(strategy, settings, xla), keras_fit(strategy, settings)
     return {
         "max_difference": max(float(np.max(np.abs(a - b))) for a, b in zip(ours, fits, strict=True)),
         "moved": max(float(np.max(np.abs(a))) for a in ours),
@@ -90,6 +92,6 @@ def engine_alone() -> dict:
 
 if __name__ == "__main__":
     if sys.argv[1] == "fit":
-        print(json.dumps(compare(int(sys.argv[2]))))
+        print(json.dumps(compare(int(sys.argv[2]), sys.argv[3:] == ["xla"])))
     else:
         print(json.dumps(engine_alone()))
