@@ -15,7 +15,7 @@ from train.cluster.launch import free_ports, tf_configs
 
 # A marker on the guide's step: counts its own calls (a Sum metric, on each replica) and adds a loss term whose
 # only effect is on the weights (so a bypassed step would train other weights and log no "calls").
-COUNTED = '''
+COUNTED = """
 import keras, tensorflow as tf
 from examples.custom_step import build_model as guide_model
 
@@ -40,8 +40,14 @@ def build_model(input_shape, num_classes, learning_rate):
     model = Counted(guide.inputs, guide.outputs)
     model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss="sparse_categorical_crossentropy")
     return model
-'''
-SMALL = {"TRAIN_SPLIT": "train[:512]", "EVAL_SPLIT": "test[:200]", "EPOCHS": 2, "GLOBAL_BATCH_SIZE": 64, "STEPS_PER_CALL": 4}
+"""
+SMALL = {
+    "TRAIN_SPLIT": "train[:512]",
+    "EVAL_SPLIT": "test[:200]",
+    "EPOCHS": 2,
+    "GLOBAL_BATCH_SIZE": 64,
+    "STEPS_PER_CALL": 4,
+}
 
 
 def harness(*args: str, **env: object) -> dict:
@@ -66,8 +72,14 @@ def test_a_custom_train_step_on_two_workers_ends_where_two_replicas_on_one_worke
     """Keras's fit cannot run on 2 workers (keras#20585): 2 workers of 1 CPU against 1 worker of 2."""
     one = harness("engine", CPU_DEVICES=2)
     processes = [
-        start_python(["-m", "tests.harness.custom_steps", "engine"], cwd=REPO, env=clean_env(TF_CONFIG=config),
-                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        start_python(
+            ["-m", "tests.harness.custom_steps", "engine"],
+            cwd=REPO,
+            env=clean_env(TF_CONFIG=config),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for config in tf_configs(free_ports(2))
     ]
     try:
@@ -104,8 +116,16 @@ def test_an_overridden_train_step_and_test_step_are_the_steps_fit_runs(replicas,
     # test_step saw every example once, whatever the replicas: a metric's result over the whole split
     assert summary["eval"] == {"calls": 200.0}
     assert summary["train"] == {"calls": 512.0}
-    exported = run_train("evaluate", "--exported", cwd=tmp_path, OUTPUT_DIR=output_dir, MODEL="counted.py",
-                         TFDS_DATA_DIR=tfds_data_dir, **SMALL, CPU_DEVICES=replicas)  # the MODEL file imported first
+    exported = run_train(
+        "evaluate",
+        "--exported",
+        cwd=tmp_path,
+        OUTPUT_DIR=output_dir,
+        MODEL="counted.py",
+        TFDS_DATA_DIR=tfds_data_dir,
+        **SMALL,
+        CPU_DEVICES=replicas,
+    )  # the MODEL file imported first
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert json.loads(exported.stdout[exported.stdout.index("{") :])["calls"] == 200.0
 
@@ -137,7 +157,7 @@ def test_the_gan_trains_both_optimizers_checkpoints_them_and_resumes_exactly_aft
     said = run_python(["-c", CHECKPOINTED, str(tmp_path / "whole" / "checkpoints")])
     assert said.returncode == 0, said.stderr[-2000:]
     for line in said.stdout.strip().splitlines()[-2:]:
-        name, iterations, variables = line.split()
+        _, iterations, variables = line.split()
         assert int(iterations) == summary["steps"] and int(variables) > 2, line  # applied every step, slots saved
 
     output_dir = tmp_path / "killed"
@@ -157,34 +177,41 @@ def test_the_gan_trains_both_optimizers_checkpoints_them_and_resumes_exactly_aft
     assert exported.stdout.strip().splitlines()[-1] == "generator (None, 32, 32, 3)"  # export_model's model
 
 
-GUIDE = "from examples.custom_step import CustomModel, build_model as guide\nimport keras, tensorflow as tf\n"
+GUIDE = """
+import keras, tensorflow as tf
+from examples.custom_step import CustomModel, build_model as guide
+"""
+BUILD_MINE = """
+def build_model(input_shape, num_classes, learning_rate):
+    made = guide(input_shape, num_classes, learning_rate)
+    model = Mine(made.inputs, made.outputs)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    return model
+"""
+
+
+def mine(body: str) -> str:
+    """A model file whose model is the guide's with `body` in its class."""
+    return f"{GUIDE}\nclass Mine(CustomModel):\n{body}\n{BUILD_MINE}"
+
+
 REFUSED = {
     "overrides_fit": (
-        GUIDE + "class Mine(CustomModel):\n    def fit(self, *args, **kwargs):\n        return super().fit(*args, **kwargs)\n"
-        "def build_model(input_shape, num_classes, learning_rate):\n    g = guide(input_shape, num_classes, learning_rate)\n"
-        "    m = Mine(g.inputs, g.outputs)\n    m.compile(optimizer='adam', loss='sparse_categorical_crossentropy')\n"
-        "    return m\n",
+        mine("    def fit(self, *args, **kwargs):\n        return super().fit(*args, **kwargs)\n"),
         "Mine overrides fit, which the engine does not call",
     ),
     "never_applies_its_second_optimizer": (
         GUIDE + "def build_model(input_shape, num_classes, learning_rate):\n"
-        "    m = guide(input_shape, num_classes, learning_rate)\n    m.head_optimizer = keras.optimizers.SGD()\n"
-        "    return m\n",
+        "    model = guide(input_shape, num_classes, learning_rate)\n"
+        "    model.head_optimizer = keras.optimizers.SGD()\n    return model\n",
         "the model's optimizer 'head_optimizer' is still unbuilt after tracing train_step once",
     ),
     "returns_a_tensor": (
-        GUIDE + "class Mine(CustomModel):\n    def train_step(self, data):\n        super().train_step(data)\n"
-        "        return tf.constant(1.0)\n"
-        "def build_model(input_shape, num_classes, learning_rate):\n    g = guide(input_shape, num_classes, learning_rate)\n"
-        "    m = Mine(g.inputs, g.outputs)\n    m.compile(optimizer='adam', loss='sparse_categorical_crossentropy')\n"
-        "    return m\n",
+        mine("    def train_step(self, data):\n        super().train_step(data)\n        return tf.constant(1.0)\n"),
         "train_step returned a tensor: it must return a dict of scalars",
     ),
     "step_fails": (
-        GUIDE + "class Mine(CustomModel):\n    def train_step(self, data):\n        raise RuntimeError('not today')\n"
-        "def build_model(input_shape, num_classes, learning_rate):\n    g = guide(input_shape, num_classes, learning_rate)\n"
-        "    m = Mine(g.inputs, g.outputs)\n    m.compile(optimizer='adam', loss='sparse_categorical_crossentropy')\n"
-        "    return m\n",
+        mine("    def train_step(self, data):\n        raise RuntimeError('not today')\n"),
         "its train_step failed on a batch of the data's spec (inputs and labels as the model gets them): RuntimeError",
     ),
 }
@@ -253,8 +280,9 @@ class Above(Below):
     pass
 plain = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
 inputs = keras.Input((2,))
-print(overrides_train_step(build_model((4,), 3, 0.1)), overrides_train_step(Above(inputs, keras.layers.Dense(1)(inputs))),
-      overrides_train_step(plain), overrides_test_step(build_model((4,), 3, 0.1)))
+above = Above(inputs, keras.layers.Dense(1)(inputs))
+guide = build_model((4,), 3, 0.1)
+print(overrides_train_step(guide), overrides_train_step(above), overrides_train_step(plain), overrides_test_step(guide))
 """
 
 

@@ -26,6 +26,7 @@ from train.checkpoints import make_checkpoint, restore_newest, save_checkpoint
 from train.cluster.agreement import Decision, reconcile, report
 from train.cluster.workers import SingleHost, connect
 from train.context import run_context
+from train.custom_step import make_calls, make_evaluator, refuse_unevaluated_monitor
 from train.data import (
     Data,
     Dataset,
@@ -42,12 +43,18 @@ from train.devices.runtime import Runtime, auto_precision, choose_xla, setup_run
 from train.errors import SettingsError, TrainingError, first_line, storage_fix
 from train.loop import Outcome, Schedule, check_finite, longest_call, run_loop, write_scalars
 from train.model import (
-    Built, averaged_weights, build, export, model_to_export, spread_seeds, use_averaged_weights, weights_fingerprint,
-)  # fmt: skip
+    Built,
+    averaged_weights,
+    build,
+    export,
+    model_to_export,
+    spread_seeds,
+    use_averaged_weights,
+    weights_fingerprint,
+)
 from train.progress import evaluation_notice, format_metrics, reporter
 from train.rundir import RUN, RunLock, StopRequest, check_same_model, read_run, write_json
 from train.settings import RUN_SETTINGS, Settings, agreed_settings, changed_settings, model_fingerprint
-from train.custom_step import make_calls, make_evaluator, refuse_unevaluated_monitor
 from train.timeline import Segment, first_segment, resume, segment_at, unread_pass, with_remainder
 
 Say = Callable[[str], None]

@@ -64,8 +64,8 @@ class CallResult:
 
     @property
     def loss(self) -> float:
-        """"loss"; a model's own train_step may name its losses otherwise (a GAN's d_loss and g_loss): then the
-        first of those that is not finite, else the first, else 0.0 (no loss to watch)."""
+        """The "loss" metric. A model's own train_step may name its losses otherwise (a GAN's d_loss, g_loss):
+        then the first of those that is not finite, else the first, else 0.0 (no loss to watch)."""
         if "loss" in self.metrics:
             return float(self.metrics["loss"])
         losses = [value for name, value in self.metrics.items() if name.endswith("loss") and isinstance(value, float)]
