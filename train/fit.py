@@ -227,6 +227,9 @@ def _start(settings: Settings, runtime: Runtime, peers: SingleHost, say: Say) ->
     refuse_unevaluated_monitor(settings.monitor, settings.model, built)
     whole_call = gathers_in_step(runtime.strategy, data.spec.records)  # the feed lets XLA compile the whole call
     jit, why = _decide_xla(settings, runtime, peers, built, whole_call, decision.jit_compile)
+    if jit and decision.jit_compile == "auto" and built.custom_step is not None and not built.network.jit_compile:
+        # as model.fit runs it: a step of the fork's own may hold what XLA cannot compile (a tf.print)
+        jit, why = False, "auto: off, as model.fit runs this model's own train_step (its jit_compile is False)"
     run = Run(settings, runtime, peers, data, built, jit, why, say, context=context)
     run.callbacks = Callbacks(build_callbacks(settings, context), run)  # bad callbacks: before writing
     return run
