@@ -131,6 +131,19 @@ def test_an_overridden_train_step_and_test_step_are_the_steps_fit_runs(replicas,
     assert json.loads(exported.stdout[exported.stdout.index("{") :])["calls"] == 200.0
 
 
+def test_an_overridden_test_step_alone_is_evaluations_step(tmp_path, tfds_data_dir):
+    """The engine's own train_step (the compiled loss), the model's test_step: it counts what it scores."""
+    test_step_only = COUNTED.replace("    def train_step(self, data):", "    def _unused(self, data):")
+    (tmp_path / "counted.py").write_text(test_step_only)
+    output_dir = tmp_path / "run"
+    result = run_train("fit", cwd=tmp_path, MODEL="counted.py", TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=output_dir,
+                       **SMALL)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    logs = json.loads((output_dir / "epochs.json").read_text())[0]["logs"]
+    assert set(logs) == {"loss", "calls", "val_calls"}  # the engine's step reports the compiled loss and metrics
+    assert read_summary(output_dir)["eval"] == {"calls": 200.0}
+
+
 GAN = {"MODEL": str(REPO / "examples" / "gan.py"), "DATASET": "synthetic_images", "TRAIN_SPLIT": "train[:256]",
        "EPOCHS": 3, "GLOBAL_BATCH_SIZE": 32, "STEPS_PER_CALL": 2, "CHECKPOINT_EVERY": 4, "LOG_EVERY": 4}  # fmt: skip
 
@@ -191,9 +204,9 @@ def build_model(input_shape, num_classes, learning_rate):
 """
 
 
-def mine(body: str) -> str:
-    """A model file whose model is the guide's with `body` in its class."""
-    return f"{GUIDE}\nclass Mine(CustomModel):\n{body}\n{BUILD_MINE}"
+def mine(body: str, base: str = "CustomModel") -> str:
+    """A model file whose model is the guide's, its class `body` on `base` (the guide's class: its train_step)."""
+    return f"{GUIDE}\nclass Mine({base}):\n{body}\n{BUILD_MINE}"
 
 
 REFUSED = {
@@ -206,6 +219,13 @@ REFUSED = {
         "    model = guide(input_shape, num_classes, learning_rate)\n"
         "    model.head_optimizer = keras.optimizers.SGD()\n    return model\n",
         "the model's optimizer 'head_optimizer' is still unbuilt after tracing train_step once",
+    ),
+    "overrides_train_on_batch_alone": (
+        mine(
+            "    def train_on_batch(self, *args, **kwargs):\n        return super().train_on_batch(*args, **kwargs)\n",
+            base="keras.Model",
+        ),
+        "Mine overrides train_on_batch, which the engine does not call",
     ),
     "returns_a_tensor": (
         mine("    def train_step(self, data):\n        super().train_step(data)\n        return tf.constant(1.0)\n"),

@@ -94,12 +94,10 @@ def _mean_over_replicas(strategy, logs: Any) -> Any:
 
 @dataclass(frozen=True)
 class CustomStep:
-    """What the engine knows of a model's own step: the logs it returns (`logs_spec`, their structure), how the
-    stored feature becomes the model's input (`model_input`), and whether evaluation has a step to run."""
+    """What the engine knows of a model's own train_step: the logs it returns (`logs_spec`, their structure), and
+    whether evaluation has a step to run (its own test_step, or the compiled loss)."""
 
     logs_spec: Any
-    model_input: Callable[[Any], Any]
-    own_test_step: bool
     evaluates: bool
 
 
@@ -141,10 +139,8 @@ def prepare_custom_step(model_setting: str, network: keras.Model, strategy, feat
                 optimizer.build(variables)
     _check_logs(model_setting, logs)
     _refuse_unbuilt(model_setting, network)
-    own_test_step = overrides_test_step(network)
-    evaluates = own_test_step or network.loss is not None
-    return CustomStep(tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), logs), model_input,
-                      own_test_step, evaluates)  # fmt: skip
+    evaluates = overrides_test_step(network) or network.loss is not None
+    return CustomStep(tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), logs), evaluates)
 
 
 def _trace(model_setting: str, network: keras.Model, strategy, model_input: Callable[[Any], Any], spec: Any) -> dict:
@@ -213,11 +209,11 @@ def make_custom_train_calls(built, strategy, feed: Feed, global_batch: int, jit_
     (and no skips: a model's own step applies its optimizers as it likes).
 
     `jit_compile`: XLA compiles the whole call where the feed allows it, else the replica step alone."""
-    network, custom = built.network, built.custom_step
+    network, custom, model_input = built.network, built.custom_step, built.model_input
 
     def replica_step(*args):
         features, labels = feed.replica_batch(*args)
-        return network.train_step((custom.model_input(features), labels))
+        return network.train_step((model_input(features), labels))
 
     whole_call = jit_compile and feed.compilable
     step_fn = (
@@ -246,17 +242,18 @@ def make_calls(built, strategy, feed: Feed, global_batch: int, jit_compile: bool
 
 
 class CustomEvaluator:
-    """A model's own `test_step` over a split, on every replica of every worker, as `model.evaluate` runs it:
+    """A model's own `test_step` over a split, on every replica of every worker, as `model.evaluate` runs it
+    (whatever its train_step):
     the last step's logs, reduced over the replicas; a value named as one of the model's metrics is the
     metric's result over the whole split (every replica's share summed, as the engine's own evaluation reads it).
     """
 
     def __init__(self, built, strategy) -> None:
         self.built, self.strategy = built, strategy
-        network, custom = built.network, built.custom_step
+        network, model_input = built.network, built.model_input
 
         def replica_step(features, labels):
-            return network.test_step((custom.model_input(features), labels))
+            return network.test_step((model_input(features), labels))
 
         @tf.function(autograph=False)
         def evaluate_steps(iterator, steps):
@@ -320,7 +317,7 @@ def make_evaluator(built, strategy, predict=None):
     """Evaluation's step for `built`: its own test_step, none (no loss, no test_step), or the engine's; `predict`:
     a loaded export to score instead of `built`'s weights. Raises SettingsError for an export it cannot score."""
     custom = built.custom_step
-    if custom is not None and custom.own_test_step:
+    if overrides_test_step(built.network):  # with the engine's own train_step too
         if predict is not None:  # evaluate --exported: the export's weights, scored by the model's own test_step
             _take_weights(built, predict)
         return CustomEvaluator(built, strategy)

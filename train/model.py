@@ -54,6 +54,11 @@ class Built:
     custom_step: Any = None  # train.custom_step.CustomStep where the model brings its own train_step: it is the step
 
     @property
+    def model_input(self) -> Any:
+        """The stored feature as `network` gets it (an image scaled to [0, 1]): what a model's own step is given."""
+        return _model_input(self.serving, self.spec)
+
+    @property
     def optimizer(self) -> keras.optimizers.Optimizer:
         return self.network.optimizer
 
@@ -195,9 +200,9 @@ def build(settings: Settings, spec: DatasetSpec, strategy, context: Context | No
     keras.utils.set_random_seed(settings.seed)
     with strategy.scope():
         network = _call_build_model(settings, spec, context)
+        refuse_unrunnable(settings.model, network)
         custom = overrides_train_step(network)
         if custom:
-            refuse_unrunnable(settings.model, network)
             _refuse_float16(settings)
         _check_optimizer(settings, network.optimizer)
         serving = _serving_model(settings, network, spec)
@@ -257,12 +262,16 @@ def _prepare_custom_step(settings: Settings, network: keras.Model, serving: kera
             f"MODEL={settings.model!r}: its compiled loss or metrics cannot be built on the data's spec (as "
             f"model.fit builds them): {first_line(error, 200)}"
         ) from None
-    scale = serving.get_layer("scale_to_unit_range") if spec.is_image and not spec.records else None
     features, labels = _spec_batch(spec, model_input=False)
     tensors = [tf.TensorSpec(tensor.shape, tensor.dtype) for tensor in tf.nest.flatten((features, labels))]
     features, labels = tf.nest.pack_sequence_as((features, labels), tensors)
-    return prepare_custom_step(settings.model, network, strategy, features, labels,
-                               scale if scale is not None else (lambda inputs: inputs))  # fmt: skip
+    return prepare_custom_step(settings.model, network, strategy, features, labels, _model_input(serving, spec))
+
+
+def _model_input(serving: keras.Model, spec: DatasetSpec) -> Any:
+    if spec.is_image and not spec.records:
+        return serving.get_layer("scale_to_unit_range")
+    return lambda inputs: inputs  # as stored, or what preprocess returns
 
 
 def _check_output(settings: Settings, network: keras.Model, output: Any, spec: DatasetSpec) -> None:
