@@ -231,6 +231,10 @@ REFUSED = {
         mine("    def train_step(self, data):\n        super().train_step(data)\n        return tf.constant(1.0)\n"),
         "train_step returned a tensor: it must return a dict of scalars",
     ),
+    "returns_an_empty_dict": (
+        mine("    def train_step(self, data):\n        super().train_step(data)\n        return {}\n"),
+        "train_step returned an empty dict (nothing to log): it must return a dict of scalars",
+    ),
     "step_fails": (
         mine("    def train_step(self, data):\n        raise RuntimeError('not today')\n"),
         "its train_step failed on a batch of the data's spec (inputs and labels as the model gets them): RuntimeError",

@@ -101,18 +101,13 @@ class CustomStep:
     evaluates: bool
 
 
-def _data_spec(features: Any, labels: Any) -> Any:
-    def spec(tensor):
-        return tf.TensorSpec(tensor.shape, tensor.dtype)
-
-    return tf.nest.map_structure(spec, (features, labels))
-
-
 def _check_logs(model_setting: str, logs: Any) -> None:
     """The step's return: a dict (nested dicts allowed) of numbers of a fixed shape. Raises SettingsError."""
     problem = None
     if not isinstance(logs, dict):
         problem = "returned a tensor" if isinstance(logs, tf.Tensor) else f"returned {type(logs).__name__}"
+    elif not flatten_logs(logs):
+        problem = "returned an empty dict (nothing to log)"
     else:
         for name, value in flatten_logs(logs).items():
             if not isinstance(value, tf.Tensor) or value.dtype == tf.string or not value.shape.is_fully_defined():
@@ -127,11 +122,11 @@ def _check_logs(model_setting: str, logs: Any) -> None:
 
 def prepare_custom_step(model_setting: str, network: keras.Model, strategy, features: Any, labels: Any,
                         model_input: Callable[[Any], Any]) -> CustomStep:  # fmt: skip
-    """Trace `network.train_step` once on the batch's spec (symbolic `features`, `labels` as stored) under
+    """Trace `network.train_step` once on the batch's spec (`features`, `labels`: tf.TensorSpecs as stored) under
     `strategy.run`, without running it, and build every optimizer it applies on the variables it applies it to,
     so a checkpoint restores into them. Raises SettingsError for a step that fails, returns other than a dict of
     scalars, or leaves an optimizer the model holds unbuilt."""
-    applied = _trace(model_setting, network, strategy, model_input, _data_spec(features, labels))
+    applied = _trace(model_setting, network, strategy, model_input, (features, labels))
     logs = applied.pop(None)
     with strategy.scope():  # eagerly, in cross-replica context: a replica's variable could not be lifted out
         for optimizer, variables in applied.values():
