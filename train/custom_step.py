@@ -237,11 +237,10 @@ def make_calls(built, strategy, feed: Feed, global_batch: int, jit_compile: bool
 
 
 class CustomEvaluator:
-    """A model's own `test_step` over a split, on every replica of every worker, as `model.evaluate` runs it
-    (whatever its train_step):
-    the last step's logs, reduced over the replicas; a value named as one of the model's metrics is the
-    metric's result over the whole split (every replica's share summed, as the engine's own evaluation reads it).
-    """
+    """A model's own `test_step` over a split (whatever its train_step), on every replica of every worker, as
+    `model.evaluate` runs it: the last step's logs, reduced over the replicas; a value named as one of the
+    model's metrics is the metric's result over the whole split (every replica's share summed, as the engine's
+    own evaluation reads it)."""
 
     def __init__(self, built, strategy) -> None:
         self.built, self.strategy = built, strategy
