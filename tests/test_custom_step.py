@@ -10,7 +10,16 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, clean_env, read_summary, run_python, run_train, start_python, start_train
+from tests.conftest import (
+    REPO,
+    clean_env,
+    read_summary,
+    run_python,
+    run_train,
+    start_python,
+    start_train,
+    tensorboard_events,
+)
 from train.cluster.launch import free_ports, tf_configs
 
 # A marker on the guide's step: counts its own calls (a Sum metric, on each replica) and adds a loss term whose
@@ -117,6 +126,7 @@ def test_an_overridden_train_step_and_test_step_are_the_steps_fit_runs(replicas,
     # test_step saw every example once, whatever the replicas: a metric's result over the whole split
     assert summary["eval"] == {"calls": 200.0}
     assert summary["train"] == {"calls": 512.0}
+    assert tensorboard_events(output_dir / "logs")["eval"] == {"calls": 200.0}
     exported = run_train(
         "evaluate",
         "--exported",
