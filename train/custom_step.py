@@ -228,12 +228,14 @@ def make_custom_train_calls(built, strategy, feed: Feed, global_batch: int, jit_
     return TrainCalls(training_call, feed, global_batch)
 
 
-def make_calls(built, strategy, feed: Feed, global_batch: int, jit_compile: bool) -> TrainCalls:
-    """The training calls for `built`: the model's own `train_step` where it has one, else the engine's step.
+def make_calls(built, strategy, feed: Feed, global_batch: int, jit_compile: bool, accumulation: int = 1) -> TrainCalls:
+    """The training calls for `built`: the model's own `train_step` where it has one, else the engine's step
+    (accumulating `accumulation` micro-batches a step: train.accumulation refuses it for a model's own step).
 
     Every caller that trains goes through here, so an overridden train_step is never bypassed."""
-    make = make_custom_train_calls if built.custom_step is not None else make_train_calls
-    return make(built, strategy, feed, global_batch, jit_compile)
+    if built.custom_step is not None:
+        return make_custom_train_calls(built, strategy, feed, global_batch, jit_compile)
+    return make_train_calls(built, strategy, feed, global_batch, jit_compile, accumulation)
 
 
 class CustomEvaluator:
