@@ -21,13 +21,14 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from train.accumulation import overrides_train_step, refuse_custom_train_step
+from train.accumulation import refuse_custom_train_step
 from train.batches import accumulation_changed, describe_batch, smaller_micro_batch
 from train.callbacks import Callbacks, build_callbacks
 from train.checkpoints import make_checkpoint, restore_newest, save_checkpoint
 from train.cluster.agreement import Decision, reconcile, report
 from train.cluster.workers import SingleHost, connect
 from train.context import run_context
+from train.custom_step import make_calls, make_evaluator, overrides_train_step, refuse_unevaluated_monitor
 from train.data import (
     Data,
     Dataset,
@@ -44,11 +45,19 @@ from train.data.raised import preprocess_raised
 from train.devices.runtime import Runtime, auto_precision, choose_xla, setup_runtime
 from train.errors import SettingsError, TrainingError, first_line, storage_fix
 from train.loop import Outcome, Schedule, check_finite, longest_call, run_loop, write_scalars
-from train.model import Built, averaged_weights, build, export, spread_seeds, use_averaged_weights, weights_fingerprint
+from train.model import (
+    Built,
+    averaged_weights,
+    build,
+    export,
+    model_to_export,
+    spread_seeds,
+    use_averaged_weights,
+    weights_fingerprint,
+)
 from train.progress import evaluation_notice, format_metrics, reporter
 from train.rundir import RUN, RunLock, StopRequest, check_same_model, read_run, write_json
 from train.settings import RUN_SETTINGS, Settings, agreed_settings, changed_settings, model_fingerprint
-from train.step import Evaluator, make_train_calls
 from train.timeline import Segment, first_segment, resume, segment_at, unread_pass, with_remainder
 
 Say = Callable[[str], None]
@@ -133,7 +142,7 @@ class Run:
     checkpoint: Any = None
     manager: Any = None
     writers: dict[str, Any] = field(default_factory=dict)
-    evaluate: Evaluator | None = None
+    evaluate: Any = None  # train.step.Evaluator, or the model's own test_step's (train.custom_step)
     progress: Any = None
     resumed_from: int | None = None
     profiling: bool = False
@@ -212,9 +221,19 @@ def _start(settings: Settings, runtime: Runtime, peers: SingleHost, say: Say) ->
         say(line)
     context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))  # a split under one
     built = build(settings, data.spec, runtime.strategy, context)  # global batch, a bad model: before writing
+    if built.custom_step is not None and runtime.precision == "mixed_float16":  # MIXED_PRECISION=auto (train.model)
+        say("MIXED_PRECISION=auto: float32, not mixed_float16, for a model's own train_step (its loss scale would "
+            "judge each replica's gradients alone); mixed_bfloat16 needs compute capability 8.0+.")  # fmt: skip
+        runtime = runtime.with_precision("float32")
+        context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))
+        built = build(settings, data.spec, runtime.strategy, context)
+    refuse_unevaluated_monitor(settings.monitor, settings.model, built)
     refuse_custom_train_step(settings.model, built.network, runtime.accumulation)
     whole_call = gathers_in_step(runtime.strategy, data.spec.records)  # the feed lets XLA compile the whole call
     jit, why = _decide_xla(settings, runtime, peers, built, whole_call, decision.jit_compile)
+    if jit and decision.jit_compile == "auto" and built.custom_step is not None and not built.network.jit_compile:
+        # as model.fit runs it: a step of the fork's own may hold what XLA cannot compile (a tf.print)
+        jit, why = False, "auto: off, as model.fit runs this model's own train_step (its jit_compile is False)"
     run = Run(settings, runtime, peers, data, built, jit, why, say, context=context)
     run.callbacks = Callbacks(build_callbacks(settings, context), run)  # bad callbacks: before writing
     return run
@@ -256,7 +275,7 @@ def _open_run_dir(run: Run, lock: RunLock) -> None:
     run.writers = {name: make(str(logs / name)) for name in ("train", "eval")}
     if run.peers.is_chief:
         write_hparams(run, logs)
-    run.evaluate = Evaluator(run.built, run.runtime.strategy)
+    run.evaluate = make_evaluator(run.built, run.runtime.strategy)
 
 
 def _say_model(model: keras.Model, say: Say, resumed: bool) -> None:
@@ -430,8 +449,8 @@ def _train(run: Run) -> Outcome:
                          longest_call(settings, schedule.steps_per_epoch), settings.device_prefetch,
                          remainder)  # fmt: skip
         say(_describe(run, schedule, start))
-        calls = make_train_calls(run.built, runtime.strategy, feed, runtime.global_batch, run.jit_compile,
-                                 runtime.accumulation)  # fmt: skip
+        calls = make_calls(run.built, runtime.strategy, feed, runtime.global_batch, run.jit_compile,
+                           runtime.accumulation)  # fmt: skip
         _say_profile(run, start)
         run.progress = reporter(settings.progress, run.peers.is_chief, say, schedule.total_steps,
                                 schedule.epoch_under_way, settings.epochs, start)  # fmt: skip
@@ -600,7 +619,7 @@ def _finish(run: Run, outcome: Outcome) -> dict[str, Any]:
             summary["eval"] = run.evaluate(run.data.eval, batch)
         if run.peers.is_chief:
             try:
-                summary["exported_model"] = export(run.built, run.output_dir)
+                summary["exported_model"] = export(run.built, run.output_dir, model_to_export(settings, run.built))
             except (OSError, tf.errors.OpError) as error:
                 raise TrainingError(
                     f"could not export the model to {run.output_dir} ({first_line(error, 160)}); checkpoint "
@@ -676,5 +695,5 @@ def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> dic
         if not source:
             raise SettingsError(f"OUTPUT_DIR={settings.output_dir} has no checkpoint: run fit first")
         use_averaged_weights(built)  # the weights fit evaluated and exported, where the optimizer averages them
-    metrics = Evaluator(built, runtime.strategy, predict)(data.eval, runtime.micro_global_batch)
+    metrics = make_evaluator(built, runtime.strategy, predict)(data.eval, runtime.micro_global_batch)
     return {"source": source, "split": settings.eval_split, "examples": len(data.eval), **metrics}

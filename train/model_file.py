@@ -3,6 +3,7 @@
     build_model(input_shape, num_classes, learning_rate) -> a compiled keras.Model      (required)
     preprocess(example, training, seed) -> (inputs, label)                              (optional)
     build_callbacks(context) -> a list of keras.callbacks.Callback                       (optional)
+    export_model(model) -> the keras.Model to export in the trained model's place        (optional)
 
 `build_model` is what train.model calls (its keyword-only parameters: hyperparameters, train.hparams, and
 `context`, train.context); `preprocess` is what the data path (train.data.examples) runs per example, in
@@ -33,6 +34,7 @@ class ModelFile:
     build_model: Callable
     preprocess: Callable | None
     build_callbacks: Callable | None = None
+    export_model: Callable | None = None  # a GAN's: its generator (examples/gan.py)
 
 
 @cache
@@ -70,4 +72,10 @@ def load_model_file(text: str) -> ModelFile:
             f"MODEL={text!r}: build_callbacks is a {type(build_callbacks).__name__}, not a function: define "
             f"build_callbacks(context) -> a list of keras.callbacks.Callback (see {CALLBACKS_EXAMPLE})"
         )
-    return ModelFile(text, build, preprocess, build_callbacks)
+    export_model = getattr(module, "export_model", None)
+    if export_model is not None and not callable(export_model):
+        raise SettingsError(
+            f"MODEL={text!r}: export_model is a {type(export_model).__name__}, not a function: define "
+            "export_model(model) -> the keras.Model to export (see examples/gan.py)"
+        )
+    return ModelFile(text, build, preprocess, build_callbacks, export_model)

@@ -65,7 +65,12 @@ class CallResult:
 
     @property
     def loss(self) -> float:
-        return float(self.metrics["loss"])
+        """The "loss" metric. A model's own train_step may name its losses otherwise (a GAN's d_loss, g_loss):
+        then the first of those that is not finite, else the first, else 0.0 (no loss to watch)."""
+        if "loss" in self.metrics:
+            return float(self.metrics["loss"])
+        losses = [value for name, value in self.metrics.items() if name.endswith("loss") and isinstance(value, float)]
+        return next((value for value in losses if not np.isfinite(value)), losses[0] if losses else 0.0)
 
 
 @dataclass
