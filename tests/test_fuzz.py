@@ -181,7 +181,7 @@ MISTAKES = {
     "no-get-config": (SUBCLASSED, 2, ("get_config",), "issue 31"),
     "lookup-table-in-preprocess": (LOOKUP + MODEL, 2, ("lookup", "table", "resource", "adapt"), "issue 31"),
     "image-folder-builder": (IMAGE_MODEL, 2, ("DATASET=",), "issue 30"),
-    "train-step-not-a-dict": (NON_DICT_STEP, 2, ("train_step",), "issue 32"),
+    "train-step-not-a-dict": (NON_DICT_STEP, 2, ("train_step",), None),  # issue 32 fixed it
     "preprocess-raises-on-some-examples": (RAISES_ON_SOME + MODEL, 1, ("preprocess",), None),
 }
 MISTAKE_SETTINGS = {"image-folder-builder": {"DATASET": "photos", "TRAIN_SPLIT": "train", "EVAL_SPLIT": "test"}}
