@@ -38,10 +38,14 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Dataset:
-    """DATASET opened and prepared: what its splits hold (`spec`), nothing read yet."""
+    """DATASET opened and prepared: what its splits hold (`spec`), nothing read yet; the data's identity (run.json's
+    "data"), the settings it is read with (a one-split dataset's slices), and what to say about it."""
 
     builder: Any
     spec: DatasetSpec
+    identity: dict[str, Any]
+    settings: Settings
+    notes: tuple[str, ...] = ()
 
     def fits_in_memory(self, workers_here: int = 1) -> bool:
         """Whether both splits, as stored, fit in the memory left (for each worker this host runs)."""
@@ -54,22 +58,24 @@ class Dataset:
         available = available_memory_bytes()
         fits = fits_in_memory(self.spec.held_bytes, available, workers_here)
         note = memory_note(settings.data_in_memory, fits, self.spec.held_bytes, available, workers_here)
-        return load(self.builder, self.spec, settings, in_memory, (note,) if note else ())
+        return load(self.builder, self.spec, settings, in_memory, (*self.notes, *((note,) if note else ())))
 
 
-def open_dataset(settings: Settings) -> Dataset:
-    """Open DATASET, prepare it if needed and read its spec, with MODEL's `preprocess` where it defines one.
-    Raises SettingsError."""
-    from train.data.source import inspect, open_builder, prepare
+def open_dataset(settings: Settings, say=print) -> Dataset:
+    """Open DATASET, prepare (or, a path, write) it if needed and read its spec, with MODEL's `preprocess` where it
+    defines one. `say` hears a path's writing progress. Raises SettingsError."""
+    from train.data.opening import open_source
+    from train.data.source import inspect
     from train.model_file import load_model_file
 
-    builder = open_builder(settings)
-    prepare(builder, settings)
-    return Dataset(builder, inspect(builder, settings, preprocess=load_model_file(settings.model).preprocess))
+    opened = open_source(settings, say)
+    spec = inspect(opened.builder, opened.settings, preprocess=load_model_file(settings.model).preprocess)
+    return Dataset(opened.builder, spec, opened.identity, opened.settings, opened.notes)
 
 
-def load_data(settings: Settings) -> Data:
+def load_data(settings: Settings, say=print) -> Data:
     """One host: open DATASET and hold its splits in memory (DATA_IN_MEMORY, or auto: if they fit) or stream them."""
-    dataset = open_dataset(settings)
+    dataset = open_dataset(settings, say)
+    settings = dataset.settings
     in_memory = settings.data_in_memory == "true" or (settings.data_in_memory == "auto" and dataset.fits_in_memory())
     return dataset.load(settings, in_memory)
