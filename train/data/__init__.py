@@ -69,7 +69,8 @@ def open_dataset(settings: Settings, say=print) -> Dataset:
     from train.model_file import load_model_file
 
     opened = open_source(settings, say)
-    spec = inspect(opened.builder, opened.settings, preprocess=load_model_file(settings.model).preprocess)
+    preprocess = load_model_file(settings.model).preprocess or opened.columns(settings)
+    spec = inspect(opened.builder, opened.settings, preprocess=preprocess)
     return Dataset(opened.builder, spec, opened.identity, opened.settings, opened.notes)
 
 

@@ -66,6 +66,9 @@ class Survey:
     classes: tuple[str, ...] = ()
     entries: tuple[Entry, ...] = field(default=(), repr=False)  # every file under the root (the stat listing)
 
+    def file(self, entry: Entry) -> Path:
+        return self.root if self.root.is_file() else self.root / entry.path
+
     @property
     def listing(self) -> list[list]:
         return [[entry.path, entry.size, entry.mtime_ns] for entry in self.entries]
@@ -177,7 +180,7 @@ def fingerprint(files: dict[str, tuple[int, str]]) -> str:
 def read_image(survey: Survey, entry: Entry, read: Read) -> tuple[bytes, str] | None:
     """The file's bytes and image kind, its sha256 noted in `read`; None (noted as skipped) for a file that is not
     an image. Raises SettingsError for a file named as an image that is not one."""
-    path = survey.root / entry.path
+    path = survey.file(entry)
     try:
         data = path.read_bytes()
     except OSError as error:
@@ -197,8 +200,7 @@ def read_image(survey: Survey, entry: Entry, read: Read) -> tuple[bytes, str] | 
 
 
 def _text_of(survey: Survey, entry: Entry, read: Read) -> str:
-    path = survey.root / entry.path
-    data = path.read_bytes()
+    data = survey.file(entry).read_bytes()
     read.files[entry.path] = (len(data), hashlib.sha256(data).hexdigest())
     try:
         return data.decode("utf-8-sig")
@@ -279,7 +281,7 @@ def read_table(survey: Survey, label_key: str, label_kind: str | None, read: Rea
     rows: dict[str, list[tuple[int, dict]]] = {}
     names: list[str] = []
     for split, [(entry, _)] in sorted(survey.splits.items()):
-        name = str(survey.root / entry.path) if survey.root.is_dir() else str(survey.root)
+        name = str(survey.file(entry))
         text = _text_of(survey, entry, read)
         parse = _csv_rows if entry.path.lower().endswith(".csv") else _jsonl_rows
         rows[split] = list(parse(name, text))

@@ -37,6 +37,28 @@ class Opened:
     settings: Settings
     notes: tuple[str, ...] = ()
 
+    def columns(self, settings: Settings):
+        """A table's (CSV, JSON Lines) `preprocess` where MODEL has none and FEATURE_KEY is unset: every column but
+        the label, as a dict by name. None for other data. Raises SettingsError for a text column."""
+        if self.identity.get("kind") != "table" or settings.feature_key:
+            return None
+        import tensorflow_datasets as tfds
+
+        label_key = settings.label_key or "label"
+        features = self.builder.info.features
+        names = [name for name in features if name != label_key]
+        text = [name for name in names if isinstance(features[name], tfds.features.Text)]
+        if text:
+            raise SettingsError(
+                f"DATASET={settings.dataset!r}: the column {text[0]!r} holds text, which the model cannot take as it "
+                "is: define preprocess in your MODEL file to make numbers of it (see examples/resnet.py), or drop it"
+            )
+
+        def columns(example, training, seed):  # the engine's own preprocess: the columns as stored
+            return {name: example[name] for name in names}, example[label_key]
+
+        return columns
+
 
 def open_source(settings: Settings, say) -> Opened:
     """DATASET's builder, prepared or written once. Raises SettingsError."""

@@ -174,7 +174,9 @@ def _write(settings, survey: local.Survey, temporary: Path, root: Path, label_ke
         final.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(final, ignore_errors=True)  # a folder without dataset_info.json: not a dataset
         os.rename(temporary, final)
-    return Written(final, identity, _left_out(read.skipped), read.skipped)
+    skipped = [entry.path for entry in survey.entries if survey.kind == "images" and "/" not in entry.path]
+    skipped += read.skipped  # beside the class folders, or in them but not an image
+    return Written(final, identity, _left_out(skipped), skipped)
 
 
 def _left_out(skipped: list[str]) -> tuple[str, ...]:
