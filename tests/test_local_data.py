@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import stat
 import time
 from pathlib import Path
 
@@ -317,7 +316,8 @@ def test_a_csv_with_text_and_number_columns_and_a_text_label_trains_with_preproc
         "    city = tf.cast(example['city'] == 'c1', tf.float32)\n"
         "    return tf.stack([tf.cast(example['age'], tf.float32) / 50, example['fare'], city]), example['label']\n"
         "def build_model(input_shape, num_classes, learning_rate):\n"
-        "    model = keras.Sequential([keras.Input(input_shape), keras.layers.Dense(num_classes, activation='softmax')])\n"
+        "    dense = keras.layers.Dense(num_classes, activation='softmax')\n"
+        "    model = keras.Sequential([keras.Input(input_shape), dense])\n"
         "    model.compile(optimizer='adam', loss='sparse_categorical_crossentropy', metrics=['accuracy'])\n"
         "    return model\n"
     )
@@ -408,8 +408,8 @@ def test_workers_compare_the_datas_fingerprint_not_its_path(tmp_path):
     def workers(names: tuple[str, str]) -> list[tuple[int, str]]:
         processes, logs = [], []
         for config, name in zip(tf_configs(free_ports(2)), names, strict=True):
-            env = clean_env(DATASET=str(tmp_path / name / "photos"), TFDS_DATA_DIR=tmp_path / name / "tfds",
-                            OUTPUT_DIR=tmp_path / f"run-{'-'.join(names)}", TF_CONFIG=config, **WORKER_SETTINGS)  # fmt: skip
+            own = {"DATASET": tmp_path / name / "photos", "TFDS_DATA_DIR": tmp_path / name / "tfds"}
+            env = clean_env(OUTPUT_DIR=tmp_path / f"run-{'-'.join(names)}", TF_CONFIG=config, **own, **WORKER_SETTINGS)
             logs.append(tmp_path / f"{name}-{time.monotonic_ns()}.log")
             with open(logs[-1], "wb") as stream:
                 processes.append(start_python(["-m", "train", "fit"], cwd=tmp_path, env=env, stdout=stream,

@@ -1,31 +1,20 @@
 """The data input: TFDS splits in memory or streamed (`source`), and the batches the step and evaluation
-read (`feeds`). `open_dataset` and `Dataset.load` are what `fit` calls; `load_data` does both on one host."""
+read (`feeds`). `open_dataset` and `Dataset.load` are what `fit` calls; `load_data` does both on one host.
+
+`feeds` and `source` (TensorFlow) load when one of their names is first used, so that `train.data.local` (a path
+DATASET's checks) is imported before TensorFlow is."""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from train.data.feeds import (
-    BlocksFeed,
-    Feed,
-    PipelineFeed,
-    Remainder,
-    RowsFeed,
-    batches_per_pass,
-    distribute,
-    eval_dataset,
-    eval_steps,
-    gathers_in_step,
-    general_path,
-    input_pipelines,
-    make_feed,
-    pass_order,
-    train_dataset,
-)
-from train.data.source import Data, DatasetSpec, RecordsSplit, Split, StreamedSplit, TrainSplit
 from train.devices.host_memory import available_memory_bytes, fits_in_memory, memory_note
 from train.settings import Settings
+
+if TYPE_CHECKING:
+    from train.data.source import Data, DatasetSpec
 
 __all__ = [
     "BlocksFeed", "Data", "Dataset", "DatasetSpec", "Feed", "PipelineFeed", "RecordsSplit", "Remainder", "RowsFeed",
@@ -34,6 +23,21 @@ __all__ = [
     "general_path", "input_pipelines",
     "load_data", "make_feed", "open_dataset", "pass_order", "train_dataset",
 ]  # fmt: skip
+
+
+_HOMES = {
+    "feeds": ("BlocksFeed", "Feed", "PipelineFeed", "Remainder", "RowsFeed", "batches_per_pass", "distribute",
+              "eval_dataset", "eval_steps", "gathers_in_step", "general_path", "input_pipelines", "make_feed",
+              "pass_order", "train_dataset"),
+    "source": ("Data", "DatasetSpec", "RecordsSplit", "Split", "StreamedSplit", "TrainSplit"),
+}  # fmt: skip
+_HOME = {name: module for module, names in _HOMES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'train.data' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"train.data.{_HOME[name]}"), name)
 
 
 @dataclass(frozen=True)
