@@ -284,6 +284,18 @@ def test_a_changed_source_or_another_dataset_on_the_run_directory_is_refused(tra
     assert "DATASET='synthetic_photos' is not the data OUTPUT_DIR=" in line and "name 'photos_" in line
 
 
+def test_an_image_that_does_not_decode_stops_the_run_naming_its_file(tmp_path):
+    photos(tmp_path / "photos")
+    truncated = tmp_path / "photos" / "dog" / "4.jpg"
+    truncated.write_bytes(truncated.read_bytes()[:200])  # a JPEG's header, then nothing: passes the sniffing
+    result = run_train("fit", cwd=tmp_path, DATASET="./photos", TFDS_DATA_DIR=tmp_path / "tfds",
+                       OUTPUT_DIR=tmp_path / "run", MODEL="examples.resnet", **FAST)  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith("error: the image dog/4.jpg of DATASET=./photos cannot be decoded (")
+    assert "checkpoints/ckpt-0 is intact" in line and "Traceback" not in result.stderr
+
+
 def test_a_prepared_tfds_folder_is_read_in_place(trained_folder):
     tmp_path, settings, _ = trained_folder
     name = json.loads((tmp_path / "run" / "run.json").read_text())["data"]["name"]

@@ -38,6 +38,7 @@ from train.data import (
     make_feed,
     open_dataset,
 )
+from train.data.images import DECODE_ERROR, undecodable
 from train.data.opening import check_same_data, data_identity_text
 from train.devices.runtime import Runtime, auto_precision, choose_xla, setup_runtime
 from train.errors import SettingsError, TrainingError, first_line, storage_fix
@@ -454,7 +455,8 @@ def _say_profile(run: Run, start: int) -> None:
 
 @contextlib.contextmanager
 def streamed_files_intact(run: Run) -> Iterator[None]:
-    """Damage in a streamed split's files, found while reading them (training or evaluating), in one line."""
+    """Damage in a streamed split's files, found while reading them (training or evaluating), in one line; and an
+    image that cannot be decoded, by its filename."""
     try:
         yield
     # What reading damaged TFRecords raises: lost bytes, a missing file, fewer examples than recorded.
@@ -466,6 +468,18 @@ def streamed_files_intact(run: Run) -> Iterator[None]:
             f"files are damaged; the last checkpoint {run.manager.latest_checkpoint} is intact. Delete the "
             "dataset's directory, prepare it anew and run again to resume"
         ) from None
+    except tf.errors.InvalidArgumentError as error:
+        if not DECODE_ERROR.search(str(error.message)):
+            raise
+        for split in (run.data.train, run.data.eval):
+            found = undecodable(split, run.data.spec)
+            if found:
+                raise TrainingError(
+                    f"the image {found[0]} of DATASET={run.settings.dataset} cannot be decoded ({found[1]}); the last "
+                    f"checkpoint {run.manager.latest_checkpoint} is intact. Remove or replace the file and train in a "
+                    "new OUTPUT_DIR (the data then differs)"
+                ) from None
+        raise
 
 
 def _halve_batch(run: Run) -> None:
