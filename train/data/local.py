@@ -69,34 +69,54 @@ class Survey:
     def file(self, entry: Entry) -> Path:
         return self.root if self.root.is_file() else self.root / entry.path
 
-    @property
-    def listing(self) -> list[list]:
-        return [[entry.path, entry.size, entry.mtime_ns] for entry in self.entries]
+    @cached_property
+    def listing(self) -> str:
+        """sha256 of every file's relative path, size and mtime: what decides whether to read the files again."""
+        text = "".join(f"{entry.path}\0{entry.size}\0{entry.mtime_ns}\n" for entry in self.entries)
+        return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _entries(root: Path) -> list[Entry]:
-    """Every file under `root` (a file: itself), sorted by relative path; hidden engine caches left out."""
+def _entries(root: Path) -> tuple[list[Entry], list[str]]:
+    """Every file under `root` (a file: itself), sorted by relative path, the engine's own caches left out; and the
+    empty folders."""
     if root.is_file():
         stat = root.stat()
-        return [Entry(root.name, stat.st_size, stat.st_mtime_ns)]
-    found = []
+        return [Entry(root.name, stat.st_size, stat.st_mtime_ns)], []
+    found, empty = [], []
     for directory, folders, files in os.walk(root):
-        folders[:] = sorted(name for name in folders if name != "train-arrays-cache")  # the engine's own cache
+        folders[:] = [name for name in folders if name != "train-arrays-cache"]  # the engine's own cache
+        relative = Path(directory).relative_to(root).as_posix()
+        prefix = "" if relative == "." else relative + "/"
+        if not folders and not files and prefix:
+            empty.append(relative)
         for name in files:
-            path = Path(directory) / name
-            stat = path.stat()
-            found.append(Entry(path.relative_to(root).as_posix(), stat.st_size, stat.st_mtime_ns))
-    return sorted(found, key=lambda entry: entry.path)
+            stat = os.stat(os.path.join(directory, name))
+            found.append(Entry(prefix + name, stat.st_size, stat.st_mtime_ns))
+    return sorted(found, key=lambda entry: entry.path), sorted(empty)
+
+
+_CHECKED: dict[tuple[str, str], Survey] = {}  # the survey settings validation made, for `checked` to take once
+
+
+def checked(text: str) -> Survey:
+    """The survey made when the settings were validated, in this process (taken once: a walk of 20,000 files costs
+    a quarter of a second), else a new one."""
+    return _CHECKED.pop((os.getcwd(), text), None) or survey(text)
 
 
 def survey(text: str) -> Survey:
     """The layout of the path DATASET names, told from its folders and file names. Raises SettingsError."""
+    _CHECKED[os.getcwd(), text] = found = _survey(text)
+    return found
+
+
+def _survey(text: str) -> Survey:
     root = Path(text).expanduser()
     if not root.exists():
         raise SettingsError(f"DATASET={text!r} does not exist: name a folder of images, a CSV or JSON Lines file, "
                             "a folder of <split>.csv or <split>.jsonl, or a prepared TFDS folder")  # fmt: skip
     try:
-        entries = _entries(root)
+        entries, empty = _entries(root)
     except OSError as error:
         raise SettingsError(f"DATASET={text!r} cannot be read ({error.strerror}: {error.filename})") from None
     if root.is_file():
@@ -119,10 +139,10 @@ def survey(text: str) -> Survey:
         if len(kinds) > 1:
             raise SettingsError(f"DATASET={text!r} mixes .csv and .jsonl files: keep one kind")
         return Survey(root, "table", {Path(e.path).stem: [(e, None)] for e in tables}, entries=tuple(entries))
-    return _image_layout(text, root, entries)
+    return _image_layout(text, root, entries, empty)
 
 
-def _image_layout(text: str, root: Path, entries: list[Entry]) -> Survey:
+def _image_layout(text: str, root: Path, entries: list[Entry], empty: list[str]) -> Survey:
     """<class>/<file> (one split, train) or <split>/<class>/<file>: told from the root's subfolders."""
     below: dict[str, list[Entry]] = {}
     for entry in entries:
@@ -141,12 +161,10 @@ def _image_layout(text: str, root: Path, entries: list[Entry]) -> Survey:
             name = entry.path.split("/")[depth]
             splits.setdefault(split, []).append((entry, name))
             class_sets.setdefault(split, set()).add(name)
-    for folder in sorted(root.rglob("*")) if len(entries) < 1_000_000 else ():
-        if folder.is_dir() and not any(folder.iterdir()):
-            relative = folder.relative_to(root).as_posix()
-            if relative.count("/") == (1 if as_splits else 0):
-                raise SettingsError(f"DATASET={text!r}: the class folder {relative} is empty: put its images in it "
-                                    "or remove it")  # fmt: skip
+    for relative in empty:
+        if relative.count("/") == (1 if as_splits else 0):
+            raise SettingsError(f"DATASET={text!r}: the class folder {relative} is empty: put its images in it "
+                                "or remove it")  # fmt: skip
     classes = sorted(set().union(*class_sets.values()))
     for split, names in class_sets.items():
         if names != set(classes):

@@ -115,7 +115,7 @@ def _name(survey: local.Survey, fingerprint: str, label_key: str, label_kind: st
 
 def prepare_path(settings, say) -> Written:
     """The TFDS dataset of the path DATASET names: reused, or written once now. Raises SettingsError."""
-    survey = local.survey(settings.dataset)
+    survey = local.checked(settings.dataset)
     if survey.kind == "tfds":
         return _prepared_folder(settings, survey)
     label_key = settings.label_key or "label"
@@ -133,25 +133,42 @@ def prepare_path(settings, say) -> Written:
             written = _write(settings, survey, temporary, root, label_key, say)
         finally:
             shutil.rmtree(temporary, ignore_errors=True)
-        index.parent.mkdir(exist_ok=True)
         record = {"name": written.directory.parent.name, "listing": survey.listing, "identity": written.identity,
                   "skipped": written.skipped}  # fmt: skip
-        index.write_text(json.dumps(record), encoding="utf-8")
+        _write_index(index, record)
         return written
 
 
 def _prepared_folder(settings, survey: local.Survey) -> Written:
-    """A prepared TFDS folder, read in place: its identity covers dataset_info.json and the record files."""
+    """A prepared TFDS folder, read in place: its identity covers dataset_info.json and the record files (hashed
+    once for the same sizes and mtimes, then kept in TFDS_DATA_DIR's index where it is writable)."""
+    index = _index_path(data_dir(settings), survey, "", None)
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        recorded = json.loads(index.read_text(encoding="utf-8"))
+        if recorded["listing"] == survey.listing:
+            return Written(survey.root, recorded["identity"])
     read = local.Read()
-    listed = {entry.path: entry for entry in survey.entries}
-    info = json.loads((survey.root / "dataset_info.json").read_text(encoding="utf-8"))
-    name = info.get("name", "")
-    wanted = ["dataset_info.json"] + [path for path in listed if path.startswith(f"{name}-")]
-    for path in wanted:
-        data = (survey.root / path).read_bytes()
-        read.files[path] = (len(data), hashlib.sha256(data).hexdigest())
+    try:
+        name = json.loads((survey.root / "dataset_info.json").read_text(encoding="utf-8")).get("name", "")
+        for entry in survey.entries:
+            if entry.path == "dataset_info.json" or entry.path.startswith(f"{name}-"):  # TFDS's own file names
+                data = survey.file(entry).read_bytes()
+                read.files[entry.path] = (len(data), hashlib.sha256(data).hexdigest())
+    except (OSError, ValueError) as error:
+        raise SettingsError(f"DATASET={settings.dataset!r}: its dataset_info.json or records cannot be read "
+                            f"({error})") from None  # fmt: skip
     identity = {"kind": "tfds folder", "fingerprint": read.fingerprint, "files": len(read.files), "name": name}
+    with contextlib.suppress(OSError):  # a read-only TFDS_DATA_DIR: hashed again next time
+        _write_index(index, {"listing": survey.listing, "identity": identity})
     return Written(survey.root, identity)
+
+
+def _write_index(index: Path, record: dict[str, Any]) -> None:
+    """Whole or not at all: a concurrent reader never sees half a record."""
+    index.parent.mkdir(parents=True, exist_ok=True)
+    temporary = index.with_name(f"{index.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(record), encoding="utf-8")
+    os.replace(temporary, index)
 
 
 def _write(settings, survey: local.Survey, temporary: Path, root: Path, label_key: str, say) -> Written:
