@@ -48,7 +48,7 @@ def main(files: int, rounds: int) -> None:
         print(f"{files} JPEGs, {min(sizes) / 1024:.1f}-{max(sizes) / 1024:.1f} KB, {sum(sizes) / 2**20:.0f} MB")
         copy, write = [], []
         for number in range(rounds):
-            for which in (("cp", "write") if number % 2 == 0 else ("write", "cp")):
+            for which in ("cp", "write") if number % 2 == 0 else ("write", "cp"):
                 target = tmp / f"{which}{number}"
                 started = time.perf_counter()
                 if which == "cp":
@@ -64,8 +64,9 @@ def main(files: int, rounds: int) -> None:
         started = time.perf_counter()
         written.prepare_path(load_settings(), lambda line: None)
         reuse = time.perf_counter() - started
-        print(f"cp -r: {statistics.median(copy):,.0f} files/s; written: {statistics.median(write):,.0f} files/s; "
-              f"ratio {statistics.median(write) / statistics.median(copy):.2f}; reuse {reuse * 1000:.0f} ms")  # fmt: skip
+        copied, wrote = statistics.median(copy), statistics.median(write)
+        print(f"cp -r: {copied:,.0f} files/s; written: {wrote:,.0f} files/s; ratio {wrote / copied:.2f}; "
+              f"reuse {reuse * 1000:.0f} ms")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -32,6 +33,7 @@ MAGIC = (
 )
 MAX_INTEGER_CLASSES = 1000  # whole-number labels from 0 with at most this many values are classes
 SHOWN = 3  # changed files named in a refusal
+SPLIT_NAME = re.compile(r"[A-Za-z0-9_]+")  # what TFDS takes as a split's name
 
 
 def is_path(text: str) -> bool:
@@ -138,6 +140,10 @@ def _survey(text: str) -> Survey:
         kinds = {Path(entry.path).suffix.lower() for entry in tables}
         if len(kinds) > 1:
             raise SettingsError(f"DATASET={text!r} mixes .csv and .jsonl files: keep one kind")
+        wrong = [entry.path for entry in tables if not SPLIT_NAME.fullmatch(Path(entry.path).stem)]
+        if wrong:
+            raise SettingsError(f"DATASET={text!r}: {wrong[0]} does not name a split: use <split>.csv or "
+                                "<split>.jsonl, the split in letters, digits and _ (train.csv, test.csv)")  # fmt: skip
         return Survey(root, "table", {Path(e.path).stem: [(e, None)] for e in tables}, entries=tuple(entries))
     return _image_layout(text, root, entries, empty)
 
@@ -171,6 +177,10 @@ def _image_layout(text: str, root: Path, entries: list[Entry], empty: list[str])
             missing = sorted(set(classes) - names)
             raise SettingsError(f"DATASET={text!r}: the splits' class folders differ: {split} has no "
                                 f"{', '.join(missing[:SHOWN])}; every split needs the same class folders")  # fmt: skip
+    for split in splits:
+        if not SPLIT_NAME.fullmatch(split):
+            raise SettingsError(f"DATASET={text!r}: the split folder {split!r} is not a split name: use letters, "
+                                "digits and _ (train, test, validation)")  # fmt: skip
     return Survey(root, "images", splits, tuple(classes), tuple(entries))
 
 

@@ -259,7 +259,7 @@ def _write_images(survey: local.Survey, temporary: Path, read: local.Read, say, 
     import tensorflow_datasets as tfds
 
     index = {name: number for number, name in enumerate(survey.classes)}
-    splits = {}
+    splits, counts = {}, {}
     progress = _Progress(f"Writing {survey.root}", sum(map(len, survey.splits.values())), say)
 
     def make(item) -> bytes | None:
@@ -268,6 +268,7 @@ def _write_images(survey: local.Survey, temporary: Path, read: local.Read, say, 
         progress.advance()
         if image is None:
             return None
+        counts[label] = counts.get(label, 0) + 1
         return tf.train.Example(features=tf.train.Features(feature={
             "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image[0]])),
             "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[index[label]])),
@@ -283,6 +284,10 @@ def _write_images(survey: local.Survey, temporary: Path, read: local.Read, say, 
                 raise SettingsError(f"DATASET={survey.root}: the split {split} holds no JPEG, PNG, GIF or BMP images")
     finally:
         progress.close()
+    empty = [name for name in survey.classes if not counts.get(name)]
+    if empty:
+        raise SettingsError(f"DATASET={survey.root}: the class folder {empty[0]} holds no JPEG, PNG, GIF or BMP "
+                            "image: put its images in it or remove it")  # fmt: skip
     features = tfds.features.FeaturesDict({
         "image": tfds.features.Image(shape=(None, None, 3)),
         "label": tfds.features.ClassLabel(names=list(survey.classes)),
