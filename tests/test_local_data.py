@@ -134,6 +134,9 @@ def _make_bad(tmp_path: Path, case: str) -> Path:
     if case == "no folders":
         root.mkdir()
         (root / "README").write_text("hi")
+    elif case == "no images":
+        (root / "cat").mkdir(parents=True)
+        (root / "cat" / "notes.txt").write_text("no image here")
     elif case == "empty class":
         photos(root)
         (root / "owl").mkdir()
@@ -155,6 +158,7 @@ def _make_bad(tmp_path: Path, case: str) -> Path:
     [
         ("missing", "does not exist"),
         ("no folders", "holds no folders"),
+        ("no images", "the split train holds no JPEG, PNG, GIF or BMP images"),
         ("empty class", "the class folder owl is empty"),
         ("splits differ", "the splits' class folders differ: test has no tulip"),
         ("mixed kinds", "mixes .csv and .jsonl files"),
@@ -294,6 +298,23 @@ def test_an_image_that_does_not_decode_stops_the_run_naming_its_file(tmp_path):
     [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert line.startswith("error: the image dog/4.jpg of DATASET=./photos cannot be decoded (")
     assert "checkpoints/ckpt-0 is intact" in line and "Traceback" not in result.stderr
+
+
+def test_a_tfds_dataset_prepared_anew_is_not_the_runs_data(tmp_path, tfds_data_dir):
+    quick = dict(cwd=tmp_path, OUTPUT_DIR=tmp_path / "run", STEPS_PER_EPOCH=2, EPOCHS=1)
+    assert run_train("fit", TFDS_DATA_DIR=tfds_data_dir, **quick).returncode == 0
+    recorded = json.loads((tmp_path / "run" / "run.json").read_text())["data"]
+    assert (recorded["name"], recorded["version"]) == ("synthetic_clusters", "1.0.0") and recorded["shard_lengths"]
+    anew = tmp_path / "anew"  # the same dataset prepared again, in 4 files
+    script = ("import sys, tensorflow_datasets as tfds, train.data.synthetic_clusters\n"
+              "tfds.builder('synthetic_clusters', data_dir=sys.argv[1]).download_and_prepare("
+              "download_config=tfds.download.DownloadConfig(num_shards=4))\n")  # fmt: skip
+    assert run_python(["-c", script, str(anew)]).returncode == 0
+    result = run_train("fit", TFDS_DATA_DIR=anew, **{**quick, "EPOCHS": 2})
+    assert result.returncode == 2, result.stderr[-2000:]
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert "DATASET='synthetic_clusters' is not the data OUTPUT_DIR=" in line
+    assert "now {train: 4 files" in line and "it was prepared anew" in line
 
 
 def test_a_prepared_tfds_folder_is_read_in_place(trained_folder):

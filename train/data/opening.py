@@ -116,10 +116,8 @@ def check_same_data(settings: Settings, identity: dict[str, Any]) -> None:
     recorded = read_run(settings.output_dir).get("data")
     if not recorded or recorded == identity:
         return
-    where, stems = (
-        f"OUTPUT_DIR={settings.output_dir}",
-        {each.get("name", "").rsplit("_", 1)[0] for each in (recorded, identity)},
-    )
+    where = f"OUTPUT_DIR={settings.output_dir}"
+    stems = {each.get("name", "").rsplit("_", 1)[0] for each in (recorded, identity)}  # a path's name: stem_hash
     if recorded.get("kind") == identity.get("kind") != "tfds" and len(stems) == 1:  # the same folder or file, changed
         changes = _changes(settings, recorded, identity)
         raise SettingsError(
@@ -127,13 +125,23 @@ def check_same_data(settings: Settings, identity: dict[str, Any]) -> None:
             "on the changed data: train in a new OUTPUT_DIR, or put the files back"
         )
     keys = ("name", "config", "version", "shard_lengths", "files")
-    differs = [f"{key} {recorded.get(key)!r} now {identity.get(key)!r}" for key in keys
+    differs = [f"{key} {_short(recorded.get(key))} now {_short(identity.get(key))}" for key in keys
                if recorded.get(key) != identity.get(key)]  # fmt: skip
     what = "; ".join(differs[:2]) or "its fingerprint differs"
+    if differs and differs[0].startswith("shard_lengths"):
+        what += ": it was prepared anew"
     raise SettingsError(
         f"DATASET={settings.dataset!r} is not the data {where} was trained on ({what}): use another OUTPUT_DIR for it, "
         "or set DATASET back"
     )
+
+
+def _short(value: Any) -> str:
+    """A value of the identity as a refusal shows it: shard lengths as each split's files and examples."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{split}: {len(lengths)} files, {sum(lengths)} examples"
+                               for split, lengths in value.items()) + "}"  # fmt: skip
+    return repr(value)
 
 
 def _changes(settings: Settings, recorded: dict[str, Any], identity: dict[str, Any]) -> str:
