@@ -465,3 +465,13 @@ def test_workers_compare_the_datas_fingerprint_not_its_path(tmp_path):
     assert [code for code, _ in refused] == [2, 2], refused[1][1][-3000:]
     last = refused[1][1].strip().splitlines()[-1]
     assert last.startswith("error: worker 1 does not match the chief: data images sha256 ")
+
+
+def test_the_forks_contract_test_takes_a_folder_as_its_dataset(tmp_path):
+    """tests/harness/contract.py (what tests/test_project.py runs on a fork's defaults) with DATASET a folder."""
+    photos(tmp_path / "photos", per_class=3)
+    env = clean_env(DATASET=tmp_path / "photos", TFDS_DATA_DIR=tmp_path / "tfds", MODEL="examples.resnet")
+    result = run_python(["-m", "tests.harness.contract", str(tmp_path / "export")], cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["loss_finite"] and outcome["dataset"].startswith("photos_") and outcome["served_shape"] == [8, 3]
