@@ -330,15 +330,31 @@ def test_a_prepared_tfds_folder_is_read_in_place(trained_folder):
     assert recorded["kind"] == "tfds folder" and recorded["files"] == 2  # dataset_info.json and the record file
 
 
-def test_a_folder_of_split_folders_trains_on_train_and_evaluates_on_test(tmp_path):
+def test_a_folder_of_split_folders_trains_on_train_and_evaluates_on_test_streamed_on_two_replicas(tmp_path):
     photos(tmp_path / "photos" / "train")
     photos(tmp_path / "photos" / "test", per_class=3, seed=1)
     result = run_train("fit", cwd=tmp_path, DATASET="./photos", TFDS_DATA_DIR=tmp_path / "tfds",
-                       OUTPUT_DIR=tmp_path / "run", MODEL="examples.resnet", **FAST)  # fmt: skip
+                       OUTPUT_DIR=tmp_path / "run", MODEL="examples.resnet", DATA_IN_MEMORY="false", CPU_DEVICES=2,
+                       **FAST)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "one split" not in result.stdout + result.stderr
     settings = json.loads((tmp_path / "run" / "settings.json").read_text())
     assert (settings["TRAIN_SPLIT"], settings["EVAL_SPLIT"]) == ("train", "test")
+    summary = read_summary(tmp_path / "run")
+    assert (summary["replicas"], summary["data_in_memory"]) == (2, False)
+
+
+def test_a_run_on_a_folder_resumed_ends_with_the_uninterrupted_runs_weights(tmp_path):
+    photos(tmp_path / "photos")
+    common = dict(cwd=tmp_path, DATASET="./photos", TFDS_DATA_DIR=tmp_path / "tfds", MODEL="examples.resnet",
+                  BATCH_SIZE=8, CHECKPOINT_EVERY=1)  # fmt: skip
+    assert run_train("fit", OUTPUT_DIR=tmp_path / "whole", EPOCHS=2, **common).returncode == 0
+    assert run_train("fit", OUTPUT_DIR=tmp_path / "cut", EPOCHS=1, **common).returncode == 0
+    resumed = run_train("fit", OUTPUT_DIR=tmp_path / "cut", EPOCHS=2, **common)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    whole, cut = read_summary(tmp_path / "whole"), read_summary(tmp_path / "cut")
+    assert cut["resumed_from_step"] == whole["steps"] // 2
+    assert cut["weights_sha256"] == whole["weights_sha256"]
 
 
 def test_a_csv_with_text_and_number_columns_and_a_text_label_trains_with_preprocess(tmp_path):
