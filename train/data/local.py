@@ -333,10 +333,11 @@ def _typed(survey: Survey, name: str, every: list, is_label: bool, label_kind: s
     present = [value for _, _, value in values if value not in ("", None)]
     numbers = [_number(value) for value in present]
     numeric = bool(present) and all(number is not None for number in numbers)
-    if numeric:
+    if numeric or is_label:
         for split, number, value in values:
             if value in ("", None):
-                raise SettingsError(f"DATASET={survey.root}: column {name!r} is numeric but row {number} of {split} "
+                what = "the label" if is_label else "numeric"
+                raise SettingsError(f"DATASET={survey.root}: column {name!r} is {what} but row {number} of {split} "
                                     "is empty: fill it in")  # fmt: skip
     whole = numeric and all(isinstance(number, int) for number in numbers)  # "3" is whole, "3.0" is not
     dtype = "int64" if whole else "float32" if numeric else "string"
