@@ -448,8 +448,9 @@ WORKER_SETTINGS = {"MODEL": "resized.py", "STEPS_PER_EPOCH": 2, "EPOCHS": 1, "BA
                    "STRATEGY": "multi_worker", "WORKER_START_TIMEOUT": 60}  # fmt: skip
 
 
-def test_workers_compare_the_datas_fingerprint_not_its_path(tmp_path):
-    """Each worker its own copy of the folder at its own path, and its own TFDS_DATA_DIR (nothing shared)."""
+def test_workers_write_a_shared_folder_once_and_compare_the_datas_fingerprint_not_its_path(tmp_path):
+    """Two workers sharing TFDS_DATA_DIR; then each with its own copy of the folder at its own path and its own
+    TFDS_DATA_DIR (nothing shared): the same files agree, a changed copy is refused."""
     import subprocess
 
     from tests.conftest import start_python
@@ -476,6 +477,10 @@ def test_workers_compare_the_datas_fingerprint_not_its_path(tmp_path):
         photos(tmp_path / name / "photos")
     changed = tmp_path / "c" / "photos" / "cat"
     (changed / "1.jpg").write_bytes((changed / "2.jpg").read_bytes())
+    shared = workers(("a", "a"))  # one TFDS_DATA_DIR: written once, under its lock
+    assert [code for code, _ in shared] == [0, 0], shared[0][1][-3000:]
+    assert len(list((tmp_path / "a" / "tfds").glob("photos_*"))) == 1
+    assert sum("Writing " in log for _, log in shared) == 1
     agreed = workers(("a", "b"))
     assert [code for code, _ in agreed] == [0, 0], agreed[0][1][-3000:]
     refused = workers(("a", "c"))

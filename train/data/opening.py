@@ -77,6 +77,8 @@ def open_source(settings: Settings, say) -> Opened:
                 "name its folder instead, DATASET=<folder> (a folder of class folders is written once as records)"
             )
         prepare(builder, settings)
+        if not builder.info.splits:  # prepared by another process sharing TFDS_DATA_DIR while this one waited
+            builder = open_builder(settings)
         identity = tfds_identity(builder)
     settings, split_note = one_split(settings, builder)
     return Opened(builder, identity, settings, (*notes, *split_note))
