@@ -149,15 +149,20 @@ def _short(value: Any) -> str:
 def _changes(settings: Settings, recorded: dict[str, Any], identity: dict[str, Any]) -> str:
     """How many files were added, removed or modified, and the first few, from both datasets' source.json."""
     root = written.data_dir(settings)
+    fallback = f"its fingerprint differs ({recorded.get('files')} files then, {identity.get('files')} now)"
+    if identity.get("kind") == "tfds folder":  # read in place: no list of its files was kept
+        return fallback
     try:
         before, now = ({path: tuple(value) for path, value in json.loads(
             (root / each["name"] / written.VERSION / written.SOURCE).read_text(encoding="utf-8"))["files"].items()}
             for each in (recorded, identity))  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError):
-        return f"its fingerprint differs ({recorded.get('files')} files then, {identity.get('files')} now)"
+        return fallback
     changes = [f"added {p}" for p in sorted(set(now) - set(before))]
     changes += [f"removed {p}" for p in sorted(set(before) - set(now))]
     changes += [f"modified {p}" for p in sorted(set(now) & set(before)) if now[p] != before[p]]
+    if not changes:  # the files are the same: LABEL_KEY or LABEL_KIND made it another dataset
+        return f"it was written anew as {identity.get('name')} (LABEL_KEY or LABEL_KIND changed)"
     shown = ", ".join(changes[: local.SHOWN]) + (", ..." if len(changes) > local.SHOWN else "")
     return f"{len(changes)} file(s) changed ({shown})"
 
