@@ -145,7 +145,8 @@ def _check_optimizer(settings: Settings, optimizer: keras.optimizers.Optimizer) 
             raise SettingsError(
                 f"MODEL={settings.model!r} compiles with gradient_accumulation_steps="
                 f"{each.gradient_accumulation_steps}, which Keras cannot run inside a distributed training loop: "
-                "raise BATCH_SIZE (or add replicas) for the same global batch instead"
+                "set GLOBAL_BATCH_SIZE (the global batch) with BATCH_SIZE (what one replica takes at once) instead: "
+                "the engine then accumulates micro-batches itself"
             )
         if getattr(each, "use_ema", False) and getattr(each, "ema_overwrite_frequency", None):
             raise SettingsError(
