@@ -41,6 +41,8 @@ from train.data import (
     make_feed,
     open_dataset,
 )
+from train.data.images import DECODE_ERROR, undecodable
+from train.data.opening import check_same_data, data_identity_text
 from train.devices.runtime import Runtime, auto_precision, choose_xla, setup_runtime
 from train.errors import SettingsError, TrainingError, first_line, storage_fix
 from train.loop import Outcome, Schedule, check_finite, longest_call, run_loop, write_scalars
@@ -89,6 +91,7 @@ def agree(settings: Settings, runtime: Runtime, peers: SingleHost, dataset: Data
         "examples": f"{spec.train_examples} train, {spec.eval_examples} eval",
         "inputs": spec.describe_inputs(),
         "label": f"{spec.label_key} {list(spec.label_shape)} {spec.label_dtype}",
+        "data": data_identity_text(dataset.identity),  # the data itself, not DATASET's text (a path differs by host)
     }
     recorded = read_run(settings.output_dir) if peers.is_chief else {}
     this_worker = report(
@@ -150,6 +153,7 @@ class Run:
     starts: list[dict[str, Any]] = field(default_factory=list)  # every start of the run (run.json), this one last
     context: Any = None  # train.context.Context: the run's facts, as build_model and build_callbacks got them
     callbacks: Any = None  # train.callbacks.Callbacks: the fork's callbacks, MONITOR, epochs.json
+    identity: dict[str, Any] = field(default_factory=dict)  # the data's (train.data.opening): run.json's "data"
 
     @property
     def output_dir(self) -> Path:
@@ -212,7 +216,10 @@ def _start(settings: Settings, runtime: Runtime, peers: SingleHost, say: Say) ->
     if runtime.cluster is not None:
         writes = f", chief: writes {settings.output_dir}" if peers.is_chief else ""
         say(f"Worker {peers.worker_index} of {peers.workers} ({runtime.cluster.address}{writes}): all workers joined.")
-    dataset = open_dataset(settings)
+    dataset = open_dataset(settings, say)
+    settings = dataset.settings  # a dataset with one split: TRAIN_SPLIT and EVAL_SPLIT slice it
+    if peers.is_chief:
+        check_same_data(settings, dataset.identity)  # another DATASET, or changed files: before anything is built
     decision = agree(settings, runtime, peers, dataset)
     runtime = runtime.with_precision(decision.precision)
     data = dataset.load(settings, decision.data_in_memory, _workers_here(runtime))
@@ -233,7 +240,7 @@ def _start(settings: Settings, runtime: Runtime, peers: SingleHost, say: Say) ->
     if jit and decision.jit_compile == "auto" and built.custom_step is not None and not built.network.jit_compile:
         # as model.fit runs it: a step of the fork's own may hold what XLA cannot compile (a tf.print)
         jit, why = False, "auto: off, as model.fit runs this model's own train_step (its jit_compile is False)"
-    run = Run(settings, runtime, peers, data, built, jit, why, say, context=context)
+    run = Run(settings, runtime, peers, data, built, jit, why, say, context=context, identity=dataset.identity)
     run.callbacks = Callbacks(build_callbacks(settings, context), run)  # bad callbacks: before writing
     return run
 
@@ -377,6 +384,7 @@ def _write_run(run: Run, recorded: dict[str, Any]) -> None:
     write_json(run.output_dir / RUN, {
         "model": settings.model, "model_sha256": model_fingerprint(settings.model),
         "jit_compile": run.jit_compile, "data_in_memory": run.data.in_memory, "precision": run.runtime.precision,
+        "data": run.identity,
         **{key: recorded[key] for key in ("jit_compile", "data_in_memory", "precision") if key in recorded},
         "starts": run.starts,
     })  # fmt: skip
@@ -473,7 +481,8 @@ def _say_profile(run: Run, start: int) -> None:
 
 @contextlib.contextmanager
 def streamed_files_intact(run: Run) -> Iterator[None]:
-    """Damage in a streamed split's files, found while reading them (training or evaluating), in one line."""
+    """Damage in a streamed split's files, found while reading them (training or evaluating), in one line; and an
+    image that cannot be decoded, by its filename."""
     try:
         yield
     # What reading damaged TFRecords raises: lost bytes, a missing file, fewer examples than recorded.
@@ -485,6 +494,18 @@ def streamed_files_intact(run: Run) -> Iterator[None]:
             f"files are damaged; the last checkpoint {run.manager.latest_checkpoint} is intact. Delete the "
             "dataset's directory, prepare it anew and run again to resume"
         ) from None
+    except tf.errors.InvalidArgumentError as error:
+        if not DECODE_ERROR.search(str(error.message)):
+            raise
+        for split in (run.data.train, run.data.eval):
+            found = undecodable(split, run.data.spec)
+            if found:
+                raise TrainingError(
+                    f"the image {found[0]} of DATASET={run.settings.dataset} cannot be decoded ({found[1]}); the last "
+                    f"checkpoint {run.manager.latest_checkpoint} is intact. Remove or replace the file and train in a "
+                    "new OUTPUT_DIR (the data then differs)"
+                ) from None
+        raise
 
 
 def _halve_batch(run: Run) -> None:
@@ -552,6 +573,7 @@ def _summary(run: Run, outcome: Outcome, fingerprint: str) -> dict[str, Any]:
     runtime, schedule = run.runtime, Schedule(run.settings, run.segment)
     return {
         "dataset": run.data.name,
+        "classes": run.data.spec.classes,
         "model": run.settings.model,
         "model_sha256": model_fingerprint(run.settings.model),
         "strategy": runtime.strategy_name,

@@ -24,6 +24,8 @@ from train.callbacks import build_callbacks
 from train.context import Context, sample_function
 from train.data import RecordsSplit, Split, make_feed
 from train.data.examples import random_record
+from train.data.local import is_path
+from train.data.opening import open_source
 from train.data.source import inspect, open_builder
 from train.model import build, export
 from train.model_file import load_model_file
@@ -55,7 +57,12 @@ def main(output_dir: Path) -> dict:
     # project/defaults.env and what the caller's environment sets (tests/test_project.py passes none of the user's)
     settings = load_settings({"OUTPUT_DIR": str(output_dir)}, dotenv_path="/nonexistent")
     preprocess = load_model_file(settings.model).preprocess
-    spec = inspect(open_builder(settings), settings, count=False, preprocess=preprocess)
+    if is_path(settings.dataset):  # a folder or file: written once as TFDS records (docs/data.md), then as any
+        opened = open_source(settings, lambda line: print(line, file=sys.stderr))
+        builder, settings, preprocess = opened.builder, opened.settings, preprocess or opened.columns(settings)
+    else:  # a TFDS name: its features alone, not prepared here
+        builder = open_builder(settings)
+    spec = inspect(builder, settings, count=False, preprocess=preprocess)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     split = random_split(spec)
     context = Context(global_batch=BATCH, replicas=1, workers=1, steps_per_epoch=1, epochs=settings.epochs,

@@ -88,6 +88,16 @@ class _Reads(dict):
         return super(_Reads, self._all()).values()
 
 
+def decode_image(feature, encoded: tf.Tensor) -> tf.Tensor:
+    """An Image feature's stored bytes decoded as TFDS does, but a GIF as its first frame (TFDS's decode gives
+    every frame, a 4-D tensor) and a BMP too: whatever a folder of images held (train.data.local)."""
+    if feature.np_dtype != np.uint8:  # TFDS's float images are bitcast PNGs: its own decode
+        return feature.decode_example(encoded)
+    image = tf.image.decode_image(encoded, channels=feature.shape[-1], expand_animations=False)
+    image.set_shape(feature.shape)
+    return image
+
+
 @dataclass
 class Examples:
     """How one stored record becomes what the model gets.
@@ -125,7 +135,7 @@ class Examples:
             if key not in example:  # not served: preprocess does not read it
                 continue
             encoded = example[key]
-            example[key] = self.features[key].decode_example(encoded)
+            example[key] = decode_image(self.features[key], encoded)
             example[key + BYTES_SUFFIX] = encoded
         return example
 
