@@ -24,6 +24,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from train.adapt import resources
 from train.context import Context
 from train.data.source import DatasetSpec
 from train.errors import SettingsError, first_line
@@ -340,12 +341,22 @@ def export(built: Built, output_dir: Path) -> dict[str, str]:
     shutil.rmtree(staging, ignore_errors=True)
     archive = keras.export.ExportArchive()
     archive.track(serving)
+    for resource in preprocess_resources(built.spec):  # the vocabularies and tables, inside the SavedModel
+        archive.track(resource)
     for name, function, signature in serving_endpoints(built):  # the first added is serving_default
         archive.add_endpoint(name=name, fn=function, input_signature=signature)
     archive.write_out(str(staging), verbose=False)
     shutil.rmtree(saved_model, ignore_errors=True)
     os.replace(staging, saved_model)
     return {"keras": str(keras_path), "saved_model": str(saved_model)}
+
+
+def preprocess_resources(spec: DatasetSpec) -> list[Any]:
+    """The layers and tables of the MODEL file that `preprocess` may use (train.adapt.resources): what the
+    export's default signature runs besides the model, so the SavedModel must carry them."""
+    if not spec.records or spec.examples.preprocess is None:
+        return []
+    return list(resources(load_model_file(spec.examples.model).module).values())
 
 
 def weights_fingerprint(built: Built) -> str:

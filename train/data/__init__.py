@@ -3,7 +3,7 @@ read (`feeds`). `open_dataset` and `Dataset.load` are what `fit` calls; `load_da
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from train.data.feeds import (
@@ -42,6 +42,7 @@ class Dataset:
 
     builder: Any
     spec: DatasetSpec
+    adapted: dict[str, Any] = field(default_factory=dict)  # what MODEL's adapt fitted (train.adapt.fingerprint)
 
     def fits_in_memory(self, workers_here: int = 1) -> bool:
         """Whether both splits, as stored, fit in the memory left (for each worker this host runs)."""
@@ -58,14 +59,16 @@ class Dataset:
 
 
 def open_dataset(settings: Settings) -> Dataset:
-    """Open DATASET, prepare it if needed and read its spec, with MODEL's `preprocess` where it defines one.
-    Raises SettingsError."""
+    """Open DATASET, prepare it if needed, run MODEL's `adapt` on it (train.adapt) and read its spec, with MODEL's
+    `preprocess` where it defines one. Raises SettingsError."""
+    from train.adapt import run_adapt
     from train.data.source import inspect, open_builder, prepare
     from train.model_file import load_model_file
 
     builder = open_builder(settings)
     prepare(builder, settings)
-    return Dataset(builder, inspect(builder, settings, preprocess=load_model_file(settings.model).preprocess))
+    adapted = run_adapt(settings, builder)  # before preprocess is first traced (inspect runs it)
+    return Dataset(builder, inspect(builder, settings, preprocess=load_model_file(settings.model).preprocess), adapted)
 
 
 def load_data(settings: Settings) -> Data:
