@@ -82,13 +82,13 @@ def run_adapt(settings, builder) -> dict[str, Any]:
 
 def resources(module) -> dict[str, Any]:
     """The Keras layers and `tf.lookup` tables among `module`'s globals (and in a list, tuple or dict global),
-    by where they are found ("VOCAB", "LOOKUPS[0]"), built layers only: what the export tracks."""
+    by where they are found ("VOCAB", "LOOKUPS[0]"): what the fingerprint reads and (built) the export tracks."""
     import keras
     import tensorflow as tf
 
     def wanted(value) -> bool:
         if isinstance(value, keras.layers.Layer):
-            return value.built and not isinstance(value, keras.Model)  # a model is the export's own
+            return not isinstance(value, keras.Model)  # a model is the export's own
         return isinstance(value, tf.saved_model.experimental.TrackableResource)  # a tf.lookup table
 
     found: dict[str, Any] = {}

@@ -21,6 +21,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from train.adapt import check_recorded
 from train.callbacks import Callbacks, build_callbacks
 from train.checkpoints import make_checkpoint, restore_newest, save_checkpoint
 from train.cluster.agreement import Decision, reconcile, report
@@ -40,6 +41,7 @@ from train.data import (
 )
 from train.devices.runtime import Runtime, auto_precision, choose_xla, setup_runtime
 from train.errors import SettingsError, TrainingError, first_line, storage_fix
+from train.exportable import check_exportable
 from train.loop import Outcome, Schedule, check_finite, longest_call, run_loop, write_scalars
 from train.model import Built, averaged_weights, build, export, spread_seeds, use_averaged_weights, weights_fingerprint
 from train.progress import evaluation_notice, format_metrics, reporter
@@ -80,9 +82,10 @@ def agree(settings: Settings, runtime: Runtime, peers: SingleHost, dataset: Data
         "label": f"{spec.label_key} {list(spec.label_shape)} {spec.label_dtype}",
     }
     recorded = read_run(settings.output_dir) if peers.is_chief else {}
+    check_recorded(settings, recorded, dataset.adapted)  # a start whose adapt fitted other vocabularies
     this_worker = report(
         agreed_settings(settings), model_fingerprint(settings.model), facts,
-        dataset.fits_in_memory(_workers_here(runtime)), auto_precision(runtime.plan)[0], recorded,
+        dataset.fits_in_memory(_workers_here(runtime)), auto_precision(runtime.plan)[0], recorded, dataset.adapted,
     )  # fmt: skip
     return reconcile(peers.all_gather("report", this_worker))
 
@@ -139,6 +142,7 @@ class Run:
     starts: list[dict[str, Any]] = field(default_factory=list)  # every start of the run (run.json), this one last
     context: Any = None  # train.context.Context: the run's facts, as build_model and build_callbacks got them
     callbacks: Any = None  # train.callbacks.Callbacks: the fork's callbacks, MONITOR, epochs.json
+    adapted: dict[str, Any] = field(default_factory=dict)  # what MODEL's adapt fitted (train.adapt.fingerprint)
 
     @property
     def output_dir(self) -> Path:
@@ -209,9 +213,11 @@ def _start(settings: Settings, runtime: Runtime, peers: SingleHost, say: Say) ->
         say(line)
     context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))  # a split under one
     built = build(settings, data.spec, runtime.strategy, context)  # global batch, a bad model: before writing
+    if peers.is_chief:  # the one that exports: a model it could not export is refused before the first step
+        check_exportable(built, settings.model)
     whole_call = gathers_in_step(runtime.strategy, data.spec.records)  # the feed lets XLA compile the whole call
     jit, why = _decide_xla(settings, runtime, peers, built, whole_call, decision.jit_compile)
-    run = Run(settings, runtime, peers, data, built, jit, why, say, context=context)
+    run = Run(settings, runtime, peers, data, built, jit, why, say, context=context, adapted=dataset.adapted)
     run.callbacks = Callbacks(build_callbacks(settings, context), run)  # bad callbacks: before writing
     return run
 
@@ -352,7 +358,8 @@ def _write_run(run: Run, recorded: dict[str, Any]) -> None:
     write_json(run.output_dir / RUN, {
         "model": settings.model, "model_sha256": model_fingerprint(settings.model),
         "jit_compile": run.jit_compile, "data_in_memory": run.data.in_memory, "precision": run.runtime.precision,
-        **{key: recorded[key] for key in ("jit_compile", "data_in_memory", "precision") if key in recorded},
+        "adapted": run.adapted,  # what MODEL's adapt fitted (train.adapt): a later start must fit the same
+        **{key: recorded[key] for key in ("jit_compile", "data_in_memory", "precision", "adapted") if key in recorded},
         "starts": run.starts,
     })  # fmt: skip
 

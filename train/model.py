@@ -356,7 +356,8 @@ def preprocess_resources(spec: DatasetSpec) -> list[Any]:
     export's default signature runs besides the model, so the SavedModel must carry them."""
     if not spec.records or spec.examples.preprocess is None:
         return []
-    return list(resources(load_model_file(spec.examples.model).module).values())
+    found = resources(load_model_file(spec.examples.model).module).values()
+    return [each for each in found if getattr(each, "built", True)]  # a layer never called is not in the graph
 
 
 def weights_fingerprint(built: Built) -> str:
