@@ -193,6 +193,16 @@ def photos_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return shared_data_dir(tmp_path_factory, "photo_datasets", script)
 
 
+@pytest.fixture(scope="session")
+def text_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A TFDS data dir with synthetic_reviews (short texts with a class label) generated once, offline."""
+    script = (
+        "import sys, tensorflow_datasets as tfds, train.data.synthetic_reviews\n"
+        "tfds.builder('synthetic_reviews', data_dir=sys.argv[1]).download_and_prepare()\n"
+    )
+    return shared_data_dir(tmp_path_factory, "text_datasets", script)
+
+
 WIDE_BYTES = (4_000 + 250) * (16_384 * 4 + 8)  # wide_values (tests/datasets): 262 MB of float32, and the labels
 
 
