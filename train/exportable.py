@@ -55,8 +55,7 @@ def check_exportable(built, model: str) -> None:
             if "untracked" not in str(error):
                 raise
             raise SettingsError(
-                f"MODEL={model!r}: the SavedModel cannot carry a resource preprocess uses ({_said(error)}): "
-                f"{TRACK_FIX}"
+                f"MODEL={model!r}: the SavedModel cannot carry a resource preprocess uses ({_said(error)}): {TRACK_FIX}"
             ) from None
 
 

@@ -16,12 +16,13 @@ import tensorflow_datasets as tfds
 TRAIN_EXAMPLES = 4_096
 TEST_EXAMPLES = 1_024
 NEUTRAL = (
-    "the a this film movie story plot actor actress scene music it was is and but of to in with very quite "
-    "really rather somewhat director camera ending start middle character dialogue script cast show"
-).split()
+    "the", "a", "this", "film", "movie", "story", "plot", "actor", "actress", "scene", "music", "it", "was", "is",
+    "and", "but", "of", "to", "in", "with", "very", "quite", "really", "rather", "somewhat", "director", "camera",
+    "ending", "start", "middle", "character", "dialogue", "script", "cast", "show",
+)  # fmt: skip
 LEANING = (
-    "awful boring dull terrible weak bad tedious messy bland clumsy".split(),  # negative
-    "great superb moving brilliant fine good lovely sharp vivid clever".split(),  # positive
+    ("awful", "boring", "dull", "terrible", "weak", "bad", "tedious", "messy", "bland", "clumsy"),  # negative
+    ("great", "superb", "moving", "brilliant", "fine", "good", "lovely", "sharp", "vivid", "clever"),  # positive
 )
 OWN_SHARE = 0.85  # of the leaning words, the share from the review's own class
 
