@@ -259,3 +259,77 @@ def test_a_model_the_export_would_fail_on_is_refused_before_the_first_step(
     assert "This is a bug" not in line, line
     assert said in line, line
     assert "Training " not in result.stdout and not (tmp_path / "run" / "checkpoints").exists()
+
+
+# --- preprocess's outputs of unknown static dimensions ----------------------------------------------------------
+
+# ImageNet's crop: a window of the image's own size, resized to 32x32. Its static shape is (32, 32, None).
+CROP = """
+import keras, tensorflow as tf
+
+def preprocess(example, training, seed):
+    image = example["image"]
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.shape(image), tf.zeros([0, 0, 4]), seed=seed, min_object_covered=0.1, use_image_if_no_bounding_boxes=True)
+    return tf.image.resize(tf.slice(image, begin, size), (32, 32)), example["label"]
+
+def build_model(input_shape, num_classes, learning_rate):
+    inputs = keras.Input(input_shape, name="inputs")
+    outputs = keras.layers.Dense(num_classes, activation="softmax")(keras.layers.GlobalAveragePooling2D()(inputs))
+    model = keras.Model(inputs, outputs)
+    model.compile(keras.optimizers.Adam(learning_rate), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+"""
+# A vector of WIDTH zeros, one longer for a text of more than LONGEST words: odd where the first examples are not.
+WORDS_WIDE = """
+import keras, tensorflow as tf
+
+def preprocess(example, training, seed):
+    words = tf.size(tf.strings.split(example["text"]))
+    return tf.zeros(tf.where(words > LONGEST, 5, 4)[None]), example["label"]
+
+def build_model(input_shape, num_classes, learning_rate):
+    inputs = keras.Input(input_shape, name="inputs")
+    model = keras.Model(inputs, keras.layers.Dense(num_classes, activation="softmax")(inputs))
+    model.compile(keras.optimizers.Adam(learning_rate), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+"""
+WORD_COUNTS = """
+import json, sys, tensorflow as tf, tensorflow_datasets as tfds, train.data.synthetic_reviews
+config = tfds.ReadConfig(interleave_cycle_length=1)
+texts = tfds.builder("synthetic_reviews", data_dir=sys.argv[1]).as_dataset(split="train", read_config=config)
+print(json.dumps([len(example["text"].numpy().split()) for example in texts.take(1024)]))
+"""
+
+
+def test_an_output_of_unknown_dimensions_is_taken_at_the_first_examples_shape_and_trains(tmp_path, photos_data_dir):
+    model = tmp_path / "crop.py"
+    model.write_text(CROP)
+    result = run_train("fit", cwd=tmp_path, MODEL=model, DATASET="synthetic_photos", TFDS_DATA_DIR=photos_data_dir,
+                       TRAIN_SPLIT="train[:128]", EVAL_SPLIT="test[:64]", OUTPUT_DIR=tmp_path / "run", EPOCHS=1,
+                       BATCH_SIZE=32)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "preprocess returns (32, 32, None); the first examples give (32, 32, 3): taken as fixed" in result.stdout
+    assert read_summary(tmp_path / "run")["steps"] == 4
+
+
+def test_a_later_example_of_another_shape_stops_the_run_in_one_line(tmp_path, text_data_dir):
+    counts = json.loads(run_python(["-c", WORD_COUNTS, str(text_data_dir)]).stdout.strip().splitlines()[-1])
+    longest = max(counts[:32])  # what the first examples give: 4 wide; a longer text later is 5 wide
+    assert any(count > longest for count in counts[32:]), "no later text is longer: the test cannot tell"
+    model = tmp_path / "wide.py"
+    model.write_text(WORDS_WIDE.replace("LONGEST", str(longest)))
+    result = run_train("fit", cwd=tmp_path, **text_settings(text_data_dir, tmp_path / "run", MODEL=model))
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "preprocess returns (None,); the first examples give (4,): taken as fixed" in result.stdout
+    line = error_line(result)
+    assert "preprocess returned (5,) for an example of synthetic_reviews" in line, line
+    assert "where the first examples gave (4,)" in line and "is intact" in line, line
+
+
+def test_a_dimension_that_differs_among_the_first_examples_is_refused_as_variable(tmp_path, text_data_dir):
+    model = tmp_path / "ragged.py"
+    model.write_text(WORDS_WIDE.replace("tf.where(words > LONGEST, 5, 4)[None]", "words[None]"))
+    result = run_train("fit", cwd=tmp_path, **text_settings(text_data_dir, tmp_path / "run", MODEL=model))
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "returns inputs of variable shape (None): every output needs a fixed shape" in error_line(result)

@@ -39,11 +39,13 @@ from train.data import (
     make_feed,
     open_dataset,
 )
+from train.data.shapes import odd_shape
 from train.devices.runtime import Runtime, auto_precision, choose_xla, setup_runtime
 from train.errors import SettingsError, TrainingError, first_line, storage_fix
 from train.exportable import check_exportable
 from train.loop import Outcome, Schedule, check_finite, longest_call, run_loop, write_scalars
 from train.model import Built, averaged_weights, build, export, spread_seeds, use_averaged_weights, weights_fingerprint
+from train.model_file import RESNET_EXAMPLE
 from train.progress import evaluation_notice, format_metrics, reporter
 from train.rundir import RUN, RunLock, StopRequest, check_same_model, read_run, write_json
 from train.settings import RUN_SETTINGS, Settings, agreed_settings, changed_settings, model_fingerprint
@@ -427,7 +429,7 @@ def _train(run: Run) -> Outcome:
         run.progress = reporter(settings.progress, run.peers.is_chief, say, schedule.total_steps,
                                 schedule.epoch_under_way, settings.epochs, start)  # fmt: skip
         try:
-            with streamed_files_intact(run):
+            with streamed_files_intact(run), preprocess_shapes_hold(run):
                 return run_loop(calls, schedule, start, int(run.checkpoint.skipped_steps.numpy()), run)
         except tf.errors.ResourceExhaustedError:
             _halve_batch(run)
@@ -465,6 +467,24 @@ def streamed_files_intact(run: Run) -> Iterator[None]:
             f"reading the streamed {run.data.name} failed while training ({first_line(error, 160)}): its prepared "
             f"files are damaged; the last checkpoint {run.manager.latest_checkpoint} is intact. Delete the "
             "dataset's directory, prepare it anew and run again to resume"
+        ) from None
+
+
+@contextlib.contextmanager
+def preprocess_shapes_hold(run: Run) -> Iterator[None]:
+    """A later example whose output differs from the shape the first examples gave (train.data.shapes), in one
+    line."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as error:
+        odd = odd_shape(error)
+        if odd is None:
+            raise
+        raise TrainingError(
+            f"MODEL={run.settings.model!r}: preprocess returned {odd[0]} for an example of {run.data.name}, where the "
+            f"first examples gave {odd[1]}; the last checkpoint {run.manager.latest_checkpoint} is intact. Make "
+            f"preprocess return one shape for every example (resize or crop it to a constant size, as "
+            f"{RESNET_EXAMPLE} does)"
         ) from None
 
 
@@ -610,7 +630,7 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> dict[str, Any
                 outcome = dataclasses.replace(outcome, interrupted=False)
             if not outcome.interrupted:
                 run.callbacks.end(outcome.step)
-            with streamed_files_intact(run):
+            with streamed_files_intact(run), preprocess_shapes_hold(run):
                 return _finish(run, outcome)
     finally:
         peers.close()

@@ -55,7 +55,8 @@ class Dataset:
         available = available_memory_bytes()
         fits = fits_in_memory(self.spec.held_bytes, available, workers_here)
         note = memory_note(settings.data_in_memory, fits, self.spec.held_bytes, available, workers_here)
-        return load(self.builder, self.spec, settings, in_memory, (note,) if note else ())
+        pinned = tuple(self.spec.examples.notes) if self.spec.examples else ()  # outputs taken as fixed
+        return load(self.builder, self.spec, settings, in_memory, (*pinned, note) if note else pinned)
 
 
 def open_dataset(settings: Settings) -> Dataset:
