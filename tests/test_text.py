@@ -31,21 +31,22 @@ import json, sys
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
-import train.data.synthetic_reviews
+import train.data.synthetic_columns, train.data.synthetic_reviews
 
-data_dir, split, saved_model = sys.argv[1:4]
+data_dir, name, split, saved_model = sys.argv[1:5]
 serve = tf.saved_model.load(saved_model).signatures["serving_default"]
 inputs = serve.structured_input_signature[1]
 right = total = 0
-for batch in tfds.builder("synthetic_reviews", data_dir=data_dir).as_dataset(split=split).batch(100):
-    predicted = np.argmax(next(iter(serve(**{key: batch[key] for key in inputs}).values())).numpy(), axis=-1)
+for batch in tfds.builder(name, data_dir=data_dir).as_dataset(split=split).batch(100):
+    sent = {key: batch[key] if key in batch else batch["features"][key] for key in inputs}  # a column by its name
+    predicted = np.argmax(next(iter(serve(**sent).values())).numpy(), axis=-1)
     right, total = right + int(np.sum(predicted == batch["label"].numpy())), total + len(predicted)
 print(json.dumps({"inputs": {key: spec.dtype.name for key, spec in inputs.items()}, "accuracy": right / total}))
 """
 
 
-def served_accuracy(data_dir: Path, run: Path, split: str = "test") -> dict:
-    result = run_python(["-c", SERVED_ACCURACY, str(data_dir), split, str(run / "saved_model")])
+def served_accuracy(data_dir: Path, run: Path, name: str = "synthetic_reviews", split: str = "test") -> dict:
+    result = run_python(["-c", SERVED_ACCURACY, str(data_dir), name, split, str(run / "saved_model")])
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -83,6 +84,22 @@ def test_the_text_example_serves_raw_strings_with_the_vocabulary_inside_matching
     assert vocabulary["layer"] == "TextVectorization" and vocabulary["vocabulary"]["size"] > 40
     served = served_accuracy(text_data_dir, text_one)
     assert served["inputs"] == {"text": "string"}  # the stored strings, under the feature's own name
+    assert abs(served["accuracy"] - summary["eval"]["accuracy"]) <= 0.005
+
+
+def test_the_tabular_text_example_looks_up_its_text_column_and_serves_it_as_strings(tmp_path, photos_data_dir):
+    run = tmp_path / "run"
+    result = run_train("fit", cwd=tmp_path, MODEL=REPO / "examples" / "tabular_text.py", DATASET="synthetic_columns",
+                       TFDS_DATA_DIR=photos_data_dir, OUTPUT_DIR=run, EPOCHS=3, BATCH_SIZE=64,
+                       LEARNING_RATE=0.003)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    summary = read_summary(run)
+    assert summary["eval"]["accuracy"] > 0.8, summary["eval"]
+    state = adapted(run)
+    assert state["PORTS"]["vocabulary"]["size"] == 4  # three ports and the out-of-vocabulary entry
+    assert len(state["NUMBERS"]["mean"]) == 6  # age, fare, pclass, position (2), sex
+    served = served_accuracy(photos_data_dir, run, "synthetic_columns")
+    assert served["inputs"]["embarked"] == "string" and "fare" in served["inputs"]
     assert abs(served["accuracy"] - summary["eval"]["accuracy"]) <= 0.005
 
 
