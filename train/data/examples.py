@@ -263,9 +263,10 @@ def _probed(examples: Examples, records: list[bytes], fixed: bool) -> tuple[list
     """The (inputs, label) spec in training and in evaluation, and the datasets of `records` prepared in each."""
     specs, datasets = [], []
     for training in (True, False):
-        # position and pass as a pipeline's elements, as in training: nothing `preprocess` does is folded away
+        # position and pass as a pipeline's elements, as in training: nothing `preprocess` does is folded away, and
+        # each example draws from its own seed, as it will in training
         stored = tf.data.Dataset.from_tensor_slices(
-            (tf.constant(records), tf.zeros(len(records), tf.int64), tf.zeros(len(records), tf.int64))
+            (tf.constant(records), tf.range(len(records), dtype=tf.int64), tf.zeros(len(records), tf.int64))
         )
         try:
             dataset = stored.map(lambda r, p, n, training=training: examples.prepare(r, p, n, training))
@@ -286,14 +287,14 @@ def _take_shapes(examples: Examples, paths: list[str], datasets: list[tf.data.Da
     """Pin each output in `paths` at the one shape the examples give in both modes, or refuse it as variable."""
     static = dict([*named(spec[0]), ("label", spec[1])])
     try:
-        found = concrete_shapes(datasets, paths, named)
+        found = [concrete_shapes([dataset], paths, named) for dataset in datasets]  # in training, in evaluation
     except Exception as error:
         raise SettingsError(f"MODEL={examples.model!r}: preprocess raised {_raised(error)}") from None
-    where = f"MODEL={examples.model!r}: preprocess"
     for path in paths:
-        if len(found[path]) != 1:
-            raise variable_shape(where, path, static[path])
-        examples.pinned[path] = next(iter(found[path]))
+        for training, shapes in zip((True, False), found, strict=True):
+            if len(shapes[path] | found[0][path]) != 1:  # varies in this mode, or differs from training's
+                raise variable_shape(f"MODEL={examples.model!r}: preprocess(training={training})", path, static[path])
+        examples.pinned[path] = next(iter(found[0][path]))
         what = "" if path == "inputs" else f" {path}"
         examples.notes.append(
             f"preprocess returns{what} {shape_text(static[path].shape)}; the first examples give "
