@@ -87,9 +87,7 @@ def resources(module) -> dict[str, Any]:
     import tensorflow as tf
 
     def wanted(value) -> bool:
-        if isinstance(value, keras.layers.Layer):
-            return not isinstance(value, keras.Model)  # a model is the export's own
-        return isinstance(value, tf.saved_model.experimental.TrackableResource)  # a tf.lookup table
+        return isinstance(value, (keras.layers.Layer, tf.saved_model.experimental.TrackableResource))  # a table
 
     found: dict[str, Any] = {}
     for name, value in sorted(vars(module).items()) if module is not None else ():
