@@ -115,7 +115,8 @@ def test_two_replicas_adapt_the_same_vocabulary(text_one, tmp_path, text_data_di
 @pytest.mark.slow
 def test_two_workers_adapt_the_same_vocabulary_as_one_device(text_one, tmp_path, text_data_dir):
     run = tmp_path / "run"
-    env = clean_env(TMPDIR=tmp_path, **text_settings(text_data_dir, run, replicas=None, BATCH_SIZE=GLOBAL_BATCH // 2))
+    settings = text_settings(text_data_dir, run, replicas=2) | {"CPU_DEVICES": None}  # 1 device on each worker
+    env = clean_env(TMPDIR=tmp_path, **settings)
     result = subprocess.run(
         ["bash", str(REPO / "scripts" / "launch-workers.sh"), "2", "fit"], cwd=tmp_path,
         env={**env, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=240,
