@@ -351,3 +351,41 @@ def test_a_dimension_that_differs_among_the_first_examples_is_refused_as_variabl
     result = run_train("fit", cwd=tmp_path, **text_settings(text_data_dir, tmp_path / "run", MODEL=model))
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-3000:]
     assert "returns inputs of variable shape (None): every output needs a fixed shape" in error_line(result)
+
+
+# Each kind of preprocessing layer the issue names, adapted or given, and a tf.lookup table: what the fingerprint
+# says of each, made twice from the same data (the same) and once from other data (not).
+KINDS = """
+import json, types
+import numpy as np, keras, tensorflow as tf
+from train.adapt import difference, fingerprint, resources
+
+def module(values):
+    made = types.ModuleType("fork")
+    made.BINS = keras.layers.Discretization(num_bins=4)
+    made.BINS.adapt(np.array(values, np.float32))
+    made.IDS = keras.layers.IntegerLookup()
+    made.IDS.adapt(np.array(values, np.int64) % 7)
+    made.NORM = keras.layers.Normalization()
+    made.NORM.adapt(np.array(values, np.float32)[:, None])
+    made.LAYERS = [keras.layers.Hashing(num_bins=8), keras.layers.StringLookup(vocabulary=["a", "b"])]
+    made.TABLE = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(["a"], [1]), 0)
+    return made
+
+first, again, other = (fingerprint(resources(module(v))) for v in ([1, 2, 3, 5, 8, 13], [1, 2, 3, 5, 8, 13], [1, 2]))
+print(json.dumps({"found": sorted(resources(module([1, 2]))), "kinds": {k: sorted(v) for k, v in first.items()},
+                  "same": difference(first, again), "other": difference(first, other)}))
+"""
+
+
+def test_each_preprocessing_layer_and_table_is_found_and_fingerprinted():
+    result = run_python(["-c", KINDS])
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["found"] == ["BINS", "IDS", "LAYERS[0]", "LAYERS[1]", "NORM", "TABLE"]
+    assert found["kinds"] == {
+        "BINS": ["bins", "layer"], "IDS": ["layer", "vocabulary"], "LAYERS[1]": ["layer", "vocabulary"],
+        "NORM": ["layer", "mean", "variance"],
+    }  # fmt: skip
+    assert found["same"] is None
+    assert found["other"].startswith("BINS (Discretization) has another bins")
