@@ -157,6 +157,18 @@ def test_a_start_whose_adapt_fits_another_vocabulary_is_refused_in_one_line(text
     assert not (run / "checkpoints").exists()
 
 
+def test_evaluate_adapts_again_and_refuses_other_vocabularies_than_the_runs(text_one, tmp_path):
+    expected = read_summary(text_one)["eval"]["accuracy"]
+    for args in (["evaluate"], ["evaluate", "--exported"]):
+        result = run_train(*args, "--output-dir", str(text_one), cwd=tmp_path, MODEL=None)
+        assert result.returncode == 0, result.stderr[-3000:]
+        report = json.loads(result.stdout[result.stdout.index("{") :])
+        assert report["accuracy"] == pytest.approx(expected, abs=1e-6), args
+    other = run_train("evaluate", "--output-dir", str(text_one), cwd=tmp_path, MODEL=None, TRAIN_SPLIT="train[:2]")
+    assert other.returncode == 2, other.stderr[-3000:]
+    assert "VOCABULARY (TextVectorization) has another vocabulary" in error_line(other)
+
+
 def test_float_statistics_agree_within_rtol_and_vocabularies_exactly():
     norm = {"NORM": {"layer": "Normalization", "mean": [1.0, 2.0], "variance": [3.0, 4.0]}}
     assert difference(norm, {"NORM": {**norm["NORM"], "mean": [1.0 + 1e-9, 2.0]}}) is None

@@ -35,7 +35,6 @@ from train.data import (
     batches_per_pass,
     gathers_in_step,
     input_pipelines,
-    load_data,
     make_feed,
     open_dataset,
 )
@@ -646,7 +645,10 @@ def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> dic
     precision = read_run(settings.output_dir).get("precision")
     if settings.mixed_precision == "auto" and precision:
         runtime = runtime.with_precision(precision)
-    data = load_data(settings)
+    dataset = open_dataset(settings)
+    check_recorded(settings, read_run(settings.output_dir), dataset.adapted)  # the vocabularies it trained with
+    in_memory = settings.data_in_memory == "true" or (settings.data_in_memory == "auto" and dataset.fits_in_memory())
+    data = dataset.load(settings, in_memory)
     context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))  # this host's facts
     built = build(settings, data.spec, runtime.strategy, context)  # its compiled loss and metrics score either source
     if exported:
