@@ -63,12 +63,15 @@ def stored_examples(builder, split: str):
 def run_adapt(settings, builder) -> dict[str, Any]:
     """Call MODEL's `adapt` (once a process for this dataset and split) and return the fingerprint of what the
     layers `preprocess` uses hold. Raises SettingsError for an `adapt` that fails."""
+    from train.data.examples import float32_policy
     from train.model_file import load_model_file
 
-    model_file = load_model_file(settings.model)
     key = (settings.model, str(getattr(builder, "data_dir", "")), f"{builder.info.full_name}:{settings.train_split}")
-    if key not in _adapted:
-        if model_file.adapt is not None:
+    # Layers made at import or in adapt compute in float32, as those made while preprocess is traced: a
+    # mixed-precision policy (set before this on a resume or in evaluate) changes the model, not its inputs
+    with float32_policy():
+        model_file = load_model_file(settings.model)
+        if key not in _adapted and model_file.adapt is not None:
             context = AdaptContext(settings.seed, stored_examples(builder, settings.train_split))
             try:
                 model_file.adapt(context)
@@ -76,6 +79,7 @@ def run_adapt(settings, builder) -> dict[str, Any]:
                 raise SettingsError(
                     f"MODEL={settings.model!r}: adapt(context) raised {type(error).__name__}: {first_line(error, 240)}"
                 ) from None
+    if key not in _adapted:
         _adapted[key] = fingerprint(resources(model_file.module))
     return _adapted[key]
 
