@@ -19,10 +19,19 @@ help: ## Show this help
 	@[ -t 1 ] && tty=1; grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -v tty="$$tty" 'BEGIN {FS = ":.*?## "}; \
 		{printf (tty ? "  \033[36m%-16s\033[0m %s\n" : "  %-16s %s\n"), $$1, $$2}'
 
-$(BIN)/.installed: pyproject.toml requirements.lock
+# The environment comes from a lock, hash-checked (a wheel that changed since `make lock` fails the install):
+# requirements-gpu.lock where EXTRAS names gpu, else requirements.lock; both hold the dev extra. Then the project
+# itself, without dependencies (pip installs no editable project in hash mode). An extra no lock holds (profile)
+# comes last, under the lock's pins (LOCK_PINS: without hashes, which pip refuses beside an editable project).
+comma := ,
+LOCK = $(if $(filter gpu,$(subst $(comma), ,$(EXTRAS))),requirements-gpu.lock,requirements.lock)
+LOCK_PINS = <($(PYTHON) docker/requirements_from_pyproject.py --constraints $(LOCK) pyproject.toml)
+$(BIN)/.installed: pyproject.toml requirements.lock requirements-gpu.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[$(EXTRAS)]"
+	$(BIN)/python -m pip install --quiet --require-hashes -r $(LOCK)
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	$(if $(filter-out dev gpu,$(subst $(comma), ,$(EXTRAS))),$(BIN)/python -m pip install --quiet -c $(LOCK_PINS) -e ".[$(EXTRAS)]")
 	touch $@
 
 setup: $(BIN)/.installed ## Create .venv and install the pinned dependencies
@@ -88,14 +97,17 @@ tensorboard: setup ## Serve TensorBoard for OUTPUT_DIR's parent (on 127.0.0.1 un
 	@$(BIN)/python -c "import tensorboard_plugin_profile" 2>/dev/null || { \
 		echo "TensorBoard's Profile tab (PROFILE_STEPS traces) needs tensorboard-plugin-profile: make setup EXTRAS=dev,profile"; \
 		if [ -t 0 ]; then read -r -p "Install it now? [y/N] " answer; \
-			[ "$$answer" = y ] && $(BIN)/python -m pip install --quiet -c requirements.lock -e ".[profile]"; fi; true; }
+			[ "$$answer" = y ] && $(BIN)/python -m pip install --quiet -c $(LOCK_PINS) -e ".[profile]"; fi; true; }
 	$(BIN)/tensorboard --logdir "$(dir $(or $(OUTPUT_DIR),runs/default))" --host $(TENSORBOARD_HOST)
 
-lock: ## Re-resolve requirements.lock from the pins in pyproject.toml
+# uv resolves; the pinned TensorFlow (without dependencies) tells scripts/lock.py its CUDA ranges and build.
+UV_VERSION := 0.13.9
+lock: ## Re-resolve requirements.lock and requirements-gpu.lock, hashed, from pyproject.toml (UPGRADE=1: every pin afresh)
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
-	.lock-venv/bin/python -m pip install --quiet ".[dev]"
-	.lock-venv/bin/python -m pip freeze --exclude tf-train-template > requirements.lock
-	rm -rf .lock-venv build *.egg-info
+	.lock-venv/bin/python -m pip install --quiet --no-deps uv==$(UV_VERSION) \
+		"$$($(PYTHON) docker/requirements_from_pyproject.py pyproject.toml | grep '^tensorflow==')"
+	.lock-venv/bin/python scripts/lock.py $(if $(UPGRADE),--upgrade) .lock-venv/bin/uv
+	rm -rf .lock-venv
 
 clean: ## Remove .venv, caches and runs/ (checkpoints included)
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info runs

@@ -9,6 +9,7 @@
 #               shows the pip CUDA and cuDNN, no GPU, and the doctor's error names the likely cause,
 #               a container started without --gpus; exit 1 (the doctor's "requested devices not
 #               usable": the image defaults to GPUS=all), no traceback. `devices --json` says the same.
+#               The CUDA wheels installed are the ones requirements-gpu.lock pins (the doctor compares them).
 #   6. fit      a short fit in the same container: GPUS=all without a GPU trains on the CPU, exit 0.
 # Containers run with --network none. Env: as make test-docker (BASE_IMAGE, KEEP_TMP=1,
 # TEST_DOCKER_DATA_ROOT), and TEST_IMAGE (default tf-train:test-gpu).
@@ -58,8 +59,12 @@ assert report["build"]["cuda_build"] and report["gpus"] == [], report
 assert all("pip" in v for v in report["cuda_libraries"]["cuda"] + report["cuda_libraries"]["cudnn"]), report
 assert report["cuda_libraries"]["cudnn"] and report["cuda_libraries"]["driver"] == [], report
 assert [(d["severity"], d["code"]) for d in report["diagnoses"]] == [("error", "no_gpu_driver")], report
+versions = report["cuda_versions"]  # the image holds requirements-gpu.lock's CUDA wheels, and that lock
+assert versions["lock"]["file"] == "/opt/venv/requirements-gpu.lock" and versions["installed_differ"] == [], versions
+assert all(versions["installed"][name] == versions["lock"][name] for name in ("cudnn", "cuda", "nccl")), versions
 EOF
 ok "devices --json: cuda_build, pip CUDA and cuDNN, no driver, no GPU, diagnosis no_gpu_driver"
+ok "devices --json: the CUDA wheels installed are the ones requirements-gpu.lock pins"
 
 # --- 6. fit -------------------------------------------------------------------------------
 phase fit

@@ -166,15 +166,6 @@ def test_tf_variant_chooses_the_cuda_extra():
     assert bad.returncode != 0 and "gpux" in bad.stderr
 
 
-def test_extras_only_prints_just_the_variants_own_requirements():
-    def extras_only(*extras: str) -> list[str]:
-        command = [sys.executable, str(REQS_HELPER), "--extras-only", str(REPO / "pyproject.toml"), *extras]
-        return subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()
-
-    assert extras_only("gpu") == pyproject()["project"]["optional-dependencies"]["gpu"]
-    assert extras_only() == []  # the cpu variant adds nothing
-
-
 def test_both_variants_share_the_dependency_layer_and_the_cuda_wheels_come_after_it():
     structure = [i for i in parser().structure if i["instruction"] != "COMMENT"]
     final = structure[max(n for n, i in enumerate(structure) if i["instruction"] == "FROM") :]
@@ -191,8 +182,9 @@ def test_both_variants_share_the_dependency_layer_and_the_cuda_wheels_come_after
     (requirements,) = [
         i["value"] for i in structure if i["instruction"] == "RUN" and "> requirements.txt" in i["value"]
     ]
-    assert "requirements_from_pyproject.py pyproject.toml > requirements.txt" in requirements  # no extra in it
-    assert "--extras-only pyproject.toml ${extra} > variant.txt" in requirements
+    # The shared layer's list comes from requirements.lock whatever the variant; the variant's from its own lock.
+    assert "--locked requirements.lock pyproject.toml > requirements.txt" in requirements
+    assert '--locked "${lock}" --except requirements.txt pyproject.toml ${extra}' in requirements
 
 
 def test_lock_file_becomes_pip_constraints(tmp_path):

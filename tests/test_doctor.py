@@ -1,7 +1,8 @@
 """The device doctor: each diagnosis from made-up facts, through the same device seam as training.
 
 `FakeDevices` (from test_devices) stands in for `train.devices.backend.TensorFlowDevices`; here it also
-reports GPU names, memory and TensorFlow's build.
+reports GPU names, memory, TensorFlow's build and the versions the loaded CUDA libraries would report
+(`loaded_cuda_versions`, the ctypes calls only a GPU machine makes).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pytest
 
 from tests.conftest import run_train
 from tests.test_devices import FakeDevices
+from train.devices.backend import decode_version
 from train.settings import load_settings
 from train.tools.doctor import collect_report, format_report
 
@@ -19,12 +21,17 @@ CUDA_BUILD = {"is_cuda_build": True, "cuda_version": "12.5.1", "cudnn_version": 
 MATCHING_LIBRARIES = {"cuda": ["12.5.82 (pip nvidia-cuda-runtime-cu12)"], "cudnn": ["9.3.0.75 (pip nvidia-cudnn-cu12)"]}
 MATCHING_LIBRARIES |= {"driver": ["libcuda.so.1 (system)"]}
 NO_DRIVER = MATCHING_LIBRARIES | {"driver": []}  # the CUDA wheels of the GPU image, in a container without --gpus
+LOCKED = {"nvidia-cudnn-cu12": "9.3.0.75", "nvidia-cuda-runtime-cu12": "12.5.82", "nvidia-nccl-cu12": "2.27.7"}
+LOCKED |= {"nvidia-cublas-cu12": "12.5.3.2"}
+LOCK = {"file": "/src/requirements-gpu.lock", "wheels": LOCKED}
+LOADED = {"cudnn": "9.3.0", "cuda": "12.5", "nccl": "2.27.7"}  # what cudnnGetVersion & co. say of the locked wheels
 
 
 class DoctorDevices(FakeDevices):
-    def __init__(self, gpu_count: int, build: dict | None = None) -> None:
+    def __init__(self, gpu_count: int, build: dict | None = None, loaded: dict | None = None) -> None:
         super().__init__(gpu_count)
         self.build = build or CUDA_BUILD
+        self.loaded = LOADED if loaded is None else loaded
 
     def gpu_details(self, gpu):
         return {"device_name": f"Fake A100 {gpu}", "compute_capability": (8, 0)}
@@ -38,16 +45,27 @@ class DoctorDevices(FakeDevices):
     def device_names(self):
         return {"physical": ["/physical_device:CPU:0", *self.gpus], "logical": ["/device:CPU:0"]}
 
+    def loaded_cuda_versions(self):
+        assert self.gpus, "the loaded libraries are asked only where a GPU is present"
+        return self.loaded
 
-def report(gpus=0, environ=None, shm=8 << 30, libraries=None, build=None, **settings):
+
+def report(gpus=0, environ=None, shm=8 << 30, libraries=None, build=None, wheels=None, loaded=None, **settings):
     return collect_report(
         load_settings({}, settings, "/nonexistent/.env"),
-        DoctorDevices(gpus, build),
+        DoctorDevices(gpus, build, loaded),
         environ or {},
         shm,
         MATCHING_LIBRARIES if libraries is None else libraries,
         {"tensorflow": "2.21.0", "keras": "3.15.1"},
+        wheels,
     )
+
+
+def version_rows(result):
+    lines = format_report(result).splitlines()
+    start = next(n for n, line in enumerate(lines) if line.startswith("CUDA versions"))
+    return [line.split() for line in lines[start : start + 5]]
 
 
 def codes(result):
@@ -169,3 +187,64 @@ def test_devices_says_the_precision_auto_chose_and_why_and_the_determinism_switc
     # why: the compute capability it was chosen for
     assert line.startswith(f"  precision: {precision} (every GPU has compute capability {capability[0]}.")
     assert line.endswith("deterministic ops: on (DETERMINISTIC=true; XLA stays off)")
+
+
+def test_gpu_machine_prints_cudnn_cuda_and_nccl_built_installed_loaded_and_locked():
+    result = report(gpus=1, wheels={"installed": dict(LOCKED), "lock": LOCK})
+    assert codes(result) == []
+    assert version_rows(result) == [
+        ["CUDA", "versions", "cuDNN", "CUDA", "NCCL"],
+        ["built", "against", "9", "12.5.1", "-", "TensorFlow's", "build", "info", "(it", "names", "no", "NCCL)"],
+        ["installed", "9.3.0.75", "12.5.82", "2.27.7", "the", "nvidia-*", "wheels'", "metadata"],
+        ["loaded", "9.3.0", "12.5", "2.27.7", "the", "libraries'", "own", "calls"],
+        ["locked", "9.3.0.75", "12.5.82", "2.27.7", "/src/requirements-gpu.lock"],
+    ]
+    assert result["cuda_versions"]["loaded"] == LOADED and result["cuda_versions"]["built"]["nccl"] is None
+
+
+def test_installed_cuda_wheels_other_than_the_lock_are_a_warning_naming_each():
+    installed = LOCKED | {"nvidia-cudnn-cu12": "9.27.0.1", "nvidia-nccl-cu12": "2.32.3"}  # an unpinned install
+    del installed["nvidia-cublas-cu12"]
+    loaded = {"cudnn": "9.27.0", "cuda": "12.5", "nccl": "2.32.3"}
+    result = report(gpus=1, wheels={"installed": installed, "lock": LOCK}, loaded=loaded)
+    assert codes(result) == [("warning", "cuda_wheels_differ_from_lock"), ("warning", "loaded_cuda_differs_from_lock")]
+    installed_finding, loaded_finding = result["diagnoses"]
+    assert installed_finding["message"] == (
+        "the CUDA wheels installed differ from requirements-gpu.lock: nvidia-cublas-cu12 missing installed, "
+        "12.5.3.2 locked; nvidia-cudnn-cu12 9.27.0.1 installed, 9.3.0.75 locked; nvidia-nccl-cu12 2.32.3 installed, "
+        "2.27.7 locked"
+    )
+    assert "make setup EXTRAS=dev,gpu" in installed_finding["fix"]
+    assert "cuDNN 9.27.0 loaded, 9.3.0.75 locked" in loaded_finding["message"]
+    assert "NCCL 2.32.3 loaded, 2.27.7 locked" in loaded_finding["message"]
+    assert version_rows(result)[2][:4] == ["installed", "9.27.0.1", "12.5.82", "2.32.3"]
+
+
+def test_a_system_cudnn_loaded_instead_of_the_locked_wheel_is_a_warning():
+    result = report(gpus=1, wheels={"installed": dict(LOCKED), "lock": LOCK}, loaded=LOADED | {"cudnn": "9.1.0"})
+    assert codes(result) == [("warning", "loaded_cuda_differs_from_lock")]
+    assert "LD_LIBRARY_PATH" in result["diagnoses"][0]["fix"]
+
+
+def test_without_a_gpu_no_library_is_asked_and_nothing_loaded_is_compared():
+    result = report(libraries=NO_DRIVER, wheels={"installed": dict(LOCKED), "lock": LOCK}, GPUS="none")
+    assert codes(result) == [("warning", "no_gpu_driver")]  # DoctorDevices refuses the call without GPUs
+    assert result["cuda_versions"]["loaded"] is None
+    assert version_rows(result)[3] == ["loaded", "-", "-", "-", "no", "GPU:", "none", "asked"]
+
+
+def test_a_cpu_environment_has_no_cuda_wheels_to_compare_with_the_lock():
+    result = report(libraries={"cuda": [], "cudnn": [], "driver": []}, wheels={"installed": {}, "lock": LOCK})
+    assert codes(result) == []
+    assert version_rows(result)[2][:4] == ["installed", "-", "-", "-"]
+    no_lock = report(gpus=1, wheels={"installed": dict(LOCKED), "lock": {"file": None, "wheels": {}}})
+    assert codes(no_lock) == []  # nothing to compare with
+    assert version_rows(no_lock)[4] == ["locked", "-", "-", "-", "no", "requirements-gpu.lock", "found"]
+
+
+@pytest.mark.parametrize(
+    ("library", "code", "version"),
+    [("cudnn", 90300, "9.3.0"), ("cudnn", 8907, "8.9.7"), ("cuda", 12050, "12.5"), ("nccl", 22707, "2.27.7")],
+)
+def test_the_libraries_version_codes_read_as_their_releases(library, code, version):
+    assert decode_version(library, code) == version

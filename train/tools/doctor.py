@@ -19,6 +19,7 @@ from train.devices.backend import DeviceBackend
 from train.devices.runtime import configure_devices, resolve
 from train.errors import SettingsError
 from train.settings import Settings
+from train.tools import cuda_versions
 
 SCHEMA = 1
 GPU_ENVIRONMENT = (
@@ -78,8 +79,11 @@ def collect_report(
     shm: int | None,
     libraries: dict[str, list[str]],
     versions: dict[str, str],
+    wheels: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Configure devices as training would, then gather every fact the doctor looks at.
+
+    `wheels` is {"installed": {nvidia-* wheel: version}, "lock": {"file", "wheels"}} (none: nothing to compare).
 
     GPUS naming GPUs that TensorFlow does not see is what training refuses; here it is the first diagnosis,
     and the report shows every GPU there is (GPUS=all) so the other diagnoses can say why.
@@ -124,6 +128,12 @@ def collect_report(
             "cudnn_version": build.get("cudnn_version"),
         },
         "cuda_libraries": libraries,
+        "cuda_versions": cuda_versions.cuda_versions(
+            build,
+            (wheels or {}).get("installed", {}),
+            backend.loaded_cuda_versions() if physical else None,  # a GPU-only call: the device seam
+            (wheels or {}).get("lock", {"file": None, "wheels": {}}),
+        ),
         "gpus": gpus,
         "environment": {name: environ.get(name) for name in GPU_ENVIRONMENT},
         "shm_bytes": shm,
@@ -208,6 +218,29 @@ def diagnose(report: dict[str, Any], settings: Settings) -> list[Finding]:
             )
         )
 
+    versions, lock = report["cuda_versions"], cuda_versions.GPU_LOCK
+    if versions["installed_differ"]:
+        findings.append(
+            Finding(
+                "warning",
+                "cuda_wheels_differ_from_lock",
+                f"the CUDA wheels installed differ from {lock}: " + "; ".join(versions["installed_differ"]),
+                f"install from the lock: make setup EXTRAS=dev,gpu (pip install --require-hashes -r {lock}), "
+                "or rebuild the image",
+            )
+        )
+    if versions["loaded_differ"]:
+        findings.append(
+            Finding(
+                "warning",
+                "loaded_cuda_differs_from_lock",
+                "this process loaded CUDA libraries other than the locked wheels: "
+                + "; ".join(versions["loaded_differ"]),
+                "a system copy comes first: remove its directory from LD_LIBRARY_PATH (or ldconfig's path), so "
+                "TensorFlow loads the pip wheels",
+            )
+        )
+
     forced = environment.get("TF_FORCE_GPU_ALLOW_GROWTH")
     if forced is not None and gpus:
         forced_on = forced.lower() == "true"
@@ -254,7 +287,14 @@ def device_report(settings: Settings) -> dict[str, Any]:
     from train.devices.backend import TensorFlowDevices
 
     versions = {"tensorflow": tf.__version__, "keras": keras.__version__}
-    return collect_report(settings, TensorFlowDevices(), dict(os.environ), shm_bytes(), cuda_libraries(), versions)
+    lock = cuda_versions.lock_path()
+    wheels = {
+        "installed": cuda_versions.installed_wheels(),
+        "lock": {"file": str(lock) if lock else None, "wheels": cuda_versions.locked_wheels(lock)},
+    }
+    return collect_report(
+        settings, TensorFlowDevices(), dict(os.environ), shm_bytes(), cuda_libraries(), versions, wheels
+    )
 
 
 def _gpu_memory(resolved: dict[str, Any]) -> str:
@@ -292,6 +332,7 @@ def format_report(report: dict[str, Any]) -> str:
             else "CPU-only build"
         ),
         _libraries_line(report),
+        *cuda_versions.format_versions(report["cuda_versions"]),
         "",
         "GPUs:" if report["gpus"] else "GPUs: none seen by TensorFlow",
     ]
