@@ -169,6 +169,24 @@ def test_evaluate_adapts_again_and_refuses_other_vocabularies_than_the_runs(text
     assert "VOCABULARY (TextVectorization) has another vocabulary" in error_line(other)
 
 
+@pytest.mark.parametrize(
+    ("adapt", "said"),
+    [
+        ("def adapt(context):\n    context.examples(10).map(lambda e: e['colour'])",
+         "adapt(context) raised KeyError"),
+        ("adapt = 3", "adapt is a int, not a function: define adapt(context)"),
+    ],
+    ids=["raises", "not-a-function"],
+)  # fmt: skip
+def test_an_adapt_that_fails_is_one_line_and_exit_2(tmp_path, text_data_dir, adapt, said):
+    model = tmp_path / "model.py"
+    model.write_text(FIXED_LOOKUP + "\n" + adapt + "\n")
+    result = run_train("fit", cwd=tmp_path, **text_settings(text_data_dir, tmp_path / "run", MODEL=model))
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-3000:]
+    assert said in error_line(result)
+    assert not (tmp_path / "run").exists()
+
+
 def test_float_statistics_agree_within_rtol_and_vocabularies_exactly():
     norm = {"NORM": {"layer": "Normalization", "mean": [1.0, 2.0], "variance": [3.0, 4.0]}}
     assert difference(norm, {"NORM": {**norm["NORM"], "mean": [1.0 + 1e-9, 2.0]}}) is None
