@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 LONGEST_FIRST = (
     "test_multi_worker.py", "test_train.py", "test_resilience.py", "test_fuzz.py", "test_bench.py", "test_data.py",
     "test_experiment.py", "test_preprocess.py", "test_elastic.py", "test_bench_processes.py", "test_examples.py",
-    "test_replicas.py", "test_slurm.py", "test_observability.py", "test_memory.py", "test_probe.py",
+    "test_text.py", "test_replicas.py", "test_slurm.py", "test_observability.py", "test_memory.py", "test_probe.py",
 )  # fmt: skip
 
 
