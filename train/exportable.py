@@ -1,7 +1,8 @@
 """The export tried before the first step: what would fail after all the training fails before any of it.
 
-`check_exportable` writes both exports (train.model.export) into a temporary directory and loads `model.keras`
-back with safe_mode on, as `evaluate --exported` does (the MODEL file imported, its registered classes known).
+`check_exportable` saves `model.keras` into a temporary directory and loads it back with safe_mode on, as
+`evaluate --exported` does (the MODEL file imported, its registered classes known), then writes both exports
+(train.model.export) there where the SavedModel could meet a resource nothing tracks.
 A model that cannot be saved (a subclassed model without `get_config`), a layer safe_mode refuses (a Lambda, an
 unregistered class) and a resource the SavedModel cannot track (a table `preprocess` uses that nothing holds)
 each end in one line naming the fix, exit 2, before anything is written.
@@ -49,6 +50,8 @@ def check_exportable(built, model: str) -> None:
             raise SettingsError(
                 f"MODEL={model!r}: model.keras cannot be loaded back with safe_mode ({_said(error)}): {LOAD_FIX}"
             ) from None
+        if not _may_hold_untracked(built):
+            return
         try:
             export(built, where)
         except AssertionError as error:  # TensorFlow's "untracked resource" check while writing the SavedModel
@@ -57,6 +60,18 @@ def check_exportable(built, model: str) -> None:
             raise SettingsError(
                 f"MODEL={model!r}: the SavedModel cannot carry a resource preprocess uses ({_said(error)}): {TRACK_FIX}"
             ) from None
+
+
+def _may_hold_untracked(built) -> bool:
+    """Whether the SavedModel could meet a resource nothing tracks: `preprocess` runs in it, or a layer (or the
+    model) is the fork's own class. Keras's own layers track their state, so the SavedModel write (about half
+    a second) is skipped for a model of them alone."""
+    from train.keras_seams import all_layers
+
+    if built.spec.records and built.spec.examples.preprocess is not None:
+        return True
+    classes = {type(layer) for layer in [built.serving, built.network, *all_layers(built.serving)]}
+    return any(not each.__module__.startswith("keras.") for each in classes)
 
 
 def _said(error: BaseException) -> str:
