@@ -48,6 +48,7 @@ def test_startup_and_replica_comparison_run_in_subprocesses(tmp_path, tfds_data_
     assert [config["resolved"]["global_batch"] for config in replicas["configs"].values()] == [128, 128, 256]
     assert [row["replicas"] for row in replicas["scaling"]] == [1, 1, 2]
     assert replicas["scaling"][0]["efficiency"] == 1.0 and replicas["scaling"][2]["per_replica"] > 0
+    assert all(config["examples_per_sec"]["accumulated"] > 0 for config in replicas["configs"].values())  # bench-gpu's
     assert replicas["mirrored_2_vs_one_device"] > 0 and replicas["mirrored_2_vs_one_device_without_xla"] > 0
     goals = {goal["goal"]: goal for goal in result["goals"]}
     assert goals["mirrored on 2 CPU devices / one device"]["met"] in (True, False)

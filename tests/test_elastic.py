@@ -158,29 +158,12 @@ def test_without_global_batch_size_epochs_still_count_passes_and_no_epoch_is_eva
     assert [(s["first_step"], s["global_batch"]) for s in summary["starts"][-1:]] == [(40, new)]
 
 
-def test_global_and_per_replica_batch_together_are_refused_before_anything_is_written(tmp_path):
-    result = run_train("fit", cwd=tmp_path, GLOBAL_BATCH_SIZE=256, BATCH_SIZE=64, OUTPUT_DIR=tmp_path / "run")
-    assert result.returncode == 2
-    assert (
-        result.stderr.strip().splitlines()[-1].startswith("error: GLOBAL_BATCH_SIZE=256 and BATCH_SIZE=64 are both set")
-    )
-    assert not (tmp_path / "run").exists()
-
-
 def test_a_global_batch_that_does_not_divide_by_the_replicas_is_refused_before_anything_is_written(tmp_path):
     result = run_train("fit", cwd=tmp_path, GLOBAL_BATCH_SIZE=255, BATCH_SIZE=None, CPU_DEVICES=2,
                        OUTPUT_DIR=tmp_path / "run")  # fmt: skip
     assert result.returncode == 2
     error = result.stderr.strip().splitlines()[-1]
     assert error.startswith("error: GLOBAL_BATCH_SIZE=255 does not divide by the 2 replicas") and "254 or 256" in error
-    assert not (tmp_path / "run").exists()
-
-
-def test_auto_batch_is_refused_with_a_global_batch_size(tmp_path):
-    result = run_train("fit", cwd=tmp_path, GLOBAL_BATCH_SIZE=256, BATCH_SIZE=None, AUTO_BATCH="true",
-                       OUTPUT_DIR=tmp_path / "run", fresh=True)  # fmt: skip
-    assert result.returncode == 2
-    assert "AUTO_BATCH=true is not allowed with GLOBAL_BATCH_SIZE=256" in result.stderr
     assert not (tmp_path / "run").exists()
 
 

@@ -34,3 +34,29 @@ def test_holding_a_split_costs_at_most_one_and_a_half_times_its_bytes(tmp_path, 
     again = peak_rss_of_fit(tmp_path, **wide, OUTPUT_DIR=tmp_path / "again")  # read from the arrays cache
     for peak in (first, again):
         assert peak - tiny <= PEAK_PER_BYTE * WIDE_BYTES, f"{(peak - tiny) / WIDE_BYTES:.2f} x the split's bytes"
+
+
+# 16,957,450 float32 parameters (64.7 MiB): the accumulators, one copy of them, stand out of the process's peak.
+WIDE_MODEL = """
+import keras
+
+def build_model(input_shape, num_classes, learning_rate):
+    model = keras.Sequential([keras.Input(input_shape), keras.layers.Dense(4096, activation="relu"),
+                              keras.layers.Dense(4096, activation="relu"), keras.layers.Dense(num_classes)])
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+"""
+WIDE_MODEL_BYTES = 4 * (32 * 4096 + 4096 + 4096 * 4096 + 4096 + 4096 * 10 + 10)
+
+
+@pytest.mark.slow
+def test_accumulating_8_micro_batches_costs_about_one_copy_of_the_trainable_variables(tmp_path, tfds_data_dir):
+    """The same micro-batch of 32, a step of 1 and of 8 of them: what the accumulators add to the peak (measured
+    1.3x the variables' bytes with XLA, where its buffers for the loop add to them; 0 without, docs/performance.md).
+    Bounded at 2x: one copy and XLA's buffers, far from a copy per micro-batch (8x)."""
+    (tmp_path / "wide.py").write_text(WIDE_MODEL)
+    common = {"MODEL": "wide.py", "TFDS_DATA_DIR": tfds_data_dir, "BATCH_SIZE": 32}
+    once = peak_rss_of_fit(tmp_path, **common, GLOBAL_BATCH_SIZE=32, OUTPUT_DIR=tmp_path / "once")
+    eight = peak_rss_of_fit(tmp_path, **common, GLOBAL_BATCH_SIZE=256, OUTPUT_DIR=tmp_path / "eight")
+    assert eight - once <= 2 * WIDE_MODEL_BYTES, f"{(eight - once) / WIDE_MODEL_BYTES:.2f} x the variables' bytes"

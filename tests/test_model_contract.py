@@ -30,7 +30,8 @@ BAD_MODELS = {
     ),
     "accumulates_gradients": (
         GOOD.replace("learning_rate=learning_rate)", "learning_rate=learning_rate, gradient_accumulation_steps=2)"),
-        "compiles with gradient_accumulation_steps=2, which Keras cannot run inside a distributed training loop",
+        "compiles with gradient_accumulation_steps=2, which Keras cannot run inside a distributed training loop: "
+        "set GLOBAL_BATCH_SIZE (the global batch) with BATCH_SIZE (what one replica takes at once) instead",
     ),
     "overwrites_with_ema": (
         GOOD.replace(

@@ -178,15 +178,20 @@ def test_evaluate_takes_the_runs_settings_under_flags_and_the_environment_and_ov
     assert load_settings({}, {}, dotenv, defaults_path=None).dataset == "from_dotenv"  # fit ignores the run's
 
 
-def test_the_highest_layer_that_sets_a_batch_size_decides_which_one_and_one_layer_may_not_set_both(tmp_path):
-    """A fork's project/defaults.env (or a run's settings.json) with BATCH_SIZE does not stop a flag's
-    GLOBAL_BATCH_SIZE; one layer naming both is refused."""
+def test_batch_size_and_global_batch_size_each_come_from_their_own_highest_layer_and_say_where(tmp_path):
+    """A fork's project/defaults.env BATCH_SIZE (what fits its GPU) with a flag's GLOBAL_BATCH_SIZE (what the recipe
+    needs): both kept, so the step accumulates (train.batches.batch_plan); one layer may set both."""
     defaults = tmp_path / "defaults.env"
     defaults.write_text("BATCH_SIZE=64\n")
     none = tmp_path / "none"
     chosen = load_settings({"GLOBAL_BATCH_SIZE": "512"}, environ={}, dotenv_path=none, defaults_path=defaults)
-    assert (chosen.batch_size, chosen.global_batch_size) == (None, 512)
+    assert (chosen.batch_size, chosen.global_batch_size) == (64, 512)
+    assert chosen.batch_from == (("BATCH_SIZE", str(defaults)), ("GLOBAL_BATCH_SIZE", "a flag"))
     chosen = load_settings({"BATCH_SIZE": "32"}, environ={"GLOBAL_BATCH_SIZE": "512"}, dotenv_path=none)
-    assert (chosen.batch_size, chosen.global_batch_size) == (32, None)
-    with pytest.raises(SettingsError, match="GLOBAL_BATCH_SIZE=512 and BATCH_SIZE=64 are both set"):
-        load_settings(environ={"GLOBAL_BATCH_SIZE": "512", "BATCH_SIZE": "64"}, dotenv_path=none)
+    assert (chosen.batch_size, chosen.global_batch_size) == (32, 512)
+    chosen = load_settings(environ={"GLOBAL_BATCH_SIZE": "512", "BATCH_SIZE": "64"}, dotenv_path=none)
+    assert (chosen.batch_size, chosen.global_batch_size) == (64, 512)
+    chosen = load_settings({"BATCH_SIZE": ""}, environ={"GLOBAL_BATCH_SIZE": "512"}, dotenv_path=none)
+    assert (chosen.batch_size, chosen.global_batch_size) == (None, 512)  # alone: the global batch / the replicas
+    chosen = load_settings({}, environ={}, dotenv_path=none, defaults_path=None)
+    assert (chosen.batch_size, chosen.batch_from) == (128, (("BATCH_SIZE", "the default"),))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from train.errors import SettingsError, first_line
+from train.errors import SettingsError, TrainingError, first_line
 
 SAVE_FIX = (
     "give each subclassed model and layer get_config() returning its constructor's arguments (and "
@@ -29,17 +29,24 @@ TRACK_FIX = (
 )
 
 
-def check_exportable(built, model: str) -> None:
-    """Export `built` to a temporary directory and load its model.keras back with safe_mode. Raises SettingsError
-    naming the fix for a model that cannot be saved, loaded or served; an engine fault propagates as it is."""
+def check_exportable(built, settings) -> None:
+    """Export `built` (or what MODEL's `export_model` returns in its place) to a temporary directory and load its
+    model.keras back with safe_mode. Raises SettingsError naming the fix for a model that cannot be saved,
+    loaded or served; an engine fault propagates as it is."""
     import keras
 
-    from train.model import export
+    from train.model import export, model_to_export
 
+    model = settings.model
+    try:
+        own = model_to_export(settings, built)
+    except TrainingError as error:  # said for the end of a run: here nothing is trained yet
+        said = str(error).replace("; fix it and run again to export (the checkpoint is kept)", "")
+        raise SettingsError(f"{said}: fix it (the export is tried before the first step)") from None
     with tempfile.TemporaryDirectory(prefix="train-export-check-") as directory:
         where = Path(directory)
         try:
-            built.serving.save(where / "model.keras")
+            (own or built.serving).save(where / "model.keras")
         except Exception as error:  # what Keras raises varies: NotImplementedError, TypeError, ValueError
             raise SettingsError(
                 f"MODEL={model!r}: its model cannot be saved as model.keras ({_said(error)}): {SAVE_FIX}"
@@ -50,10 +57,10 @@ def check_exportable(built, model: str) -> None:
             raise SettingsError(
                 f"MODEL={model!r}: model.keras cannot be loaded back with safe_mode ({_said(error)}): {LOAD_FIX}"
             ) from None
-        if not _may_hold_untracked(built):
+        if not _may_hold_untracked(built, own):
             return
         try:
-            export(built, where)
+            export(built, where, own)
         except AssertionError as error:  # TensorFlow's "untracked resource" check while writing the SavedModel
             if "untracked" not in str(error):
                 raise
@@ -62,15 +69,16 @@ def check_exportable(built, model: str) -> None:
             ) from None
 
 
-def _may_hold_untracked(built) -> bool:
+def _may_hold_untracked(built, own) -> bool:
     """Whether the SavedModel could meet a resource nothing tracks: `preprocess` runs in it, or a layer (or the
     model) is the fork's own class. Keras's own layers track their state, so the SavedModel write (about half
     a second) is skipped for a model of them alone."""
     from train.keras_seams import all_layers
 
-    if built.spec.records and built.spec.examples.preprocess is not None:
+    if own is None and built.spec.records and built.spec.examples.preprocess is not None:
         return True
-    classes = {type(layer) for layer in [built.serving, built.network, *all_layers(built.serving)]}
+    exported = own or built.serving
+    classes = {type(layer) for layer in [exported, *all_layers(exported)]}
     return any(not each.__module__.startswith("keras.") for each in classes)
 
 

@@ -21,12 +21,15 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from train.accumulation import refuse_custom_train_step
 from train.adapt import check_recorded
+from train.batches import accumulation_changed, describe_batch, smaller_micro_batch
 from train.callbacks import Callbacks, build_callbacks
 from train.checkpoints import make_checkpoint, restore_newest, save_checkpoint
 from train.cluster.agreement import Decision, reconcile, report
 from train.cluster.workers import SingleHost, connect
 from train.context import run_context
+from train.custom_step import make_calls, make_evaluator, overrides_train_step, refuse_unevaluated_monitor
 from train.data import (
     Data,
     Dataset,
@@ -43,12 +46,20 @@ from train.devices.runtime import Runtime, auto_precision, choose_xla, setup_run
 from train.errors import SettingsError, TrainingError, first_line, storage_fix
 from train.exportable import check_exportable
 from train.loop import Outcome, Schedule, check_finite, longest_call, run_loop, write_scalars
-from train.model import Built, averaged_weights, build, export, spread_seeds, use_averaged_weights, weights_fingerprint
+from train.model import (
+    Built,
+    averaged_weights,
+    build,
+    export,
+    model_to_export,
+    spread_seeds,
+    use_averaged_weights,
+    weights_fingerprint,
+)
 from train.model_file import RESNET_EXAMPLE
 from train.progress import evaluation_notice, format_metrics, reporter
 from train.rundir import RUN, RunLock, StopRequest, check_same_model, read_run, write_json
 from train.settings import RUN_SETTINGS, Settings, agreed_settings, changed_settings, model_fingerprint
-from train.step import Evaluator, make_train_calls
 from train.timeline import Segment, first_segment, resume, segment_at, unread_pass, with_remainder
 
 Say = Callable[[str], None]
@@ -134,7 +145,7 @@ class Run:
     checkpoint: Any = None
     manager: Any = None
     writers: dict[str, Any] = field(default_factory=dict)
-    evaluate: Evaluator | None = None
+    evaluate: Any = None  # train.step.Evaluator, or the model's own test_step's (train.custom_step)
     progress: Any = None
     resumed_from: int | None = None
     profiling: bool = False
@@ -189,7 +200,7 @@ class Run:
 
     def end_epoch(self, epoch: int, step: int) -> None:
         with averaged_weights(self.built), self.progress.evaluating(self.settings.eval_split, len(self.data.eval)):
-            metrics = self.evaluate(self.data.eval, self.runtime.global_batch)
+            metrics = self.evaluate(self.data.eval, self.runtime.micro_global_batch)
         self.progress.evaluated(epoch, metrics)
         write_scalars(self.writers["eval"], step, metrics)
         self.callbacks.end_epoch(epoch, step, metrics)
@@ -214,10 +225,21 @@ def _start(settings: Settings, runtime: Runtime, peers: SingleHost, say: Say) ->
         say(line)
     context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))  # a split under one
     built = build(settings, data.spec, runtime.strategy, context)  # global batch, a bad model: before writing
+    if built.custom_step is not None and runtime.precision == "mixed_float16":  # MIXED_PRECISION=auto (train.model)
+        say("MIXED_PRECISION=auto: float32, not mixed_float16, for a model's own train_step (its loss scale would "
+            "judge each replica's gradients alone); mixed_bfloat16 needs compute capability 8.0+.")  # fmt: skip
+        runtime = runtime.with_precision("float32")
+        context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))
+        built = build(settings, data.spec, runtime.strategy, context)
+    refuse_unevaluated_monitor(settings.monitor, settings.model, built)
+    refuse_custom_train_step(settings.model, built.network, runtime.accumulation)
     if peers.is_chief:  # the one that exports: a model it could not export is refused before the first step
-        check_exportable(built, settings.model)
+        check_exportable(built, settings)
     whole_call = gathers_in_step(runtime.strategy, data.spec.records)  # the feed lets XLA compile the whole call
     jit, why = _decide_xla(settings, runtime, peers, built, whole_call, decision.jit_compile)
+    if jit and decision.jit_compile == "auto" and built.custom_step is not None and not built.network.jit_compile:
+        # as model.fit runs it: a step of the fork's own may hold what XLA cannot compile (a tf.print)
+        jit, why = False, "auto: off, as model.fit runs this model's own train_step (its jit_compile is False)"
     run = Run(settings, runtime, peers, data, built, jit, why, say, context=context, adapted=dataset.adapted)
     run.callbacks = Callbacks(build_callbacks(settings, context), run)  # bad callbacks: before writing
     return run
@@ -259,7 +281,7 @@ def _open_run_dir(run: Run, lock: RunLock) -> None:
     run.writers = {name: make(str(logs / name)) for name in ("train", "eval")}
     if run.peers.is_chief:
         write_hparams(run, logs)
-    run.evaluate = Evaluator(run.built, run.runtime.strategy)
+    run.evaluate = make_evaluator(run.built, run.runtime.strategy)
 
 
 def _segment_facts(run: Run) -> tuple[int, int, int, int]:
@@ -317,7 +339,8 @@ def _take_up_segment(run: Run, step: int, starts: list[dict[str, Any]]) -> None:
     run.marks = marks or (_marks(run, run.segment) if run.segment.in_remainder(step) else ())
     run.starts = [*starts, {"first_step": step, **_topology(run.runtime), "precision": run.runtime.precision,
                             "xla": run.jit_compile, "all_reduce": _all_reduce(run), "global_batch":
-                            run.runtime.global_batch, "segment": run.segment.to_json()}]  # fmt: skip
+                            run.runtime.global_batch, "accumulation": run.runtime.accumulation,
+                            "segment": run.segment.to_json()}]  # fmt: skip
     if run.peers.is_chief and _moved(starts, run.runtime):
         last = starts[-1]
         run.say(
@@ -327,6 +350,8 @@ def _take_up_segment(run: Run, step: int, starts: list[dict[str, Any]]) -> None:
         )
     if run.peers.is_chief and previous.global_batch != run.segment.global_batch:
         _say_new_batch(run, previous, step)
+    elif run.peers.is_chief and starts and starts[-1].get("accumulation", 1) != run.runtime.accumulation:
+        run.say(accumulation_changed(starts[-1], run.runtime))
 
 
 def _all_reduce(run: Run) -> str:
@@ -372,8 +397,8 @@ def write_hparams(run: Run, logs: Path) -> None:
 
     values: dict[str, Any] = run.settings.typed()  # build_model's hyperparameters (HP_*) among them
     runtime = run.runtime
-    values.update(replicas=runtime.replicas, global_batch=runtime.global_batch, precision=runtime.precision,
-                  xla=run.jit_compile, data_in_memory=run.data.in_memory)  # fmt: skip
+    values.update(replicas=runtime.replicas, global_batch=runtime.global_batch, accumulation=runtime.accumulation,
+                  precision=runtime.precision, xla=run.jit_compile, data_in_memory=run.data.in_memory)  # fmt: skip
     with tf.summary.create_file_writer(str(logs)).as_default():
         hp.hparams(values, trial_id=str(run.output_dir))
 
@@ -400,8 +425,8 @@ def _describe(run: Run, schedule: Schedule, start_step: int) -> str:
     per_epoch = f"{schedule.steps_per_epoch} step{'s' if schedule.steps_per_epoch != 1 else ''} per epoch"
     return (
         f"Training {data.name} on {runtime.replicas} replica(s){workers} ({runtime.strategy_name}: "
-        f"{', '.join(runtime.devices)}{' on each worker' if workers else ''}), global batch {runtime.global_batch} = "
-        f"{runtime.per_replica_batch} per replica x {runtime.replicas}, {per_epoch}, {span}; {runtime.precision}; "
+        f"{', '.join(runtime.devices)}{' on each worker' if workers else ''}), "
+        f"{describe_batch(run.settings, runtime)}, {per_epoch}, {span}; {runtime.precision}; "
         f"data {where}, batches {how}, XLA {'on' if run.jit_compile else 'off'} ({run.jit_why})."
     )
 
@@ -423,7 +448,8 @@ def _train(run: Run) -> Outcome:
                          longest_call(settings, schedule.steps_per_epoch), settings.device_prefetch,
                          remainder)  # fmt: skip
         say(_describe(run, schedule, start))
-        calls = make_train_calls(run.built, runtime.strategy, feed, runtime.global_batch, run.jit_compile)
+        calls = make_calls(run.built, runtime.strategy, feed, runtime.global_batch, run.jit_compile,
+                           runtime.accumulation)  # fmt: skip
         _say_profile(run, start)
         run.progress = reporter(settings.progress, run.peers.is_chief, say, schedule.total_steps,
                                 schedule.epoch_under_way, settings.epochs, start)  # fmt: skip
@@ -488,31 +514,49 @@ def preprocess_shapes_hold(run: Run) -> Iterator[None]:
 
 
 def _halve_batch(run: Run) -> None:
-    """Out of memory: AUTO_BATCH goes on from the last checkpoint at half the batch; otherwise a clear error."""
+    """Out of memory: AUTO_BATCH goes on from the last checkpoint at half the batch (under GLOBAL_BATCH_SIZE: the
+    next smaller micro-batch, accumulating more); otherwise a clear error."""
     runtime, settings = run.runtime, run.settings
     failed, picture = runtime.per_replica_batch, memory_picture(runtime)
-    if not settings.auto_batch or failed == 1:
-        lower = (f"GLOBAL_BATCH_SIZE (e.g. {max(runtime.replicas, runtime.global_batch // 2)})"
-                 if settings.global_batch_size else f"BATCH_SIZE (e.g. {max(1, failed // 2)})")  # fmt: skip
-        halve = "" if runtime.workers > 1 or settings.global_batch_size else ", or AUTO_BATCH=true to halve it"
+    own_step = bool(settings.global_batch_size) and overrides_train_step(run.built.network)  # cannot accumulate
+    if settings.global_batch_size:
+        smaller = None if own_step else smaller_micro_batch(runtime)
+    else:
+        smaller = failed // 2 or None
+    if not settings.auto_batch or smaller is None:
+        if own_step:
+            lower = f"GLOBAL_BATCH_SIZE (e.g. {max(runtime.replicas, runtime.global_batch // 2)}; this model's own "
+            lower += "train_step cannot accumulate)"
+        elif settings.global_batch_size:
+            lower = f"BATCH_SIZE (e.g. {max(1, failed // 2)}: a step then accumulates micro-batches of it)"
+        else:
+            lower = f"BATCH_SIZE (e.g. {max(1, failed // 2)})"
+        halve = "" if runtime.workers > 1 else ", or AUTO_BATCH=true to find one that fits"
         raise TrainingError(
             f"out of memory at BATCH_SIZE={failed} per replica (global batch {runtime.global_batch}); {picture}; "
             f"the last checkpoint {run.manager.latest_checkpoint} is intact. Lower {lower}, "
             f"set MEMORY_GROWTH=true{halve}"
         ) from None
-    run.runtime = runtime.with_batch(failed // 2)
+    run.runtime = runtime.with_micro_batch(smaller) if settings.global_batch_size else runtime.with_batch(smaller)
     restore_newest(run.checkpoint, run.checkpoint_dir, run.say)
     spread_seeds(run.built, runtime.strategy)
-    # A new global batch from the restored step on: the epochs and the data re-based to it (train.timeline).
+    # A new global batch from the restored step on: the epochs and the data re-based to it (train.timeline); under
+    # GLOBAL_BATCH_SIZE the global batch stays, and so does the segment.
     run.segment = resume(run.segment, int(run.checkpoint.step.numpy()), *_segment_facts(run))
-    run.starts[-1].update(global_batch=run.runtime.global_batch, segment=run.segment.to_json())
+    run.starts[-1].update(global_batch=run.runtime.global_batch, accumulation=run.runtime.accumulation,
+                          segment=run.segment.to_json())  # fmt: skip
     if run.peers.is_chief:
         _write_run(run, read_run(run.output_dir))
     run.built.network.reset_metrics()
+    now = run.runtime
+    if settings.global_batch_size:
+        went_on = (f"with micro-batches of {now.per_replica_batch} per replica, {now.accumulation} accumulated a step "
+                   f"(global batch {now.global_batch} and the data order unchanged)")  # fmt: skip
+    else:
+        went_on = f"with BATCH_SIZE={now.per_replica_batch} (global batch {now.global_batch})"
     run.say(
         f"AUTO_BATCH: out of memory at BATCH_SIZE={failed} ({picture}); continuing from "
-        f"{run.manager.latest_checkpoint} "
-        f"with BATCH_SIZE={run.runtime.per_replica_batch} (global batch {run.runtime.global_batch})."
+        f"{run.manager.latest_checkpoint} {went_on}."
     )
 
 
@@ -540,6 +584,7 @@ def _summary(run: Run, outcome: Outcome, fingerprint: str) -> dict[str, Any]:
         "workers": runtime.workers,
         "replicas": runtime.replicas,
         "per_replica_batch": runtime.per_replica_batch,
+        "accumulation": runtime.accumulation,
         "global_batch": runtime.global_batch,
         "data_in_memory": run.data.in_memory,
         "jit_compile": run.jit_compile,
@@ -580,7 +625,7 @@ def _finish(run: Run, outcome: Outcome) -> dict[str, Any]:
         return summary
     run.peers.agree_on_weights(fingerprint)
     run.callbacks.use_best()  # MONITOR: the best epoch's weights are evaluated and exported
-    settings, batch = run.settings, run.runtime.global_batch
+    settings, batch = run.settings, run.runtime.micro_global_batch  # evaluation fits wherever training fits
     with averaged_weights(run.built):
         with evaluation_notice(run.say, settings.train_split, len(run.data.train)):
             summary["train"] = run.evaluate(run.data.train, batch)
@@ -588,7 +633,7 @@ def _finish(run: Run, outcome: Outcome) -> dict[str, Any]:
             summary["eval"] = run.evaluate(run.data.eval, batch)
         if run.peers.is_chief:
             try:
-                summary["exported_model"] = export(run.built, run.output_dir)
+                summary["exported_model"] = export(run.built, run.output_dir, model_to_export(settings, run.built))
             except (OSError, tf.errors.OpError) as error:
                 raise TrainingError(
                     f"could not export the model to {run.output_dir} ({first_line(error, 160)}); checkpoint "
@@ -667,5 +712,5 @@ def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> dic
         if not source:
             raise SettingsError(f"OUTPUT_DIR={settings.output_dir} has no checkpoint: run fit first")
         use_averaged_weights(built)  # the weights fit evaluated and exported, where the optimizer averages them
-    metrics = Evaluator(built, runtime.strategy, predict)(data.eval, runtime.global_batch)
+    metrics = make_evaluator(built, runtime.strategy, predict)(data.eval, runtime.micro_global_batch)
     return {"source": source, "split": settings.eval_split, "examples": len(data.eval), **metrics}

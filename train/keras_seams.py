@@ -12,6 +12,8 @@ Keras 3.15.1 (pinned in pyproject.toml). If an upgrade moves one of these, the t
   `apply`, after clipping them per replica and after a LossScaleOptimizer has judged "finite" on one replica's
   local gradients. The loop all-reduces first instead, so that clipping and loss scaling see the global
   gradient, and turns this second sum off (tests/test_replicas.py: 2 replicas against 1, clipping, overflow).
+  Only for the engine's own step: a model's own train_step applies optimizers that keep this sum, as in Keras
+  (train/custom_step.py; tests/test_custom_step.py).
 - `model._flatten_layers`: every layer, nested ones included, as Keras's own `model_supports_jit` walks them.
 - `MonitorCallback._set_monitor_op`: MONITOR's direction as Keras's mode="auto" decides it (the name "loss", or
   a compiled metric's `_direction`), asked of an EarlyStopping (tests/test_experiment.py).

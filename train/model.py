@@ -27,7 +27,7 @@ import tensorflow as tf
 from train.adapt import resources
 from train.context import Context
 from train.data.source import DatasetSpec
-from train.errors import SettingsError, first_line
+from train.errors import SettingsError, TrainingError, first_line
 from train.hparams import CONTEXT
 from train.keras_seams import all_layers, build_metrics_and_loss, gradients_come_summed, inner_optimizers
 from train.model_file import load_model_file
@@ -52,6 +52,12 @@ class Built:
     serving: keras.Model
     spec: DatasetSpec
     seeds: tuple[tf.Variable, ...]
+    custom_step: Any = None  # train.custom_step.CustomStep where the model brings its own train_step: it is the step
+
+    @property
+    def model_input(self) -> Any:
+        """The stored feature as `network` gets it (an image scaled to [0, 1]): what a model's own step is given."""
+        return _model_input(self.serving, self.spec)
 
     @property
     def optimizer(self) -> keras.optimizers.Optimizer:
@@ -146,7 +152,8 @@ def _check_optimizer(settings: Settings, optimizer: keras.optimizers.Optimizer) 
             raise SettingsError(
                 f"MODEL={settings.model!r} compiles with gradient_accumulation_steps="
                 f"{each.gradient_accumulation_steps}, which Keras cannot run inside a distributed training loop: "
-                "raise BATCH_SIZE (or add replicas) for the same global batch instead"
+                "set GLOBAL_BATCH_SIZE (the global batch) with BATCH_SIZE (what one replica takes at once) instead: "
+                "the engine then accumulates micro-batches itself"
             )
         if getattr(each, "use_ema", False) and getattr(each, "ema_overwrite_frequency", None):
             raise SettingsError(
@@ -166,14 +173,22 @@ def _spec_batch(spec: DatasetSpec, model_input: bool) -> tuple[Any, Any]:
     return keras.KerasTensor((None, *spec.feature_shape), dtype), labels
 
 
-def _serving_model(network: keras.Model, spec: DatasetSpec) -> keras.Model:
+def _serving_model(settings: Settings, network: keras.Model, spec: DatasetSpec) -> keras.Model:
     """The model that trains and is exported: on the general path the fork's own (it gets what preprocess
-    returns, exactly); else an Input of the stored feature, named after it, and an image's scaling, in front."""
+    returns, exactly); else an Input of the stored feature, named after it, and an image's scaling, in front.
+    Raises SettingsError for a model that cannot be called on its input (a subclass without `call`)."""
     if spec.records:
         return network
     inputs = keras.Input(shape=spec.feature_shape, dtype=spec.feature_dtype, name=spec.feature_key)
     features = keras.layers.Rescaling(1.0 / 255, name="scale_to_unit_range")(inputs) if spec.is_image else inputs
-    return keras.Model(inputs, network(features), name=f"{network.name}_serving")
+    try:
+        outputs = network(features)
+    except NotImplementedError:
+        raise SettingsError(
+            f"MODEL={settings.model!r}: {type(network).__name__} cannot be called on its input (it defines no "
+            "call()): define call(inputs), what the model computes when served (a GAN: its discriminator's score)"
+        ) from None
+    return keras.Model(inputs, outputs, name=f"{network.name}_serving")
 
 
 def build(settings: Settings, spec: DatasetSpec, strategy, context: Context | None = None) -> Built:
@@ -181,29 +196,84 @@ def build(settings: Settings, spec: DatasetSpec, strategy, context: Context | No
     `context`: the run's facts, for a build_model that declares it (train.context.run_context).
 
     Raises SettingsError for a model that breaks the contract, before anything is written."""
+    # train.custom_step imports train.step, which imports this module: imported here, once a model is built
+    from train.custom_step import overrides_train_step, refuse_unrunnable
+
     keras.utils.set_random_seed(settings.seed)
     with strategy.scope():
         network = _call_build_model(settings, spec, context)
+        refuse_unrunnable(settings.model, network)
+        custom = overrides_train_step(network)
+        if custom:
+            _refuse_float16(settings)
         _check_optimizer(settings, network.optimizer)
-        serving = _serving_model(network, spec)
-        try:
-            build_metrics_and_loss(network, *_spec_batch(spec, model_input=True))
-        except Exception as error:
-            raise SettingsError(
-                f"MODEL={settings.model!r}: its output {_output_shape(network)} does not fit the labels of "
-                f"{spec.name} (LABEL_KEY={spec.label_key!r}: {_label_kind(spec)}): {first_line(error, 200)}"
-            ) from None
-        # The output as the data meets it (on the general path the network is the served model: no Input of ours)
-        output = network.compute_output_spec(_spec_batch(spec, True)[0]) if spec.records else serving.output
-        _check_output(settings, network, output, spec)
+        serving = _serving_model(settings, network, spec)
+        if custom:
+            custom_step = _prepare_custom_step(settings, network, serving, spec, strategy)
+        else:
+            custom_step = None
+            _check_engine_step_model(settings, network, serving, spec)
         if not network.optimizer.built:  # (the symbolic build builds it too) now, so a checkpoint restores into it
             network.optimizer.build(network.trainable_variables)
-        gradients_come_summed(network.optimizer)
+        if not custom:  # a model's own step applies optimizers that sum the replicas' gradients themselves
+            gradients_come_summed(network.optimizer)
     weights = {id(variable) for variable in serving.weights}
     seeds = tuple(variable.value for variable in serving.variables if id(variable) not in weights)
-    built = Built(network, serving, spec, seeds)
+    built = Built(network, serving, spec, seeds, custom_step)
     spread_seeds(built, strategy)
     return built
+
+
+def _check_engine_step_model(settings: Settings, network: keras.Model, serving: keras.Model, spec: DatasetSpec):
+    """The engine's own step trains the model's output against the labels: they must fit. Raises SettingsError."""
+    try:
+        build_metrics_and_loss(network, *_spec_batch(spec, model_input=True))
+    except Exception as error:
+        raise SettingsError(
+            f"MODEL={settings.model!r}: its output {_output_shape(network)} does not fit the labels of "
+            f"{spec.name} (LABEL_KEY={spec.label_key!r}: {_label_kind(spec)}): {first_line(error, 200)}"
+        ) from None
+    # The output as the data meets it (on the general path the network is the served model: no Input of ours)
+    output = network.compute_output_spec(_spec_batch(spec, True)[0]) if spec.records else serving.output
+    _check_output(settings, network, output, spec)
+
+
+def _refuse_float16(settings: Settings) -> None:
+    """float16 loss scaling judges "finite" per replica inside a model's own step (Keras's LossScaleOptimizer on
+    each replica's local gradients): an overflow on one replica would be applied by the others. MIXED_PRECISION=auto
+    passes: train.fit builds the model again in float32 and says so. Raises SettingsError."""
+    if keras.mixed_precision.global_policy().name == "mixed_float16" and settings.mixed_precision != "auto":
+        raise SettingsError(
+            f"MIXED_PRECISION=mixed_float16 is not allowed with MODEL={settings.model!r}'s own train_step: its loss "
+            "scale would judge each replica's gradients alone; use MIXED_PRECISION=mixed_bfloat16 (compute "
+            "capability 8.0+) or off"
+        )
+
+
+def _prepare_custom_step(settings: Settings, network: keras.Model, serving: keras.Model, spec: DatasetSpec,
+                         strategy) -> Any:  # fmt: skip
+    """A model with its own train_step: no label check (a GAN's step need not use the labels, nor a loss), but
+    its compiled loss and metrics built as `model.fit` builds them, and its step traced once (train.custom_step).
+    Raises SettingsError."""
+    from train.custom_step import prepare_custom_step
+
+    try:
+        build_metrics_and_loss(network, *_spec_batch(spec, model_input=True))
+    except Exception as error:
+        raise SettingsError(
+            f"MODEL={settings.model!r}: its compiled loss or metrics cannot be built on the data's spec (as "
+            f"model.fit builds them): {first_line(error, 200)}"
+        ) from None
+    features, labels = _spec_batch(spec, model_input=False)
+    tensors = [tf.TensorSpec(tensor.shape, tensor.dtype) for tensor in tf.nest.flatten((features, labels))]
+    features, labels = tf.nest.pack_sequence_as((features, labels), tensors)
+    return prepare_custom_step(settings.model, network, strategy, features, labels, _model_input(serving, spec))
+
+
+def _model_input(serving: keras.Model, spec: DatasetSpec) -> Any:
+    if spec.is_image and not spec.records:
+        return serving.get_layer("scale_to_unit_range")
+    return lambda inputs: inputs  # as stored, or what preprocess returns
 
 
 def _check_output(settings: Settings, network: keras.Model, output: Any, spec: DatasetSpec) -> None:
@@ -324,13 +394,14 @@ def serving_endpoints(built: Built) -> list[tuple[str, Any, list[tf.TensorSpec]]
     return endpoints
 
 
-def export(built: Built, output_dir: Path) -> dict[str, str]:
+def export(built: Built, output_dir: Path, model: keras.Model | None = None) -> dict[str, str]:
     """`model.keras` for Keras and `saved_model/` for TF Serving, each replaced whole or not at all.
 
     `model.keras` is the model that trained: on the stored feature (scaled in front of it), or on what
     `preprocess` returns. `saved_model/`'s default signature takes what clients send (`serving_endpoints`).
-    Both call the model with training=False: random layers (augmentation, dropout) are off in what is served."""
-    serving = built.serving
+    Both call the model with training=False: random layers (augmentation, dropout) are off in what is served.
+    `model`: what MODEL's `export_model` returned in its place (a GAN's generator), served on its own inputs."""
+    serving = built.serving if model is None else model
     keras_path = output_dir / "model.keras"
     staging_keras = output_dir / "model.tmp.keras"
     serving.save(staging_keras)
@@ -341,14 +412,46 @@ def export(built: Built, output_dir: Path) -> dict[str, str]:
     shutil.rmtree(staging, ignore_errors=True)
     archive = keras.export.ExportArchive()
     archive.track(serving)
-    for resource in preprocess_resources(built.spec):  # the vocabularies and tables, inside the SavedModel
+    for resource in preprocess_resources(built.spec) if model is None else ():  # the vocabularies and tables
         archive.track(resource)
-    for name, function, signature in serving_endpoints(built):  # the first added is serving_default
+    endpoints = serving_endpoints(built) if model is None else [_own_endpoint(model)]
+    for name, function, signature in endpoints:  # the first added is serving_default
         archive.add_endpoint(name=name, fn=function, input_signature=signature)
     archive.write_out(str(staging), verbose=False)
     shutil.rmtree(saved_model, ignore_errors=True)
     os.replace(staging, saved_model)
     return {"keras": str(keras_path), "saved_model": str(saved_model)}
+
+
+def _own_endpoint(model: keras.Model) -> tuple[str, Any, list[tf.TensorSpec]]:
+    """`serve` for a model exported in the trained one's place: its own Inputs, by name."""
+    inputs = model.inputs
+    signature = [tf.TensorSpec(tensor.shape, tensor.dtype, name=tensor.name) for tensor in inputs]
+    if len(inputs) == 1:
+        return "serve", lambda values: model(values, training=False), signature
+    return "serve", lambda *values: model(list(values), training=False), signature
+
+
+def model_to_export(settings: Settings, built: Built) -> keras.Model | None:
+    """What MODEL's `export_model(model)` returns (None where it defines none). Raises TrainingError for what is
+    not a keras.Model with Inputs (the run's checkpoint stays: fix it and run again to export)."""
+    export_model = load_model_file(settings.model).export_model
+    if export_model is None:
+        return None
+    try:
+        model = export_model(built.network)
+        model.inputs  # noqa: B018 (a subclassed model without Inputs has no signature to serve)
+    except Exception as error:
+        raise TrainingError(
+            f"MODEL={settings.model!r}: export_model raised {type(error).__name__}: {first_line(error, 200)}; fix "
+            "it and run again to export (the checkpoint is kept)"
+        ) from None
+    if not isinstance(model, keras.Model) or not model.inputs:
+        raise TrainingError(
+            f"MODEL={settings.model!r}: export_model returned {type(model).__name__}, not a keras.Model with "
+            "keras.Inputs; fix it and run again to export (the checkpoint is kept)"
+        )
+    return model
 
 
 def preprocess_resources(spec: DatasetSpec) -> list[Any]:

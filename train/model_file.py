@@ -3,7 +3,8 @@
     build_model(input_shape, num_classes, learning_rate) -> a compiled keras.Model      (required)
     preprocess(example, training, seed) -> (inputs, label)                              (optional)
     build_callbacks(context) -> a list of keras.callbacks.Callback                       (optional)
-    adapt(context)  fits the layers preprocess uses on the raw training data (train.adapt)  (optional)
+    export_model(model) -> the keras.Model to export in the trained model's place        (optional)
+    adapt(context): fits the layers preprocess uses, on the raw training data (train.adapt)  (optional)
 
 `build_model` is what train.model calls (its keyword-only parameters: hyperparameters, train.hparams, and
 `context`, train.context); `preprocess` is what the data path (train.data.examples) runs per example, in
@@ -36,6 +37,7 @@ class ModelFile:
     build_model: Callable
     preprocess: Callable | None
     build_callbacks: Callable | None = None
+    export_model: Callable | None = None  # a GAN's: its generator (examples/gan.py)
     adapt: Callable | None = None
     module: Any = None  # the imported file: its globals hold the layers `preprocess` uses (train.adapt)
 
@@ -75,10 +77,16 @@ def load_model_file(text: str) -> ModelFile:
             f"MODEL={text!r}: build_callbacks is a {type(build_callbacks).__name__}, not a function: define "
             f"build_callbacks(context) -> a list of keras.callbacks.Callback (see {CALLBACKS_EXAMPLE})"
         )
+    export_model = getattr(module, "export_model", None)
+    if export_model is not None and not callable(export_model):
+        raise SettingsError(
+            f"MODEL={text!r}: export_model is a {type(export_model).__name__}, not a function: define "
+            "export_model(model) -> the keras.Model to export (see examples/gan.py)"
+        )
     adapt = getattr(module, "adapt", None)
     if adapt is not None and not callable(adapt):
         raise SettingsError(
             f"MODEL={text!r}: adapt is a {type(adapt).__name__}, not a function: define adapt(context) that fits "
             f"the layers preprocess uses on context.examples(n) (see {TEXT_EXAMPLE})"
         )
-    return ModelFile(text, build, preprocess, build_callbacks, adapt, module)
+    return ModelFile(text, build, preprocess, build_callbacks, export_model, adapt, module)

@@ -282,8 +282,8 @@ FIELDS: tuple[Field, ...] = (
     Field("EVAL_SPLIT", "test", _text, "TFDS split to evaluate on.", **W),
     Field("FEATURE_KEY", "", _optional_text, "Input feature; default: supervised keys, else image.", **RW),
     Field("LABEL_KEY", "", _optional_text, "Label feature; default: supervised keys, else label.", **RW),
-    Field("BATCH_SIZE", "128", _optional_positive_int, "Examples per replica per step (global: x replicas).", **RW),
-    Field("GLOBAL_BATCH_SIZE", "", _optional_positive_int, "Examples per step on all replicas (not BATCH_SIZE).", **RW),
+    Field("BATCH_SIZE", "128", _optional_positive_int, "Examples per replica at once (global: x replicas).", **RW),
+    Field("GLOBAL_BATCH_SIZE", "", _optional_positive_int, "Examples per step on all replicas (accumulates).", **RW),
     Field("EPOCHS", "5", _positive_int, "Number of epochs.", **W),
     Field("STEPS_PER_EPOCH", "", _optional_positive_int, "Steps per epoch; default: one pass over the split.", **RW),
     Field("STEPS_PER_CALL", "32", _positive_int, "Most steps per tf.function call (cut at log, save, epoch).", **W),
@@ -349,6 +349,8 @@ class Settings:
     cluster: Cluster | None = None
     # build_model's hyperparameters, (parameter name, value) in its order: the settings HP_<NAME> (train.hparams).
     hyperparameters: tuple[tuple[str, Any], ...] = ()
+    # Not a setting: where BATCH_SIZE and GLOBAL_BATCH_SIZE came from ((name, place), ...), for the start line.
+    batch_from: tuple[tuple[str, str], ...] = dataclasses.field(default=(), compare=False)
 
     @property
     def multi_worker(self) -> bool:
@@ -505,13 +507,14 @@ def load_settings(
         places.insert(2, str(output_dir / RUN_SETTINGS))
 
     values = {field.attr: _parse(field, _resolve(field.env, layers)) for field in FIELDS}
-    _one_batch_size(values, layers)
+    batch_from = _batch_sizes(values, layers, places)
     declared = model_hyperparameters(values["model"])
     if warn:
         for message in _hyperparameter_hints(declared, {str(dotenv_path): dotenv, str(defaults_path): project}):
             warn(message)
     hyperparameters = hparams.resolve(declared, zip(places, layers, strict=True), values["model"])
-    settings = Settings(**values, cluster=parse_tf_config(environ.get("TF_CONFIG")), hyperparameters=hyperparameters)
+    settings = Settings(**values, cluster=parse_tf_config(environ.get("TF_CONFIG")), hyperparameters=hyperparameters,
+                        batch_from=batch_from)  # fmt: skip
 
     if settings.gpu_memory_limit_mb is not None and settings.memory_growth:
         raise SettingsError(
@@ -524,24 +527,28 @@ def load_settings(
     return settings
 
 
-def _one_batch_size(values: dict[str, Any], layers: Iterable[Mapping[str, str]]) -> None:
-    """BATCH_SIZE or GLOBAL_BATCH_SIZE, whichever the highest layer that sets either names (a flag over the
-    environment over .env ...): with GLOBAL_BATCH_SIZE, `batch_size` is None (the runtime divides the global batch
-    by the replicas). Raises SettingsError where that one layer sets both."""
-    names = ("BATCH_SIZE", "GLOBAL_BATCH_SIZE")
-    deciding = next((layer for layer in layers if any(layer.get(name, "").strip() for name in names)), {})
-    given = {name: deciding[name].strip() for name in names if deciding.get(name, "").strip()}
-    if len(given) == 2:
-        raise SettingsError(
-            f"GLOBAL_BATCH_SIZE={given['GLOBAL_BATCH_SIZE']} and BATCH_SIZE={given['BATCH_SIZE']} are both set: "
-            "GLOBAL_BATCH_SIZE is the batch of a step over every replica of every worker (each replica takes it "
-            "divided by the replica count), BATCH_SIZE one replica's; set only one of them"
+def _batch_sizes(
+    values: dict[str, Any], layers: Iterable[Mapping[str, str]], places: Iterable[str]
+) -> tuple[tuple[str, str], ...]:
+    """BATCH_SIZE and GLOBAL_BATCH_SIZE, each from the highest layer that sets it (they may come from different
+    ones: a fork's project/defaults.env BATCH_SIZE, what fits its GPU, under a flag's GLOBAL_BATCH_SIZE, what the
+    recipe needs). Both: BATCH_SIZE is the most one replica takes at once, and a step accumulates (train.batches).
+    GLOBAL_BATCH_SIZE alone: `batch_size` is None (the global batch divided by the replicas). Returns
+    where each that is set came from, ((name, place), ...)."""
+    layers, places = list(layers), list(places)
+    found = []
+    for name in ("BATCH_SIZE", "GLOBAL_BATCH_SIZE"):  # an empty value (`GLOBAL_BATCH_SIZE=`) sets nothing
+        setting = (
+            (layer[name], where) for layer, where in zip(layers, places, strict=True) if layer.get(name, "").strip()
         )
-    if "GLOBAL_BATCH_SIZE" in given:
-        values["batch_size"] = None
-    else:
-        values["global_batch_size"] = None
-        values["batch_size"] = values["batch_size"] or int(FIELDS_BY_ENV["BATCH_SIZE"].default)
+        given = next(setting, None)
+        values[name.lower()] = _parse(FIELDS_BY_ENV[name], given[0]) if given else None
+        if given:
+            found.append((name, given[1]))
+    if values["global_batch_size"] is None and values["batch_size"] is None:
+        values["batch_size"] = int(FIELDS_BY_ENV["BATCH_SIZE"].default)
+        found.insert(0, ("BATCH_SIZE", "the default"))
+    return tuple(found)
 
 
 def peek_hyperparameters(
@@ -641,12 +648,6 @@ def _check_combinations(settings: Settings) -> None:
             f"STRATEGY={settings.strategy if settings.strategy != 'auto' else 'auto (multi-worker)'}: it chooses "
             "MirroredStrategy's all-reduce; use CROSS_DEVICE_OPS=auto"
         )
-    if settings.global_batch_size is not None and settings.auto_batch:
-        raise SettingsError(
-            f"AUTO_BATCH=true is not allowed with GLOBAL_BATCH_SIZE={settings.global_batch_size}: halving the "
-            "batch would change the global batch that GLOBAL_BATCH_SIZE keeps (the template does not accumulate "
-            "gradients over steps); use AUTO_BATCH=false, or BATCH_SIZE instead of GLOBAL_BATCH_SIZE"
-        )
     if settings.multi_worker and settings.auto_batch:
         raise SettingsError(
             "AUTO_BATCH=true is not allowed with multi-worker training (every worker must change its batch "
@@ -683,4 +684,6 @@ def changed_settings(path: Path, settings: Settings) -> list[tuple[str, str, str
         return []
     now = settings.to_json()
     defining = (*RUN_DEFINING, *(hparams.env_name(name) for name, _ in settings.hyperparameters))  # each defines it
+    if now["GLOBAL_BATCH_SIZE"] and before.get("GLOBAL_BATCH_SIZE") == now["GLOBAL_BATCH_SIZE"]:
+        defining = tuple(name for name in defining if name != "BATCH_SIZE")  # only how many a step accumulates
     return [(name, str(before[name]), now[name]) for name in defining if before.get(name, now[name]) != now[name]]

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from train.accumulation import accumulating_replica_step
 from train.data import Feed, TrainSplit, eval_dataset
 from train.keras_seams import loss_tracker
 from train.model import Built
@@ -64,7 +65,12 @@ class CallResult:
 
     @property
     def loss(self) -> float:
-        return float(self.metrics["loss"])
+        """The "loss" metric. A model's own train_step may name its losses otherwise (a GAN's d_loss, g_loss):
+        then the first of those that is not finite, else the first, else 0.0 (no loss to watch)."""
+        if "loss" in self.metrics:
+            return float(self.metrics["loss"])
+        losses = [value for name, value in self.metrics.items() if name.endswith("loss") and isinstance(value, float)]
+        return next((value for value in losses if not np.isfinite(value)), losses[0] if losses else 0.0)
 
 
 @dataclass
@@ -76,16 +82,20 @@ class TrainCalls:
     function: Callable[..., Any]
     feed: Feed
     global_batch: int
+    accumulation: int = 1  # micro-batches a step accumulates: each replica takes global / replicas / this at once
 
     def __call__(self, steps: int) -> CallResult:
         results, skipped = self.function(self.feed.call_args(steps), tf.constant(steps, tf.int32))
         return CallResult(metric_values(results), int(skipped))
 
 
-def make_train_calls(built: Built, strategy, feed: Feed, global_batch: int, jit_compile: bool) -> TrainCalls:
+def make_train_calls(
+    built: Built, strategy, feed: Feed, global_batch: int, jit_compile: bool, accumulation: int = 1
+) -> TrainCalls:
     """A tf.function running `steps` training steps under `strategy.run`, for any batch size, returning the
     metrics and the skips. The metrics are read inside the call: reading them eagerly after it cost more than
-    a small model's step (docs/performance.md, Smaller choices).
+    a small model's step (docs/performance.md, Smaller choices). `accumulation` > 1: each replica takes its share
+    of a step in that many micro-batches (train.accumulation); 1 leaves the step as it is.
 
     `jit_compile`: XLA compiles the whole call where the feed allows it (every input a tensor), else the
     replica step alone, as tensorflow/models does; the iterator's get_next stays outside XLA."""
@@ -113,6 +123,8 @@ def make_train_calls(built: Built, strategy, feed: Feed, global_batch: int, jit_
         tf.cond(finite, update_metrics, lambda: None)  # an overflowed step counts in no metric
         return finite
 
+    if accumulation > 1:
+        replica_step = accumulating_replica_step(built, feed, accumulation, _all_reduce, _all_finite, _track_loss)
     whole_call = jit_compile and feed.compilable
     step_fn = (
         tf.function(replica_step, jit_compile=True, autograph=False) if jit_compile and not whole_call else replica_step
@@ -132,7 +144,7 @@ def make_train_calls(built: Built, strategy, feed: Feed, global_batch: int, jit_
         _, skipped = tf.while_loop(lambda step, _: step < steps, one_step, (tf.constant(0), tf.constant(0)))
         return network.get_metrics_result(), skipped
 
-    return TrainCalls(training_call, feed, global_batch)
+    return TrainCalls(training_call, feed, global_batch, accumulation)
 
 
 class Evaluator:

@@ -2,7 +2,8 @@
 
 TensorFlow fixes its devices the first time anything runs, so `setup_runtime` must be called
 before any other TensorFlow work in the process. It is also the one place that computes the
-global batch: BATCH_SIZE x the replicas of every worker.
+global batch: BATCH_SIZE x the replicas of every worker, or GLOBAL_BATCH_SIZE, accumulated over micro-batches
+of at most BATCH_SIZE where BATCH_SIZE is set too (`batch_plan`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from train.batches import batch_plan
 from train.cluster.tf_config import Cluster, StartupDeadline
 from train.devices.backend import DeviceBackend
 from train.errors import SettingsError, TrainingError, first_line
@@ -171,7 +173,7 @@ class Resolution:
 
     strategy_name: str
     devices: tuple[str, ...]  # one per replica on this worker
-    per_replica_batch: int
+    per_replica_batch: int  # what one replica takes at once: the micro-batch where a step accumulates
     plan: DevicePlan
     notes: tuple[str, ...]
     cluster: Cluster | None = None  # set for multi_worker only
@@ -179,6 +181,7 @@ class Resolution:
     precision_why: str = ""
     deterministic: bool = False  # DETERMINISTIC: TensorFlow's op determinism is on
     cross_device_ops: str | None = None  # mirrored: the all-reduce; None is TensorFlow's own choice
+    accumulation: int = 1  # micro-batches a step accumulates on each replica before its one optimizer update
 
     @property
     def workers(self) -> int:
@@ -200,10 +203,23 @@ class Resolution:
 
     @property
     def global_batch(self) -> int:
+        """The examples of one step (one optimizer update) over every replica."""
+        return self.per_replica_batch * self.accumulation * self.replicas
+
+    @property
+    def micro_global_batch(self) -> int:
+        """What every replica takes at once, together: evaluation's global batch, so it fits where training does."""
         return self.per_replica_batch * self.replicas
 
     def with_batch(self, per_replica_batch: int) -> Resolution:
-        return replace(self, per_replica_batch=per_replica_batch)
+        """Another per-replica batch without accumulation (a new global batch)."""
+        return replace(self, per_replica_batch=per_replica_batch, accumulation=1)
+
+    def with_micro_batch(self, micro_batch: int) -> Resolution:
+        """The same global batch in micro-batches of `micro_batch`, which must divide each replica's share."""
+        share = self.per_replica_batch * self.accumulation
+        assert share % micro_batch == 0, (share, micro_batch)
+        return replace(self, per_replica_batch=micro_batch, accumulation=share // micro_batch)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -216,6 +232,7 @@ class Resolution:
             "devices": list(self.devices),
             "replicas": self.replicas,
             "per_replica_batch": self.per_replica_batch,
+            "accumulation": self.accumulation,
             "global_batch": self.global_batch,
             "workers": self.workers,
             "precision": self.precision,
@@ -225,21 +242,6 @@ class Resolution:
             "cluster": self.cluster.describe() if self.cluster else None,
             "notes": list(self.notes),
         }
-
-
-def per_replica_batch(settings: Settings, replicas: int) -> int:
-    """BATCH_SIZE, or GLOBAL_BATCH_SIZE divided by the replicas of all workers. Raises SettingsError."""
-    total = settings.global_batch_size
-    if total is None:
-        return settings.batch_size
-    if total % replicas:
-        below, above = total // replicas * replicas, -(-total // replicas) * replicas
-        nearest = " or ".join(str(value) for value in (below, above) if value)
-        raise SettingsError(
-            f"GLOBAL_BATCH_SIZE={total} does not divide by the {replicas} replicas of this run (BATCH_SIZE would be "
-            f"{total / replicas:g} per replica): use a multiple of {replicas}, like {nearest}"
-        )
-    return total // replicas
 
 
 def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> Resolution:
@@ -257,7 +259,7 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
     if name == "multi_worker":
         # MultiWorkerMirroredStrategy runs one replica per visible GPU, or one on the CPU: a split CPU does not count.
         devices = plan.training_devices if plan.visible_gpus else plan.training_devices[:1]
-        batch = per_replica_batch(settings, len(devices) * workers)
+        batch, accumulation = batch_plan(settings, len(devices) * workers)
         if not plan.visible_gpus and plan.cpu_devices > 1:
             notes += (
                 f"CPU_DEVICES={plan.cpu_devices} does not apply to multi_worker: a worker without GPUs is one replica.",
@@ -273,14 +275,16 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
             precision=precision,
             precision_why=why,
             deterministic=settings.deterministic,
+            accumulation=accumulation,
         )
     devices = plan.training_devices if name == "mirrored" else plan.training_devices[:1]
     cross_device_ops, ops_notes = choose_cross_device_ops(settings.cross_device_ops, name, plan)
     notes += precision_notes + ops_notes
+    batch, accumulation = batch_plan(settings, len(devices))
     return Resolution(
-        name, devices, per_replica_batch(settings, len(devices)), plan, plan.notes + notes, None,
+        name, devices, batch, plan, plan.notes + notes, None,
         precision=precision, precision_why=why, cross_device_ops=cross_device_ops,
-        deterministic=settings.deterministic,
+        deterministic=settings.deterministic, accumulation=accumulation,
     )  # fmt: skip
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import tensorflow as tf
 
 from train.context import run_context
+from train.custom_step import make_calls
 from train.data import gathers_in_step, load_data, make_feed
 from train.devices.backend import TensorFlowDevices
 from train.devices.runtime import choose_xla, setup_runtime
@@ -24,7 +25,6 @@ from train.errors import SettingsError, first_line
 from train.fit import steps_per_epoch
 from train.model import build
 from train.settings import Settings
-from train.step import make_train_calls
 from train.tools.probe import Trial, format_probe, probe_batch_sizes
 
 Say = Callable[[str], None]
@@ -48,7 +48,7 @@ class _Trials:
     def _seconds(self, per_replica_batch: int, xla: bool) -> float:
         global_batch = self.runtime.with_batch(per_replica_batch).global_batch
         feed = make_feed(self.runtime.strategy, self.data.train, global_batch, self.settings.seed, 0, self.steps)
-        calls = make_train_calls(self.built, self.runtime.strategy, feed, global_batch, xla)  # traced per shape
+        calls = make_calls(self.built, self.runtime.strategy, feed, global_batch, xla)  # traced per shape
         calls(self.steps)  # warm-up: traces (and compiles) the graph for this shape
         for gpu in self.gpus:
             self.devices.reset_memory_stats(gpu)

@@ -9,6 +9,7 @@ the gap to them is what the input costs; Keras `model.fit` trains the same model
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
@@ -62,7 +63,7 @@ def loop_contender(name: str, settings: Settings, runtime: Runtime, data: Data, 
     feed = (feed_for or (lambda: make_feed(runtime.strategy, data.train, global_batch, settings.seed, 0, longest,
                                            settings.device_prefetch)))()  # fmt: skip
     jit = jit and (feed.compilable or not gathers_in_step(runtime.strategy, data.spec.records))
-    calls = make_train_calls(built, runtime.strategy, feed, global_batch, jit)
+    calls = make_train_calls(built, runtime.strategy, feed, global_batch, jit, runtime.accumulation)
     step = 0  # goes on from one measurement to the next, as a run's step does
 
     def measure(seconds: float) -> tuple[int, float]:
@@ -77,7 +78,14 @@ def loop_contender(name: str, settings: Settings, runtime: Runtime, data: Data, 
                 return examples, elapsed
 
     note = f"STEPS_PER_CALL={settings.steps_per_call}, XLA {'on' if jit else 'off'}"
+    if runtime.accumulation > 1:
+        note += f", {runtime.accumulation} micro-batches of {runtime.per_replica_batch} a step"
     return Contender(name, measure, global_batch, runtime.strategy_name, note)
+
+
+def accumulating(runtime: Runtime, accumulation: int) -> Runtime:
+    """The runtime at the same micro-batch, each step accumulating `accumulation` of them (a larger global batch)."""
+    return dataclasses.replace(runtime, accumulation=accumulation)
 
 
 def _first_rows(data: Data, count: int) -> tuple[np.ndarray, np.ndarray]:

@@ -351,8 +351,10 @@ def format_report(report: dict[str, Any]) -> str:
     lines += [f"/dev/shm: {shm // _MIB} MiB" if shm is not None else "/dev/shm: not found", ""]
     lines += [
         f"Resolved: strategy {resolved['strategy']} on {', '.join(resolved['devices'])}; "
-        f"{resolved['replicas']} replica(s) x {resolved['per_replica_batch']} "
-        f"= global batch {resolved['global_batch']}; " + _gpu_memory(resolved),
+        f"{resolved['replicas']} replica(s) x {resolved['per_replica_batch']}"
+        + (f" x {resolved['accumulation']} micro-batches" if resolved.get("accumulation", 1) > 1 else "")
+        + f" = global batch {resolved['global_batch']}; "
+        + _gpu_memory(resolved),
         f"  precision: {resolved['precision']} ({resolved['precision_why']}); deterministic ops: "
         + ("on (DETERMINISTIC=true; XLA stays off)" if resolved["deterministic"] else "off (DETERMINISTIC=false)"),
     ]

@@ -1,0 +1,322 @@
+"""A fork's own `train_step` and `test_step`, run as Keras's TensorFlow trainer runs them, on any strategy.
+
+Keras's `make_train_function` calls `model.train_step(data)` on every replica under `strategy.run` and reduces
+the dict it returns with `reduce_per_replica(..., "auto")`: the mean over the replicas. This does the same, up
+to STEPS_PER_CALL steps in one `tf.function` as the engine's own step (train.step), fed by the same feeds.
+`data` is `(inputs, labels)` as the model gets them: what `preprocess` returns, or the stored feature after
+the engine's scaling of an image.
+
+The optimizers such a step applies sum the replicas' gradients themselves, inside `apply`, as Keras's do: the
+engine turns that sum off only for its own step (train.keras_seams.gradients_come_summed), never here. So
+their options act as Keras applies them: clipping clips each replica's gradients before the sum.
+
+| concern                                   | where                                         |
+|-------------------------------------------|-----------------------------------------------|
+| is the step the model's own               | `overrides_train_step`, `overrides_test_step` |
+| what the engine cannot run                | `refuse_unrunnable`                           |
+| optimizers built before a restore         | `prepare_custom_step` (traces train_step)     |
+| the training call                         | `make_custom_train_calls`, `make_calls`       |
+| evaluation                                | `CustomEvaluator`, `make_evaluator`           |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from train.data import Feed, TrainSplit, eval_dataset
+from train.errors import SettingsError, first_line
+from train.step import Evaluator, TrainCalls, make_train_calls, metric_values
+
+# What the engine's loop replaces: a model that overrides one of these would not run as written.
+UNRUNNABLE = ("fit", "train_on_batch", "make_train_function")
+
+
+def _overrides(model: keras.Model, name: str) -> bool:
+    """Whether `model`'s class, or a base class below keras.Model, defines `name` itself."""
+    for cls in type(model).__mro__:
+        if cls is keras.Model:
+            return False
+        if name in vars(cls):
+            return True
+    return False
+
+
+def overrides_train_step(model: keras.Model) -> bool:
+    """Whether the model brings its own `train_step` (its class or a base below keras.Model): it is then the
+    training step, and what holds only for the engine's own step (gradient accumulation) does not apply."""
+    return _overrides(model, "train_step")
+
+
+def overrides_test_step(model: keras.Model) -> bool:
+    """Whether the model brings its own `test_step`: it is then evaluation's step."""
+    return _overrides(model, "test_step")
+
+
+def refuse_unrunnable(model_setting: str, model: keras.Model) -> None:
+    """Raises SettingsError for a model overriding what the engine's loop replaces (`UNRUNNABLE`)."""
+    for name in UNRUNNABLE:
+        if _overrides(model, name):
+            raise SettingsError(
+                f"MODEL={model_setting!r}: {type(model).__name__} overrides {name}, which the engine does not call "
+                "(it runs its own loop of train_step calls on every replica): override train_step (and test_step) "
+                "instead"
+            )
+
+
+def flatten_logs(logs: dict[str, Any]) -> dict[str, Any]:
+    """A step's logs as `model.fit` reports them: a nested dict's entries in place of it, under their own names."""
+    flat: dict[str, Any] = {}
+    for name, value in sorted(logs.items()):
+        if isinstance(value, dict):
+            flat.update(flatten_logs(value))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _mean_over_replicas(strategy, logs: Any) -> Any:
+    """`reduce_per_replica(..., "auto")`: the mean over every replica of every worker (a number that is not a
+    float: the first replica's)."""
+
+    def reduce(value):
+        first = strategy.experimental_local_results(value)[0]
+        if tf.as_dtype(first.dtype).is_floating:
+            return strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None)
+        return first
+
+    return tf.nest.map_structure(reduce, logs)
+
+
+@dataclass(frozen=True)
+class CustomStep:
+    """What the engine knows of a model's own train_step: the logs it returns (`logs_spec`, their structure), and
+    whether evaluation has a step to run (its own test_step, or the compiled loss)."""
+
+    logs_spec: Any
+    evaluates: bool
+
+
+def _check_logs(model_setting: str, logs: Any) -> None:
+    """The step's return: a dict (nested dicts allowed) of numbers of a fixed shape. Raises SettingsError."""
+    problem = None
+    if not isinstance(logs, dict):
+        problem = "returned a tensor" if isinstance(logs, tf.Tensor) else f"returned {type(logs).__name__}"
+    elif not flatten_logs(logs):
+        problem = "returned an empty dict (nothing to log)"
+    else:
+        for name, value in flatten_logs(logs).items():
+            if not isinstance(value, tf.Tensor) or value.dtype == tf.string or not value.shape.is_fully_defined():
+                problem = f"returned {name!r} = {value!r:.80}"
+                break
+    if problem:
+        raise SettingsError(
+            f"MODEL={model_setting!r}: train_step {problem}: it must return a dict of scalars, like "
+            "{m.name: m.result() for m in self.metrics}"
+        )
+
+
+def prepare_custom_step(model_setting: str, network: keras.Model, strategy, features: Any, labels: Any,
+                        model_input: Callable[[Any], Any]) -> CustomStep:  # fmt: skip
+    """Trace `network.train_step` once on the batch's spec (`features`, `labels`: tf.TensorSpecs as stored) under
+    `strategy.run`, without running it, and build every optimizer it applies on the variables it applies it to,
+    so a checkpoint restores into them. Raises SettingsError for a step that fails, returns other than a dict of
+    scalars, or leaves an optimizer the model holds unbuilt."""
+    applied = _trace(model_setting, network, strategy, model_input, (features, labels))
+    logs = applied.pop(None)
+    with strategy.scope():  # eagerly, in cross-replica context: a replica's variable could not be lifted out
+        for optimizer, variables in applied.values():
+            if not optimizer.built:
+                optimizer.build(variables)
+    _check_logs(model_setting, logs)
+    _refuse_unbuilt(model_setting, network)
+    evaluates = overrides_test_step(network) or network.loss is not None
+    return CustomStep(tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), logs), evaluates)
+
+
+def _trace(model_setting: str, network: keras.Model, strategy, model_input: Callable[[Any], Any], spec: Any) -> dict:
+    """What train_step returns (under the key None), traced (not run) on `spec`, and each optimizer the model holds
+    with the variables the step applies it to (by id). Their `apply` is stood in for while tracing: an optimizer
+    built inside a replica's context would take the first replica's initial value, unliftable from the trace."""
+    applied: dict[Any, Any] = {}
+    optimizers = list(held_optimizers(network).values())
+
+    def recorder(optimizer):
+        def apply(grads, trainable_variables=None):
+            if trainable_variables is not None and id(optimizer) not in applied:
+                applied[id(optimizer)] = (optimizer, list(trainable_variables))
+
+        return apply
+
+    @tf.function(autograph=False)  # as Keras's one_step_on_data: do_not_convert
+    def one_step(data):
+        inputs, targets = data
+        step = strategy.run(network.train_step, args=((model_input(inputs), targets),))
+        return _mean_over_replicas(strategy, step)
+
+    for optimizer in optimizers:
+        optimizer.apply = recorder(optimizer)  # an instance attribute: apply_gradients calls it too
+    try:
+        applied[None] = one_step.get_concrete_function(spec).structured_outputs
+    except Exception as error:
+        raise SettingsError(
+            f"MODEL={model_setting!r}: its train_step failed on a batch of the data's spec (inputs and labels as "
+            f"the model gets them): {type(error).__name__}: {first_line(error, 240)}"
+        ) from None
+    finally:
+        for optimizer in optimizers:
+            del optimizer.apply
+    return applied
+
+
+def held_optimizers(network: keras.Model) -> dict[str, keras.optimizers.Optimizer]:
+    """Every optimizer the model holds as an attribute (or in a list or dict of them), by attribute name."""
+    found: dict[str, keras.optimizers.Optimizer] = {}
+    for name, value in vars(network).items():
+        if name.startswith("_"):  # Keras's and TensorFlow's own bookkeeping (the compiled one is `optimizer`)
+            continue
+        values = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else [value]
+        for each in values:
+            if isinstance(each, keras.optimizers.Optimizer) and all(each is not o for o in found.values()):
+                found[name] = each
+    return found
+
+
+def _refuse_unbuilt(model_setting: str, network: keras.Model) -> None:
+    for name, optimizer in held_optimizers(network).items():
+        if optimizer is network.optimizer:  # the compiled one: the engine builds it on the model's variables
+            continue
+        if not optimizer.built:
+            raise SettingsError(
+                f"MODEL={model_setting!r}: the model's optimizer {name!r} is still unbuilt after tracing train_step "
+                "once (it is applied under a condition, or never), so a checkpoint cannot restore it: build it in "
+                f"build_model, e.g. model.{name}.build(<the variables it updates>)"
+            )
+
+
+def make_custom_train_calls(built, strategy, feed: Feed, global_batch: int, jit_compile: bool) -> TrainCalls:
+    """A tf.function running `steps` calls of the model's `train_step` under `strategy.run`, returning the
+    last step's logs, reduced over the replicas as `model.fit` reduces them and flattened as it flattens them
+    (and no skips: a model's own step applies its optimizers as it likes).
+
+    `jit_compile`: XLA compiles the whole call where the feed allows it, else the replica step alone."""
+    network, custom, model_input = built.network, built.custom_step, built.model_input
+
+    def replica_step(*args):
+        features, labels = feed.replica_batch(*args)
+        return network.train_step((model_input(features), labels))
+
+    whole_call = jit_compile and feed.compilable
+    step_fn = (
+        tf.function(replica_step, jit_compile=True, autograph=False) if jit_compile and not whole_call else replica_step
+    )
+    empty = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), custom.logs_spec)
+
+    @tf.function(jit_compile=whole_call, autograph=False)
+    def training_call(call_args, steps):
+        def one_step(step, _):
+            logs = strategy.run(step_fn, args=feed.step_args(call_args, step))
+            return step + 1, _mean_over_replicas(strategy, logs)
+
+        _, logs = tf.while_loop(lambda step, _: step < steps, one_step, (tf.constant(0), empty))
+        return flatten_logs(logs), tf.constant(0)
+
+    return TrainCalls(training_call, feed, global_batch)
+
+
+def make_calls(built, strategy, feed: Feed, global_batch: int, jit_compile: bool, accumulation: int = 1) -> TrainCalls:
+    """The training calls for `built`: the model's own `train_step` where it has one, else the engine's step
+    (accumulating `accumulation` micro-batches a step: train.accumulation refuses it for a model's own step).
+
+    Every caller that trains goes through here, so an overridden train_step is never bypassed."""
+    if built.custom_step is not None:
+        return make_custom_train_calls(built, strategy, feed, global_batch, jit_compile)
+    return make_train_calls(built, strategy, feed, global_batch, jit_compile, accumulation)
+
+
+class CustomEvaluator:
+    """A model's own `test_step` over a split (whatever its train_step), on every replica of every worker, as
+    `model.evaluate` runs it: the last step's logs, reduced over the replicas; a value named as one of the
+    model's metrics is the metric's result over the whole split (every replica's share summed, as the engine's
+    own evaluation reads it)."""
+
+    def __init__(self, built, strategy) -> None:
+        self.built, self.strategy = built, strategy
+        network, model_input = built.network, built.model_input
+
+        def replica_step(features, labels):
+            return network.test_step((model_input(features), labels))
+
+        @tf.function(autograph=False)
+        def evaluate_steps(iterator, steps):
+            def one_step(step):
+                strategy.run(replica_step, args=next(iterator))
+                return (step + 1,)
+
+            # every step but the last in the loop; the last outside it, for its logs (of any structure)
+            tf.while_loop(lambda step: step < steps - 1, one_step, (tf.constant(0),))
+            logs = flatten_logs(_mean_over_replicas(strategy, strategy.run(replica_step, args=next(iterator))))
+            whole = network.get_metrics_result()
+            return {name: whole.get(name, value) for name, value in logs.items()}
+
+        self._evaluate_steps = evaluate_steps
+
+    def __call__(self, split: TrainSplit, global_batch: int) -> dict[str, float | list]:
+        self.built.network.reset_metrics()
+        dataset, steps = eval_dataset(self.strategy, split, global_batch)
+        results = metric_values(self._evaluate_steps(iter(dataset), tf.constant(steps)))
+        self.built.network.reset_metrics()
+        return results
+
+
+class NoEvaluation:
+    """A model with neither a compiled loss nor its own test_step: nothing to score, so nothing is evaluated
+    (summary.json's "eval" is {}). The metrics it shares with training still restart at each epoch."""
+
+    def __init__(self, built, strategy) -> None:
+        self.built = built
+
+    def __call__(self, split: TrainSplit, global_batch: int) -> dict[str, float | list]:
+        self.built.network.reset_metrics()
+        return {}
+
+
+def refuse_unevaluated_monitor(monitor: str | None, model_setting: str, built) -> None:
+    """MONITOR on an evaluation metric (val_...) of a model that is not evaluated. Raises SettingsError."""
+    custom = built.custom_step
+    if not monitor or not monitor.startswith("val_") or custom is None or custom.evaluates:
+        return
+    names = ", ".join(sorted(flatten_logs(custom.logs_spec)))
+    raise SettingsError(
+        f"MONITOR={monitor!r} names an evaluation metric, but MODEL={model_setting!r} is not evaluated (it has "
+        f"neither a compiled loss nor its own test_step): monitor one of its training logs ({names}), or define "
+        "test_step"
+    )
+
+
+def _take_weights(built, exported: keras.Model) -> None:
+    """The exported model's weights into the model that trained. Raises SettingsError where they do not fit."""
+    try:
+        built.serving.set_weights(exported.get_weights())
+    except ValueError:
+        raise SettingsError(
+            f"evaluate --exported: {exported.name!r} in model.keras is not the model that trained (MODEL's "
+            "export_model replaced it), so its test_step cannot score it: evaluate the checkpoint (without --exported)"
+        ) from None
+
+
+def make_evaluator(built, strategy, predict=None):
+    """Evaluation's step for `built`: its own test_step, none (no loss, no test_step), or the engine's; `predict`:
+    a loaded export to score instead of `built`'s weights. Raises SettingsError for an export it cannot score."""
+    custom = built.custom_step
+    if overrides_test_step(built.network):  # with the engine's own train_step too
+        if predict is not None:  # evaluate --exported: the export's weights, scored by the model's own test_step
+            _take_weights(built, predict)
+        return CustomEvaluator(built, strategy)
+    if custom is not None and not custom.evaluates:
+        return NoEvaluation(built, strategy)
+    return Evaluator(built, strategy, predict)
