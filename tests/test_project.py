@@ -34,3 +34,16 @@ def test_a_fork_with_preprocess_builds_trains_a_step_and_serves_the_stored_featu
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
     assert outcome["loss_finite"] and outcome["saved_model"], outcome
     assert outcome["served_shape"][0] == outcome["served_default_shape"][0] == 8
+
+
+def test_a_text_fork_adapts_builds_trains_a_step_and_serves_its_strings(tmp_path):
+    """A fork whose MODEL file adapts a TextVectorization (examples/text.py on synthetic_reviews, not prepared):
+    the default signature takes the text as strings under its own name."""
+    env = {name: value for name, value in os.environ.items() if name not in {f.env for f in FIELDS}}
+    env.update(PYTHONPATH=str(REPO), MODEL="examples/text.py", DATASET="synthetic_reviews",
+               TFDS_DATA_DIR=str(tmp_path / "unprepared"))  # fmt: skip
+    result = run_python(["-m", "tests.harness.contract", str(tmp_path / "export")], cwd=REPO, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["loss_finite"] and outcome["saved_model"], outcome
+    assert outcome["served_shape"][0] == outcome["served_default_shape"][0] == 8

@@ -6,7 +6,8 @@ MODEL builds for DATASET's spec (read from the dataset's info: nothing is downlo
 it returns for a random example of the dataset's features; a `context` whose sample is that random data, and
 `build_callbacks` with it where the file has one), takes one training step on random data of that
 spec through the engine's own feed and training call, and its export saves and loads with Keras's
-safe_mode, and serves what clients send (the stored features `preprocess` reads). Prints one JSON object.
+safe_mode, and serves what clients send (the stored features `preprocess` reads: a text as its strings).
+MODEL's `adapt` runs first, on random examples of the features. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from train.adapt import AdaptContext
 from train.callbacks import build_callbacks
 from train.context import Context, sample_function
 from train.data import RecordsSplit, Split, make_feed
@@ -62,6 +64,7 @@ def main(output_dir: Path) -> dict:
         builder, settings, preprocess = opened.builder, opened.settings, preprocess or opened.columns(settings)
     else:  # a TFDS name: its features alone, not prepared here
         builder = open_builder(settings)
+    adapt_on_random_examples(settings, builder.info.features)  # MODEL's adapt, before preprocess is traced
     spec = inspect(builder, settings, count=False, preprocess=preprocess)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     split = random_split(spec)
@@ -87,7 +90,7 @@ def main(output_dir: Path) -> dict:
         stored = [spec.examples.features.deserialize_example(record) for record in split.records[:BATCH]]
         sent = {}
         for name, each in signature.structured_input_signature[1].items():
-            if each.dtype == tf.string:  # an image: its encoded bytes
+            if each.dtype == tf.string and name in spec.examples.images:  # an image: its encoded bytes (a text: as is)
                 sent[name] = tf.stack(
                     [spec.examples.decode(record)[name + "_bytes"] for record in split.records[:BATCH]]
                 )
@@ -95,6 +98,18 @@ def main(output_dir: Path) -> dict:
                 sent[name] = tf.stack([_column(example, name) for example in stored])
         outcome["served_default_shape"] = list(next(iter(signature(**sent).values())).shape)
     return outcome
+
+
+def adapt_on_random_examples(settings, features) -> None:
+    """MODEL's adapt(context), where it has one, on examples of random values of the dataset's features (what
+    `context.examples` gives a run: dicts of every feature as decoded, batched)."""
+    adapt = load_model_file(settings.model).adapt
+    if adapt is None:
+        return
+    rng = np.random.default_rng(0)
+    records = tf.constant([random_record(features, rng) for _ in range(2 * BATCH)])
+    decoded = tf.data.Dataset.from_tensor_slices(records).map(features.deserialize_example)
+    adapt(AdaptContext(settings.seed, lambda n: decoded.take(n).ragged_batch(BATCH)))
 
 
 def _column(example: dict, name: str):

@@ -7,7 +7,7 @@ DATASET's checks) is imported before TensorFlow is."""
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from train.devices.host_memory import available_memory_bytes, fits_in_memory, memory_note
@@ -50,6 +50,7 @@ class Dataset:
     identity: dict[str, Any]
     settings: Settings
     notes: tuple[str, ...] = ()
+    adapted: dict[str, Any] = field(default_factory=dict)  # what MODEL's adapt fitted (train.adapt.fingerprint)
 
     def fits_in_memory(self, workers_here: int = 1) -> bool:
         """Whether both splits, as stored, fit in the memory left (for each worker this host runs)."""
@@ -62,20 +63,25 @@ class Dataset:
         available = available_memory_bytes()
         fits = fits_in_memory(self.spec.held_bytes, available, workers_here)
         note = memory_note(settings.data_in_memory, fits, self.spec.held_bytes, available, workers_here)
-        return load(self.builder, self.spec, settings, in_memory, (*self.notes, *((note,) if note else ())))
+        pinned = tuple(self.spec.examples.notes) if self.spec.examples else ()  # outputs taken as fixed
+        notes = (*self.notes, *pinned, *((note,) if note else ()))
+        return load(self.builder, self.spec, settings, in_memory, notes)
 
 
 def open_dataset(settings: Settings, say=print) -> Dataset:
-    """Open DATASET, prepare (or, a path, write) it if needed and read its spec, with MODEL's `preprocess` where it
-    defines one. `say` hears a path's writing progress. Raises SettingsError."""
+    """Open DATASET, prepare (or, a path, write) it if needed, run MODEL's `adapt` on it (train.adapt) and read
+    its spec, with MODEL's `preprocess` where it defines one. `say` hears a path's writing progress. Raises
+    SettingsError."""
+    from train.adapt import run_adapt
     from train.data.opening import open_source
     from train.data.source import inspect
     from train.model_file import load_model_file
 
     opened = open_source(settings, say)
+    adapted = run_adapt(opened.settings, opened.builder)  # before preprocess is first traced (inspect runs it)
     preprocess = load_model_file(settings.model).preprocess or opened.columns(settings)
     spec = inspect(opened.builder, opened.settings, preprocess=preprocess)
-    return Dataset(opened.builder, spec, opened.identity, opened.settings, opened.notes)
+    return Dataset(opened.builder, spec, opened.identity, opened.settings, opened.notes, adapted)
 
 
 def load_data(settings: Settings, say=print) -> Data:

@@ -174,7 +174,8 @@ def open_builder(settings: Settings):
     import train.data.synthetic_clusters
     import train.data.synthetic_columns
     import train.data.synthetic_images
-    import train.data.synthetic_photos  # noqa: F401  (the template's offline datasets, registered by importing)
+    import train.data.synthetic_photos
+    import train.data.synthetic_reviews  # noqa: F401  (the template's offline datasets, registered by importing)
 
     if importlib.util.find_spec("project.datasets") is not None:
         importlib.import_module("project.datasets")  # a fork's builders, registered by importing them

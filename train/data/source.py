@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from train.data.examples import BYTES_SUFFIX, Examples, named, probe, random_record
 from train.data.opening import open_builder, prepare  # noqa: F401  (their home is opening; imported from here too)
+from train.data.shapes import PINNED_EXAMPLES
 from train.errors import SettingsError, first_line
 from train.model_file import RESNET_EXAMPLE
 from train.settings import Settings
@@ -492,16 +493,22 @@ def _general_path(builder, settings: Settings, feature_key: str, label_key: str,
     return Examples(builder.info.features, feature_key, label_key, preprocess, settings.model, settings.seed)
 
 
-def _first_record(builder, split: str) -> bytes:
-    """The split's first stored record where it is prepared as TFRecord files, else a random one of its features."""
+def _first_records(builder, split: str) -> list[bytes]:
+    """The split's first PINNED_EXAMPLES stored records where it is prepared as TFRecord files, in order, else a
+    random one of its features."""
     import tensorflow_datasets as tfds
 
     with contextlib.suppress(Exception):  # not prepared, or not TFRecords: a random example of the features
         if builder.info.file_format == tfds.core.FileFormat.TFRECORD:
-            first = builder.info.splits[split].file_instructions[0]
-            records = tf.data.TFRecordDataset(first.filename).skip(first.skip)
-            return next(iter(records)).numpy()
-    return random_record(builder.info.features, np.random.default_rng(0))
+            found: list[bytes] = []
+            for each in builder.info.splits[split].file_instructions:  # a sliced split's files, as TFDS reads them
+                records = tf.data.TFRecordDataset(each.filename).skip(each.skip).take(each.take)
+                found += [record.numpy() for record in records.take(PINNED_EXAMPLES - len(found))]
+                if len(found) == PINNED_EXAMPLES:
+                    break
+            if found:
+                return found
+    return [random_record(builder.info.features, np.random.default_rng(0))]
 
 
 def _record_bytes(builder, split: str) -> int:
@@ -529,7 +536,7 @@ def inspect(builder, settings: Settings, count: bool = True, preprocess=None) ->
     inputs = None
     if examples is not None:
         feature_shape, feature_dtype = (), "string"  # stored records
-        inputs, label = probe(examples, _first_record(builder, settings.train_split))
+        inputs, label = probe(examples, _first_records(builder, settings.train_split))
         label_shape, label_dtype = tuple(label.shape.as_list()), label.dtype.name
     else:
         feature = features[feature_key]
