@@ -13,7 +13,7 @@ export $(foreach name,$(SETTINGS),$(if $(filter undefined,$(origin $(name))),,$(
 # build_model's hyperparameters pass through too: `make train HP_WIDTH=128` (MODEL's own settings, train/hparams.py).
 export $(filter HP_%,$(.VARIABLES))
 
-.PHONY: help setup train train-workers devices check bench bench-images bench-gpu bench-levers evaluate test test-fast test-gpu lint format tensorboard lock clean
+.PHONY: help setup train train-workers devices check bench bench-images bench-text bench-gpu bench-levers evaluate test test-fast test-gpu lint format tensorboard lock clean
 
 help: ## Show this help
 	@[ -t 1 ] && tty=1; grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -v tty="$$tty" 'BEGIN {FS = ":.*?## "}; \
@@ -54,6 +54,10 @@ bench: setup ## Benchmark the training loop against its input ceiling, Keras fit
 bench-images: setup ## The benchmark on photos of any size: examples/resnet.py's preprocess on synthetic_photos (offline), streamed rows included
 	MODEL=$(or $(MODEL),examples/resnet.py) DATASET=$(or $(DATASET),synthetic_photos) \
 		$(BIN)/python -m train bench --json "$(or $(BENCH_JSON),bench-images.json)"
+
+bench-text: setup ## The benchmark on texts: examples/text.py's adapted TextVectorization in preprocess on synthetic_reviews (offline)
+	MODEL=$(or $(MODEL),examples/text.py) DATASET=$(or $(DATASET),synthetic_reviews) \
+		$(BIN)/python -m train bench --json "$(or $(BENCH_JSON),bench-text.json)"
 
 bench-gpu: setup ## GPU scaling: 1, 2, ... N GPUs at a fixed batch per GPU, and the levers that matter there
 	$(BIN)/python -m train bench --compare-replicas --require-gpus --no-startup \

@@ -7,7 +7,9 @@
 #   docker stop tf-train-default           # checkpoints, exits 42; run docker-train again to resume
 #
 # Volumes: DATA_DIR (host) -> /data (TFDS_DATA_DIR), RUNS_DIR (host) -> /runs, and the run
-# writes to /runs/RUN_NAME (OUTPUT_DIR). OUTPUT_DIR=runs/exp1 on the make command line means
+# writes to /runs/RUN_NAME (OUTPUT_DIR). A DATASET that is a path (./photos, /data/table.csv: starts with
+# /, ./, ../ or ~, or exists) is mounted read-only at /dataset/NAME and DATASET set to that; it is written
+# once as TFDS records into TFDS_DATA_DIR (docs/data.md). OUTPUT_DIR=runs/exp1 on the make command line means
 # RUNS_DIR=runs, RUN_NAME=exp1. The repository's `.env` (DOCKER_ENV_FILE) is mounted read-only where the
 # container's `python -m train` reads it; what is given to make overrides it, and GPUS,
 # TFDS_DATA_DIR and OUTPUT_DIR are always set to their in-container values.
@@ -44,13 +46,18 @@ _OUTPUT := $(patsubst %/,%,$(or $(OUTPUT_DIR),runs/default))
 RUNS_DIR ?= $(or $(patsubst %/,%,$(dir $(_OUTPUT))),.)
 RUN_NAME ?= $(notdir $(_OUTPUT))
 DOCKER_NAME ?= tf-train-$(RUN_NAME)
+# A path DATASET (train/data/local.py's rule): the host's file or folder, and where the container sees it.
+DATASET_HOST := $(strip $(if $(DATASET),$(if $(or $(filter /% ./% ../% ~%,$(DATASET)),$(wildcard $(DATASET))),\
+	$(abspath $(patsubst ~%,$(HOME)%,$(patsubst %/,%,$(DATASET)))))))
+DATASET_MOUNT = $(if $(DATASET_HOST),-v "$(DATASET_HOST)":/dataset/$(notdir $(DATASET_HOST)):ro \
+	-e DATASET=/dataset/$(notdir $(DATASET_HOST)))
 
 # Settings passed to the container by name (`-e NAME`) when given to make or set in its
 # environment: every `Field("NAME", ...)` of train/settings.py (the one table of settings),
 # plus the root Makefile's SETTINGS, plus build_model's hyperparameters (HP_WIDTH=64: MODEL's own).
 # GPUS, TFDS_DATA_DIR and OUTPUT_DIR are mapped, not passed.
 DOCKER_SETTINGS_ALL := $(sort $(SETTINGS) $(shell sed -n 's/^ *Field."\([A-Z0-9_]*\)".*/\1/p' $(DOCKER_ROOT)/train/settings.py 2>/dev/null) $(filter HP_%,$(.VARIABLES)))
-DOCKER_PASSED = $(foreach name,$(filter-out GPUS TFDS_DATA_DIR OUTPUT_DIR,$(DOCKER_SETTINGS_ALL)),\
+DOCKER_PASSED = $(foreach name,$(filter-out GPUS TFDS_DATA_DIR OUTPUT_DIR $(if $(DATASET_HOST),DATASET),$(DOCKER_SETTINGS_ALL)),\
 	$(if $(filter undefined default,$(origin $(name))),,$(name)))
 export $(DOCKER_PASSED)
 
@@ -73,6 +80,7 @@ DOCKER_RUN = $(DOCKER) run --rm --init \
 	-v "$(abspath $(DATA_DIR))":/data -v "$(abspath $(RUNS_DIR))":/runs \
 	$(if $(wildcard $(DOCKER_ENV_FILE)),-v "$(abspath $(DOCKER_ENV_FILE))":/workspace/.env:ro) \
 	-e GPUS=$(call docker_gpus_env,$(DOCKER_GPUS)) -e TFDS_DATA_DIR=/data -e OUTPUT_DIR=/runs/$(RUN_NAME) \
+	$(DATASET_MOUNT) \
 	$(foreach name,$(DOCKER_PASSED),-e $(name)) \
 	$(DOCKER_RUN_FLAGS)
 

@@ -3,6 +3,7 @@
     make train MODEL=examples/resnet.py DATASET=synthetic_photos                 # offline, generated here
     make train MODEL=examples/resnet.py DATASET=tf_flowers TRAIN_SPLIT='train[:90%]' EVAL_SPLIT='train[90%:]'
     make train MODEL=examples/resnet.py DATASET=imagenette EVAL_SPLIT=validation
+    make train MODEL=examples/resnet.py DATASET=./photos   # your folder: photos/<class>/<file> (docs/data.md)
 
 The same file runs on each once prepared: nothing here names a dataset or a class count, only the keys
 `image` and `label` that TFDS's photo datasets use (tf_flowers has one split, hence the two slices).

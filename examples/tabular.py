@@ -1,6 +1,7 @@
 """An MLP over a table's columns, one named input each (titanic's kind of data):
 
     make train MODEL=examples/tabular.py DATASET=synthetic_columns
+    make train MODEL=examples/tabular.py DATASET=./table.csv   # a CSV of numbers, a header row (docs/data.md)
 
 No `preprocess`: the engine gives a FeaturesDict of fixed-shape columns to the model as a dict, one entry
 per column under its own name, and `input_shape` is the dict of their shapes, e.g. {"age": (), "position":

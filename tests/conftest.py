@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 LONGEST_FIRST = (
     "test_multi_worker.py", "test_train.py", "test_resilience.py", "test_fuzz.py", "test_bench.py", "test_data.py",
     "test_experiment.py", "test_preprocess.py", "test_elastic.py", "test_bench_processes.py", "test_examples.py",
-    "test_replicas.py", "test_slurm.py", "test_observability.py", "test_memory.py", "test_probe.py",
+    "test_text.py", "test_replicas.py", "test_slurm.py", "test_observability.py", "test_memory.py", "test_probe.py",
 )  # fmt: skip
 
 
@@ -191,6 +191,16 @@ def photos_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "    tfds.builder(name, data_dir=sys.argv[1]).download_and_prepare()\n"
     )
     return shared_data_dir(tmp_path_factory, "photo_datasets", script)
+
+
+@pytest.fixture(scope="session")
+def text_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A TFDS data dir with synthetic_reviews (short texts with a class label) generated once, offline."""
+    script = (
+        "import sys, tensorflow_datasets as tfds, train.data.synthetic_reviews\n"
+        "tfds.builder('synthetic_reviews', data_dir=sys.argv[1]).download_and_prepare()\n"
+    )
+    return shared_data_dir(tmp_path_factory, "text_datasets", script)
 
 
 WIDE_BYTES = (4_000 + 250) * (16_384 * 4 + 8)  # wide_values (tests/datasets): 262 MB of float32, and the labels

@@ -100,6 +100,25 @@ def test_the_photos_row_measures_the_template_input_against_a_tuned_pipeline_run
     assert set(goals) == set(RATIO_GOALS["preprocess"]) and goals["5i/6i"]["met"] in (True, False)
 
 
+@pytest.mark.slow
+def test_the_text_row_measures_the_template_input_against_a_tuned_pipeline_running_the_same_preprocess(
+    tmp_path, text_data_dir
+):
+    """make bench-text: examples/text.py (a TextVectorization adapted in adapt, applied in preprocess) on
+    synthetic_reviews: the input rows alone, the template's against a tuned tf.data pipeline."""
+    result = run_bench(
+        *SHORT, "--no-startup", "--contenders", "template,streamed_input,tuned_tfdata_input", "--batch-size", "32",
+        cwd=tmp_path, data_dir=text_data_dir, MODEL="examples.text", DATASET="synthetic_reviews",
+        TRAIN_SPLIT="train[:1024]",
+    )  # fmt: skip
+    assert result["inputs"] == "inputs [200] int64"
+    assert set(result["contenders"]) == {"template", "streamed_input", "tuned_tfdata_input"}
+    for contender in result["contenders"].values():
+        assert contender["examples_per_sec"] > 0 and contender["examples_per_cpu_sec"] > 0
+    goals = {goal["goal"].split()[0]: goal for goal in result["goals"]}
+    assert goals["5i/6i"]["met"] in (True, False)
+
+
 def test_bench_gpu_without_a_gpu_says_it_needs_one_and_exits_0(tmp_path):
     result = run_train("bench", "--compare-replicas", "--require-gpus", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -371,6 +371,14 @@ def test_output_dir_maps_to_the_runs_volume(tmp_path):
     assert "--name" in default and default[default.index("--name") + 1] == "tf-train-default"
 
 
+def test_a_path_dataset_is_mounted_read_only_and_named_inside(tmp_path):
+    (tmp_path / "photos").mkdir()
+    argv = docker_run_argv("TF_VARIANT=cpu", f"DATASET={tmp_path}/photos/")
+    assert argv[argv.index(f"{tmp_path}/photos:/dataset/photos:ro") - 1] == "-v"
+    assert env_flags(argv)["DATASET"] == "/dataset/photos" and f"{tmp_path}:/data" not in argv
+    assert env_flags(docker_run_argv("TF_VARIANT=cpu", "DATASET=mnist"))["DATASET"] is None  # a name: passed on
+
+
 def test_docker_build_passes_variant_base_and_ids():
     result = make_n("docker-build", "TF_VARIANT=cpu", "BASE_IMAGE=local/base:1", "DOCKER_UID=1234", "DOCKER_GID=99")
     assert result.returncode == 0, result.stderr

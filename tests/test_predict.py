@@ -292,7 +292,7 @@ from train.outputs import name_outputs
 def spec(label_shape, num_classes, names=None):
     return DatasetSpec(name="d", feature_key="x", label_key="y", feature_shape=(3,), feature_dtype="float32",
                        is_image=False, label_shape=label_shape, label_dtype="int64", num_classes=num_classes,
-                       train_examples=0, eval_examples=0, class_names=names)
+                       train_examples=0, eval_examples=0, classes=names)
 
 def model(outputs, loss):
     inputs = keras.Input((3,), name="x")
@@ -303,7 +303,7 @@ def model(outputs, loss):
 x = tf.constant(np.random.default_rng(0).normal(size=(4, 3)), tf.float32)
 cases = {
     "logits": (model(lambda i: keras.layers.Dense(3)(i), keras.losses.SparseCategoricalCrossentropy(from_logits=True)),
-               spec((), 3, ("cat", "dog", "owl"))),
+               spec((), 3, ["cat", "dog", "owl"])),
     "multi-hot logits": (model(lambda i: keras.layers.Dense(2)(i), keras.losses.BinaryCrossentropy(from_logits=True)),
                          spec((2,), 2)),
     "one unit": (model(lambda i: keras.layers.Dense(1, activation="sigmoid", name="p")(i), "binary_crossentropy"),

@@ -28,3 +28,14 @@ def test_a_fork_with_preprocess_builds_trains_a_step_and_serves_the_stored_featu
     assert found["loss_finite"] and found["saved_model"], found
     assert found["served_shape"][0] == found["served_default_shape"][0] == 8
     assert found["served_outputs"] == ["classes", "scores"]
+
+
+def test_a_text_fork_adapts_builds_trains_a_step_and_serves_its_strings(tmp_path):
+    """A fork whose MODEL file adapts a TextVectorization (examples/text.py on synthetic_reviews, not prepared):
+    the default signature takes the text as strings under its own name."""
+    result = run_contract(tmp_path / "export", MODEL="examples/text.py", DATASET="synthetic_reviews",
+                          TFDS_DATA_DIR=str(tmp_path / "unprepared"))  # fmt: skip
+    assert result.returncode == 0, failure(result)
+    found = outcome(result)
+    assert found["loss_finite"] and found["saved_model"], found
+    assert found["served_shape"][0] == found["served_default_shape"][0] == 8

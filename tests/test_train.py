@@ -249,19 +249,23 @@ def test_the_feed_plans_for_the_longest_call_fit_makes_not_for_steps_per_call(st
 
 BRANCHING_MODEL = '''
 import keras
+import tensorflow as tf
 from keras import layers
 
 
+@keras.saving.register_keras_serializable()  # so model.keras loads with safe_mode (the export is tried first)
 class Branching(layers.Layer):
-    """`if` on a tensor's value: in a graph this needs autograph, which Keras applies to each layer's call."""
+    """`if` on a tensor's value: in a graph this needs autograph (a tf.function's: Keras builds the model by
+    running it in a graph of its own, outside the loop's trace)."""
 
+    @tf.function
     def call(self, features):
         if keras.ops.mean(features) > 100.0:
             return features * 0.0
         return features
 
-    def compute_output_spec(self, features):
-        return features
+    def compute_output_spec(self, features):  # a new tensor: the input itself would make model.keras a cycle
+        return keras.KerasTensor(features.shape, features.dtype)
 
 
 def build_model(input_shape, num_classes, learning_rate):

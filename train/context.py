@@ -9,7 +9,8 @@
 `sample(n)` is what `Normalization.adapt` (and the like) needs: the first n examples of TRAIN_SPLIT in the order
 TFDS lists them, after `preprocess(training=False)` where the MODEL file has one (else the feature as stored, an
 image scaled to [0, 1]), inputs only. It depends on nothing but the split, so it is the same on every worker and
-every start, and a layer adapted on it comes out the same everywhere.
+every start, and a layer adapted on it comes out the same everywhere. A layer that `preprocess` uses is
+adapted earlier, in the MODEL file's `adapt(context)`, on the raw stored examples (train.adapt).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ import keras
 import tensorflow as tf
 
 from train.accumulation import refuse_custom_train_step
+from train.adapt import check_recorded
 from train.batches import accumulation_changed, describe_batch, smaller_micro_batch
 from train.callbacks import Callbacks, build_callbacks
 from train.checkpoints import make_checkpoint, restore_newest, save_checkpoint
@@ -37,13 +38,16 @@ from train.data import (
     batches_per_pass,
     gathers_in_step,
     input_pipelines,
-    load_data,
     make_feed,
     open_dataset,
 )
+from train.data.images import DECODE_ERROR, undecodable
+from train.data.opening import check_same_data, data_identity_text
 from train.data.raised import preprocess_raised
+from train.data.shapes import odd_shape
 from train.devices.runtime import Runtime, auto_precision, choose_xla, setup_runtime
 from train.errors import SettingsError, TrainingError, first_line, storage_fix
+from train.exportable import check_exportable
 from train.loop import Outcome, Schedule, check_finite, longest_call, run_loop, write_scalars
 from train.model import (
     Built,
@@ -55,6 +59,7 @@ from train.model import (
     use_averaged_weights,
     weights_fingerprint,
 )
+from train.model_file import RESNET_EXAMPLE
 from train.progress import evaluation_notice, format_metrics, reporter
 from train.rundir import RUN, RunLock, StopRequest, check_same_model, read_run, write_json
 from train.settings import RUN_SETTINGS, Settings, agreed_settings, changed_settings, model_fingerprint
@@ -90,11 +95,13 @@ def agree(settings: Settings, runtime: Runtime, peers: SingleHost, dataset: Data
         "examples": f"{spec.train_examples} train, {spec.eval_examples} eval",
         "inputs": spec.describe_inputs(),
         "label": f"{spec.label_key} {list(spec.label_shape)} {spec.label_dtype}",
+        "data": data_identity_text(dataset.identity),  # the data itself, not DATASET's text (a path differs by host)
     }
     recorded = read_run(settings.output_dir) if peers.is_chief else {}
+    check_recorded(settings, recorded, dataset.adapted)  # a start whose adapt fitted other vocabularies
     this_worker = report(
         agreed_settings(settings), model_fingerprint(settings.model), facts,
-        dataset.fits_in_memory(_workers_here(runtime)), auto_precision(runtime.plan)[0], recorded,
+        dataset.fits_in_memory(_workers_here(runtime)), auto_precision(runtime.plan)[0], recorded, dataset.adapted,
     )  # fmt: skip
     return reconcile(peers.all_gather("report", this_worker))
 
@@ -151,6 +158,8 @@ class Run:
     starts: list[dict[str, Any]] = field(default_factory=list)  # every start of the run (run.json), this one last
     context: Any = None  # train.context.Context: the run's facts, as build_model and build_callbacks got them
     callbacks: Any = None  # train.callbacks.Callbacks: the fork's callbacks, MONITOR, epochs.json
+    identity: dict[str, Any] = field(default_factory=dict)  # the data's (train.data.opening): run.json's "data"
+    adapted: dict[str, Any] = field(default_factory=dict)  # what MODEL's adapt fitted (train.adapt.fingerprint)
 
     @property
     def output_dir(self) -> Path:
@@ -213,7 +222,10 @@ def _start(settings: Settings, runtime: Runtime, peers: SingleHost, say: Say) ->
     if runtime.cluster is not None:
         writes = f", chief: writes {settings.output_dir}" if peers.is_chief else ""
         say(f"Worker {peers.worker_index} of {peers.workers} ({runtime.cluster.address}{writes}): all workers joined.")
-    dataset = open_dataset(settings)
+    dataset = open_dataset(settings, say)
+    settings = dataset.settings  # a dataset with one split: TRAIN_SPLIT and EVAL_SPLIT slice it
+    if peers.is_chief:
+        check_same_data(settings, dataset.identity)  # another DATASET, or changed files: before anything is built
     decision = agree(settings, runtime, peers, dataset)
     runtime = runtime.with_precision(decision.precision)
     data = dataset.load(settings, decision.data_in_memory, _workers_here(runtime))
@@ -229,12 +241,15 @@ def _start(settings: Settings, runtime: Runtime, peers: SingleHost, say: Say) ->
         built = build(settings, data.spec, runtime.strategy, context)
     refuse_unevaluated_monitor(settings.monitor, settings.model, built)
     refuse_custom_train_step(settings.model, built.network, runtime.accumulation)
+    if peers.is_chief:  # the one that exports: a model it could not export is refused before the first step
+        check_exportable(built, settings)
     whole_call = gathers_in_step(runtime.strategy, data.spec.records)  # the feed lets XLA compile the whole call
     jit, why = _decide_xla(settings, runtime, peers, built, whole_call, decision.jit_compile)
     if jit and decision.jit_compile == "auto" and built.custom_step is not None and not built.network.jit_compile:
         # as model.fit runs it: a step of the fork's own may hold what XLA cannot compile (a tf.print)
         jit, why = False, "auto: off, as model.fit runs this model's own train_step (its jit_compile is False)"
-    run = Run(settings, runtime, peers, data, built, jit, why, say, context=context)
+    run = Run(settings, runtime, peers, data, built, jit, why, say, context=context, identity=dataset.identity,
+              adapted=dataset.adapted)  # fmt: skip
     run.callbacks = Callbacks(build_callbacks(settings, context), run)  # bad callbacks: before writing
     return run
 
@@ -386,7 +401,9 @@ def _write_run(run: Run, recorded: dict[str, Any]) -> None:
     write_json(run.output_dir / RUN, {
         "model": settings.model, "model_sha256": model_fingerprint(settings.model),
         "jit_compile": run.jit_compile, "data_in_memory": run.data.in_memory, "precision": run.runtime.precision,
-        **{key: recorded[key] for key in ("jit_compile", "data_in_memory", "precision") if key in recorded},
+        "data": run.identity,
+        "adapted": run.adapted,  # what MODEL's adapt fitted (train.adapt): a later start must fit the same
+        **{key: recorded[key] for key in ("jit_compile", "data_in_memory", "precision", "adapted") if key in recorded},
         "starts": run.starts,
     })  # fmt: skip
 
@@ -458,6 +475,7 @@ def _train(run: Run) -> Outcome:
             with (
                 streamed_files_intact(run),
                 preprocess_raised(run.data.spec, settings.model, lambda: run.manager.latest_checkpoint),
+                preprocess_shapes_hold(run),  # (inside: an odd shape is said as such, before any other raise)
             ):
                 return run_loop(calls, schedule, start, int(run.checkpoint.skipped_steps.numpy()), run)
         except tf.errors.ResourceExhaustedError:
@@ -485,7 +503,8 @@ def _say_profile(run: Run, start: int) -> None:
 
 @contextlib.contextmanager
 def streamed_files_intact(run: Run) -> Iterator[None]:
-    """Damage in a streamed split's files, found while reading them (training or evaluating), in one line."""
+    """Damage in a streamed split's files, found while reading them (training or evaluating), in one line; and an
+    image that cannot be decoded, by its filename."""
     try:
         yield
     # What reading damaged TFRecords raises: lost bytes, a missing file, fewer examples than recorded.
@@ -496,6 +515,36 @@ def streamed_files_intact(run: Run) -> Iterator[None]:
             f"reading the streamed {run.data.name} failed while training ({first_line(error, 160)}): its prepared "
             f"files are damaged; the last checkpoint {run.manager.latest_checkpoint} is intact. Delete the "
             "dataset's directory, prepare it anew and run again to resume"
+        ) from None
+    except tf.errors.InvalidArgumentError as error:
+        if not DECODE_ERROR.search(str(error.message)):
+            raise
+        for split in (run.data.train, run.data.eval):
+            found = undecodable(split, run.data.spec)
+            if found:
+                raise TrainingError(
+                    f"the image {found[0]} of DATASET={run.settings.dataset} cannot be decoded ({found[1]}); the last "
+                    f"checkpoint {run.manager.latest_checkpoint} is intact. Remove or replace the file and train in a "
+                    "new OUTPUT_DIR (the data then differs)"
+                ) from None
+        raise
+
+
+@contextlib.contextmanager
+def preprocess_shapes_hold(run: Run) -> Iterator[None]:
+    """A later example whose output differs from the shape the first examples gave (train.data.shapes), in one
+    line."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as error:
+        odd = odd_shape(error)
+        if odd is None:
+            raise
+        raise TrainingError(
+            f"MODEL={run.settings.model!r}: preprocess returned {odd[0]} for an example of {run.data.name}, where the "
+            f"first examples gave {odd[1]}; the last checkpoint {run.manager.latest_checkpoint} is intact. Make "
+            f"preprocess return one shape for every example (resize or crop it to a constant size, as "
+            f"{RESNET_EXAMPLE} does)"
         ) from None
 
 
@@ -564,6 +613,7 @@ def _summary(run: Run, outcome: Outcome, fingerprint: str) -> dict[str, Any]:
     runtime, schedule = run.runtime, Schedule(run.settings, run.segment)
     return {
         "dataset": run.data.name,
+        "classes": run.data.spec.classes,
         "model": run.settings.model,
         "model_sha256": model_fingerprint(run.settings.model),
         "strategy": runtime.strategy_name,
@@ -660,7 +710,7 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> dict[str, Any
                 outcome = dataclasses.replace(outcome, interrupted=False)
             if not outcome.interrupted:
                 run.callbacks.end(outcome.step)
-            with streamed_files_intact(run):
+            with streamed_files_intact(run), preprocess_shapes_hold(run):
                 return _finish(run, outcome)
     finally:
         peers.close()
@@ -676,7 +726,10 @@ def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> dic
     precision = read_run(settings.output_dir).get("precision")
     if settings.mixed_precision == "auto" and precision:
         runtime = runtime.with_precision(precision)
-    data = load_data(settings)
+    dataset = open_dataset(settings)
+    check_recorded(settings, read_run(settings.output_dir), dataset.adapted)  # the vocabularies it trained with
+    in_memory = settings.data_in_memory == "true" or (settings.data_in_memory == "auto" and dataset.fits_in_memory())
+    data = dataset.load(settings, in_memory)
     context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))  # this host's facts
     built = build(settings, data.spec, runtime.strategy, context)  # its compiled loss and metrics score either source
     if exported:

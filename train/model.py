@@ -24,6 +24,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from train.adapt import resources
 from train.context import Context
 from train.data.source import DatasetSpec
 from train.errors import SettingsError, TrainingError, first_line
@@ -414,6 +415,8 @@ def export(built: Built, output_dir: Path, model: keras.Model | None = None) -> 
     shutil.rmtree(staging, ignore_errors=True)
     archive = keras.export.ExportArchive()
     archive.track(serving)
+    for resource in preprocess_resources(built.spec) if model is None else ():  # the vocabularies and tables
+        archive.track(resource)
     endpoints = serving_endpoints(built) if model is None else [_own_endpoint(model)]
     for name, function, signature in endpoints:  # the first added is serving_default
         archive.add_endpoint(name=name, fn=function, input_signature=signature)
@@ -452,6 +455,15 @@ def model_to_export(settings: Settings, built: Built) -> keras.Model | None:
             "keras.Inputs; fix it and run again to export (the checkpoint is kept)"
         )
     return model
+
+
+def preprocess_resources(spec: DatasetSpec) -> list[Any]:
+    """The layers and tables of the MODEL file that `preprocess` may use (train.adapt.resources): what the
+    export's default signature runs besides the model, so the SavedModel must carry them."""
+    if not spec.records or spec.examples.preprocess is None:
+        return []
+    found = resources(load_model_file(spec.examples.model).module).values()
+    return [each for each in found if getattr(each, "built", True)]  # a layer never called is not in the graph
 
 
 def weights_fingerprint(built: Built) -> str:

@@ -4,6 +4,7 @@
     preprocess(example, training, seed) -> (inputs, label)                              (optional)
     build_callbacks(context) -> a list of keras.callbacks.Callback                       (optional)
     export_model(model) -> the keras.Model to export in the trained model's place        (optional)
+    adapt(context): fits the layers preprocess uses, on the raw training data (train.adapt)  (optional)
 
 `build_model` is what train.model calls (its keyword-only parameters: hyperparameters, train.hparams, and
 `context`, train.context); `preprocess` is what the data path (train.data.examples) runs per example, in
@@ -20,12 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from train.errors import SettingsError, first_line
 from train.settings import is_model_path
 
 RESNET_EXAMPLE = "examples/resnet.py"  # where a fork finds a preprocess to start from
 CALLBACKS_EXAMPLE = "examples/early_stopping.py"  # ... and build_callbacks
+TEXT_EXAMPLE = "examples/text.py"  # ... and adapt
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,8 @@ class ModelFile:
     preprocess: Callable | None
     build_callbacks: Callable | None = None
     export_model: Callable | None = None  # a GAN's: its generator (examples/gan.py)
+    adapt: Callable | None = None
+    module: Any = None  # the imported file: its globals hold the layers `preprocess` uses (train.adapt)
 
 
 @cache
@@ -78,4 +83,10 @@ def load_model_file(text: str) -> ModelFile:
             f"MODEL={text!r}: export_model is a {type(export_model).__name__}, not a function: define "
             "export_model(model) -> the keras.Model to export (see examples/gan.py)"
         )
-    return ModelFile(text, build, preprocess, build_callbacks, export_model)
+    adapt = getattr(module, "adapt", None)
+    if adapt is not None and not callable(adapt):
+        raise SettingsError(
+            f"MODEL={text!r}: adapt is a {type(adapt).__name__}, not a function: define adapt(context) that fits "
+            f"the layers preprocess uses on context.examples(n) (see {TEXT_EXAMPLE})"
+        )
+    return ModelFile(text, build, preprocess, build_callbacks, export_model, adapt, module)

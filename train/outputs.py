@@ -36,8 +36,8 @@ def label_kind(spec: DatasetSpec) -> str:
 
 def class_names(spec: DatasetSpec) -> tuple[str, ...]:
     """The k class names of the label: the ClassLabel's, else "0" ... "k-1"."""
-    if spec.class_names:
-        return tuple(spec.class_names)
+    if spec.classes:
+        return tuple(spec.classes)
     count = spec.num_classes if spec.num_classes is not None else spec.label_shape[0]
     return tuple(str(index) for index in range(count))
 

@@ -187,7 +187,7 @@ def predict(settings: Settings, sources: list[Source], split: str | None, batch:
     take."""
     import tensorflow as tf
 
-    from train.data.source import open_builder
+    from train.data.opening import open_builder
     from train.devices.runtime import setup_runtime
 
     runtime = setup_runtime(settings, local_only=True)

@@ -194,6 +194,7 @@ RUN_VALUES = {
     "model_sha256": lambda value: isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) is not None,
     "jit_compile": lambda value: isinstance(value, bool),
     "data_in_memory": lambda value: isinstance(value, bool),
+    "data": lambda value: isinstance(value, dict),  # the data's identity (train.data.opening)
     "precision": lambda value: value in ("float32", "mixed_float16", "mixed_bfloat16"),
     "starts": lambda value: (
         isinstance(value, list)

@@ -89,6 +89,14 @@ def _choice(allowed: tuple[str, ...]) -> Callable[[str, str], str]:
     return parse
 
 
+def _label_kind(name: str, text: str) -> str | None:
+    """LABEL_KIND: class or value; empty: guessed from the label column (train.data.local)."""
+    return None if text == "" else _choice(("class", "value"))(name, text)
+
+
+_label_kind.metavar = "class|value"  # type: ignore[attr-defined]
+
+
 def _gpus(name: str, text: str) -> str | tuple[int, ...]:
     """`all`, `none`, or distinct GPU indices like `0,1`."""
     if text in ("all", "none"):
@@ -113,11 +121,17 @@ def _optional_text(name: str, text: str) -> str | None:
 
 
 def _dataset(name: str, text: str) -> str:
-    # TFDS names: `name`, `name/config`, `name:1.2.3`, `name/config:1.2.3`.
+    # A path (train.data.local: a folder of images, a CSV or JSON Lines file, a prepared TFDS folder), checked for
+    # what `stat` tells before TensorFlow loads; else a TFDS name: `name`, `name/config`, `name:1.2.3`, ...
+    from train.data import local
+
+    if local.is_path(text):
+        local.survey(text)
+        return text
     if not re.fullmatch(r"[a-z][a-z0-9_]*(/[A-Za-z0-9_.\-]+)?(:[0-9]+\.[0-9]+\.[0-9]+)?", text):
         raise SettingsError(
             f"{name}={text!r} is not allowed: use a TFDS dataset name, optionally with config and version, "
-            "like mnist, or name/config:1.0.0"
+            "like mnist, or name/config:1.0.0, or a path (./photos, /data/table.csv)"
         )
     return text
 
@@ -227,7 +241,7 @@ def _profile_steps(name: str, text: str) -> tuple[int, int] | None:
 for _parse, _metavar in (
     (_positive_int, "N"), (_non_negative_int, "N"), (_optional_positive_int, "N"), (_positive_float, "X"),
     (_bool, "true|false"), (_gpus, "all|none|0,1"), (_text, "TEXT"), (_optional_text, "TEXT"),
-    (_dataset, "NAME"), (_path, "PATH"), (_optional_path, "PATH"), (_model, "FILE|MODULE"),
+    (_dataset, "NAME|PATH"), (_path, "PATH"), (_optional_path, "PATH"), (_model, "FILE|MODULE"),
     (_profile_steps, "START-END"),
 ):  # fmt: skip
     _parse.metavar = _metavar  # type: ignore[attr-defined]
@@ -274,7 +288,7 @@ FIELDS: tuple[Field, ...] = (
     Field("STRATEGY", "auto", _choice(STRATEGIES), "auto, one_device, mirrored or multi_worker (see README).", **RW),
     Field("CROSS_DEVICE_OPS", "auto", _choice(ALL_REDUCES), "MirroredStrategy's all-reduce (auto: see docs).", **W),
     Field("CPU_DEVICES", "1", _positive_int, "Split the CPU into N logical devices (replicas without GPUs).", **R),
-    Field("DATASET", "synthetic_clusters", _dataset, "TFDS dataset, optionally name/config:version.", **RW),
+    Field("DATASET", "synthetic_clusters", _dataset, "TFDS name[/config][:version], or a folder or file path.", **RW),
     Field("TFDS_DATA_DIR", "", _optional_path, "Where TFDS keeps prepared datasets (TFDS default if empty)."),
     Field("DATA_IN_MEMORY", "auto", _choice(AUTO_TRUE_FALSE), "auto: in memory if they fit, else streamed.", **RW),
     Field("DEVICE_PREFETCH", "1", _positive_int, "GPUs: batches each replica holds ahead on its device."),
@@ -282,6 +296,7 @@ FIELDS: tuple[Field, ...] = (
     Field("EVAL_SPLIT", "test", _text, "TFDS split to evaluate on.", **W),
     Field("FEATURE_KEY", "", _optional_text, "Input feature; default: supervised keys, else image.", **RW),
     Field("LABEL_KEY", "", _optional_text, "Label feature; default: supervised keys, else label.", **RW),
+    Field("LABEL_KIND", "", _label_kind, "A CSV/JSONL label: class or value (default: guessed).", **RW),
     Field("BATCH_SIZE", "128", _optional_positive_int, "Examples per replica at once (global: x replicas).", **RW),
     Field("GLOBAL_BATCH_SIZE", "", _optional_positive_int, "Examples per step on all replicas (accumulates).", **RW),
     Field("EPOCHS", "5", _positive_int, "Number of epochs.", **W),
@@ -324,6 +339,7 @@ class Settings:
     eval_split: str
     feature_key: str | None
     label_key: str | None
+    label_kind: str | None
     batch_size: int | None  # None: GLOBAL_BATCH_SIZE is set
     global_batch_size: int | None
     epochs: int
@@ -670,7 +686,11 @@ WORKERS_AGREE = tuple(field.env for field in FIELDS if field.workers_agree)
 
 def agreed_settings(settings: Settings) -> dict[str, str]:
     """The settings every worker must have alike, as text: WORKERS_AGREE's and build_model's hyperparameters."""
+    from train.data.local import is_path
+
     text = settings.to_json()
+    if is_path(settings.dataset):  # a path can differ between hosts: the workers compare the data's fingerprint
+        text["DATASET"] = "(a path: its data's fingerprint is compared)"
     return {name: text[name] for name in WORKERS_AGREE} | {
         hparams.env_name(name): text[hparams.env_name(name)] for name, _ in settings.hyperparameters
     }

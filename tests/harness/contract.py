@@ -7,8 +7,9 @@ it returns for a random example of the dataset's features; a `context` whose sam
 `build_callbacks` with it where the file has one), takes one training step on random data of that
 spec through the engine's own feed and training call, and its export saves and loads with Keras's
 safe_mode, and serves what clients send (the stored features `preprocess` reads: images as their bytes, text as
-its strings, numbers and dict columns by name). Prints one JSON object; a fork the engine refuses fails with the
-engine's one line first on stderr ("error: ..."), exit 2 (or 1).
+its strings, numbers and dict columns by name). MODEL's `adapt` runs first, on random examples of the features.
+Prints one JSON object; a fork the engine refuses fails with the engine's one line first on stderr ("error: ..."),
+exit 2 (or 1).
 """
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from train.adapt import AdaptContext
 from train.callbacks import build_callbacks
 from train.context import Context, sample_function
 from train.data import RecordsSplit, Split, make_feed
 from train.data.examples import BYTES_SUFFIX, random_record
+from train.data.local import is_path
+from train.data.opening import open_source
 from train.data.source import inspect, open_builder
 from train.errors import SettingsError, TrainingError, first_line
 from train.model import build, export
@@ -59,7 +63,13 @@ def main(output_dir: Path) -> dict:
     # project/defaults.env and what the caller's environment sets (tests/test_project.py passes none of the user's)
     settings = load_settings({"OUTPUT_DIR": str(output_dir)}, dotenv_path="/nonexistent")
     preprocess = load_model_file(settings.model).preprocess
-    spec = inspect(open_builder(settings), settings, count=False, preprocess=preprocess)
+    if is_path(settings.dataset):  # a folder or file: written once as TFDS records (docs/data.md), then as any
+        opened = open_source(settings, lambda line: print(line, file=sys.stderr))
+        builder, settings, preprocess = opened.builder, opened.settings, preprocess or opened.columns(settings)
+    else:  # a TFDS name: its features alone, not prepared here
+        builder = open_builder(settings)
+    adapt_on_random_examples(settings, builder.info.features)  # MODEL's adapt, before preprocess is traced
+    spec = inspect(builder, settings, count=False, preprocess=preprocess)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     split = random_split(spec)
     context = Context(global_batch=BATCH, replicas=1, workers=1, steps_per_epoch=1, epochs=settings.epochs,
@@ -108,6 +118,18 @@ def _scores(outputs: dict):
         if name in outputs:
             return outputs[name]
     return next(iter(outputs.values()))
+
+
+def adapt_on_random_examples(settings, features) -> None:
+    """MODEL's adapt(context), where it has one, on examples of random values of the dataset's features (what
+    `context.examples` gives a run: dicts of every feature as decoded, batched)."""
+    adapt = load_model_file(settings.model).adapt
+    if adapt is None:
+        return
+    rng = np.random.default_rng(0)
+    records = tf.constant([random_record(features, rng) for _ in range(2 * BATCH)])
+    decoded = tf.data.Dataset.from_tensor_slices(records).map(features.deserialize_example)
+    adapt(AdaptContext(settings.seed, lambda n: decoded.take(n).ragged_batch(BATCH)))
 
 
 def _column(example: dict, name: str):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from train.adapt import difference
 from train.errors import SettingsError
 
 # Settings whose `auto` each worker may resolve differently on its own: resolved here to one answer.
@@ -38,13 +39,15 @@ def _where(index: int) -> str:
 
 def report(
     settings_text: dict[str, str], model_sha256: str, facts: dict[str, Any], fits_in_memory: bool, precision: str,
-    recorded: dict[str, Any] | None = None,
+    recorded: dict[str, Any] | None = None, adapted: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """This worker's report. `facts` must be equal everywhere (replicas, dataset shape); `recorded`: what the
-    run's first start decided (the chief reads it from the run directory; a resume keeps those choices)."""
+    run's first start decided (the chief reads it from the run directory; a resume keeps those choices);
+    `adapted`: what MODEL's adapt fitted here (train.adapt.fingerprint), the same everywhere."""
     return {
         "settings": settings_text, "model_sha256": model_sha256, "facts": facts,
         "fits_in_memory": fits_in_memory, "precision": precision, "recorded": recorded or {},
+        "adapted": adapted or {},
     }  # fmt: skip
 
 
@@ -63,6 +66,10 @@ def _differences(reports: list[dict[str, Any]]) -> list[tuple[int, str]]:
             chiefs, theirs = chief["model_sha256"][:12], other["model_sha256"][:12]
             text = f"MODEL's code on worker {index} differs from the chief's ({theirs} against {chiefs})"
             differ.append((index, text))
+        adapted = difference(chief.get("adapted") or {}, other.get("adapted") or {})
+        if adapted:
+            differ.append((index, f"adapt gave other state on worker {index} than on the chief: {adapted} (does it "
+                                  "read the same training data?)"))  # fmt: skip
         for name, value in chief["facts"].items():
             if other["facts"].get(name) != value:
                 differ.append((index, f"{name} {other['facts'].get(name)} on worker {index} but {value} on the chief"))

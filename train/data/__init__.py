@@ -1,31 +1,20 @@
 """The data input: TFDS splits in memory or streamed (`source`), and the batches the step and evaluation
-read (`feeds`). `open_dataset` and `Dataset.load` are what `fit` calls; `load_data` does both on one host."""
+read (`feeds`). `open_dataset` and `Dataset.load` are what `fit` calls; `load_data` does both on one host.
+
+`feeds` and `source` (TensorFlow) load when one of their names is first used, so that `train.data.local` (a path
+DATASET's checks) is imported before TensorFlow is."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import importlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from train.data.feeds import (
-    BlocksFeed,
-    Feed,
-    PipelineFeed,
-    Remainder,
-    RowsFeed,
-    batches_per_pass,
-    distribute,
-    eval_dataset,
-    eval_steps,
-    gathers_in_step,
-    general_path,
-    input_pipelines,
-    make_feed,
-    pass_order,
-    train_dataset,
-)
-from train.data.source import Data, DatasetSpec, RecordsSplit, Split, StreamedSplit, TrainSplit
 from train.devices.host_memory import available_memory_bytes, fits_in_memory, memory_note
 from train.settings import Settings
+
+if TYPE_CHECKING:
+    from train.data.source import Data, DatasetSpec
 
 __all__ = [
     "BlocksFeed", "Data", "Dataset", "DatasetSpec", "Feed", "PipelineFeed", "RecordsSplit", "Remainder", "RowsFeed",
@@ -36,12 +25,32 @@ __all__ = [
 ]  # fmt: skip
 
 
+_HOMES = {
+    "feeds": ("BlocksFeed", "Feed", "PipelineFeed", "Remainder", "RowsFeed", "batches_per_pass", "distribute",
+              "eval_dataset", "eval_steps", "gathers_in_step", "general_path", "input_pipelines", "make_feed",
+              "pass_order", "train_dataset"),
+    "source": ("Data", "DatasetSpec", "RecordsSplit", "Split", "StreamedSplit", "TrainSplit"),
+}  # fmt: skip
+_HOME = {name: module for module, names in _HOMES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'train.data' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"train.data.{_HOME[name]}"), name)
+
+
 @dataclass(frozen=True)
 class Dataset:
-    """DATASET opened and prepared: what its splits hold (`spec`), nothing read yet."""
+    """DATASET opened and prepared: what its splits hold (`spec`), nothing read yet; the data's identity (run.json's
+    "data"), the settings it is read with (a one-split dataset's slices), and what to say about it."""
 
     builder: Any
     spec: DatasetSpec
+    identity: dict[str, Any]
+    settings: Settings
+    notes: tuple[str, ...] = ()
+    adapted: dict[str, Any] = field(default_factory=dict)  # what MODEL's adapt fitted (train.adapt.fingerprint)
 
     def fits_in_memory(self, workers_here: int = 1) -> bool:
         """Whether both splits, as stored, fit in the memory left (for each worker this host runs)."""
@@ -54,22 +63,30 @@ class Dataset:
         available = available_memory_bytes()
         fits = fits_in_memory(self.spec.held_bytes, available, workers_here)
         note = memory_note(settings.data_in_memory, fits, self.spec.held_bytes, available, workers_here)
-        return load(self.builder, self.spec, settings, in_memory, (note,) if note else ())
+        pinned = tuple(self.spec.examples.notes) if self.spec.examples else ()  # outputs taken as fixed
+        notes = (*self.notes, *pinned, *((note,) if note else ()))
+        return load(self.builder, self.spec, settings, in_memory, notes)
 
 
-def open_dataset(settings: Settings) -> Dataset:
-    """Open DATASET, prepare it if needed and read its spec, with MODEL's `preprocess` where it defines one.
-    Raises SettingsError."""
-    from train.data.source import inspect, open_builder, prepare
+def open_dataset(settings: Settings, say=print) -> Dataset:
+    """Open DATASET, prepare (or, a path, write) it if needed, run MODEL's `adapt` on it (train.adapt) and read
+    its spec, with MODEL's `preprocess` where it defines one. `say` hears a path's writing progress. Raises
+    SettingsError."""
+    from train.adapt import run_adapt
+    from train.data.opening import open_source
+    from train.data.source import inspect
     from train.model_file import load_model_file
 
-    builder = open_builder(settings)
-    prepare(builder, settings)
-    return Dataset(builder, inspect(builder, settings, preprocess=load_model_file(settings.model).preprocess))
+    opened = open_source(settings, say)
+    adapted = run_adapt(opened.settings, opened.builder)  # before preprocess is first traced (inspect runs it)
+    preprocess = load_model_file(settings.model).preprocess or opened.columns(settings)
+    spec = inspect(opened.builder, opened.settings, preprocess=preprocess)
+    return Dataset(opened.builder, spec, opened.identity, opened.settings, opened.notes, adapted)
 
 
-def load_data(settings: Settings) -> Data:
+def load_data(settings: Settings, say=print) -> Data:
     """One host: open DATASET and hold its splits in memory (DATA_IN_MEMORY, or auto: if they fit) or stream them."""
-    dataset = open_dataset(settings)
+    dataset = open_dataset(settings, say)
+    settings = dataset.settings
     in_memory = settings.data_in_memory == "true" or (settings.data_in_memory == "auto" and dataset.fits_in_memory())
     return dataset.load(settings, in_memory)

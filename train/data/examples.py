@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from train.data.shapes import concrete_shapes, pin, shape_text, unknown
 from train.errors import SettingsError, first_line
 from train.model_file import RESNET_EXAMPLE
 
@@ -88,6 +89,16 @@ class _Reads(dict):
         return super(_Reads, self._all()).values()
 
 
+def decode_image(feature, encoded: tf.Tensor) -> tf.Tensor:
+    """An Image feature's stored bytes decoded as TFDS does, but a GIF as its first frame (TFDS's decode gives
+    every frame, a 4-D tensor) and a BMP too: whatever a folder of images held (train.data.local)."""
+    if feature.np_dtype != np.uint8:  # TFDS's float images are bitcast PNGs: its own decode
+        return feature.decode_example(encoded)
+    image = tf.image.decode_image(encoded, channels=feature.shape[-1], expand_animations=False)
+    image.set_shape(feature.shape)
+    return image
+
+
 @dataclass
 class Examples:
     """How one stored record becomes what the model gets.
@@ -102,6 +113,8 @@ class Examples:
     model: str  # MODEL, for the messages
     seed: int = 0
     read: set[str] = field(default_factory=set)  # what `preprocess(training=False)` reads (found when traced)
+    pinned: dict[str, tuple[int, ...]] = field(default_factory=dict)  # outputs of unknown dimensions, as taken
+    notes: list[str] = field(default_factory=list)  # what the start says of them (train.data.shapes)
 
     @property
     def images(self) -> tuple[str, ...]:
@@ -125,7 +138,7 @@ class Examples:
             if key not in example:  # not served: preprocess does not read it
                 continue
             encoded = example[key]
-            example[key] = self.features[key].decode_example(encoded)
+            example[key] = decode_image(self.features[key], encoded)
             example[key + BYTES_SUFFIX] = encoded
         return example
 
@@ -139,7 +152,7 @@ class Examples:
             result = self.preprocess(example, training, seed)
         # (inputs, label) as returned; what is not is refused from the map's spec (`check_outputs`): an error raised
         # here, inside tf.data's tracing, would reach the user wrapped in autograph's stack
-        return tuple(result) if isinstance(result, list) else result
+        return pin(self.pinned, tuple(result) if isinstance(result, list) else result, named)
 
     def prepare(self, record, position, pass_number, training: bool) -> tuple[Any, tf.Tensor]:
         """A stored record, its place in the split and the pass -> (inputs, label)."""
@@ -196,8 +209,9 @@ class Examples:
         return serve, signature
 
 
-def check_outputs(examples: Examples, element_spec, training: bool) -> tuple[Any, tf.TensorSpec]:
-    """`preprocess`'s (inputs, label) spec, refused where the model cannot take it. Raises SettingsError."""
+def check_outputs(examples: Examples, element_spec, training: bool, fixed: bool = True) -> tuple[Any, tf.TensorSpec]:
+    """`preprocess`'s (inputs, label) spec, refused where the model cannot take it; with `fixed`, also where a
+    static shape has an unknown dimension. Raises SettingsError."""
     if not (isinstance(element_spec, tuple) and len(element_spec) == 2):
         returned = f"{len(element_spec)} values" if isinstance(element_spec, tuple) else "one value"
         raise SettingsError(
@@ -222,30 +236,51 @@ def check_outputs(examples: Examples, element_spec, training: bool) -> tuple[Any
                 f"{where} returns {path} as strings (shape {tuple(spec.shape)}): a model input must be numeric "
                 "(decode it in preprocess; strings cannot be copied to a GPU replica)"
             )
-        if not spec.shape.is_fully_defined():
-            raise SettingsError(
-                f"{where} returns {path} of variable shape {_shape(spec)}: every output needs a fixed shape "
-                f"(resize or crop it to a constant size, as {RESNET_EXAMPLE} does)"
-            )
+        if fixed and not spec.shape.is_fully_defined():
+            raise variable_shape(where, path, spec)
     return inputs, label
+
+
+def variable_shape(where: str, path: str, spec: tf.TensorSpec) -> SettingsError:
+    return SettingsError(
+        f"{where} returns {path} of variable shape {_shape(spec)}: every output needs a fixed shape (resize or crop "
+        f"it to a constant size, as {RESNET_EXAMPLE} does)"
+    )
 
 
 def _shape(spec: tf.TensorSpec) -> str:
     return "(" + ", ".join("None" if dim is None else str(dim) for dim in spec.shape.as_list()) + ")"
 
 
-def probe(examples: Examples, record: bytes) -> tuple[Any, tf.TensorSpec]:
-    """(inputs spec, label spec) of one example, from `preprocess` run on `record` (a stored example) in training
-    and in evaluation: both must give the same fixed shapes and dtypes. Raises SettingsError."""
-    specs = []
+def probe(examples: Examples, records: list[bytes]) -> tuple[Any, tf.TensorSpec]:
+    """(inputs spec, label spec) of the examples, from `preprocess` run on `records` (the first stored examples)
+    in training and in evaluation: both must give the same fixed shapes and dtypes, an unknown dimension taken at
+    what the examples give (train.data.shapes). Raises SettingsError."""
+    specs, datasets = _probed(examples, records, fixed=False)
+    paths = unknown([*named(specs[0][0]), ("label", specs[0][1]), *named(specs[1][0]), ("label", specs[1][1])])
+    if paths and examples.preprocess is not None:
+        _take_shapes(examples, sorted(set(paths)), datasets, specs[0])
+    specs, _ = _probed(examples, records[:1], fixed=True)
+    if specs[0] != specs[1]:
+        raise SettingsError(
+            f"MODEL={examples.model!r}: preprocess returns {_describe(specs[0])} in training but "
+            f"{_describe(specs[1])} in evaluation: return the same shapes and dtypes in both"
+        )
+    return specs[0]
+
+
+def _probed(examples: Examples, records: list[bytes], fixed: bool) -> tuple[list[Any], list[tf.data.Dataset]]:
+    """The (inputs, label) spec in training and in evaluation, and the datasets of `records` prepared in each."""
+    specs, datasets = [], []
     for training in (True, False):
-        # position and pass as a pipeline's elements, as in training: nothing `preprocess` does is folded away
-        records = tf.data.Dataset.from_tensors(
-            (tf.constant(record), tf.constant(0, tf.int64), tf.constant(0, tf.int64))
+        # position and pass as a pipeline's elements, as in training: nothing `preprocess` does is folded away, and
+        # each example draws from its own seed, as it will in training
+        stored = tf.data.Dataset.from_tensor_slices(
+            (tf.constant(records), tf.range(len(records), dtype=tf.int64), tf.zeros(len(records), tf.int64))
         )
         try:
-            dataset = records.map(lambda r, p, n, training=training: examples.prepare(r, p, n, training))
-            specs.append(check_outputs(examples, dataset.element_spec, training))
+            dataset = stored.map(lambda r, p, n, training=training: examples.prepare(r, p, n, training))
+            specs.append(check_outputs(examples, dataset.element_spec, training, fixed))
             next(iter(dataset))  # what only running shows: a failed decode, an assertion
         except SettingsError:
             raise
@@ -254,12 +289,27 @@ def probe(examples: Examples, record: bytes) -> tuple[Any, tf.TensorSpec]:
             raise SettingsError(
                 f"MODEL={examples.model!r}: {what} (training={training}) raised {_raised(error)}"
             ) from None
-    if specs[0] != specs[1]:
-        raise SettingsError(
-            f"MODEL={examples.model!r}: preprocess returns {_describe(specs[0])} in training but "
-            f"{_describe(specs[1])} in evaluation: return the same shapes and dtypes in both"
+        datasets.append(dataset)
+    return specs, datasets
+
+
+def _take_shapes(examples: Examples, paths: list[str], datasets: list[tf.data.Dataset], spec) -> None:
+    """Pin each output in `paths` at the one shape the examples give in both modes, or refuse it as variable."""
+    static = dict([*named(spec[0]), ("label", spec[1])])
+    try:
+        found = [concrete_shapes([dataset], paths, named) for dataset in datasets]  # in training, in evaluation
+    except Exception as error:
+        raise SettingsError(f"MODEL={examples.model!r}: preprocess raised {_raised(error)}") from None
+    for path in paths:
+        for training, shapes in zip((True, False), found, strict=True):
+            if len(shapes[path] | found[0][path]) != 1:  # varies in this mode, or differs from training's
+                raise variable_shape(f"MODEL={examples.model!r}: preprocess(training={training})", path, static[path])
+        examples.pinned[path] = next(iter(found[0][path]))
+        what = "" if path == "inputs" else f" {path}"
+        examples.notes.append(
+            f"preprocess returns{what} {shape_text(static[path].shape)}; the first examples give "
+            f"{shape_text(examples.pinned[path])}: taken as fixed"
         )
-    return specs[0]
 
 
 def _raised(error: BaseException) -> str:

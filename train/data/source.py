@@ -11,13 +11,9 @@ train.data.examples), a split in memory is its stored records: the serialized ex
 from __future__ import annotations
 
 import contextlib
-import difflib
 import hashlib
-import importlib
-import importlib.util
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -27,6 +23,8 @@ import numpy as np
 import tensorflow as tf
 
 from train.data.examples import BYTES_SUFFIX, Examples, named, probe, random_record
+from train.data.opening import open_builder, prepare  # noqa: F401  (their home is opening; imported from here too)
+from train.data.shapes import PINNED_EXAMPLES
 from train.errors import SettingsError, first_line
 from train.model_file import RESNET_EXAMPLE
 from train.settings import Settings
@@ -60,7 +58,7 @@ class DatasetSpec:
     examples: Examples | None = None
     inputs: Any = None
     record_bytes: int = 0  # the general path: a stored record's bytes, on average
-    class_names: tuple[str, ...] | None = None  # a ClassLabel's names (what the export's `classes` holds)
+    classes: list[str] | None = None  # a ClassLabel's names (summary.json "classes"); None for other labels
 
     @property
     def records(self) -> bool:
@@ -388,131 +386,6 @@ class Data:
         return not isinstance(self.train, StreamedSplit)
 
 
-def open_builder(settings: Settings):
-    """The TFDS builder of DATASET: the template's own datasets and the fork's (`project.datasets`) registered."""
-    import tensorflow_datasets as tfds
-
-    import train.data.synthetic_clusters
-    import train.data.synthetic_columns
-    import train.data.synthetic_images
-    import train.data.synthetic_photos  # noqa: F401  (the template's offline datasets, registered by importing)
-
-    if importlib.util.find_spec("project.datasets") is not None:
-        importlib.import_module("project.datasets")  # a fork's builders, registered by importing them
-    data_dir = str(settings.tfds_data_dir) if settings.tfds_data_dir else None
-    try:
-        return tfds.builder(settings.dataset, data_dir=data_dir)
-    except tfds.core.registered.DatasetNotFoundError:
-        name = settings.dataset.split("/")[0].split(":")[0]
-        close = difflib.get_close_matches(name, tfds.list_builders(), n=3, cutoff=0.6)
-        hint = f"did you mean {', '.join(close)}?" if close else "see tfds.list_builders() for the known names"
-        raise SettingsError(f"DATASET={settings.dataset!r} is not a TFDS dataset: {hint}") from None
-    except Exception as error:  # unknown config or version: TFDS raises several types
-        raise SettingsError(f"DATASET={settings.dataset!r} cannot be opened: {first_line(error)}") from None
-
-
-def _directories(root: Path, depth: int) -> set[Path]:
-    """Folders at most `depth` levels below `root` (root included, if it exists)."""
-    found = set()
-    for directory, subdirectories, _ in os.walk(root):
-        found.add(Path(directory))
-        if len(Path(directory).relative_to(root).parts) >= depth:
-            subdirectories.clear()  # the downloads' extracted archives can be large trees: not walked
-    return found
-
-
-CONNECT_SECONDS = 3.0  # how long the reachability check waits for a download host (TFDS's retries take minutes)
-
-
-def _hosts(urls: Any) -> set[tuple[str, int]]:
-    """(host, port) of every URL in what a builder hands TFDS's download manager (a URL, a Resource, or a tree)."""
-    import urllib.parse
-    import urllib.request
-
-    found: set[tuple[str, int]] = set()
-    if isinstance(urls, dict):
-        urls = list(urls.values())
-    if isinstance(urls, list | tuple):
-        for url in urls:
-            found |= _hosts(url)
-        return found
-    url = urllib.parse.urlparse(str(getattr(urls, "url", urls)))
-    if url.scheme not in ("http", "https") or not url.hostname:
-        return found
-    proxy = urllib.request.getproxies().get(url.scheme)
-    if proxy and not urllib.request.proxy_bypass(url.hostname):  # the connection that matters is the proxy's
-        url = urllib.parse.urlparse(proxy if "://" in proxy else f"http://{proxy}")
-    found.add((url.hostname or "", url.port or (443 if url.scheme == "https" else 80)))
-    return found
-
-
-@contextlib.contextmanager
-def _downloads_checked_first() -> Any:
-    """While TFDS prepares: before its download manager starts (and retries for minutes, printing urllib3
-    warnings), a plain connect to every host it is about to download from, failing in seconds."""
-    import socket
-
-    import tensorflow_datasets as tfds
-
-    manager = tfds.download.DownloadManager
-    originals = {name: getattr(manager, name) for name in ("download", "download_and_extract")}
-
-    def checked(original):
-        def method(self, url_or_urls, *args, **kwargs):
-            for host, port in sorted(_hosts(url_or_urls)):
-                try:
-                    socket.create_connection((host, port), timeout=CONNECT_SECONDS).close()
-                except OSError as error:
-                    reason = error.strerror or type(error).__name__
-                    raise ConnectionError(f"the download host {host}:{port} cannot be reached ({reason})") from None
-            return original(self, url_or_urls, *args, **kwargs)
-
-        return method
-
-    for name, original in originals.items():
-        setattr(manager, name, checked(original))
-    try:
-        yield
-    finally:
-        for name, original in originals.items():
-            setattr(manager, name, original)
-
-
-def prepare(builder, settings: Settings) -> None:
-    """Make sure the data is on disk: generated locally, or downloaded once if it must be.
-
-    A failed preparation leaves no dataset behind: TFDS prepares into a temporary directory and keeps what
-    it downloaded (a retry goes on from there), and the empty folders it made for it are removed here.
-    """
-    if tf.io.gfile.exists(builder.data_dir):  # prepared: what download_and_prepare would only say, too
-        return
-    data_dir = Path(str(builder.data_dir_root))  # str: TFDS's own path type, which may name a bucket
-    # The dataset's own folder and the downloads, where TFDS makes folders (dataset/version/.tmp,
-    # downloads/dataset/file.tmp.ID) before it knows that the download fails.
-    roots = (data_dir / Path(str(builder.data_dir)).relative_to(data_dir).parts[0], data_dir / "downloads")
-
-    def folders() -> set[Path]:
-        return _directories(roots[0], depth=4) | _directories(roots[1], depth=2)
-
-    before = folders()
-    import tensorflow_datasets as tfds
-
-    tfds.display_progress_bar(sys.stderr.isatty())  # a log that is not a terminal gets no bars' escape codes ("[A")
-    try:
-        with _downloads_checked_first():
-            builder.download_and_prepare()
-    except Exception as error:
-        made = folders() - before
-        for directory in sorted(made, key=lambda path: len(path.parts), reverse=True):  # the deepest first
-            with contextlib.suppress(OSError):  # not empty: a file in it is kept
-                directory.rmdir()
-        raise SettingsError(
-            f"DATASET={settings.dataset!r} is not prepared in {data_dir} and could not be made "
-            f"({type(error).__name__}: {first_line(error, 200)}): on a machine with network run "
-            f"scripts/prepare-dataset.sh {settings.dataset} DIR, then set TFDS_DATA_DIR=DIR"
-        ) from None
-
-
 def _split_examples(builder, setting: str, split: str) -> int | None:
     """The number of examples of the split (TFDS split syntax, like train[:90%]), None where the dataset's
     info does not list its splits (tfds.testing.mock_data). Raises SettingsError."""
@@ -620,16 +493,22 @@ def _general_path(builder, settings: Settings, feature_key: str, label_key: str,
     return Examples(builder.info.features, feature_key, label_key, preprocess, settings.model, settings.seed)
 
 
-def _first_record(builder, split: str) -> bytes:
-    """The split's first stored record where it is prepared as TFRecord files, else a random one of its features."""
+def _first_records(builder, split: str) -> list[bytes]:
+    """The split's first PINNED_EXAMPLES stored records where it is prepared as TFRecord files, in order, else a
+    random one of its features."""
     import tensorflow_datasets as tfds
 
     with contextlib.suppress(Exception):  # not prepared, or not TFRecords: a random example of the features
         if builder.info.file_format == tfds.core.FileFormat.TFRECORD:
-            first = builder.info.splits[split].file_instructions[0]
-            records = tf.data.TFRecordDataset(first.filename).skip(first.skip)
-            return next(iter(records)).numpy()
-    return random_record(builder.info.features, np.random.default_rng(0))
+            found: list[bytes] = []
+            for each in builder.info.splits[split].file_instructions:  # a sliced split's files, as TFDS reads them
+                records = tf.data.TFRecordDataset(each.filename).skip(each.skip).take(each.take)
+                found += [record.numpy() for record in records.take(PINNED_EXAMPLES - len(found))]
+                if len(found) == PINNED_EXAMPLES:
+                    break
+            if found:
+                return found
+    return [random_record(builder.info.features, np.random.default_rng(0))]
 
 
 def _record_bytes(builder, split: str) -> int:
@@ -657,7 +536,7 @@ def inspect(builder, settings: Settings, count: bool = True, preprocess=None) ->
     inputs = None
     if examples is not None:
         feature_shape, feature_dtype = (), "string"  # stored records
-        inputs, label = probe(examples, _first_record(builder, settings.train_split))
+        inputs, label = probe(examples, _first_records(builder, settings.train_split))
         label_shape, label_dtype = tuple(label.shape.as_list()), label.dtype.name
     else:
         feature = features[feature_key]
@@ -679,14 +558,8 @@ def inspect(builder, settings: Settings, count: bool = True, preprocess=None) ->
         examples=examples,
         inputs=inputs,
         record_bytes=_record_bytes(builder, settings.train_split) if examples is not None else 0,
-        class_names=_class_names(features[label_key]),
+        classes=list(features[label_key].names) if isinstance(features[label_key], tfds.features.ClassLabel) else None,
     )
-
-
-def _class_names(label) -> tuple[str, ...] | None:
-    import tensorflow_datasets as tfds
-
-    return tuple(label.names) if isinstance(label, tfds.features.ClassLabel) else None
 
 
 def damaged(builder, error: BaseException) -> SettingsError:

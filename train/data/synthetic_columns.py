@@ -2,12 +2,15 @@
 
 `features` is a FeaturesDict of fixed-shape columns of different dtypes, shapes and scales: `age` (years,
 float32), `fare` (float32, log-normal, 2 to 500), `pclass` (int64, 1 to 3), `sex` (int64, 0 or 1) and
-`position` (float32 (2,), metres along and across the deck). The label, survived or not, follows a score
-of all of them (the distance to the exit is not linear in `position`) under logistic noise: the rule
-itself scores about 0.93, a small MLP learns 0.85 or more in a few epochs, and about 55% survive. Generated
-locally and deterministically. Importing this module registers it.
+`position` (float32 (2,), metres along and across the deck). Beside them, `embarked` is the port of
+embarkation as text ("Southampton", "Cherbourg", "Queenstown"), for a model that looks it up
+(examples/tabular_text.py). The label, survived or not, follows a score of all of them (the distance to the
+exit is not linear in `position`) under logistic noise: the rule itself scores about 0.93, a small MLP
+learns 0.85 or more in a few epochs, and about 55% survive. Generated locally and deterministically.
+Importing this module registers it.
 
     make train MODEL=examples/tabular.py DATASET=synthetic_columns
+    make train MODEL=examples/tabular_text.py DATASET=synthetic_columns
 """
 
 from __future__ import annotations
@@ -21,12 +24,15 @@ CLASS_SHARE = (0.25, 0.25, 0.5)  # first, second and third class passengers
 CLASS_FARE = (90.0, 25.0, 10.0)  # the median fare of each class
 EXIT = (40.0, 0.0)  # metres: passengers within EXIT_REACH of it are likelier to survive
 EXIT_REACH = 50.0
+PORTS = ("Southampton", "Cherbourg", "Queenstown")  # `embarked`
+PORT_SHARE = (0.7, 0.2, 0.1)
+CHERBOURG = 0.6  # added to the score of those who embarked there (drawn apart: the other columns are as in 1.0.0)
 NOISE = 0.35  # logistic scale on the score: the rule alone is right about 93% of the time
 
 
 class SyntheticColumns(tfds.core.GeneratorBasedBuilder):
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "First release."}  # noqa: RUF012 (TFDS reads it as a plain class attribute)
+    VERSION = tfds.core.Version("1.1.0")
+    RELEASE_NOTES = {"1.0.0": "First release.", "1.1.0": "embarked, a text column."}  # noqa: RUF012 (TFDS reads it)
 
     def _info(self) -> tfds.core.DatasetInfo:
         return self.dataset_info_from_configs(
@@ -42,6 +48,7 @@ class SyntheticColumns(tfds.core.GeneratorBasedBuilder):
                             "position": tfds.features.Tensor(shape=(2,), dtype=np.float32),
                         }
                     ),
+                    "embarked": tfds.features.Text(),
                     "label": tfds.features.ClassLabel(names=["died", "survived"]),
                 }
             ),
@@ -64,7 +71,8 @@ class SyntheticColumns(tfds.core.GeneratorBasedBuilder):
         position = rng.uniform([0, -10], [200, 10], size=(count, 2))
         near_exit = np.hypot(position[:, 0] - EXIT[0], position[:, 1] - EXIT[1]) < EXIT_REACH
         score = 2.2 * sex - 1.1 * (pclass - 2) - 0.06 * (age - 32) + 0.9 * np.log(fare / 25) + 1.6 * near_exit - 1.0
-        survived = score + rng.logistic(scale=NOISE, size=count) > 0
+        port = np.random.default_rng(seed + 100).choice(len(PORTS), size=count, p=PORT_SHARE)
+        survived = score + CHERBOURG * (port == 1) + rng.logistic(scale=NOISE, size=count) > 0
         for index in range(count):
             columns = {
                 "age": np.float32(age[index]),
@@ -73,4 +81,4 @@ class SyntheticColumns(tfds.core.GeneratorBasedBuilder):
                 "sex": np.int64(sex[index]),
                 "position": position[index].astype(np.float32),
             }
-            yield index, {"features": columns, "label": int(survived[index])}
+            yield index, {"features": columns, "embarked": PORTS[port[index]], "label": int(survived[index])}

@@ -1,0 +1,499 @@
+"""DATASET as a path: a folder of images, a CSV or JSON Lines file, a prepared TFDS folder. Surveyed and checked
+before TensorFlow loads (train/data/local.py), written once as TFDS records (train/data/written.py), its identity
+in run.json (train/data/opening.py). Runs that train do it in processes of their own."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.conftest import clean_env, read_summary, run_python, run_train
+from train.data import local, written
+from train.errors import SettingsError
+from train.settings import load_settings
+
+FAST = {"EPOCHS": 1, "BATCH_SIZE": 8, "LOG_EVERY": 1000}
+
+
+def photos(root: Path, classes=("cat", "dog", "tulip"), per_class: int = 8, seed: int = 0) -> Path:
+    """Small images in class folders: JPEGs and PNGs mixed, sizes differing, and a GIF and a BMP."""
+    rng = np.random.default_rng(seed)
+    for name in classes:
+        folder = root / name
+        folder.mkdir(parents=True)
+        for i in range(per_class):
+            pixels = rng.integers(0, 255, (12 + i, 16, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / (f"{i}.png" if i % 3 == 0 else f"{i}.jpg"))
+    Image.fromarray(rng.integers(0, 255, (9, 9, 3), dtype=np.uint8)).save(root / classes[0] / "still.gif")
+    Image.fromarray(rng.integers(0, 255, (9, 9, 3), dtype=np.uint8)).save(root / classes[-1] / "bitmap.bmp")
+    return root
+
+
+def write_csv(path: Path, rows: int = 120, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    lines = ["age,fare,city,label"]
+    for _ in range(rows):
+        kind = int(rng.integers(0, 2))
+        lines.append(f"{30 + 20 * kind + int(rng.integers(0, 5))},{rng.random() + kind:.3f},c{kind},{'ny'[kind]}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# --- the survey and the reading, no TensorFlow -------------------------------------------------------------------
+
+
+def test_the_layout_is_told_from_the_roots_subfolders(tmp_path):
+    flat = photos(tmp_path / "flat")
+    (flat / "cat" / "deeper").mkdir()
+    shutil.copy(flat / "cat" / "1.jpg", flat / "cat" / "deeper" / "x.jpg")  # inside a class: that class's
+    survey = local.survey(str(flat))
+    assert (survey.kind, list(survey.splits), survey.classes) == ("images", ["train"], ("cat", "dog", "tulip"))
+    assert ("cat/deeper/x.jpg", "cat") in {(entry.path, label) for entry, label in survey.splits["train"]}
+
+    split = tmp_path / "split"
+    photos(split / "train")
+    photos(split / "test", per_class=2)
+    survey = local.survey(str(split))
+    assert sorted(survey.splits) == ["test", "train"] and survey.classes == ("cat", "dog", "tulip")
+
+
+def test_dataset_is_a_path_when_it_looks_like_one_or_exists(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "table.csv").write_text("a,label\n1,0\n")
+    assert local.is_path("./x") and local.is_path("/x") and local.is_path("~/x") and local.is_path("../x")
+    assert local.is_path("table.csv") and not local.is_path("mnist") and not local.is_path("mnist/config:1.0.0")
+
+
+def test_columns_are_typed_from_their_values_and_the_label_kind_guessed_or_told(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("n,x,word,label\n1,0.5,a,yes\n2,1,b,no\n3,2.5,,yes\n")
+    table = local.read_table(local.survey(str(path)), "label", None, local.Read())
+    kinds = {column.name: (column.dtype, column.classes) for column in table.columns}
+    assert kinds == {"n": ("int64", None), "x": ("float32", None), "word": ("string", None),
+                     "label": ("int64", ("no", "yes"))}  # fmt: skip
+    assert [row["label"] for row in table.rows["train"]] == [1, 0, 1]
+
+    path.write_text("x,label\n0.5,2\n1.5,0\n")
+    guessed = local.read_table(local.survey(str(path)), "label", None, local.Read()).columns[-1]
+    assert guessed.num_classes == 3  # whole numbers from 0: max + 1 classes
+    told = local.read_table(local.survey(str(path)), "label", "value", local.Read()).columns[-1]
+    assert (told.dtype, told.num_classes) == ("float32", None)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "label_key", "says"),
+    [
+        ("ragged.csv", "a,b,label\n1,2,0\n1,2\n", "label", "ragged.csv line 3 has 2 values, the header 3 columns"),
+        ("headless.csv", "1,2,0\n3,4,1\n", "label", "headless.csv has no header row"),
+        ("keys.csv", "a,b,y\n1,2,0\n", "label", "LABEL_KEY='label' is not a column of"),
+        ("empty.csv", "a,label\n1,0\n,1\n", "label", "column 'a' is numeric but row 3 of train is empty"),
+        ("nolabel.csv", "a,label\n1,x\n2,\n", "label", "column 'label' is the label but row 3 of train is empty"),
+        ("latin.csv", b"a,label\n\xe9,0\n", "label", "latin.csv is not UTF-8 text (line 2)"),
+        ("lines.jsonl", '{"a": 1, "label": 0}\n{"a": 2,\n', "label", "lines.jsonl line 2 is not JSON"),
+    ],
+)
+def test_a_bad_table_is_refused_in_one_line_naming_it(tmp_path, name, content, label_key, says):
+    path = tmp_path / name
+    path.write_bytes(content.encode() if isinstance(content, str) else content)
+    with pytest.raises(SettingsError) as error:
+        local.read_table(local.survey(str(path)), label_key, None, local.Read())
+    assert says in str(error.value) and "\n" not in str(error.value)
+    if name == "keys.csv":
+        assert str(error.value).endswith("use one of a, b, y")
+
+
+def test_the_fingerprint_is_the_files_not_their_path_or_mtime(tmp_path):
+    def fingerprint(root: Path) -> str:
+        survey, read = local.survey(str(root)), local.Read()
+        for entry, _ in survey.splits["train"]:
+            local.read_image(survey, entry, read)
+        return read.fingerprint
+
+    first = photos(tmp_path / "a")
+    second = tmp_path / "b"
+    shutil.copytree(first, second)
+    os.utime(second / "cat" / "1.jpg", ns=(1, 1))
+    assert fingerprint(first) == fingerprint(second)
+    (second / "cat" / "1.jpg").write_bytes((second / "cat" / "2.jpg").read_bytes())
+    assert fingerprint(first) != fingerprint(second)
+
+
+# --- bad paths: one line, exit 2, before the run directory -------------------------------------------------------
+
+
+def _make_bad(tmp_path: Path, case: str) -> Path:
+    root = tmp_path / "data"
+    if case == "missing":
+        return root
+    if case == "no folders":
+        root.mkdir()
+        (root / "README").write_text("hi")
+    elif case == "no images":
+        (root / "cat").mkdir(parents=True)
+        (root / "cat" / "notes.txt").write_text("no image here")
+    elif case == "empty class":
+        photos(root)
+        (root / "owl").mkdir()
+    elif case == "splits differ":
+        photos(root / "train")
+        photos(root / "test", classes=("cat", "dog"))
+    elif case == "mixed kinds":
+        root.mkdir()
+        write_csv(root / "train.csv")
+        (root / "test.jsonl").write_text('{"a": 1}\n')
+    elif case == "not an image":
+        photos(root)
+        (root / "dog" / "fake.jpg").write_text("not a jpeg")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("case", "says"),
+    [
+        ("missing", "does not exist"),
+        ("no folders", "holds no folders"),
+        ("no images", "the split train holds no JPEG, PNG, GIF or BMP images"),
+        ("empty class", "the class folder owl is empty"),
+        ("splits differ", "the splits' class folders differ: test has no tulip"),
+        ("mixed kinds", "mixes .csv and .jsonl files"),
+        ("not an image", "dog/fake.jpg is named as an image but is not a JPEG, PNG, GIF or BMP"),
+    ],
+)
+def test_a_bad_path_is_one_line_and_exit_2_before_the_run_directory(tmp_path, case, says):
+    root = _make_bad(tmp_path, case)
+    result = run_train("fit", cwd=tmp_path, DATASET=f"./{root.name}", TFDS_DATA_DIR=tmp_path / "tfds",
+                       OUTPUT_DIR=tmp_path / "run", MODEL="examples.resnet", **FAST)  # fmt: skip
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(lines) == 1 and says in lines[0], result.stderr[-2000:]
+    assert "data" in lines[0] and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
+    assert not list((tmp_path / "tfds").glob(f"{written.WRITING}*"))  # a refused write leaves nothing
+
+
+@pytest.mark.parametrize("dataset", ["./photos", "synthetic_clusters"], ids=["a folder", "a bundled dataset"])
+def test_a_tfds_data_dir_that_cannot_be_written_is_refused_with_advice(tmp_path, dataset):
+    photos(tmp_path / "photos", per_class=2)
+    (tmp_path / "file").write_text("a file, not a folder")  # what a read-only mount is to any user, root too
+    data_dir = tmp_path / "file" / "tfds"
+    result = run_train("fit", cwd=tmp_path, DATASET=dataset, TFDS_DATA_DIR=data_dir, OUTPUT_DIR=tmp_path / "run",
+                       MODEL="examples.resnet", **FAST)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: TFDS_DATA_DIR={data_dir} cannot be written") and f"DATASET={dataset!r}" in last
+    assert last.endswith("make that folder writable, or set TFDS_DATA_DIR to a writable one")
+    assert "network" not in last and not (tmp_path / "run").exists()
+
+
+# --- written once, trained, checked ------------------------------------------------------------------------------
+
+
+READ_RECORDS = """
+import json, sys, tensorflow as tf, tensorflow_datasets as tfds
+builder = tfds.builder_from_directory(sys.argv[1])
+spec = {"image": tf.io.FixedLenFeature([], tf.string), "filename": tf.io.FixedLenFeature([], tf.string),
+        "label": tf.io.FixedLenFeature([], tf.int64)}
+rows = []
+for info in builder.info.splits["train"].file_instructions:
+    for record in tf.data.TFRecordDataset(info.filename):
+        example = tf.io.parse_single_example(record, spec)
+        rows.append([example["filename"].numpy().decode(), example["image"].numpy().hex(), int(example["label"])])
+print(json.dumps({"rows": rows, "classes": builder.info.features["label"].names,
+                  "shape": list(builder.info.features["image"].shape)}))
+"""
+
+
+@pytest.fixture(scope="module")
+def trained_folder(tmp_path_factory):
+    """A folder of class folders (and a .DS_Store) trained with examples/resnet.py, unchanged."""
+    tmp_path = tmp_path_factory.mktemp("folder")
+    photos(tmp_path / "photos")
+    (tmp_path / "photos" / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    settings = dict(DATASET="./photos", TFDS_DATA_DIR=tmp_path / "tfds", OUTPUT_DIR=tmp_path / "run",
+                    MODEL="examples.resnet", **FAST)  # fmt: skip
+    result = run_train("fit", cwd=tmp_path, **settings)
+    return tmp_path, settings, result
+
+
+def test_a_folder_of_class_folders_trains_and_keeps_its_class_names(trained_folder):
+    tmp_path, _, result = trained_folder
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout + result.stderr
+    assert "1 file(s) left out, not a JPEG, PNG, GIF or BMP: .DS_Store" in out
+    assert "one split, train: training on train[:90%], evaluating on train[90%:]" in out
+    assert "files/s" in out  # the writing's progress
+    summary = read_summary(tmp_path / "run")
+    assert summary["classes"] == ["cat", "dog", "tulip"] and summary["eval"] is not None
+    recorded = json.loads((tmp_path / "run" / "run.json").read_text())["data"]
+    assert recorded["kind"] == "images" and recorded["files"] == 26 and len(recorded["fingerprint"]) == 64
+
+
+def test_the_records_hold_each_files_own_bytes_in_a_mixed_order(trained_folder):
+    tmp_path, _, _ = trained_folder
+    name = json.loads((tmp_path / "run" / "run.json").read_text())["data"]["name"]
+    directory = tmp_path / "tfds" / name / written.VERSION
+    result = run_python(["-c", READ_RECORDS, str(directory)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    read = json.loads(result.stdout.strip().splitlines()[-1])
+    assert read["classes"] == ["cat", "dog", "tulip"] and read["shape"] == [None, None, 3]
+    files = {str(p.relative_to(tmp_path / "photos")) for p in (tmp_path / "photos").rglob("*") if p.is_file()}
+    assert {name for name, _, _ in read["rows"]} == files - {".DS_Store"}
+    for name, data, label in read["rows"]:  # byte for byte: no decode, no re-encode
+        assert bytes.fromhex(data) == (tmp_path / "photos" / name).read_bytes()
+        assert read["classes"][label] == name.split("/")[0]
+    labels = [label for _, _, label in read["rows"]]
+    assert labels != sorted(labels)  # shuffled by a fixed seed, so that a slice mixes the classes
+    assert len(set(labels[:9])) > 1
+
+
+def test_the_same_files_are_reused_in_well_under_a_second(trained_folder, monkeypatch):
+    tmp_path, settings, _ = trained_folder
+    monkeypatch.chdir(tmp_path)
+    for name, value in settings.items():
+        monkeypatch.setenv(name, str(value))
+    started = time.perf_counter()
+    reused = written.prepare_path(load_settings(), lambda line: pytest.fail(f"written again: {line}"))
+    assert time.perf_counter() - started < 1.0
+    assert reused.identity == json.loads((tmp_path / "run" / "run.json").read_text())["data"]
+
+
+def test_a_changed_source_or_another_dataset_on_the_run_directory_is_refused(trained_folder):
+    tmp_path, settings, _ = trained_folder
+    checkpoints = sorted((tmp_path / "run" / "checkpoints").iterdir())
+    changed = tmp_path / "changed"
+    shutil.copytree(tmp_path / "photos", changed)
+    os.rename(tmp_path / "photos", tmp_path / "original")
+    os.rename(changed, tmp_path / "photos")
+    try:
+        shutil.copy(tmp_path / "photos" / "cat" / "1.jpg", tmp_path / "photos" / "dog" / "new.jpg")
+        (tmp_path / "photos" / "cat" / "2.jpg").unlink()
+        result = run_train("fit", cwd=tmp_path, **{**settings, "EPOCHS": 2})
+    finally:
+        shutil.rmtree(tmp_path / "photos")
+        os.rename(tmp_path / "original", tmp_path / "photos")
+    assert result.returncode == 2, result.stderr[-2000:]
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert "DATASET='./photos' has changed since OUTPUT_DIR=" in line
+    assert "2 file(s) changed (added dog/new.jpg, removed cat/2.jpg)" in line and "new OUTPUT_DIR" in line
+    assert sorted((tmp_path / "run" / "checkpoints").iterdir()) == checkpoints  # nothing trained on it
+
+    other = run_train("fit", cwd=tmp_path, **{**settings, "DATASET": "synthetic_photos", "EPOCHS": 2})
+    assert other.returncode == 2, other.stderr[-2000:]
+    [line] = [line for line in other.stderr.splitlines() if line.startswith("error:")]
+    assert "DATASET='synthetic_photos' is not the data OUTPUT_DIR=" in line and "name 'photos_" in line
+
+
+def test_an_image_that_does_not_decode_stops_the_run_naming_its_file(tmp_path):
+    photos(tmp_path / "photos")
+    truncated = tmp_path / "photos" / "dog" / "4.jpg"
+    truncated.write_bytes(truncated.read_bytes()[:200])  # a JPEG's header, then nothing: passes the sniffing
+    result = run_train("fit", cwd=tmp_path, DATASET="./photos", TFDS_DATA_DIR=tmp_path / "tfds",
+                       OUTPUT_DIR=tmp_path / "run", MODEL="examples.resnet", **FAST)  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith("error: the image dog/4.jpg of DATASET=./photos cannot be decoded (")
+    assert "checkpoints/ckpt-0 is intact" in line and "Traceback" not in result.stderr
+
+
+def test_a_tfds_dataset_prepared_anew_is_not_the_runs_data(tmp_path, tfds_data_dir):
+    quick = dict(cwd=tmp_path, OUTPUT_DIR=tmp_path / "run", STEPS_PER_EPOCH=2, EPOCHS=1)
+    assert run_train("fit", TFDS_DATA_DIR=tfds_data_dir, **quick).returncode == 0
+    recorded = json.loads((tmp_path / "run" / "run.json").read_text())["data"]
+    assert (recorded["name"], recorded["version"]) == ("synthetic_clusters", "1.0.0") and recorded["shard_lengths"]
+    anew = tmp_path / "anew"  # the same dataset prepared again, in 4 files
+    script = ("import sys, tensorflow_datasets as tfds, train.data.synthetic_clusters\n"
+              "tfds.builder('synthetic_clusters', data_dir=sys.argv[1]).download_and_prepare("
+              "download_config=tfds.download.DownloadConfig(num_shards=4))\n")  # fmt: skip
+    assert run_python(["-c", script, str(anew)]).returncode == 0
+    result = run_train("fit", TFDS_DATA_DIR=anew, **{**quick, "EPOCHS": 2})
+    assert result.returncode == 2, result.stderr[-2000:]
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert "DATASET='synthetic_clusters' is not the data OUTPUT_DIR=" in line
+    assert "now {train: 4 files" in line and "it was prepared anew" in line
+
+
+def test_a_prepared_tfds_folder_is_read_in_place(trained_folder):
+    tmp_path, settings, _ = trained_folder
+    name = json.loads((tmp_path / "run" / "run.json").read_text())["data"]["name"]
+    directory = tmp_path / "tfds" / name / written.VERSION
+    prepared = tmp_path / "prepared"
+    shutil.copytree(directory, prepared)
+    result = run_train("fit", cwd=tmp_path, **{**settings, "DATASET": "./prepared", "OUTPUT_DIR": tmp_path / "p"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_summary(tmp_path / "p")["classes"] == ["cat", "dog", "tulip"]
+    recorded = json.loads((tmp_path / "p" / "run.json").read_text())["data"]
+    assert recorded["kind"] == "tfds folder" and recorded["files"] == 2  # dataset_info.json and the record file
+
+
+def test_a_folder_of_split_folders_trains_on_train_and_evaluates_on_test_streamed_on_two_replicas(tmp_path):
+    photos(tmp_path / "photos" / "train")
+    photos(tmp_path / "photos" / "test", per_class=3, seed=1)
+    result = run_train("fit", cwd=tmp_path, DATASET="./photos", TFDS_DATA_DIR=tmp_path / "tfds",
+                       OUTPUT_DIR=tmp_path / "run", MODEL="examples.resnet", DATA_IN_MEMORY="false", CPU_DEVICES=2,
+                       **FAST)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "one split" not in result.stdout + result.stderr
+    settings = json.loads((tmp_path / "run" / "settings.json").read_text())
+    assert (settings["TRAIN_SPLIT"], settings["EVAL_SPLIT"]) == ("train", "test")
+    summary = read_summary(tmp_path / "run")
+    assert (summary["replicas"], summary["data_in_memory"]) == (2, False)
+
+
+def test_a_run_on_a_folder_resumed_ends_with_the_uninterrupted_runs_weights(tmp_path):
+    photos(tmp_path / "photos")
+    common = dict(cwd=tmp_path, DATASET="./photos", TFDS_DATA_DIR=tmp_path / "tfds", MODEL="examples.resnet",
+                  BATCH_SIZE=8, CHECKPOINT_EVERY=1)  # fmt: skip
+    assert run_train("fit", OUTPUT_DIR=tmp_path / "whole", EPOCHS=2, **common).returncode == 0
+    assert run_train("fit", OUTPUT_DIR=tmp_path / "cut", EPOCHS=1, **common).returncode == 0
+    resumed = run_train("fit", OUTPUT_DIR=tmp_path / "cut", EPOCHS=2, **common)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    whole, cut = read_summary(tmp_path / "whole"), read_summary(tmp_path / "cut")
+    assert cut["resumed_from_step"] == whole["steps"] // 2
+    assert cut["weights_sha256"] == whole["weights_sha256"]
+
+
+def test_a_csv_with_text_and_number_columns_and_a_text_label_trains_with_preprocess(tmp_path):
+    write_csv(tmp_path / "table.csv")
+    (tmp_path / "model.py").write_text(
+        "import keras, tensorflow as tf\n"
+        "def preprocess(example, training, seed):\n"
+        "    city = tf.cast(example['city'] == 'c1', tf.float32)\n"
+        "    return tf.stack([tf.cast(example['age'], tf.float32) / 50, example['fare'], city]), example['label']\n"
+        "def build_model(input_shape, num_classes, learning_rate):\n"
+        "    dense = keras.layers.Dense(num_classes, activation='softmax')\n"
+        "    model = keras.Sequential([keras.Input(input_shape), dense])\n"
+        "    model.compile(optimizer='adam', loss='sparse_categorical_crossentropy', metrics=['accuracy'])\n"
+        "    return model\n"
+    )
+    result = run_train("fit", cwd=tmp_path, DATASET="table.csv", TFDS_DATA_DIR=tmp_path / "tfds",
+                       OUTPUT_DIR=tmp_path / "run", MODEL="model.py", **FAST)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_summary(tmp_path / "run")["classes"] == ["n", "y"]
+
+
+def test_a_json_lines_file_of_numbers_trains_with_examples_tabular_and_a_text_column_is_refused(tmp_path):
+    rng = np.random.default_rng(0)
+    rows = [
+        {"x": float(rng.random()) + k, "n": int(rng.integers(0, 9)), "label": k}
+        for k in rng.integers(0, 2, 80).tolist()
+    ]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    common = dict(TFDS_DATA_DIR=tmp_path / "tfds", MODEL="examples.tabular", **FAST)
+    result = run_train("fit", cwd=tmp_path, DATASET="./rows.jsonl", OUTPUT_DIR=tmp_path / "run", **common)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_summary(tmp_path / "run")["classes"] == ["0", "1"]
+
+    write_csv(tmp_path / "table.csv")
+    refused = run_train("fit", cwd=tmp_path, DATASET="./table.csv", OUTPUT_DIR=tmp_path / "text", **common)
+    assert refused.returncode == 2 and not (tmp_path / "text").exists()
+    assert "the column 'city' holds text" in refused.stderr and "define preprocess" in refused.stderr
+
+
+def test_a_killed_writings_leftovers_are_removed_under_the_lock(tmp_path):
+    photos(tmp_path / "photos", per_class=4)
+    data_dir = tmp_path / "tfds"
+    (data_dir / f"{written.WRITING}4242" / "1.0.0").mkdir(parents=True)
+    incomplete = data_dir / "synthetic_clusters" / "incomplete.abc123_1.0.0"
+    incomplete.mkdir(parents=True)
+    (incomplete / "synthetic_clusters-train.tfrecord-00000-of-00001").write_bytes(b"x" * 1000)
+    run = run_train("fit", cwd=tmp_path, DATASET="./photos", TFDS_DATA_DIR=data_dir, OUTPUT_DIR=tmp_path / "run",
+                    MODEL="examples.resnet", **FAST)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert not (data_dir / f"{written.WRITING}4242").exists()
+    prepared = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=data_dir, OUTPUT_DIR=tmp_path / "clusters",
+                         STEPS_PER_EPOCH=2, EPOCHS=1)  # fmt: skip
+    assert prepared.returncode == 0, prepared.stderr[-3000:]
+    assert not incomplete.exists() and (data_dir / "synthetic_clusters" / "1.0.0" / "dataset_info.json").is_file()
+
+
+IMAGE_FOLDER = """
+import sys, tensorflow_datasets as tfds
+import train.data.opening as opening
+from train.errors import SettingsError
+from train.settings import load_settings
+
+opening.open_builder = lambda settings: tfds.ImageFolder(sys.argv[1])  # what a fork's ImageFolder subclass opens as
+try:
+    opening.open_source(load_settings(), print)
+except SettingsError as error:
+    print(error)
+"""
+
+
+def test_an_image_folder_builder_is_refused_pointing_to_a_path(tmp_path):
+    photos(tmp_path / "photos" / "train", per_class=2)
+    env = clean_env(DATASET="my_photos", TFDS_DATA_DIR=tmp_path / "tfds")
+    result = run_python(["-c", IMAGE_FOLDER, str(tmp_path / "photos")], cwd=tmp_path, env=env)  # the seam faked:
+    assert result.returncode == 0, result.stderr[-2000:]  # open_builder returns a tfds.ImageFolder
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("DATASET='my_photos' is a ImageFolder") and "DATASET=<folder>" in last
+
+
+RESIZED = """
+import keras, tensorflow as tf
+def preprocess(example, training, seed):
+    return tf.image.resize(example["image"], (8, 8)) / 255, example["label"]
+def build_model(input_shape, num_classes, learning_rate):
+    model = keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(), keras.layers.Dense(num_classes)])
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+"""
+WORKER_SETTINGS = {"MODEL": "resized.py", "STEPS_PER_EPOCH": 2, "EPOCHS": 1, "BATCH_SIZE": 4,
+                   "STRATEGY": "multi_worker", "WORKER_START_TIMEOUT": 60}  # fmt: skip
+
+
+def test_workers_write_a_shared_folder_once_and_compare_the_datas_fingerprint_not_its_path(tmp_path):
+    """Two workers sharing TFDS_DATA_DIR; then each with its own copy of the folder at its own path and its own
+    TFDS_DATA_DIR (nothing shared): the same files agree, a changed copy is refused."""
+    import subprocess
+
+    from tests.conftest import start_python
+    from train.cluster.launch import free_ports, tf_configs
+
+    def workers(names: tuple[str, str]) -> list[tuple[int, str]]:
+        processes, logs = [], []
+        for config, name in zip(tf_configs(free_ports(2)), names, strict=True):
+            own = {"DATASET": tmp_path / name / "photos", "TFDS_DATA_DIR": tmp_path / name / "tfds"}
+            env = clean_env(OUTPUT_DIR=tmp_path / f"run-{'-'.join(names)}", TF_CONFIG=config, **own, **WORKER_SETTINGS)
+            logs.append(tmp_path / f"{name}-{time.monotonic_ns()}.log")
+            with open(logs[-1], "wb") as stream:
+                processes.append(start_python(["-m", "train", "fit"], cwd=tmp_path, env=env, stdout=stream,
+                                              stderr=subprocess.STDOUT))  # fmt: skip
+        try:
+            codes = [process.wait(timeout=180) for process in processes]
+        finally:
+            for process in processes:
+                process.kill()
+        return [(code, log.read_text()) for code, log in zip(codes, logs, strict=True)]
+
+    (tmp_path / "resized.py").write_text(RESIZED)  # examples/resnet.py's BatchNormalization: see the report
+    for name in ("a", "b", "c"):
+        photos(tmp_path / name / "photos")
+    changed = tmp_path / "c" / "photos" / "cat"
+    (changed / "1.jpg").write_bytes((changed / "2.jpg").read_bytes())
+    shared = workers(("a", "a"))  # one TFDS_DATA_DIR: written once, under its lock
+    assert [code for code, _ in shared] == [0, 0], shared[0][1][-3000:]
+    assert len(list((tmp_path / "a" / "tfds").glob("photos_*"))) == 1
+    assert sum("Writing " in log for _, log in shared) == 1
+    agreed = workers(("a", "b"))
+    assert [code for code, _ in agreed] == [0, 0], agreed[0][1][-3000:]
+    refused = workers(("a", "c"))
+    assert [code for code, _ in refused] == [2, 2], refused[1][1][-3000:]
+    last = refused[1][1].strip().splitlines()[-1]
+    assert last.startswith("error: worker 1 does not match the chief: data images sha256 ")
+
+
+def test_the_forks_contract_test_takes_a_folder_as_its_dataset(tmp_path):
+    """tests/harness/contract.py (what tests/test_project.py runs on a fork's defaults) with DATASET a folder."""
+    photos(tmp_path / "photos", per_class=3)
+    env = clean_env(DATASET=tmp_path / "photos", TFDS_DATA_DIR=tmp_path / "tfds", MODEL="examples.resnet")
+    result = run_python(["-m", "tests.harness.contract", str(tmp_path / "export")], cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["loss_finite"] and outcome["dataset"].startswith("photos_") and outcome["served_shape"] == [8, 3]

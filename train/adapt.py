@@ -1,0 +1,166 @@
+"""MODEL's `adapt(context)`: the state of the layers `preprocess` uses, fitted once a process on the raw data.
+
+    adapt(context)            called once in each process, before `preprocess` is first traced and before
+                              `build_model`; `context.examples(n)` and `context.seed` are what it reads
+    context.examples(n)       the first n stored training examples as TFDS decodes them: dicts of every feature,
+                              strings as strings, batched like `context.sample` (a feature of its own size as a
+                              ragged batch), in the split's stored order: the same on every worker and start
+
+The layers and tables `preprocess` uses are found among the MODEL file's module globals (a layer, a
+`tf.lookup` table, or a list, tuple or dict of them): `resources` hands them to the export, which must track
+them, and `fingerprint` says what they hold (vocabularies and bins by hash, a Normalization's statistics as
+numbers), recorded in run.json and compared between workers and starts (`difference`). TensorFlow is imported
+only inside the functions that need it: train.cluster.agreement compares fingerprints without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from train.errors import SettingsError, first_line
+
+EXAMPLES_BATCH = 256  # examples per batch of `examples`: as `context.sample` batches (train.context.SAMPLE_BATCH)
+FLOAT_RTOL = 1e-6  # a Normalization's statistics: their last bits differ between CPUs and GPUs
+STATISTICS = ("mean", "variance")
+
+_adapted: dict[tuple[str, str, str], dict[str, Any]] = {}  # (MODEL, dataset, split) -> fingerprint: once a process
+
+
+@dataclass(frozen=True)
+class AdaptContext:
+    """What `adapt(context)` gets: SEED, and the stored training examples (`examples(n)`). The topology is not
+    decided yet when it runs (it runs before the data is read)."""
+
+    seed: int
+    _examples: Any = field(default=None, repr=False, compare=False)
+
+    def examples(self, n: int):
+        """The first `n` stored training examples (all of them where the split holds fewer), batched.
+        Raises ValueError for an `n` under 1."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"context.examples(n) takes a whole number of examples, 1 or more, not {n!r}")
+        return self._examples(n)
+
+
+def stored_examples(builder, split: str):
+    """`examples(n)` over TFDS's `split` of `builder`: the files one after another, no shuffle, as decoded."""
+
+    def examples(n: int):
+        import tensorflow as tf
+        import tensorflow_datasets as tfds
+
+        config = tfds.ReadConfig(interleave_cycle_length=1, try_autocache=False)
+        dataset = builder.as_dataset(split=split, shuffle_files=False, read_config=config)
+        # ragged_batch batches a fixed-shape feature as a dense tensor, one of its own size as a ragged one
+        return dataset.take(n).ragged_batch(EXAMPLES_BATCH).prefetch(tf.data.AUTOTUNE)
+
+    return examples
+
+
+def run_adapt(settings, builder) -> dict[str, Any]:
+    """Call MODEL's `adapt` (once a process for this dataset and split) and return the fingerprint of what the
+    layers `preprocess` uses hold. Raises SettingsError for an `adapt` that fails."""
+    from train.data.examples import float32_policy
+    from train.model_file import load_model_file
+
+    key = (settings.model, str(getattr(builder, "data_dir", "")), f"{builder.info.full_name}:{settings.train_split}")
+    # Layers made at import or in adapt compute in float32, as those made while preprocess is traced: a
+    # mixed-precision policy (set before this on a resume or in evaluate) changes the model, not its inputs
+    with float32_policy():
+        model_file = load_model_file(settings.model)
+        if key not in _adapted and model_file.adapt is not None:
+            context = AdaptContext(settings.seed, stored_examples(builder, settings.train_split))
+            try:
+                model_file.adapt(context)
+            except Exception as error:
+                raise SettingsError(
+                    f"MODEL={settings.model!r}: adapt(context) raised {type(error).__name__}: {first_line(error, 240)}"
+                ) from None
+    if key not in _adapted:
+        _adapted[key] = fingerprint(resources(model_file.module))
+    return _adapted[key]
+
+
+def resources(module) -> dict[str, Any]:
+    """The Keras layers and `tf.lookup` tables among `module`'s globals (and in a list, tuple or dict global),
+    by where they are found ("VOCAB", "LOOKUPS[0]"): what the fingerprint reads and (built) the export tracks."""
+    import keras
+    import tensorflow as tf
+
+    def wanted(value) -> bool:
+        return isinstance(value, (keras.layers.Layer, tf.saved_model.experimental.TrackableResource))  # a table
+
+    found: dict[str, Any] = {}
+    for name, value in sorted(vars(module).items()) if module is not None else ():
+        if name.startswith("__") or isinstance(value, type):
+            continue
+        if isinstance(value, (list, tuple)):
+            found |= {f"{name}[{i}]": each for i, each in enumerate(value) if wanted(each)}
+        elif isinstance(value, dict):
+            found |= {f"{name}[{key!r}]": each for key, each in value.items() if wanted(each)}
+        elif wanted(value):
+            found[name] = value
+    return found
+
+
+def fingerprint(found: dict[str, Any]) -> dict[str, Any]:
+    """What each adapted layer holds: {name: {"layer": class, "vocabulary"/"bins": {size, sha256}, "mean": [...],
+    "variance": [...]}}; layers without such state are left out."""
+    import numpy as np
+
+    def digest(values) -> dict[str, Any]:
+        text = "\n".join(v.decode() if isinstance(v, bytes) else str(v) for v in values)
+        return {"size": len(values), "sha256": hashlib.sha256(text.encode()).hexdigest()}
+
+    state: dict[str, Any] = {}
+    for name, layer in found.items():
+        entry: dict[str, Any] = {}
+        if callable(getattr(layer, "get_vocabulary", None)):  # TextVectorization, StringLookup, IntegerLookup
+            entry["vocabulary"] = digest(list(layer.get_vocabulary()))
+        if getattr(layer, "bin_boundaries", None) is not None:  # Discretization
+            entry["bins"] = digest([repr(float(b)) for b in layer.bin_boundaries])
+        for statistic in STATISTICS:  # Normalization, once adapted or given
+            value = getattr(layer, statistic, None)
+            if value is not None and type(layer).__name__ == "Normalization":
+                entry[statistic] = np.asarray(value, np.float64).reshape(-1).tolist()
+        if entry:
+            state[name] = {"layer": type(layer).__name__, **entry}
+    return state
+
+
+def difference(recorded: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """What differs between two fingerprints, in words (the first difference), or None: vocabularies and bins
+    exactly, statistics within FLOAT_RTOL."""
+    for name in sorted(set(recorded) | set(now)):
+        before, after = recorded.get(name), now.get(name)
+        if before is None or after is None:
+            return f"{name} is {'new' if before is None else 'gone'}"
+        where = f"{name} ({after['layer']})"
+        for kind in ("vocabulary", "bins"):
+            if before.get(kind) != after.get(kind):
+                return f"{where} has another {kind}: {_sized(after.get(kind))} against {_sized(before.get(kind))}"
+        for statistic in STATISTICS:
+            a, b = after.get(statistic) or [], before.get(statistic) or []
+            if len(a) != len(b) or not all(math.isclose(x, y, rel_tol=FLOAT_RTOL) for x, y in zip(a, b, strict=True)):
+                return f"{where} has another {statistic} (beyond rtol {FLOAT_RTOL})"
+    return None
+
+
+def _sized(state: dict[str, Any] | None) -> str:
+    return "none" if not state else f"{state['size']} entries, sha256 {state['sha256'][:12]}"
+
+
+def check_recorded(settings, recorded: dict[str, Any], now: dict[str, Any]) -> None:
+    """This start's adapted state against the one run.json records. Raises SettingsError where they differ."""
+    if "adapted" not in recorded:
+        return
+    differs = difference(recorded["adapted"], now)
+    if differs:
+        raise SettingsError(
+            f"MODEL={settings.model!r}: adapt gave other state than this run's first start: {differs} (the "
+            f"training data of {settings.dataset} changed, or adapt did): restore the data, or train a new run in "
+            "another OUTPUT_DIR"
+        )

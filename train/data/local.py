@@ -1,0 +1,367 @@
+"""Your data as you have it: DATASET as a path (a folder of images, a CSV or JSON Lines file, a prepared TFDS
+folder), surveyed and read without TensorFlow, so that a bad path is refused before it loads.
+
+`survey` walks the path once with `stat` only: the layout (classes, splits), every file's size and mtime.
+`read_images` and `read_table` read each file once: its bytes, its kind told from its first bytes, its sha256.
+The fingerprint is the files' relative paths, sizes and sha256 (`fingerprint`): the data's identity, whatever the
+path is called on this host. Modification times only decide whether to read again (train.data.written).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from train.errors import SettingsError
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".jpe", ".png", ".gif", ".bmp"}  # a file named so must be one (else refused)
+TABLE_SUFFIXES = (".csv", ".jsonl")
+MAGIC = (
+    (b"\xff\xd8\xff", "jpeg"),
+    (b"\x89PNG\r\n\x1a\n", "png"),
+    (b"GIF87a", "gif"),
+    (b"GIF89a", "gif"),
+    (b"BM", "bmp"),
+)
+MAX_INTEGER_CLASSES = 1000  # whole-number labels from 0 with at most this many values are classes
+SHOWN = 3  # changed files named in a refusal
+SPLIT_NAME = re.compile(r"[A-Za-z0-9_]+")  # what TFDS takes as a split's name
+
+
+def is_path(text: str) -> bool:
+    """DATASET names a path: it starts with /, ./, ../ or ~, or a file or folder of that name exists here."""
+    return text.startswith(("/", "./", "../", "~")) or Path(text).exists()
+
+
+def image_kind(head: bytes) -> str | None:
+    """jpeg, png, gif or bmp, told from a file's first bytes; None for anything else."""
+    return next((kind for magic, kind in MAGIC if head.startswith(magic)), None)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file of the source: its path relative to the root, size and mtime (what `stat` says)."""
+
+    path: str
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What a path holds, from `stat` alone.
+
+    kind: "images", "table" or "tfds". splits: split name -> the entries of that split (images: (entry, class
+    name); a table: its one file). classes: the sorted class folders (images)."""
+
+    root: Path
+    kind: str
+    splits: dict[str, list[tuple[Entry, str | None]]]
+    classes: tuple[str, ...] = ()
+    entries: tuple[Entry, ...] = field(default=(), repr=False)  # every file under the root (the stat listing)
+
+    def file(self, entry: Entry) -> Path:
+        return self.root if self.root.is_file() else self.root / entry.path
+
+    @cached_property
+    def listing(self) -> str:
+        """sha256 of every file's relative path, size and mtime: what decides whether to read the files again."""
+        text = "".join(f"{entry.path}\0{entry.size}\0{entry.mtime_ns}\n" for entry in self.entries)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _entries(root: Path) -> tuple[list[Entry], list[str]]:
+    """Every file under `root` (a file: itself), sorted by relative path, the engine's own caches left out; and the
+    empty folders."""
+    if root.is_file():
+        stat = root.stat()
+        return [Entry(root.name, stat.st_size, stat.st_mtime_ns)], []
+    found, empty = [], []
+    for directory, folders, files in os.walk(root):
+        folders[:] = [name for name in folders if name != "train-arrays-cache"]  # the engine's own cache
+        relative = Path(directory).relative_to(root).as_posix()
+        prefix = "" if relative == "." else relative + "/"
+        if not folders and not files and prefix:
+            empty.append(relative)
+        for name in files:
+            stat = os.stat(os.path.join(directory, name))
+            found.append(Entry(prefix + name, stat.st_size, stat.st_mtime_ns))
+    return sorted(found, key=lambda entry: entry.path), sorted(empty)
+
+
+_CHECKED: dict[tuple[str, str], Survey] = {}  # the survey settings validation made, for `checked` to take once
+
+
+def checked(text: str) -> Survey:
+    """The survey made when the settings were validated, in this process (taken once: a walk of 20,000 files costs
+    a quarter of a second), else a new one."""
+    return _CHECKED.pop((os.getcwd(), text), None) or survey(text)
+
+
+def survey(text: str) -> Survey:
+    """The layout of the path DATASET names, told from its folders and file names. Raises SettingsError."""
+    _CHECKED[os.getcwd(), text] = found = _survey(text)
+    return found
+
+
+def _survey(text: str) -> Survey:
+    root = Path(text).expanduser()
+    if not root.exists():
+        raise SettingsError(f"DATASET={text!r} does not exist: name a folder of images, a CSV or JSON Lines file, "
+                            "a folder of <split>.csv or <split>.jsonl, or a prepared TFDS folder")  # fmt: skip
+    try:
+        entries, empty = _entries(root)
+    except OSError as error:
+        raise SettingsError(f"DATASET={text!r} cannot be read ({error.strerror}: {error.filename})") from None
+    if root.is_file():
+        if root.suffix.lower() not in TABLE_SUFFIXES:
+            raise SettingsError(f"DATASET={text!r} is a file that is neither .csv nor .jsonl: name a CSV or JSON "
+                                "Lines file, or a folder of images")  # fmt: skip
+        return Survey(root, "table", {"train": [(entries[0], None)]}, entries=tuple(entries))
+    if (root / "dataset_info.json").is_file():
+        return Survey(root, "tfds", {}, entries=tuple(entries))
+    if not entries:
+        raise SettingsError(f"DATASET={text!r} is an empty folder: put images in class folders, or CSV files in it")
+    top = [entry for entry in entries if "/" not in entry.path]
+    tables = [entry for entry in top if Path(entry.path).suffix.lower() in TABLE_SUFFIXES]
+    if tables:
+        others = [entry.path for entry in entries if entry not in tables and not Path(entry.path).name.startswith(".")]
+        if others:
+            raise SettingsError(f"DATASET={text!r} mixes tables ({tables[0].path}) with other files ({others[0]}): "
+                                "keep only <split>.csv or <split>.jsonl files in it")  # fmt: skip
+        kinds = {Path(entry.path).suffix.lower() for entry in tables}
+        if len(kinds) > 1:
+            raise SettingsError(f"DATASET={text!r} mixes .csv and .jsonl files: keep one kind")
+        wrong = [entry.path for entry in tables if not SPLIT_NAME.fullmatch(Path(entry.path).stem)]
+        if wrong:
+            raise SettingsError(f"DATASET={text!r}: {wrong[0]} does not name a split: use <split>.csv or "
+                                "<split>.jsonl, the split in letters, digits and _ (train.csv, test.csv)")  # fmt: skip
+        return Survey(root, "table", {Path(e.path).stem: [(e, None)] for e in tables}, entries=tuple(entries))
+    return _image_layout(text, root, entries, empty)
+
+
+def _image_layout(text: str, root: Path, entries: list[Entry], empty: list[str]) -> Survey:
+    """<class>/<file> (one split, train) or <split>/<class>/<file>: told from the root's subfolders."""
+    below: dict[str, list[Entry]] = {}
+    for entry in entries:
+        if "/" in entry.path:
+            below.setdefault(entry.path.split("/")[0], []).append(entry)
+    if not below:
+        raise SettingsError(f"DATASET={text!r} holds no folders: put the images in one folder per class, like "
+                            f"{text}/cat/1.jpg")  # fmt: skip
+    # a subfolder with files of its own holds images: a class; one with only folders holds classes: a split
+    as_splits = all(all(entry.path.count("/") >= 2 for entry in files) for files in below.values())
+    splits: dict[str, list[tuple[Entry, str | None]]] = {}
+    class_sets: dict[str, set[str]] = {}
+    for top_name, files in sorted(below.items()):
+        split, depth = (top_name, 1) if as_splits else ("train", 0)
+        for entry in files:
+            name = entry.path.split("/")[depth]
+            splits.setdefault(split, []).append((entry, name))
+            class_sets.setdefault(split, set()).add(name)
+    for relative in empty:
+        if relative.count("/") == (1 if as_splits else 0):
+            raise SettingsError(f"DATASET={text!r}: the class folder {relative} is empty: put its images in it "
+                                "or remove it")  # fmt: skip
+    classes = sorted(set().union(*class_sets.values()))
+    for split, names in class_sets.items():
+        if names != set(classes):
+            missing = sorted(set(classes) - names)
+            raise SettingsError(f"DATASET={text!r}: the splits' class folders differ: {split} has no "
+                                f"{', '.join(missing[:SHOWN])}; every split needs the same class folders")  # fmt: skip
+    for split in splits:
+        if not SPLIT_NAME.fullmatch(split):
+            raise SettingsError(f"DATASET={text!r}: the split folder {split!r} is not a split name: use letters, "
+                                "digits and _ (train, test, validation)")  # fmt: skip
+    return Survey(root, "images", splits, tuple(classes), tuple(entries))
+
+
+@dataclass
+class Read:
+    """What reading the source's files gave: their sha256 (the fingerprint's parts) and what was left out."""
+
+    files: dict[str, tuple[int, str]] = field(default_factory=dict)  # relative path -> (size, sha256)
+    skipped: list[str] = field(default_factory=list)  # not images, left out
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.files)
+
+
+def fingerprint(files: dict[str, tuple[int, str]]) -> str:
+    """The data's identity: sha256 over every file's relative path, size and content sha256."""
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        size, sha = files[path]
+        digest.update(f"{path}\t{size}\t{sha}\n".encode())
+    return digest.hexdigest()
+
+
+def read_image(survey: Survey, entry: Entry, read: Read) -> tuple[bytes, str] | None:
+    """The file's bytes and image kind, its sha256 noted in `read`; None (noted as skipped) for a file that is not
+    an image. Raises SettingsError for a file named as an image that is not one."""
+    path = survey.file(entry)
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise SettingsError(f"DATASET={survey.root}: {entry.path} cannot be read ({error.strerror})") from None
+    kind = image_kind(data[:8])
+    if kind is None:
+        if Path(entry.path).suffix.lower() in IMAGE_SUFFIXES:
+            raise SettingsError(f"DATASET={survey.root}: {entry.path} is named as an image but is not a JPEG, PNG, "
+                                "GIF or BMP: remove it or replace it")  # fmt: skip
+        read.skipped.append(entry.path)
+        return None
+    read.files[entry.path] = (len(data), hashlib.sha256(data).hexdigest())
+    return data, kind
+
+
+# ---- tables: CSV and JSON Lines --------------------------------------------------------------------------------
+
+
+def _text_of(survey: Survey, entry: Entry, read: Read) -> str:
+    data = survey.file(entry).read_bytes()
+    read.files[entry.path] = (len(data), hashlib.sha256(data).hexdigest())
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise SettingsError(
+            f"DATASET={survey.root}: {entry.path} is not UTF-8 text (line {line}): save it as UTF-8"
+        ) from None
+
+
+def _csv_rows(name: str, text: str) -> Iterator[tuple[int, dict[str, str]]]:
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header = next(reader, None)
+    if not header or not all(column.strip() for column in header) or _number(header[0]) is not None:
+        raise SettingsError(f"{name} has no header row: its first line must name the columns, like age,fare,label")
+    for row in reader:
+        if not row:
+            continue
+        if len(row) != len(header):
+            raise SettingsError(f"{name} line {reader.line_num} has {len(row)} values, the header {len(header)} "
+                                f"columns ({','.join(header)}): every row needs one value per column")  # fmt: skip
+        yield reader.line_num, dict(zip(header, row, strict=True))
+
+
+def _jsonl_rows(name: str, text: str) -> Iterator[tuple[int, dict]]:
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as error:
+            raise SettingsError(f"{name} line {number} is not JSON ({error.msg}): one JSON object per line") from None
+        if not isinstance(row, dict):
+            raise SettingsError(
+                f"{name} line {number} is a JSON {type(row).__name__}, not an object: one object a line"
+            )
+        yield number, row
+
+
+def _number(text) -> int | float | None:
+    """An int or float of a cell's text (or a JSON number), None for anything else."""
+    if isinstance(text, bool):
+        return None
+    if isinstance(text, int | float):
+        return text
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    dtype: str  # int64, float32 or string
+    classes: tuple[str, ...] | None = None  # the label as a ClassLabel: its names
+    num_classes: int | None = None
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        return {name: number for number, name in enumerate(self.classes or ())}
+
+
+@dataclass
+class Table:
+    """Rows by split, each row's values by column, typed; the label column's kind decided."""
+
+    columns: list[Column]
+    rows: dict[str, list[dict]]
+    label_key: str
+
+
+def read_table(survey: Survey, label_key: str, label_kind: str | None, read: Read) -> Table:
+    """Every split's file read once: rows checked, columns typed from their non-empty values, the label's kind
+    (`label_kind` overrides the guess: class or value). Raises SettingsError."""
+    rows: dict[str, list[tuple[int, dict]]] = {}
+    names: list[str] = []
+    for split, [(entry, _)] in sorted(survey.splits.items()):
+        name = str(survey.file(entry))
+        text = _text_of(survey, entry, read)
+        parse = _csv_rows if entry.path.lower().endswith(".csv") else _jsonl_rows
+        rows[split] = list(parse(name, text))
+        if not rows[split]:
+            raise SettingsError(f"{name} has no rows")
+        for _, row in rows[split]:
+            names.extend(key for key in row if key not in names)
+    if label_key not in names:
+        raise SettingsError(f"LABEL_KEY={label_key!r} is not a column of {survey.root}: use one of {', '.join(names)}")
+    every = [(split, number, row) for split, numbered in rows.items() for number, row in numbered]
+    columns = [_typed(survey, name, every, name == label_key, label_kind) for name in names]
+    by_name = {column.name: column for column in columns}
+    typed_rows = {split: [] for split in rows}
+    for split, _, row in every:
+        typed_rows[split].append({name: _value(by_name[name], row.get(name, "")) for name in names})
+    return Table(columns, typed_rows, label_key)
+
+
+def _typed(survey: Survey, name: str, every: list, is_label: bool, label_kind: str | None) -> Column:
+    values = [(split, number, row.get(name, "")) for split, number, row in every]
+    present = [value for _, _, value in values if value not in ("", None)]
+    numbers = [_number(value) for value in present]
+    numeric = bool(present) and all(number is not None for number in numbers)
+    if numeric or is_label:
+        for split, number, value in values:
+            if value in ("", None):
+                what = "the label" if is_label else "numeric"
+                raise SettingsError(f"DATASET={survey.root}: column {name!r} is {what} but row {number} of {split} "
+                                    "is empty: fill it in")  # fmt: skip
+    whole = numeric and all(isinstance(number, int) for number in numbers)  # "3" is whole, "3.0" is not
+    dtype = "int64" if whole else "float32" if numeric else "string"
+    if not is_label:
+        return Column(name, dtype)
+    if dtype == "string":
+        if label_kind == "value":
+            raise SettingsError(f"LABEL_KIND=value but LABEL_KEY={name!r} holds text: use LABEL_KIND=class")
+        return Column(name, "int64", classes=tuple(sorted({str(value) for value in present})))
+    integers = [int(number) for number in numbers] if whole else []
+    guess_class = whole and min(integers) >= 0 and len(set(integers)) <= MAX_INTEGER_CLASSES
+    if label_kind == "class" or (label_kind is None and guess_class):
+        if not whole or min(integers) < 0:
+            raise SettingsError(f"LABEL_KIND=class but LABEL_KEY={name!r} holds values that are not whole numbers "
+                                "from 0: use LABEL_KIND=value")  # fmt: skip
+        return Column(name, "int64", num_classes=max(integers) + 1)
+    return Column(name, "float32")
+
+
+def _value(column: Column, value):
+    if column.classes is not None:
+        return column.index[str(value)]
+    if column.dtype == "int64":
+        return int(_number(value))
+    if column.dtype == "float32":
+        return float(_number(value))
+    return "" if value is None else str(value)

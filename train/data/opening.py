@@ -1,0 +1,303 @@
+"""DATASET opened: a TFDS name (registered builders, the fork's `project.datasets`, prepared once) or a path
+(written once, train.data.written), with the data's identity that run.json records and a restart must match.
+
+A path is told from a name before TensorFlow loads (train.data.local). Either way what `inspect` then reads is a
+TFDS builder, so everything after (slices, in memory or streamed, workers, preprocess, resume) is the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+
+from train.data import local, written
+from train.errors import SettingsError, first_line
+from train.rundir import read_run
+from train.settings import Settings
+
+ONE_SPLIT = ("train[:90%]", "train[90%:]")  # TRAIN_SPLIT and EVAL_SPLIT of a dataset with one split, train
+
+
+@dataclass(frozen=True)
+class Opened:
+    """DATASET's builder, the data's identity (run.json's "data"), the settings with a one-split dataset's slices,
+    and what to say about it."""
+
+    builder: Any
+    identity: dict[str, Any]
+    settings: Settings
+    notes: tuple[str, ...] = ()
+
+    def columns(self, settings: Settings):
+        """A table's (CSV, JSON Lines) `preprocess` where MODEL has none and FEATURE_KEY is unset: every column but
+        the label, as a dict by name. None for other data. Raises SettingsError for a text column."""
+        if self.identity.get("kind") != "table" or settings.feature_key:
+            return None
+        import tensorflow_datasets as tfds
+
+        label_key = settings.label_key or "label"
+        features = self.builder.info.features
+        names = [name for name in features if name != label_key]
+        text = [name for name in names if isinstance(features[name], tfds.features.Text)]
+        if text:
+            raise SettingsError(
+                f"DATASET={settings.dataset!r}: the column {text[0]!r} holds text, which the model cannot take as it "
+                "is: define preprocess in your MODEL file to make numbers of it (see examples/resnet.py), or drop it"
+            )
+
+        def columns(example, training, seed):  # the engine's own preprocess: the columns as stored
+            return {name: example[name] for name in names}, example[label_key]
+
+        return columns
+
+
+def open_source(settings: Settings, say) -> Opened:
+    """DATASET's builder, prepared or written once. Raises SettingsError."""
+    import tensorflow_datasets as tfds
+
+    notes: tuple[str, ...] = ()
+    if local.is_path(settings.dataset):
+        source = written.prepare_path(settings, say)
+        builder = tfds.builder_from_directory(str(source.directory))
+        identity, notes = source.identity, source.notes
+    else:
+        builder = open_builder(settings)
+        if builder.info.file_format is None:  # a tfds.ImageFolder: TFDS reads the images, no record files
+            raise SettingsError(
+                f"DATASET={settings.dataset!r} is a {type(builder).__name__}, which TFDS reads without record files: "
+                "name its folder instead, DATASET=<folder> (a folder of class folders is written once as records)"
+            )
+        prepare(builder, settings)
+        if not builder.info.splits:  # prepared by another process sharing TFDS_DATA_DIR while this one waited
+            builder = open_builder(settings)
+        identity = tfds_identity(builder)
+    settings, split_note = one_split(settings, builder)
+    return Opened(builder, identity, settings, (*notes, *split_note))
+
+
+def tfds_identity(builder) -> dict[str, Any]:
+    """A TFDS name's identity: name, config, version and each split's prepared shard lengths."""
+    config = getattr(builder, "builder_config", None)
+    shards = {name: [int(n) for n in split.shard_lengths] for name, split in builder.info.splits.items()}
+    return {"kind": "tfds", "name": builder.name, "config": config.name if config else None,
+            "version": str(builder.version), "shard_lengths": shards}  # fmt: skip
+
+
+def data_identity_text(identity: dict[str, Any]) -> str:
+    """What workers compare: a path's fingerprint, or a TFDS dataset's name, config, version and shard lengths."""
+    if "fingerprint" in identity:
+        return f"{identity['kind']} sha256 {identity['fingerprint'][:16]}, {identity['files']} files"
+    return json.dumps({key: identity[key] for key in sorted(identity) if key != "kind"}, separators=(",", ":"))
+
+
+def one_split(settings: Settings, builder) -> tuple[Settings, tuple[str, ...]]:
+    """A dataset with one split, train, and TRAIN_SPLIT/EVAL_SPLIT at their defaults: 90% to train on, 10% to
+    evaluate on."""
+    if list(builder.info.splits.keys()) != ["train"] or (settings.train_split, settings.eval_split) != (
+        "train",
+        "test",
+    ):
+        return settings, ()
+    note = (f"DATASET={settings.dataset} has one split, train: training on {ONE_SPLIT[0]}, evaluating on "
+            f"{ONE_SPLIT[1]} (TRAIN_SPLIT and EVAL_SPLIT choose others)")  # fmt: skip
+    return settings.replace(train_split=ONE_SPLIT[0], eval_split=ONE_SPLIT[1]), (note,)
+
+
+def check_same_data(settings: Settings, identity: dict[str, Any]) -> None:
+    """A run directory trained on other data (another DATASET, or its files changed) is refused in one line: nothing
+    is trained on it. Raises SettingsError."""
+    recorded = read_run(settings.output_dir).get("data")
+    if not recorded or recorded == identity:
+        return
+    where = f"OUTPUT_DIR={settings.output_dir}"
+    stems = {each.get("name", "").rsplit("_", 1)[0] for each in (recorded, identity)}  # a path's name: stem_hash
+    if recorded.get("kind") == identity.get("kind") != "tfds" and len(stems) == 1:  # the same folder or file, changed
+        changes = _changes(settings, recorded, identity)
+        raise SettingsError(
+            f"DATASET={settings.dataset!r} has changed since {where} was trained on it: {changes}; nothing was trained "
+            "on the changed data: train in a new OUTPUT_DIR, or put the files back"
+        )
+    keys = ("name", "config", "version", "shard_lengths", "files")
+    differs = [f"{key} {_short(recorded.get(key))} now {_short(identity.get(key))}" for key in keys
+               if recorded.get(key) != identity.get(key)]  # fmt: skip
+    what = "; ".join(differs[:2]) or "its fingerprint differs"
+    if differs and differs[0].startswith("shard_lengths"):
+        what += ": it was prepared anew"
+    raise SettingsError(
+        f"DATASET={settings.dataset!r} is not the data {where} was trained on ({what}): use another OUTPUT_DIR for it, "
+        "or set DATASET back"
+    )
+
+
+def _short(value: Any) -> str:
+    """A value of the identity as a refusal shows it: shard lengths as each split's files and examples."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{split}: {len(lengths)} files, {sum(lengths)} examples"
+                               for split, lengths in value.items()) + "}"  # fmt: skip
+    return repr(value)
+
+
+def _changes(settings: Settings, recorded: dict[str, Any], identity: dict[str, Any]) -> str:
+    """How many files were added, removed or modified, and the first few, from both datasets' source.json."""
+    root = written.data_dir(settings)
+    fallback = f"its fingerprint differs ({recorded.get('files')} files then, {identity.get('files')} now)"
+    if identity.get("kind") == "tfds folder":  # read in place: no list of its files was kept
+        return fallback
+    try:
+        before, now = ({path: tuple(value) for path, value in json.loads(
+            (root / each["name"] / written.VERSION / written.SOURCE).read_text(encoding="utf-8"))["files"].items()}
+            for each in (recorded, identity))  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError):
+        return fallback
+    changes = [f"added {p}" for p in sorted(set(now) - set(before))]
+    changes += [f"removed {p}" for p in sorted(set(before) - set(now))]
+    changes += [f"modified {p}" for p in sorted(set(now) & set(before)) if now[p] != before[p]]
+    if not changes:  # the files are the same: LABEL_KEY or LABEL_KIND made it another dataset
+        return f"it was written anew as {identity.get('name')} (LABEL_KEY or LABEL_KIND changed)"
+    shown = ", ".join(changes[: local.SHOWN]) + (", ..." if len(changes) > local.SHOWN else "")
+    return f"{len(changes)} file(s) changed ({shown})"
+
+
+def open_builder(settings: Settings):
+    """The TFDS builder of DATASET: the template's own datasets and the fork's (`project.datasets`) registered."""
+    import tensorflow_datasets as tfds
+
+    import train.data.synthetic_clusters
+    import train.data.synthetic_columns
+    import train.data.synthetic_images
+    import train.data.synthetic_photos
+    import train.data.synthetic_reviews  # noqa: F401  (the template's offline datasets, registered by importing)
+
+    tfds.display_progress_bar(sys.stderr.isatty())  # a log that is not a terminal gets no bars' escape codes ("[A")
+    if importlib.util.find_spec("project.datasets") is not None:
+        importlib.import_module("project.datasets")  # a fork's builders, registered by importing them
+    data_dir = str(settings.tfds_data_dir) if settings.tfds_data_dir else None
+    try:
+        return tfds.builder(settings.dataset, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError:
+        name = settings.dataset.split("/")[0].split(":")[0]
+        close = difflib.get_close_matches(name, tfds.list_builders(), n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(close)}?" if close else "see tfds.list_builders() for the known names"
+        raise SettingsError(f"DATASET={settings.dataset!r} is not a TFDS dataset: {hint}") from None
+    except Exception as error:  # unknown config or version: TFDS raises several types
+        raise SettingsError(f"DATASET={settings.dataset!r} cannot be opened: {first_line(error)}") from None
+
+
+def _directories(root: Path, depth: int) -> set[Path]:
+    """Folders at most `depth` levels below `root` (root included, if it exists)."""
+    found = set()
+    for directory, subdirectories, _ in os.walk(root):
+        found.add(Path(directory))
+        if len(Path(directory).relative_to(root).parts) >= depth:
+            subdirectories.clear()  # the downloads' extracted archives can be large trees: not walked
+    return found
+
+
+CONNECT_SECONDS = 3.0  # how long the reachability check waits for a download host (TFDS's retries take minutes)
+
+
+def _hosts(urls: Any) -> set[tuple[str, int]]:
+    """(host, port) of every URL in what a builder hands TFDS's download manager (a URL, a Resource, or a tree)."""
+    import urllib.parse
+    import urllib.request
+
+    found: set[tuple[str, int]] = set()
+    if isinstance(urls, dict):
+        urls = list(urls.values())
+    if isinstance(urls, list | tuple):
+        for url in urls:
+            found |= _hosts(url)
+        return found
+    url = urllib.parse.urlparse(str(getattr(urls, "url", urls)))
+    if url.scheme not in ("http", "https") or not url.hostname:
+        return found
+    proxy = urllib.request.getproxies().get(url.scheme)
+    if proxy and not urllib.request.proxy_bypass(url.hostname):  # the connection that matters is the proxy's
+        url = urllib.parse.urlparse(proxy if "://" in proxy else f"http://{proxy}")
+    found.add((url.hostname or "", url.port or (443 if url.scheme == "https" else 80)))
+    return found
+
+
+@contextlib.contextmanager
+def _downloads_checked_first() -> Any:
+    """While TFDS prepares: before its download manager starts (and retries for minutes, printing urllib3
+    warnings), a plain connect to every host it is about to download from, failing in seconds."""
+    import socket
+
+    import tensorflow_datasets as tfds
+
+    manager = tfds.download.DownloadManager
+    originals = {name: getattr(manager, name) for name in ("download", "download_and_extract")}
+
+    def checked(original):
+        def method(self, url_or_urls, *args, **kwargs):
+            for host, port in sorted(_hosts(url_or_urls)):
+                try:
+                    socket.create_connection((host, port), timeout=CONNECT_SECONDS).close()
+                except OSError as error:
+                    reason = error.strerror or type(error).__name__
+                    raise ConnectionError(f"the download host {host}:{port} cannot be reached ({reason})") from None
+            return original(self, url_or_urls, *args, **kwargs)
+
+        return method
+
+    for name, original in originals.items():
+        setattr(manager, name, checked(original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(manager, name, original)
+
+
+def prepare(builder, settings: Settings) -> None:
+    """Make sure the data is on disk: generated locally, or downloaded once if it must be.
+
+    Under TFDS_DATA_DIR's lock (written.locked), where a killed preparation's `incomplete.*` folders are removed
+    first. A failed preparation leaves no dataset behind: TFDS prepares into a temporary directory and keeps what
+    it downloaded (a retry goes on from there), and the empty folders it made for it are removed here.
+    """
+    if tf.io.gfile.exists(builder.data_dir):  # prepared: what download_and_prepare would only say, too
+        return
+    data_dir = Path(str(builder.data_dir_root))  # str: TFDS's own path type, which may name a bucket
+    if "://" in str(builder.data_dir_root):
+        return _prepare(builder, settings, data_dir)
+    with written.locked(data_dir, f"DATASET={settings.dataset!r} (made here, offline or downloaded)"):
+        if tf.io.gfile.exists(builder.data_dir):  # another process prepared it while this one waited
+            return
+        written.remove_incomplete(data_dir / Path(str(builder.data_dir)).relative_to(data_dir).parts[0])
+        _prepare(builder, settings, data_dir)
+
+
+def _prepare(builder, settings: Settings, data_dir: Path) -> None:
+    # The dataset's own folder and the downloads, where TFDS makes folders (dataset/version/.tmp,
+    # downloads/dataset/file.tmp.ID) before it knows that the download fails.
+    roots = (data_dir / Path(str(builder.data_dir)).relative_to(data_dir).parts[0], data_dir / "downloads")
+
+    def folders() -> set[Path]:
+        return _directories(roots[0], depth=4) | _directories(roots[1], depth=2)
+
+    before = folders()
+    try:
+        with _downloads_checked_first():
+            builder.download_and_prepare()
+    except Exception as error:
+        made = folders() - before
+        for directory in sorted(made, key=lambda path: len(path.parts), reverse=True):  # the deepest first
+            with contextlib.suppress(OSError):  # not empty: a file in it is kept
+                directory.rmdir()
+        raise SettingsError(
+            f"DATASET={settings.dataset!r} is not prepared in {data_dir} and could not be made "
+            f"({type(error).__name__}: {first_line(error, 200)}): on a machine with network run "
+            f"scripts/prepare-dataset.sh {settings.dataset} DIR, then set TFDS_DATA_DIR=DIR"
+        ) from None

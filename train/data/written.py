@@ -1,0 +1,355 @@
+"""A path DATASET written once as a TFDS dataset into TFDS_DATA_DIR, then opened as any TFDS dataset is.
+
+The files are read once (train.data.local): each image's bytes go into its record as they are (no decode, no
+re-encode), and their sha256 make the fingerprint. Records are plain serialized tf.train.Examples in TFRecord
+shards, as TFDS writes them, beside TFDS's own dataset_info.json and features.json, so `builder_from_directory`
+reads them. The writing goes to a temporary folder renamed into place (`<name>/1.0.0`, the name derived from the
+fingerprint, LABEL_KEY and LABEL_KIND), under a lock for the processes sharing TFDS_DATA_DIR; a later start
+whose files have the same sizes and mtimes reuses it from an index, reading nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from train.data import local
+from train.errors import SettingsError
+
+VERSION = "1.0.0"
+SHARD_BYTES = 64 << 20  # a record file's bytes, about: several files let workers stream disjoint shares
+ORDER_SEED = 20_240_601  # the examples' written order: the same on every machine for the same files
+LOCK = ".train-local.lock"  # in TFDS_DATA_DIR: one writer at a time
+WRITING = ".train-writing-"  # in TFDS_DATA_DIR: a folder being written (a leftover, once the lock is free)
+INDEX = ".train-sources"  # in TFDS_DATA_DIR: path + stat listing -> dataset written from them
+SOURCE = "source.json"  # in the written dataset: its fingerprint and files, for a refusal to name what changed
+PROGRESS_SECONDS = 5.0  # lines while writing, off a terminal
+
+
+@dataclass(frozen=True)
+class Written:
+    """A path DATASET ready to open: where the TFDS dataset is, and the data's identity for run.json."""
+
+    directory: Path
+    identity: dict[str, Any]
+    notes: tuple[str, ...] = ()
+    skipped: list[str] = field(default_factory=list)  # files left out, not images
+
+
+def data_dir(settings) -> Path:
+    """TFDS_DATA_DIR, or TFDS's own default."""
+    if settings.tfds_data_dir:
+        return Path(settings.tfds_data_dir).expanduser()
+    return Path(os.environ.get("TFDS_DATA_DIR", "~/tensorflow_datasets")).expanduser()
+
+
+@contextlib.contextmanager
+def locked(root: Path, what: str) -> Iterator[None]:
+    """The lock of TFDS_DATA_DIR (made if missing): one process writes at a time; leftovers of a killed write are
+    removed once it is held. Raises SettingsError where the folder cannot be written."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        handle = (root / LOCK).open("a")
+    except OSError as error:
+        raise SettingsError(
+            f"TFDS_DATA_DIR={root} cannot be written ({error.strerror}), and {what} must be written there once: "
+            "make that folder writable, or set TFDS_DATA_DIR to a writable one"
+        ) from None
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            for leftover in root.glob(f"{WRITING}*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def remove_incomplete(dataset_folder: Path) -> list[str]:
+    """TFDS's `incomplete.*` folders a killed preparation left in a dataset's folder (call under `locked`)."""
+    removed = []
+    if dataset_folder.is_dir():
+        for leftover in [*dataset_folder.glob("incomplete.*"), *dataset_folder.glob("*/incomplete.*")]:
+            if leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)
+                removed.append(str(leftover))
+    return removed
+
+
+def _index_path(root: Path, survey: local.Survey, label_key: str, label_kind: str | None) -> Path:
+    key = json.dumps([str(survey.root.resolve()), label_key, label_kind])
+    return root / INDEX / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+
+
+def _reused(root: Path, index: Path, survey: local.Survey) -> Written | None:
+    """The dataset written from the same files (same paths, sizes, mtimes), if it is still there."""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        recorded = json.loads(index.read_text(encoding="utf-8"))
+        directory = root / recorded["name"] / VERSION
+        if recorded["listing"] == survey.listing and (directory / "dataset_info.json").is_file():
+            return Written(directory, recorded["identity"], _left_out(recorded["skipped"]))
+    return None
+
+
+def _name(survey: local.Survey, fingerprint: str, label_key: str, label_kind: str | None) -> str:
+    stem = re.sub(r"[^a-z0-9]+", "_", survey.root.resolve().stem.lower()).strip("_") or "data"
+    if not stem[0].isalpha():
+        stem = "d_" + stem
+    key = hashlib.sha256(json.dumps([fingerprint, label_key, label_kind]).encode()).hexdigest()[:12]
+    return f"{stem[:40]}_{key}"
+
+
+def prepare_path(settings, say) -> Written:
+    """The TFDS dataset of the path DATASET names: reused, or written once now. Raises SettingsError."""
+    survey = local.checked(settings.dataset)
+    if survey.kind == "tfds":
+        return _prepared_folder(settings, survey)
+    label_key = settings.label_key or "label"
+    root = data_dir(settings)
+    index = _index_path(root, survey, label_key, settings.label_kind)
+    reused = _reused(root, index, survey)
+    if reused is not None:
+        return reused
+    with locked(root, f"DATASET={settings.dataset!r}"):
+        reused = _reused(root, index, survey)  # another process wrote it while this one waited
+        if reused is not None:
+            return reused
+        temporary = root / f"{WRITING}{os.getpid()}"
+        try:
+            written = _write(settings, survey, temporary, root, label_key, say)
+        finally:
+            shutil.rmtree(temporary, ignore_errors=True)
+        record = {"name": written.directory.parent.name, "listing": survey.listing, "identity": written.identity,
+                  "skipped": written.skipped}  # fmt: skip
+        _write_index(index, record)
+        return written
+
+
+def _prepared_folder(settings, survey: local.Survey) -> Written:
+    """A prepared TFDS folder, read in place: its identity covers dataset_info.json and the record files (hashed
+    once for the same sizes and mtimes, then kept in TFDS_DATA_DIR's index where it is writable)."""
+    index = _index_path(data_dir(settings), survey, "", None)
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        recorded = json.loads(index.read_text(encoding="utf-8"))
+        if recorded["listing"] == survey.listing:
+            return Written(survey.root, recorded["identity"])
+    read = local.Read()
+    try:
+        name = json.loads((survey.root / "dataset_info.json").read_text(encoding="utf-8")).get("name", "")
+        for entry in survey.entries:
+            if entry.path == "dataset_info.json" or entry.path.startswith(f"{name}-"):  # TFDS's own file names
+                data = survey.file(entry).read_bytes()
+                read.files[entry.path] = (len(data), hashlib.sha256(data).hexdigest())
+    except (OSError, ValueError) as error:
+        raise SettingsError(f"DATASET={settings.dataset!r}: its dataset_info.json or records cannot be read "
+                            f"({error})") from None  # fmt: skip
+    identity = {"kind": "tfds folder", "fingerprint": read.fingerprint, "files": len(read.files), "name": name}
+    with contextlib.suppress(OSError):  # a read-only TFDS_DATA_DIR: hashed again next time
+        _write_index(index, {"listing": survey.listing, "identity": identity})
+    return Written(survey.root, identity)
+
+
+def _write_index(index: Path, record: dict[str, Any]) -> None:
+    """Whole or not at all: a concurrent reader never sees half a record."""
+    index.parent.mkdir(parents=True, exist_ok=True)
+    temporary = index.with_name(f"{index.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(record), encoding="utf-8")
+    os.replace(temporary, index)
+
+
+def _write(settings, survey: local.Survey, temporary: Path, root: Path, label_key: str, say) -> Written:
+    """Read every file once and write the records to `temporary`; then rename into `root/<name>/1.0.0`."""
+    import tensorflow as tf
+
+    temporary.mkdir(parents=True)
+    read = local.Read()
+    if survey.kind == "images":
+        features, splits, supervised = _write_images(survey, temporary, read, say, tf)
+    else:
+        features, splits, supervised = _write_table(settings, survey, temporary, read, label_key, tf)
+    fingerprint = read.fingerprint
+    name = _name(survey, fingerprint, label_key, settings.label_kind)
+    identity = {"kind": survey.kind, "fingerprint": fingerprint, "files": len(read.files), "name": name}
+    final = root / name / VERSION
+    if not (final / "dataset_info.json").is_file():  # else: the same data, written before from another path
+        _finish(temporary, name, features, splits, supervised)
+        (temporary / SOURCE).write_text(json.dumps({"identity": identity, "files": read.files}), encoding="utf-8")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(final, ignore_errors=True)  # a folder without dataset_info.json: not a dataset
+        os.rename(temporary, final)
+    skipped = [entry.path for entry in survey.entries if survey.kind == "images" and "/" not in entry.path]
+    skipped += read.skipped  # beside the class folders, or in them but not an image
+    return Written(final, identity, _left_out(skipped), skipped)
+
+
+def _left_out(skipped: list[str]) -> tuple[str, ...]:
+    if not skipped:
+        return ()
+    return (f"{len(skipped)} file(s) left out, not a JPEG, PNG, GIF or BMP: {', '.join(skipped[: local.SHOWN])}",)
+
+
+class _Progress:
+    """Files written so far: a rich bar on a terminal, else a line every PROGRESS_SECONDS, with files/s."""
+
+    def __init__(self, what: str, total: int, say) -> None:
+        self.what, self.total, self.say, self.done, self.start = what, total, say, 0, time.monotonic()
+        self.last, self.bar = self.start, None
+        if sys.stdout.isatty():
+            from rich.progress import Progress
+
+            self.bar = Progress(*Progress.get_default_columns(), "{task.fields[rate]}", transient=True)
+            self.task = self.bar.add_task(what, total=total, rate="")
+            self.bar.start()
+
+    def advance(self) -> None:
+        self.done += 1
+        now = time.monotonic()
+        if self.bar is not None and (now - self.last > 0.1 or self.done == self.total):
+            rate = f"{self.done / max(now - self.start, 1e-9):,.0f} files/s"
+            self.bar.update(self.task, completed=self.done, rate=rate)
+            self.last = now
+        elif self.bar is None and now - self.last > PROGRESS_SECONDS:
+            self.say(f"{self.what}: {self.done:,}/{self.total:,} files, {self.done / (now - self.start):,.0f} files/s")
+            self.last = now
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+        seconds = time.monotonic() - self.start
+        self.say(f"{self.what}: {self.done:,} files in {seconds:.1f} s ({self.done / max(seconds, 1e-9):,.0f} files/s)")
+
+
+def _order(count: int) -> np.ndarray:
+    """The written order of a split's examples (sorted by path first): shuffled so that slices mix the classes."""
+    return np.random.default_rng(ORDER_SEED).permutation(count)
+
+
+def _write_records(temporary: Path, split: str, items: list, total_bytes: int, make, tf) -> tuple[list[int], int]:
+    """`make(item)` (a serialized example, or None to leave the item out) of each item, in order, into the split's
+    record files of about SHARD_BYTES each; returns (examples per file, bytes written)."""
+    shards = max(1, min(len(items), math.ceil(total_bytes / SHARD_BYTES)))
+    lengths, written = [0] * shards, 0
+    for shard in range(shards):
+        path = temporary / f"{split}.part-{shard:05d}-of-{shards:05d}"
+        with tf.io.TFRecordWriter(str(path)) as writer:
+            for item in items[shard * len(items) // shards : (shard + 1) * len(items) // shards]:
+                record = make(item)
+                if record is not None:
+                    writer.write(record)
+                    lengths[shard] += 1
+                    written += len(record)
+    return lengths, written
+
+
+def _write_images(survey: local.Survey, temporary: Path, read: local.Read, say, tf):
+    import tensorflow_datasets as tfds
+
+    index = {name: number for number, name in enumerate(survey.classes)}
+    splits, counts = {}, {}
+    progress = _Progress(f"Writing {survey.root}", sum(map(len, survey.splits.values())), say)
+
+    def make(item) -> bytes | None:
+        entry, label = item
+        image = local.read_image(survey, entry, read)
+        progress.advance()
+        if image is None:
+            return None
+        counts[label] = counts.get(label, 0) + 1
+        return tf.train.Example(features=tf.train.Features(feature={
+            "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image[0]])),
+            "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[index[label]])),
+            "filename": tf.train.Feature(bytes_list=tf.train.BytesList(value=[entry.path.encode()])),
+        })).SerializeToString()  # fmt: skip
+
+    try:
+        for split, entries in survey.splits.items():
+            ordered = [entries[i] for i in _order(len(entries))]
+            size = sum(entry.size for entry, _ in entries)
+            splits[split] = _write_records(temporary, split, ordered, size, make, tf)
+            if not sum(splits[split][0]):
+                raise SettingsError(f"DATASET={survey.root}: the split {split} holds no JPEG, PNG, GIF or BMP images")
+    finally:
+        progress.close()
+    empty = [name for name in survey.classes if not counts.get(name)]
+    if empty:
+        raise SettingsError(f"DATASET={survey.root}: the class folder {empty[0]} holds no JPEG, PNG, GIF or BMP "
+                            "image: put its images in it or remove it")  # fmt: skip
+    features = tfds.features.FeaturesDict({
+        "image": tfds.features.Image(shape=(None, None, 3)),
+        "label": tfds.features.ClassLabel(names=list(survey.classes)),
+        "filename": tfds.features.Text(),
+    })  # fmt: skip
+    return features, splits, ("image", "label")
+
+
+def _write_table(settings, survey: local.Survey, temporary: Path, read: local.Read, label_key: str, tf):
+    import tensorflow_datasets as tfds
+
+    table = local.read_table(survey, label_key, settings.label_kind, read)
+    splits = {}
+    for split, rows in table.rows.items():
+        ordered = [rows[i] for i in _order(len(rows))]
+        size = sum(entry.size for entry, _ in survey.splits[split])
+        splits[split] = _write_records(temporary, split, ordered, size,
+                                       lambda row: _table_example(table, row, tf).SerializeToString(), tf)  # fmt: skip
+    features = {}
+    for column in table.columns:
+        if column.classes is not None:
+            features[column.name] = tfds.features.ClassLabel(names=list(column.classes))
+        elif column.num_classes is not None:
+            features[column.name] = tfds.features.ClassLabel(num_classes=column.num_classes)
+        elif column.dtype == "string":
+            features[column.name] = tfds.features.Text()
+        else:
+            features[column.name] = tfds.features.Scalar(dtype=np.dtype(column.dtype))
+    return tfds.features.FeaturesDict(features), splits, None
+
+
+def _table_example(table: local.Table, row: dict, tf):
+    feature = {}
+    for column in table.columns:
+        value = row[column.name]
+        if column.dtype == "string" and column.classes is None:
+            feature[column.name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
+        elif column.dtype == "float32":
+            feature[column.name] = tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
+        else:
+            feature[column.name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+    return tf.train.Example(features=tf.train.Features(feature=feature))
+
+
+def _finish(temporary: Path, name: str, features, splits: dict, supervised) -> None:
+    """The shard files renamed as TFDS names them, and dataset_info.json and features.json beside them."""
+    import tensorflow_datasets as tfds
+    from tensorflow_datasets.core import dataset_info, naming
+    from tensorflow_datasets.core import splits as splits_lib
+
+    infos = []
+    for split, (lengths, num_bytes) in splits.items():
+        for index in range(len(lengths)):
+            part = temporary / f"{split}.part-{index:05d}-of-{len(lengths):05d}"
+            part.rename(temporary / f"{name}-{split}.tfrecord-{index:05d}-of-{len(lengths):05d}")
+        template = naming.ShardedFileTemplate(data_dir=temporary, dataset_name=name, split=split,
+                                              filetype_suffix="tfrecord")  # fmt: skip
+        infos.append(splits_lib.SplitInfo(name=split, shard_lengths=lengths, num_bytes=num_bytes,
+                                          filename_template=template))  # fmt: skip
+    identity = dataset_info.DatasetIdentity(name=name, version=tfds.core.Version(VERSION), data_dir=str(temporary),
+                                            module_name="")  # fmt: skip
+    info = dataset_info.DatasetInfo(builder=identity, features=features, supervised_keys=supervised)
+    info.set_file_format(tfds.core.FileFormat.TFRECORD)
+    info.set_splits(splits_lib.SplitDict(infos))
+    info.write_to_directory(temporary)
