@@ -39,7 +39,7 @@ inputs = serve.structured_input_signature[1]
 right = total = 0
 for batch in tfds.builder(name, data_dir=data_dir).as_dataset(split=split).batch(100):
     sent = {key: batch[key] if key in batch else batch["features"][key] for key in inputs}  # a column by its name
-    predicted = np.argmax(next(iter(serve(**sent).values())).numpy(), axis=-1)
+    predicted = np.argmax(serve(**sent)["scores"].numpy(), axis=-1)
     right, total = right + int(np.sum(predicted == batch["label"].numpy())), total + len(predicted)
 print(json.dumps({"inputs": {key: spec.dtype.name for key, spec in inputs.items()}, "accuracy": right / total}))
 """
