@@ -12,8 +12,8 @@ import pytest
 
 from tests.conftest import clean_env, run_python, run_train
 
-# The examples, each trained briefly: the kind of input and of label each covers. A text example adds one entry
-# (its MODEL, DATASET and data dir fixture), and `INPUTS` says which inputs it is given.
+# The examples, each trained briefly: the kind of input and of label each covers (`data`: the TFDS data dir's
+# fixture); `INPUTS` says which inputs each is given.
 RUNS = {
     "image": {"MODEL": "examples.cnn", "DATASET": "synthetic_images", "TRAIN_SPLIT": "train[:64]",
               "EVAL_SPLIT": "test[:32]", "BATCH_SIZE": 32, "data": "examples_data_dir"},
@@ -23,6 +23,8 @@ RUNS = {
                 "EVAL_SPLIT": "test[:64]", "BATCH_SIZE": 64, "data": "photos_data_dir"},
     "regression": {"MODEL": "examples.regression", "DATASET": "synthetic_values", "TRAIN_SPLIT": "train[:256]",
                    "EVAL_SPLIT": "test[:64]", "BATCH_SIZE": 64, "data": "examples_data_dir"},
+    "text": {"MODEL": "examples.text", "DATASET": "synthetic_reviews", "TRAIN_SPLIT": "train[:256]",
+             "EVAL_SPLIT": "test[:64]", "BATCH_SIZE": 64, "data": "text_data_dir"},
     "multilabel": {"MODEL": "examples.multilabel", "DATASET": "synthetic_tags", "TRAIN_SPLIT": "train[:256]",
                    "EVAL_SPLIT": "test[:64]", "BATCH_SIZE": 64, "data": "examples_data_dir"},
 }  # fmt: skip
@@ -32,6 +34,7 @@ INPUTS = {  # what each is given, all in one predict call: files are written fro
     "tabular": ("csv", "jsonl", "split"),
     "regression": ("jsonl", "split"),
     "multilabel": ("csv", "split"),
+    "text": ("csv", "jsonl", "split"),  # the text as strings, by its feature's name
 }
 EXAMPLES = 7  # per input: fewer than --batch 4 x 2, so batches are full and partial
 
