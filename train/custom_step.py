@@ -28,9 +28,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from train.data import Feed, TrainSplit, eval_dataset
+from train.data import Feed, TrainSplit
 from train.errors import SettingsError, first_line
-from train.step import Evaluator, TrainCalls, make_train_calls, metric_values
+from train.step import Evaluator, TrainCalls, make_train_calls
 
 # What the engine's loop replaces: a model that overrides one of these would not run as written.
 UNRUNNABLE = ("fit", "train_on_batch", "make_train_function")
@@ -238,7 +238,7 @@ def make_calls(built, strategy, feed: Feed, global_batch: int, jit_compile: bool
     return make_train_calls(built, strategy, feed, global_batch, jit_compile, accumulation)
 
 
-class CustomEvaluator:
+class CustomEvaluator(Evaluator):
     """A model's own `test_step` over a split (whatever its train_step), on every replica of every worker, as
     `model.evaluate` runs it: the last step's logs, reduced over the replicas; a value named as one of the
     model's metrics is the metric's result over the whole split (every replica's share summed, as the engine's
@@ -263,14 +263,7 @@ class CustomEvaluator:
             whole = network.get_metrics_result()
             return {name: whole.get(name, value) for name, value in logs.items()}
 
-        self._evaluate_steps = evaluate_steps
-
-    def __call__(self, split: TrainSplit, global_batch: int) -> dict[str, float | list]:
-        self.built.network.reset_metrics()
-        dataset, steps = eval_dataset(self.strategy, split, global_batch)
-        results = metric_values(self._evaluate_steps(iter(dataset), tf.constant(steps)))
-        self.built.network.reset_metrics()
-        return results
+        self._evaluate_steps = evaluate_steps  # Evaluator.__call__ runs it over the split
 
 
 class NoEvaluation:
