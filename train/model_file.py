@@ -35,11 +35,20 @@ TEXT_EXAMPLE = "examples/text.py"  # ... and adapt
 class ModelFile:
     text: str  # MODEL as given
     build_model: Callable
-    preprocess: Callable | None
+    preprocess: Callable | None = None
     build_callbacks: Callable | None = None
     export_model: Callable | None = None  # a GAN's: its generator (examples/gan.py)
     adapt: Callable | None = None
     module: Any = None  # the imported file: its globals hold the layers `preprocess` uses (train.adapt)
+
+
+# The MODEL file's optional functions: what each must be, and the example that shows it.
+OPTIONAL_SEAMS = {
+    "preprocess": ("preprocess(example, training, seed) -> (inputs, label)", RESNET_EXAMPLE),
+    "build_callbacks": ("build_callbacks(context) -> a list of keras.callbacks.Callback", CALLBACKS_EXAMPLE),
+    "export_model": ("export_model(model) -> the keras.Model to export", "examples/gan.py"),
+    "adapt": ("adapt(context) that fits the layers preprocess uses on context.examples(n)", TEXT_EXAMPLE),
+}
 
 
 @cache
@@ -65,28 +74,12 @@ def load_model_file(text: str) -> ModelFile:
             f"MODEL={text!r} has no build_model: define build_model(input_shape, num_classes, learning_rate) "
             "returning a compiled keras.Model (see examples/mlp.py)"
         )
-    preprocess = getattr(module, "preprocess", None)
-    if preprocess is not None and not callable(preprocess):
-        raise SettingsError(
-            f"MODEL={text!r}: preprocess is a {type(preprocess).__name__}, not a function: define "
-            f"preprocess(example, training, seed) -> (inputs, label) (see {RESNET_EXAMPLE})"
-        )
-    build_callbacks = getattr(module, "build_callbacks", None)
-    if build_callbacks is not None and not callable(build_callbacks):
-        raise SettingsError(
-            f"MODEL={text!r}: build_callbacks is a {type(build_callbacks).__name__}, not a function: define "
-            f"build_callbacks(context) -> a list of keras.callbacks.Callback (see {CALLBACKS_EXAMPLE})"
-        )
-    export_model = getattr(module, "export_model", None)
-    if export_model is not None and not callable(export_model):
-        raise SettingsError(
-            f"MODEL={text!r}: export_model is a {type(export_model).__name__}, not a function: define "
-            "export_model(model) -> the keras.Model to export (see examples/gan.py)"
-        )
-    adapt = getattr(module, "adapt", None)
-    if adapt is not None and not callable(adapt):
-        raise SettingsError(
-            f"MODEL={text!r}: adapt is a {type(adapt).__name__}, not a function: define adapt(context) that fits "
-            f"the layers preprocess uses on context.examples(n) (see {TEXT_EXAMPLE})"
-        )
-    return ModelFile(text, build, preprocess, build_callbacks, export_model, adapt, module)
+    seams = {}
+    for name, (signature, example) in OPTIONAL_SEAMS.items():
+        seams[name] = getattr(module, name, None)
+        if seams[name] is not None and not callable(seams[name]):
+            raise SettingsError(
+                f"MODEL={text!r}: {name} is a {type(seams[name]).__name__}, not a function: define {signature} "
+                f"(see {example})"
+            )
+    return ModelFile(text, build, module=module, **seams)
