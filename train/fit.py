@@ -472,10 +472,10 @@ def _train(run: Run) -> Outcome:
         run.progress = reporter(settings.progress, run.peers.is_chief, say, schedule.total_steps,
                                 schedule.epoch_under_way, settings.epochs, start)  # fmt: skip
         try:
-            with (
-                streamed_files_intact(run),
+            with (  # the innermost hears an error first: an odd shape, then a damaged or undecodable file
                 preprocess_raised(run.data.spec, settings.model, lambda: run.manager.latest_checkpoint),
-                preprocess_shapes_hold(run),  # (inside: an odd shape is said as such, before any other raise)
+                streamed_files_intact(run),
+                preprocess_shapes_hold(run),
             ):
                 return run_loop(calls, schedule, start, int(run.checkpoint.skipped_steps.numpy()), run)
         except tf.errors.ResourceExhaustedError:
