@@ -76,11 +76,11 @@ def build_model(input_shape: tuple[int, ...], num_classes: int | None, learning_
         layers.Dense(1, activation="sigmoid"),
     ], name="discriminator")  # fmt: skip
     generator = keras.Sequential([
-        keras.Input(shape=(LATENT_DIM,)),
+        keras.Input(shape=(LATENT_DIM,), name="latent"),
         layers.Dense(8 * 8 * 32), layers.Reshape((8, 8, 32)), layers.LeakyReLU(0.2),
         layers.Conv2DTranspose(32, 4, strides=2, padding="same"), layers.LeakyReLU(0.2),
         layers.Conv2DTranspose(16, 4, strides=2, padding="same"), layers.LeakyReLU(0.2),
-        layers.Conv2D(3, 5, padding="same", activation="sigmoid"),  # in [0, 1], as the engine scales the images
+        layers.Conv2D(3, 5, padding="same", activation="sigmoid", name="images"),  # in [0, 1], as the engine scales
     ], name="generator")  # fmt: skip
     gan = GAN(discriminator, generator, LATENT_DIM, name="gan")
     gan.compile(

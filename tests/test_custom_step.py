@@ -304,6 +304,38 @@ def test_a_setting_a_custom_step_cannot_honour_stops_fit_before_the_run_director
     assert not (tmp_path / "run").exists()
 
 
+# `python -m train fit` on a host whose GPUs MIXED_PRECISION=auto would run in float16 (compute capability 7.x, a
+# T4): the one answer faked is what this host's GPUs support (train.fit's auto_precision, which reads their compute
+# capabilities); the training itself runs on the CPU.
+FLOAT16_HOST = """
+import runpy, sys
+import train.fit
+train.fit.auto_precision = lambda plan: ("mixed_float16", "every GPU has compute capability 7.x+ (faked: a T4)")
+sys.argv = ["python -m train", "fit"]
+runpy.run_module("train", run_name="__main__")
+"""
+LOSS_SCALED = """
+import sys, tensorflow as tf
+print(any("scale" in name for name, _ in tf.train.list_variables(tf.train.latest_checkpoint(sys.argv[1]))))
+"""
+
+
+def test_auto_precision_runs_a_custom_step_in_float32_where_it_would_pick_float16_and_says_so(tmp_path, tfds_data_dir):
+    """Issue 32: float16's loss scale would judge each replica's gradients alone in the model's own step, so
+    MIXED_PRECISION=auto falls back to float32 where the GPUs would get float16. Fakes the GPUs' answer
+    (FLOAT16_HOST): auto resolves to mixed_float16 through the engine's own agreement, as on a T4."""
+    output_dir = tmp_path / "run"
+    env = clean_env(MODEL=str(REPO / "examples" / "custom_step.py"), TFDS_DATA_DIR=tfds_data_dir,
+                    OUTPUT_DIR=output_dir, MIXED_PRECISION="auto", **{**SMALL, "EPOCHS": 1})  # fmt: skip
+    result = run_python(["-c", FLOAT16_HOST], cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "MIXED_PRECISION=auto: float32, not mixed_float16, for a model's own train_step" in result.stdout
+    assert read_summary(output_dir)["precision"] == "float32"
+    assert json.loads((output_dir / "run.json").read_text())["precision"] == "float32"  # a resume keeps float32
+    scaled = run_python(["-c", LOSS_SCALED, str(output_dir / "checkpoints")])
+    assert scaled.stdout.strip().splitlines()[-1] == "False", scaled.stderr[-2000:]  # no loss scale trained
+
+
 PREDICATES = """
 import keras
 from examples.custom_step import build_model

@@ -27,6 +27,8 @@ RUNS = {
              "EVAL_SPLIT": "test[:64]", "BATCH_SIZE": 64, "data": "text_data_dir"},
     "multilabel": {"MODEL": "examples.multilabel", "DATASET": "synthetic_tags", "TRAIN_SPLIT": "train[:256]",
                    "EVAL_SPLIT": "test[:64]", "BATCH_SIZE": 64, "data": "examples_data_dir"},
+    "gan": {"MODEL": "examples.gan", "DATASET": "synthetic_images", "TRAIN_SPLIT": "train[:64]",
+            "BATCH_SIZE": 32, "data": "examples_data_dir"},  # export_model: its generator is exported
 }  # fmt: skip
 INPUTS = {  # what each is given, all in one predict call: files are written from the test split's first examples
     "image": ("folder", "file", "split"),
@@ -225,6 +227,23 @@ def test_the_export_names_its_outputs_as_tf_serving_does(runs):
                                                                 "classes": ("DT_STRING", "(-1, 5)")}  # fmt: skip
     regression = saved_model_cli(runs("regression")[0] / "saved_model")
     assert signature_outputs(regression, "serving_default") == {"outputs": ("DT_FLOAT", "(-1)")}
+
+
+def test_a_model_exported_in_place_names_its_outputs_as_its_own_and_predict_gives_them(runs, tmp_path):
+    """The GAN's generator (export_model's), latent vectors in, images out: not one score per class, so under
+    its own output name (its last layer's), not output_0; predict writes them under that name."""
+    run, _ = runs("gan")
+    shown = saved_model_cli(run / "saved_model")
+    assert signature_outputs(shown, "serving_default") == {"images": ("DT_FLOAT", "(-1, 32, 32, 3)")}
+    (tmp_path / "latent.jsonl").write_text("".join(json.dumps({"latent": [0.1 * i] * 16}) + "\n" for i in range(3)))
+    result = predict(run, str(tmp_path / "latent.jsonl"), "--output", str(tmp_path / "p.jsonl"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert len(lines) == 3 and set(lines[0]) == {"input", "images"}
+    assert [len(lines[0]["images"]), len(lines[0]["images"][0]), len(lines[0]["images"][0][0])] == [32, 32, 3]
+    split = predict(run, "--split", "test[:2]", cwd=tmp_path)  # the split stores images, the generator takes latents
+    assert split.returncode == 2 and "Traceback" not in split.stderr, split.stderr
+    assert split.stderr.strip().splitlines()[-1].endswith("the model takes 'latent', which the dataset does not store")
 
 
 @pytest.mark.slow

@@ -417,7 +417,7 @@ def export(built: Built, output_dir: Path, model: keras.Model | None = None) -> 
     archive.track(serving)
     for resource in preprocess_resources(built.spec) if model is None else ():  # the vocabularies and tables
         archive.track(resource)
-    endpoints = serving_endpoints(built) if model is None else [_own_endpoint(model)]
+    endpoints = serving_endpoints(built) if model is None else [_own_endpoint(model, built.spec)]
     for name, function, signature in endpoints:  # the first added is serving_default
         archive.add_endpoint(name=name, fn=function, input_signature=signature)
     archive.write_out(str(staging), verbose=False)
@@ -426,13 +426,15 @@ def export(built: Built, output_dir: Path, model: keras.Model | None = None) -> 
     return {"keras": str(keras_path), "saved_model": str(saved_model)}
 
 
-def _own_endpoint(model: keras.Model) -> tuple[str, Any, list[tf.TensorSpec]]:
-    """`serve` for a model exported in the trained one's place: its own Inputs, by name."""
+def _own_endpoint(model: keras.Model, spec: DatasetSpec) -> tuple[str, Any, list[tf.TensorSpec]]:
+    """`serve` for a model exported in the trained one's place: its own Inputs, by name; its outputs named as
+    train.outputs has them (a generator's images under its own output name, not `output_0`)."""
     inputs = model.inputs
+    named = name_outputs(model, spec)
     signature = [tf.TensorSpec(tensor.shape, tensor.dtype, name=tensor.name) for tensor in inputs]
     if len(inputs) == 1:
-        return "serve", lambda values: model(values, training=False), signature
-    return "serve", lambda *values: model(list(values), training=False), signature
+        return "serve", lambda values: named(model(values, training=False)), signature
+    return "serve", lambda *values: named(model(list(values), training=False)), signature
 
 
 def model_to_export(settings: Settings, built: Built) -> keras.Model | None:

@@ -50,11 +50,16 @@ def gives_logits(network: keras.Model) -> bool:
 
 
 def _own_names(network: keras.Model, output: Any) -> dict[str, Any]:
-    """Outputs under the model's own names: a dict's keys, a functional model's output names, else output_<i>."""
+    """Outputs under the model's own names: a dict's keys, a functional model's output names (its output layers'),
+    a Sequential's last layer's name, else output_<i>."""
+    import keras
+
     if isinstance(output, dict):
         return dict(output)
     values = list(output) if isinstance(output, list | tuple) else [output]
     names = getattr(network, "output_names", None) or []
+    if not names and isinstance(network, keras.Sequential) and network.layers:  # Keras names no Sequential output
+        names = [network.layers[-1].name]
     if len(names) != len(values) or len(set(names)) != len(names):
         names = [f"output_{index}" for index in range(len(values))]
     return dict(zip(names, values, strict=True))
