@@ -20,6 +20,7 @@ from tests.conftest import (
     start_train,
     tensorboard_events,
 )
+from tests.harness.build_each import BUILD_EACH
 from train.cluster.launch import free_ports, tf_configs
 
 # A marker on the guide's step: counts its own calls (a Sum metric, on each replica) and adds a loss term whose
@@ -250,23 +251,6 @@ REFUSED = {
         "its train_step failed on a batch of the data's spec (inputs and labels as the model gets them): RuntimeError",
     ),
 }
-BUILD_EACH = """
-import json, sys
-from train.data import load_data
-from train.devices.runtime import setup_runtime
-from train.errors import SettingsError
-from train.model import build
-from train.settings import load_settings
-settings = load_settings()
-runtime, data, said = setup_runtime(settings), load_data(settings), {}
-for path in sys.argv[1:]:
-    try:
-        build(settings.replace(model=path), data.spec, runtime.strategy)
-        said[path] = None
-    except SettingsError as error:
-        said[path] = str(error)
-print(json.dumps(said))
-"""
 
 
 def test_what_the_engine_cannot_run_of_a_custom_step_is_one_line_naming_it(tmp_path, tfds_data_dir):

@@ -9,6 +9,7 @@ import re
 import pytest
 
 from tests.conftest import REPO, clean_env, read_summary, run_python, run_train
+from tests.harness.build_each import BUILD_EACH
 from train.errors import SettingsError
 from train.settings import load_settings
 
@@ -41,24 +42,6 @@ BAD_MODELS = {
     ),
     "does_not_import": ("import not_a_module_anywhere\n", "could not be imported (ModuleNotFoundError: No module"),
 }
-
-BUILD_EACH = """
-import json, sys
-from train.data import load_data
-from train.devices.runtime import setup_runtime
-from train.errors import SettingsError
-from train.model import build
-from train.settings import load_settings
-settings = load_settings()
-runtime, data, said = setup_runtime(settings), load_data(settings), {}
-for path in sys.argv[1:]:
-    try:
-        build(settings.replace(model=path), data.spec, runtime.strategy)
-        said[path] = None
-    except SettingsError as error:
-        said[path] = str(error)
-print(json.dumps(said))
-"""
 
 
 def test_each_way_a_model_breaks_the_contract_is_one_line_naming_it(tmp_path, tfds_data_dir):
