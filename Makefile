@@ -6,8 +6,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 EXTRAS ?= dev# add ",gpu" on a GPU machine: make setup EXTRAS=dev,gpu
-# Every setting, read from its one table (train/settings.py, `Field("NAME", ...)` lines).
-SETTINGS := $(shell sed -n 's/^ *Field."\([A-Z0-9_]*\)".*/\1/p' train/settings.py)
+# Every setting, read from its one table (train/settings/table.py, `    name: type = setting(...)` lines, upper-cased).
+SETTINGS := $(shell sed -n '/^class Settings/,/^[^ ]/s/^    \([a-z][a-z0-9_]*\): [^=]* = setting.*/\1/p' train/settings/table.py | tr '[:lower:]' '[:upper:]')
 # A setting given to make (or already in the environment) reaches python as an environment variable.
 export $(foreach name,$(SETTINGS),$(if $(filter undefined,$(origin $(name))),,$(name)))
 # build_model's hyperparameters pass through too: `make train HP_WIDTH=128` (MODEL's own settings, train/hparams.py).

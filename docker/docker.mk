@@ -53,10 +53,10 @@ DATASET_MOUNT = $(if $(DATASET_HOST),-v "$(DATASET_HOST)":/dataset/$(notdir $(DA
 	-e DATASET=/dataset/$(notdir $(DATASET_HOST)))
 
 # Settings passed to the container by name (`-e NAME`) when given to make or set in its
-# environment: every `Field("NAME", ...)` of train/settings.py (the one table of settings),
+# environment: every `name: type = setting(...)` of train/settings/table.py (the one table of settings),
 # plus the root Makefile's SETTINGS, plus build_model's hyperparameters (HP_WIDTH=64: MODEL's own).
 # GPUS, TFDS_DATA_DIR and OUTPUT_DIR are mapped, not passed.
-DOCKER_SETTINGS_ALL := $(sort $(SETTINGS) $(shell sed -n 's/^ *Field."\([A-Z0-9_]*\)".*/\1/p' $(DOCKER_ROOT)/train/settings.py 2>/dev/null) $(filter HP_%,$(.VARIABLES)))
+DOCKER_SETTINGS_ALL := $(sort $(SETTINGS) $(shell sed -n '/^class Settings/,/^[^ ]/s/^    \([a-z][a-z0-9_]*\): [^=]* = setting.*/\1/p' $(DOCKER_ROOT)/train/settings/table.py 2>/dev/null | tr '[:lower:]' '[:upper:]') $(filter HP_%,$(.VARIABLES)))
 DOCKER_PASSED = $(foreach name,$(filter-out GPUS TFDS_DATA_DIR OUTPUT_DIR $(if $(DATASET_HOST),DATASET),$(DOCKER_SETTINGS_ALL)),\
 	$(if $(filter undefined default,$(origin $(name))),,$(name)))
 export $(DOCKER_PASSED)

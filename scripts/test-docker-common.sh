@@ -17,9 +17,9 @@ LOCAL_BASE="${LOCAL_BASE:-tf-train-base:bookworm}"   # scripts/make-base-image.s
 export DOCKER_BUILDKIT=0   # the classic builder: local base images, --network host, no buildx needed
 cd "$REPO" || exit 1
 
-# The settings the container reads (train/settings.py's table) and docker.mk's variables:
+# The settings the container reads (train/settings/table.py's table, upper-cased) and docker.mk's variables:
 # none of the caller's may leak into the test's runs.
-for name in $(sed -n 's/^ *Field."\([A-Z0-9_]*\)".*/\1/p' train/settings.py) \
+for name in $(sed -n '/^class Settings/,/^[^ ]/s/^    \([a-z][a-z0-9_]*\): [^=]* = setting.*/\1/p' train/settings/table.py | tr '[:lower:]' '[:upper:]') \
     IMAGE TF_VARIANT DATA_DIR RUNS_DIR RUN_NAME DOCKER_NAME DOCKER_RUN_FLAGS SETTINGS; do
     unset "$name"
 done

@@ -323,7 +323,7 @@ def test_auto_precision_runs_a_custom_step_in_float32_where_it_would_pick_float1
 PREDICATES = """
 import keras
 from examples.custom_step import build_model
-from train.custom_step import overrides_test_step, overrides_train_step
+from train.model_file import overrides_test_step, overrides_train_step
 class Below(keras.Model):
     def train_step(self, data):
         return super().train_step(data)

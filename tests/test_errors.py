@@ -26,8 +26,9 @@ from train import cli as cli_module
 from train.cli import app
 from train.cluster.tf_config import Cluster, StartupDeadline
 from train.errors import EXIT_BAD_INPUT, EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, first_line, storage_fix
+from train.model_file import model_fingerprint
 from train.rundir import RUN, RunLock, owner, write_json
-from train.settings import ENVIRONMENT_TYPO_CUTOFF, FIELDS, RUN_SETTINGS, likely_typos, model_fingerprint
+from train.settings import ENVIRONMENT_TYPO_CUTOFF, FIELDS, RUN_SETTINGS, likely_typos
 
 GOOD_MODEL = """import keras
 

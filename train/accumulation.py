@@ -23,13 +23,12 @@ import keras
 import tensorflow as tf
 
 from train.errors import SettingsError
+from train.model_file import overrides_train_step
 
 
 def refuse_custom_train_step(model: str, network: keras.Model, accumulation: int) -> None:
     """Raises SettingsError where a step would accumulate but the model overrides `train_step` (the engine's step,
     not the fork's, is the one that accumulates)."""
-    from train.custom_step import overrides_train_step  # it imports train.step, which imports this module
-
     if accumulation > 1 and overrides_train_step(network):
         raise SettingsError(
             f"MODEL={model!r} overrides train_step, and GLOBAL_BATCH_SIZE with BATCH_SIZE asks each step to "

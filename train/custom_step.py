@@ -10,13 +10,13 @@ The optimizers such a step applies sum the replicas' gradients themselves, insid
 engine turns that sum off only for its own step (train.keras_seams.gradients_come_summed), never here. So
 their options act as Keras applies them: clipping clips each replica's gradients before the sum.
 
-| concern                                   | where                                         |
-|-------------------------------------------|-----------------------------------------------|
-| is the step the model's own               | `overrides_train_step`, `overrides_test_step` |
-| what the engine cannot run                | `refuse_unrunnable`                           |
-| optimizers built before a restore         | `prepare_custom_step` (traces train_step)     |
-| the training call                         | `make_custom_train_calls`, `make_calls`       |
-| evaluation                                | `CustomEvaluator`, `make_evaluator`           |
+| concern                           | where                                                            |
+|-----------------------------------|------------------------------------------------------------------|
+| is the step the model's own       | `overrides_train_step`, `overrides_test_step` (train.model_file) |
+| what the engine cannot run        | `refuse_unrunnable`                                              |
+| optimizers built before a restore | `prepare_custom_step` (traces train_step)                        |
+| the training call                 | `make_custom_train_calls`, `make_calls`                          |
+| evaluation                        | `CustomEvaluator`, `make_evaluator`                              |
 """
 
 from __future__ import annotations
@@ -30,37 +30,17 @@ import tensorflow as tf
 
 from train.data import Feed, TrainSplit
 from train.errors import SettingsError, first_line
+from train.model_file import overrides, overrides_test_step
 from train.step import Evaluator, TrainCalls, make_train_calls
 
 # What the engine's loop replaces: a model that overrides one of these would not run as written.
 UNRUNNABLE = ("fit", "train_on_batch", "make_train_function")
 
 
-def _overrides(model: keras.Model, name: str) -> bool:
-    """Whether `model`'s class, or a base class below keras.Model, defines `name` itself."""
-    for cls in type(model).__mro__:
-        if cls is keras.Model:
-            return False
-        if name in vars(cls):
-            return True
-    return False
-
-
-def overrides_train_step(model: keras.Model) -> bool:
-    """Whether the model brings its own `train_step` (its class or a base below keras.Model): it is then the
-    training step, and what holds only for the engine's own step (gradient accumulation) does not apply."""
-    return _overrides(model, "train_step")
-
-
-def overrides_test_step(model: keras.Model) -> bool:
-    """Whether the model brings its own `test_step`: it is then evaluation's step."""
-    return _overrides(model, "test_step")
-
-
 def refuse_unrunnable(model_setting: str, model: keras.Model) -> None:
     """Raises SettingsError for a model overriding what the engine's loop replaces (`UNRUNNABLE`)."""
     for name in UNRUNNABLE:
-        if _overrides(model, name):
+        if overrides(model, name):
             raise SettingsError(
                 f"MODEL={model_setting!r}: {type(model).__name__} overrides {name}, which the engine does not call "
                 "(it runs its own loop of train_step calls on every replica): override train_step (and test_step) "

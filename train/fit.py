@@ -29,7 +29,7 @@ from train.checkpoints import make_checkpoint, restore_newest, save_checkpoint
 from train.cluster.agreement import Decision, reconcile, report
 from train.cluster.workers import SingleHost, connect
 from train.context import run_context
-from train.custom_step import make_calls, make_evaluator, overrides_train_step, refuse_unevaluated_monitor
+from train.custom_step import make_calls, make_evaluator, refuse_unevaluated_monitor
 from train.data import (
     Data,
     Dataset,
@@ -59,10 +59,10 @@ from train.model import (
     use_averaged_weights,
     weights_fingerprint,
 )
-from train.model_file import RESNET_EXAMPLE
+from train.model_file import RESNET_EXAMPLE, model_fingerprint, overrides_train_step
 from train.progress import evaluation_notice, format_metrics, reporter
 from train.rundir import RUN, RunLock, StopRequest, check_same_model, read_run, write_json
-from train.settings import RUN_SETTINGS, Settings, agreed_settings, changed_settings, model_fingerprint
+from train.settings import RUN_SETTINGS, Settings, agreed_settings, changed_settings
 from train.timeline import Segment, first_segment, resume, segment_at, unread_pass, with_remainder
 
 Say = Callable[[str], None]

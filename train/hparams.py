@@ -6,7 +6,7 @@ declares HP_WIDTH (an int, 64 unless set) and HP_DROPOUT (a float); `context`, d
 run's facts (train.context), not a hyperparameter. Each is typed by its default (int, float, bool or str) and set
 like any setting (`--hp-width 128`, HP_WIDTH=128 in the environment, .env or project/defaults.env).
 
-The signature is read from MODEL's syntax tree, as its hash is (train.settings.model_fingerprint): nothing is
+The signature is read from MODEL's syntax tree, as its hash is (train.model_file.model_fingerprint): nothing is
 imported, so no TensorFlow, and a bad value is refused in the first second. No TensorFlow here.
 """
 
@@ -23,9 +23,18 @@ from train.errors import SettingsError
 
 PREFIX = "HP_"
 CONTEXT = "context"  # build_model's keyword-only parameter that receives the run's facts
-_TRUE = ("true", "1", "yes", "on")
-_FALSE = ("false", "0", "no", "off")
+TRUE = ("true", "1", "yes", "on")  # what a true/false setting takes, in any case: every bool setting, HP_ ones too
+FALSE = ("false", "0", "no", "off")
 _KINDS = {bool: ("bool", "true|false"), int: ("int", "INT"), float: ("float", "X"), str: ("str", "TEXT")}
+
+
+def boolean(text: str) -> bool | None:
+    """`text` as a true/false setting reads it (TRUE, FALSE: in any case), None where it is neither."""
+    if text.lower() in TRUE:
+        return True
+    if text.lower() in FALSE:
+        return False
+    return None
 
 
 def env_name(name: str) -> str:
@@ -75,10 +84,8 @@ class HyperParameter:
         if kind is str:
             return value
         if kind is bool:
-            if value.lower() in _TRUE:
-                return True
-            if value.lower() in _FALSE:
-                return False
+            if boolean(value) is not None:
+                return boolean(value)
             allowed = "use true or false"
         elif kind is int:
             if re.fullmatch(r"[+-]?[0-9]+", value):

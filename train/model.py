@@ -30,7 +30,7 @@ from train.data.source import DatasetSpec
 from train.errors import SettingsError, TrainingError, first_line
 from train.hparams import CONTEXT
 from train.keras_seams import all_layers, build_metrics_and_loss, gradients_come_summed, inner_optimizers
-from train.model_file import load_model_file
+from train.model_file import load_model_file, overrides_train_step
 from train.outputs import name_outputs
 from train.settings import Settings
 
@@ -198,7 +198,7 @@ def build(settings: Settings, spec: DatasetSpec, strategy, context: Context | No
 
     Raises SettingsError for a model that breaks the contract, before anything is written."""
     # train.custom_step imports train.step, which imports this module: imported here, once a model is built
-    from train.custom_step import overrides_train_step, refuse_unrunnable
+    from train.custom_step import refuse_unrunnable
 
     keras.utils.set_random_seed(settings.seed)
     with strategy.scope():

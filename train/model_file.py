@@ -10,25 +10,106 @@
 `context`, train.context); `preprocess` is what the data path (train.data.examples) runs per example, in
 tf.data, in training, evaluation and the export; `build_callbacks` gives the callbacks the loop calls
 (train.callbacks). examples/mlp.py, examples/resnet.py and examples/early_stopping.py say each in full.
+
+| concern                                     | where                                                      |
+|---------------------------------------------|------------------------------------------------------------|
+| where MODEL's file is                       | `is_model_path`, `model_source`                            |
+| its syntax tree and hash (nothing imported) | `model_tree`, `model_fingerprint`                          |
+| build_model's hyperparameters (the same)    | `model_hyperparameters` (train.hparams reads the tree)     |
+| its functions, imported once a process      | `load_model_file`, `ModelFile`, `OPTIONAL_SEAMS`           |
+| whether a built model brings its own step   | `overrides_train_step`, `overrides_test_step`, `overrides` |
+
+Nothing here imports TensorFlow (Keras is imported by `overrides`, called on a built model), nor train.settings:
+the settings' validation reads MODEL's file through this module before TensorFlow loads.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import hashlib
 import importlib
 import importlib.util
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from train import hparams
 from train.errors import SettingsError, first_line
-from train.settings import is_model_path
 
+if TYPE_CHECKING:
+    import keras
+
+DEFAULT_MODEL = "examples.mlp"  # the documented model: Dense(64, relu) -> Dense(num_classes, softmax)
 RESNET_EXAMPLE = "examples/resnet.py"  # where a fork finds a preprocess to start from
 CALLBACKS_EXAMPLE = "examples/early_stopping.py"  # ... and build_callbacks
 TEXT_EXAMPLE = "examples/text.py"  # ... and adapt
+
+
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def is_model_path(text: str) -> bool:
+    """MODEL names a file when it has a / or ends in .py; otherwise it is a module name."""
+    return "/" in text or text.endswith(".py")
+
+
+def model_source(text: str) -> Path | None:
+    """The file MODEL names (a path, or a module's source), None where it cannot be found. Imports nothing but a
+    module's parent packages (their `__init__`), so no TensorFlow."""
+    if is_model_path(text):
+        path = Path(text).expanduser()
+        return path if path.is_file() else None
+    if not _MODULE.fullmatch(text):
+        return None
+    try:
+        spec = importlib.util.find_spec(text)
+    except (ImportError, ValueError):  # a parent package that does not exist
+        return None
+    return Path(spec.origin) if spec is not None and spec.origin and spec.origin.endswith(".py") else None
+
+
+def model_fingerprint(text: str) -> str:
+    """sha256 of MODEL's code: its syntax tree, so comments and formatting may change but the code may not.
+
+    Raises SettingsError for a file that is gone, cannot be read or does not parse: the file, the line, the message.
+    """
+    return hashlib.sha256(ast.dump(model_tree(text)).encode()).hexdigest()
+
+
+def model_hyperparameters(text: str) -> dict[str, hparams.HyperParameter] | None:
+    """build_model's hyperparameters by setting name (HP_WIDTH), from MODEL's syntax tree (None: the file has no
+    `def build_model` to read). Raises SettingsError as `model_fingerprint` does, and for a keyword-only parameter
+    that cannot be a setting."""
+    return hparams.declared(model_tree(text), text)
+
+
+def model_tree(text: str) -> ast.Module:
+    """MODEL's syntax tree, parsed once per version of the file (validation, the fingerprint and the hyperparameters
+    all read it). Raises SettingsError as `model_fingerprint` says."""
+    source = model_source(text)
+    if source is None:
+        raise SettingsError(f"MODEL={text!r} is no longer a file (from {Path.cwd()}): put it back, or set MODEL again")
+    try:
+        stat = source.stat()
+        return _parsed(str(source), stat.st_mtime_ns, stat.st_size)
+    except OSError as error:
+        raise SettingsError(f"MODEL={text!r}: {source} cannot be read ({error.strerror})") from None
+    except SyntaxError as error:  # IndentationError, a null byte and text that is not UTF-8 included
+        where = f"{source}, line {error.lineno}" if error.lineno else str(source)
+        raise SettingsError(f"MODEL={text!r} does not parse: {where}: {error.msg}") from None
+    except (RecursionError, MemoryError, ValueError) as error:  # nesting too deep for the parser, and the like
+        raise SettingsError(f"MODEL={text!r} does not parse: {source}: {type(error).__name__}") from None
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(path: str, mtime_ns: int, size: int) -> ast.Module:
+    """(keyed on the file's version: a file changed between two reads is parsed again)"""
+    del mtime_ns, size
+    return ast.parse(Path(path).read_bytes(), filename=path)  # bytes: Python's own rules for the encoding
 
 
 @dataclass(frozen=True)
@@ -51,7 +132,7 @@ OPTIONAL_SEAMS = {
 }
 
 
-@cache
+@functools.cache
 def load_model_file(text: str) -> ModelFile:
     """MODEL's functions, its module imported once a process. Raises SettingsError."""
     try:
@@ -83,3 +164,26 @@ def load_model_file(text: str) -> ModelFile:
                 f"(see {example})"
             )
     return ModelFile(text, build, module=module, **seams)
+
+
+def overrides(model: keras.Model, name: str) -> bool:
+    """Whether `model`'s class, or a base class below keras.Model, defines `name` itself."""
+    import keras
+
+    for cls in type(model).__mro__:
+        if cls is keras.Model:
+            return False
+        if name in vars(cls):
+            return True
+    return False
+
+
+def overrides_train_step(model: keras.Model) -> bool:
+    """Whether the model brings its own `train_step` (its class or a base below keras.Model): it is then the
+    training step, and what holds only for the engine's own step (gradient accumulation) does not apply."""
+    return overrides(model, "train_step")
+
+
+def overrides_test_step(model: keras.Model) -> bool:
+    """Whether the model brings its own `test_step`: it is then evaluation's step."""
+    return overrides(model, "test_step")

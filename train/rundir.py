@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from train.errors import BusyError, SettingsError, first_line
-from train.settings import RUN_SETTINGS, Settings, model_fingerprint, read_run_settings
+from train.model_file import model_fingerprint
+from train.settings import RUN_SETTINGS, Settings, read_run_settings
 
 PROBE_BYTES = 1 << 20  # a write of this size must succeed: a nearly full disk fails here, not at step 10,000
 MIN_FREE_BYTES = 64 << 20  # room for a few checkpoints of a small model, the export and the logs

@@ -1,0 +1,58 @@
+"""Every setting of the template: declared once, resolved through the layers, checked before TensorFlow loads.
+
+| module     | owns                                                           | must not                       |
+|------------|----------------------------------------------------------------|--------------------------------|
+| `table`    | `Settings`: one line per setting (type, default, parser, help, | list a setting twice, or read  |
+|            | marks); FIELDS, read back from it; the rules between settings  | a layer                        |
+|            | (`check_together`)                                             |                                |
+| `parse`    | the parsers that turn a setting's text into its value          | know where the text came from  |
+|            | (`positive_int`, `true_or_false`, ...)                         |                                |
+| `layers`   | the precedence (`load_settings`), `.env` files, likely typos,  | parse or check a value itself  |
+|            | build_model's flags before parsing                             |                                |
+| `run`      | a run's settings.json; RUN_DEFINING and WORKERS_AGREE; agreed  | write a file                   |
+|            | and changed settings                                           |                                |
+
+MODEL's file (its syntax tree, hash and hyperparameters) is train.model_file's; build_model's settings, HP_<NAME>,
+are train.hparams'. Nothing here imports TensorFlow, so `--help` and a bad value answer at once.
+"""
+
+from train.model_file import DEFAULT_MODEL
+from train.settings.layers import (
+    ENVIRONMENT_TYPO_CUTOFF,
+    likely_typos,
+    load_settings,
+    peek_hyperparameters,
+    project_defaults_path,
+    read_dotenv,
+)
+from train.settings.run import (
+    RUN_DEFINING,
+    RUN_SETTINGS,
+    WORKERS_AGREE,
+    agreed_settings,
+    changed_settings,
+    read_run_settings,
+)
+from train.settings.table import (
+    ALL_REDUCES,
+    AUTO_TRUE_FALSE,
+    FIELDS,
+    FIELDS_BY_ENV,
+    MONITOR_MODES,
+    PRECISIONS,
+    PROGRESS_MODES,
+    RESUME_MODES,
+    SINGLE_HOST,
+    STRATEGIES,
+    Field,
+    Settings,
+    check_together,
+)
+
+__all__ = [
+    "ALL_REDUCES", "AUTO_TRUE_FALSE", "DEFAULT_MODEL", "ENVIRONMENT_TYPO_CUTOFF", "FIELDS", "FIELDS_BY_ENV",
+    "MONITOR_MODES", "PRECISIONS", "PROGRESS_MODES", "RESUME_MODES", "RUN_DEFINING", "RUN_SETTINGS", "SINGLE_HOST",
+    "STRATEGIES", "WORKERS_AGREE", "Field", "Settings", "agreed_settings", "changed_settings", "check_together",
+    "likely_typos", "load_settings", "peek_hyperparameters", "project_defaults_path", "read_dotenv",
+    "read_run_settings",
+]  # fmt: skip

@@ -1,0 +1,217 @@
+"""Where a setting's text comes from: the layers, read and resolved in one order, then parsed by the table.
+
+The precedence (a flag over the environment over `.env` over project/defaults.env over the table's default) is
+stated once, in `load_settings`: its docstring says it and its list of layers is it.
+
+`read_dotenv` reads a `.env` strictly, `likely_typos` finds names that look like a setting but are not one, and
+`peek_hyperparameters` finds build_model's settings (HP_<NAME>, train.hparams) before the flags are parsed.
+Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+# python-dotenv's own parser: its public API only warns about a malformed line and carries on,
+# and a typo that silently drops a setting is what this template refuses to do.
+from dotenv.parser import parse_stream
+
+from train import hparams
+from train.cluster.tf_config import parse_tf_config
+from train.errors import SettingsError
+from train.model_file import model_hyperparameters
+from train.settings.run import RUN_SETTINGS, read_run_settings, run_layer
+from train.settings.table import FIELDS, FIELDS_BY_ENV, Field, Settings, check_together
+
+
+def read_dotenv(path: Path, warn: Callable[[str], None] | None = None) -> dict[str, str]:
+    """Read a `.env` file strictly: a line python-dotenv cannot parse is an error with its line number.
+
+    A name set twice keeps its last value, as python-dotenv and Docker read it; `warn` hears of it.
+    """
+    if not path.is_file():
+        return {}
+    values: dict[str, str] = {}
+    lines: dict[str, int] = {}
+    with path.open(encoding="utf-8") as stream:
+        for binding in parse_stream(stream):
+            if binding.error or (binding.key is not None and binding.value is None):
+                line = binding.original.string.rstrip("\n")
+                raise SettingsError(
+                    f"{path}:{binding.original.line}: cannot read {line!r}: use NAME=value, one per line"
+                )
+            if binding.key is None:
+                continue
+            key, value = binding.key, binding.value
+            if warn and key in values and values[key] != value:
+                warn(
+                    f"{path}:{binding.original.line}: {key}={value!r} sets {key} again (line {lines[key]}: "
+                    f"{values[key]!r}); the last one counts"
+                )
+            values[key], lines[key] = value, binding.original.line
+    return values
+
+
+ENVIRONMENT_TYPO_CUTOFF = 0.9  # EPOCH for EPOCHS (0.91) and MEMORY_GROW (0.92) warn; GPU for GPUS (0.86) does not
+
+
+def likely_typos(names: Iterable[str], cutoff: float = 0.8) -> dict[str, str]:
+    """Names that are not settings but look like one, each with the setting it resembles (`BATCHSIZE`: `BATCH_SIZE`).
+
+    `cutoff`: how alike (difflib's ratio) a name must be beyond differing only in case and underscores.
+    """
+    known = list(FIELDS_BY_ENV)
+    squashed = {env.replace("_", ""): env for env in known}
+    typos = {}
+    for name in names:
+        if name in FIELDS_BY_ENV or name.startswith(hparams.PREFIX):  # HP_ names: build_model's, checked apart
+            continue
+        guess = squashed.get(name.upper().replace("_", "")) or next(
+            iter(difflib.get_close_matches(name.upper(), known, n=1, cutoff=cutoff)), None
+        )
+        if guess:
+            typos[name] = guess
+    return typos
+
+
+def _typo_warnings(names: Iterable[str], where: str, cutoff: float = 0.8) -> list[str]:
+    return [
+        f"{where}: {name} is not a setting; did you mean {guess}?"
+        for name, guess in likely_typos(names, cutoff).items()
+    ]
+
+
+def _value(field: Field, text: str) -> Any:
+    try:
+        return field.parse(field.env, text)
+    except SettingsError as error:
+        if text == "" and field.default:  # `GPUS=` is a value, not "unset": say how to get the default
+            raise SettingsError(f"{error}; or leave {field.env} out for its default, {field.default}") from None
+        raise
+
+
+def project_defaults_path() -> Path | None:
+    """`project/defaults.env`: the fork's own defaults, committed with its model (found where `project` imports)."""
+    try:
+        spec = importlib.util.find_spec("project")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "defaults.env"
+
+
+def load_settings(
+    flags: Mapping[str, str | None] | None = None,
+    environ: Mapping[str, str] | None = None,
+    dotenv_path: Path | str = ".env",
+    warn: Callable[[str], None] | None = None,
+    defaults_path: Path | str | None = "project",
+    from_run: bool = False,
+) -> Settings:
+    """Resolve every setting. Raises SettingsError. The precedence, highest first:
+
+        command-line flag > environment > [the run's settings.json] > .env > project/defaults.env > default
+
+    `from_run` (evaluate): the settings.json of the OUTPUT_DIR the layers above it and below it resolve to
+    supplies what neither a flag nor the environment sets, so evaluate scores the run as it was trained.
+    `defaults_path`: the fork's defaults file ("project": the `project` package's `defaults.env`; None: none).
+    """
+    flags = {name: value for name, value in (flags or {}).items() if value is not None}
+    environ = os.environ if environ is None else environ
+    dotenv = read_dotenv(Path(dotenv_path), warn)
+    if defaults_path == "project":
+        defaults_path = project_defaults_path()
+    project = read_dotenv(Path(defaults_path), warn) if defaults_path else {}
+    if warn:
+        typos = _typo_warnings(dotenv, str(dotenv_path))
+        typos += _typo_warnings(project, str(defaults_path))
+        # `make train EPOCH=3` arrives as an environment variable: said, not silently ignored. Closer alike than
+        # in .env, which holds only settings: the environment holds everything (GPU, CHECKPOINT_DIR).
+        typos += _typo_warnings(environ, "environment (or make variable)", ENVIRONMENT_TYPO_CUTOFF)
+        for message in typos:
+            warn(message)
+    layers = [flags, environ, dotenv, project]
+    places = ["a flag", "the environment", str(dotenv_path), str(defaults_path)]  # where each layer comes from
+    if from_run:
+        output_dir = _value(FIELDS_BY_ENV["OUTPUT_DIR"], _resolve("OUTPUT_DIR", layers))
+        layers.insert(2, run_layer(output_dir / RUN_SETTINGS, warn))
+        places.insert(2, str(output_dir / RUN_SETTINGS))
+
+    values = {field.attr: _value(field, _resolve(field.env, layers)) for field in FIELDS}
+    batch_from = _batch_sizes(values, layers, places)
+    declared = model_hyperparameters(values["model"])
+    if warn:
+        for message in _hyperparameter_hints(declared, {str(dotenv_path): dotenv, str(defaults_path): project}):
+            warn(message)
+    hyperparameters = hparams.resolve(declared, zip(places, layers, strict=True), values["model"])
+    settings = Settings(**values, cluster=parse_tf_config(environ.get("TF_CONFIG")), hyperparameters=hyperparameters,
+                        batch_from=batch_from)  # fmt: skip
+
+    check_together(settings)
+    return settings
+
+
+def _batch_sizes(
+    values: dict[str, Any], layers: Iterable[Mapping[str, str]], places: Iterable[str]
+) -> tuple[tuple[str, str], ...]:
+    """BATCH_SIZE and GLOBAL_BATCH_SIZE, each from the highest layer that sets it (they may come from different
+    ones: a fork's project/defaults.env BATCH_SIZE, what fits its GPU, under a flag's GLOBAL_BATCH_SIZE, what the
+    recipe needs). Both: BATCH_SIZE is the most one replica takes at once, and a step accumulates (train.batches).
+    GLOBAL_BATCH_SIZE alone: `batch_size` is None (the global batch divided by the replicas). Returns
+    where each that is set came from, ((name, place), ...)."""
+    layers, places = list(layers), list(places)
+    found = []
+    for name in ("BATCH_SIZE", "GLOBAL_BATCH_SIZE"):  # an empty value (`GLOBAL_BATCH_SIZE=`) sets nothing
+        setting = (
+            (layer[name], where) for layer, where in zip(layers, places, strict=True) if layer.get(name, "").strip()
+        )
+        given = next(setting, None)
+        values[name.lower()] = _value(FIELDS_BY_ENV[name], given[0]) if given else None
+        if given:
+            found.append((name, given[1]))
+    if values["global_batch_size"] is None and values["batch_size"] is None:
+        values["batch_size"] = int(FIELDS_BY_ENV["BATCH_SIZE"].default)
+        found.insert(0, ("BATCH_SIZE", "the default"))
+    return tuple(found)
+
+
+def peek_hyperparameters(
+    flags: Mapping[str, str], dotenv_path: Path | str = ".env", defaults_path: Path | str | None = "project",
+    from_run: bool = False,
+) -> dict[str, hparams.HyperParameter]:  # fmt: skip
+    """build_model's hyperparameters for the MODEL that `flags` (MODEL, OUTPUT_DIR), the environment, [the run's
+    settings.json,] .env and the defaults resolve to: the flags a command offers (--hp-width). Raises nothing:
+    where it cannot be known, none (load_settings then says why)."""
+    try:
+        if defaults_path == "project":
+            defaults_path = project_defaults_path()
+        layers = [flags, os.environ, read_dotenv(Path(dotenv_path)), read_dotenv(Path(defaults_path or "/nonexistent"))]
+        if from_run:
+            layers.insert(2, read_run_settings(Path(_resolve("OUTPUT_DIR", layers)).expanduser() / RUN_SETTINGS)[0])
+        return model_hyperparameters(_resolve("MODEL", layers)) or {}
+    except Exception:  # a bad .env, MODEL or folder: load_settings says it in one line
+        return {}
+
+
+def _hyperparameter_hints(declared: Mapping[str, Any] | None, files: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """`WIDTH=128` in .env or project/defaults.env, where build_model declares `width`: said, not ignored."""
+    return [
+        f"{where}: {name} is not a setting; did you mean {hparams.env_name(name)} (build_model's {name.lower()})?"
+        for where, values in files.items()
+        for name in values
+        if name not in FIELDS_BY_ENV and hparams.env_name(name) in (declared or {})
+    ]
+
+
+def _resolve(name: str, layers: Iterable[Mapping[str, str]]) -> str:
+    """The text of a setting: the first layer that sets it, else its default."""
+    for layer in layers:
+        if name in layer:
+            return layer[name]
+    return FIELDS_BY_ENV[name].default

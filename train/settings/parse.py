@@ -1,0 +1,156 @@
+"""How a setting's text becomes its value: one parser per kind, each `parser(NAME, text) -> value`.
+
+A parser raises SettingsError with one line that names the setting, the value and what is allowed, whatever layer
+the text came from (a flag, the environment, `.env`). Each carries `metavar`, the form --help shows (N, PATH, ...).
+Nothing here imports TensorFlow: a path DATASET is checked by train.data.local, MODEL by train.model_file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from train import hparams
+from train.errors import SettingsError
+from train.model_file import DEFAULT_MODEL, is_model_path, model_fingerprint, model_source
+
+Parser = Callable[[str, str], Any]
+
+
+def positive_int(name: str, text: str) -> int:
+    if not re.fullmatch(r"[0-9]+", text) or int(text) == 0:
+        raise SettingsError(f"{name}={text!r} is not allowed: use a whole number of 1 or more")
+    return int(text)
+
+
+def non_negative_int(name: str, text: str) -> int:
+    if not re.fullmatch(r"[0-9]+", text):
+        raise SettingsError(f"{name}={text!r} is not allowed: use a whole number of 0 or more")
+    return int(text)
+
+
+def optional_positive_int(name: str, text: str) -> int | None:
+    return None if text == "" else positive_int(name, text)
+
+
+def positive_float(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise SettingsError(f"{name}={text!r} is not allowed: use a number greater than 0, e.g. 0.001")
+    return value
+
+
+def true_or_false(name: str, text: str) -> bool:
+    """The words of train.hparams.boolean (true/1/yes/on, false/0/no/off), as every bool setting takes them."""
+    value = hparams.boolean(text)
+    if value is None:
+        raise SettingsError(f"{name}={text!r} is not allowed: use true or false")
+    return value
+
+
+def choice(allowed: tuple[str, ...]) -> Parser:
+    """A parser taking one of `allowed`, as written."""
+
+    def parse(name: str, text: str) -> str:
+        if text not in allowed:
+            raise SettingsError(f"{name}={text!r} is not allowed: use one of {', '.join(allowed)}")
+        return text
+
+    parse.metavar = "|".join(allowed)  # type: ignore[attr-defined]
+    return parse
+
+
+def label_kind(name: str, text: str) -> str | None:
+    """LABEL_KIND: class or value; empty: guessed from the label column (train.data.local)."""
+    return None if text == "" else choice(("class", "value"))(name, text)
+
+
+def gpus(name: str, text: str) -> str | tuple[int, ...]:
+    """`all`, `none`, or distinct GPU indices like `0,1`."""
+    if text in ("all", "none"):
+        return text
+    allowed = "use all, none, or distinct GPU indices without spaces, like 0 or 0,1"
+    if not re.fullmatch(r"[0-9]+(,[0-9]+)*", text):
+        raise SettingsError(f"{name}={text!r} is not allowed: {allowed}")
+    indices = tuple(int(part) for part in text.split(","))
+    if len(set(indices)) != len(indices):
+        raise SettingsError(f"{name}={text!r} names a GPU twice: {allowed}")
+    return indices
+
+
+def required_text(name: str, text: str) -> str:
+    if text.strip() != text or text == "":
+        raise SettingsError(f"{name}={text!r} is not allowed: use a non-empty value without surrounding spaces")
+    return text
+
+
+def optional_text(name: str, text: str) -> str | None:
+    return None if text == "" else required_text(name, text)
+
+
+def dataset(name: str, text: str) -> str:
+    # A path (train.data.local: a folder of images, a CSV or JSON Lines file, a prepared TFDS folder), checked for
+    # what `stat` tells before TensorFlow loads; else a TFDS name: `name`, `name/config`, `name:1.2.3`, ...
+    from train.data import local
+
+    if local.is_path(text):
+        local.survey(text)
+        return text
+    if not re.fullmatch(r"[a-z][a-z0-9_]*(/[A-Za-z0-9_.\-]+)?(:[0-9]+\.[0-9]+\.[0-9]+)?", text):
+        raise SettingsError(
+            f"{name}={text!r} is not allowed: use a TFDS dataset name, optionally with config and version, "
+            "like mnist, or name/config:1.0.0, or a path (./photos, /data/table.csv)"
+        )
+    return text
+
+
+def model(name: str, text: str) -> str:
+    text = required_text(name, text)
+    if model_source(text) is not None:
+        model_fingerprint(text)  # a file that cannot be read or does not parse: one line now, not a traceback later
+        return text
+    if is_model_path(text):
+        raise SettingsError(
+            f"{name}={text!r} is not a file (from {Path.cwd()}): give a .py file that defines build_model, "
+            f"or a module name like {DEFAULT_MODEL}"
+        )
+    raise SettingsError(
+        f"{name}={text!r} is not an importable module: give a module name like {DEFAULT_MODEL} or project.model, "
+        "or a .py file path (with a / or ending in .py)"
+    )
+
+
+def path(name: str, text: str) -> Path:
+    return Path(required_text(name, text)).expanduser()
+
+
+def optional_path(name: str, text: str) -> Path | None:
+    return None if text == "" else path(name, text)
+
+
+def profile_steps(name: str, text: str) -> tuple[int, int] | None:
+    """`start-end`, global steps counted from 1, both ends inclusive (100-110); empty: no profiling."""
+    if text == "":
+        return None
+    allowed = "use START-END, two step numbers from 1 with START <= END, like 100-110"
+    match = re.fullmatch(r"([0-9]+)-([0-9]+)", text)
+    if not match:
+        raise SettingsError(f"{name}={text!r} is not allowed: {allowed}")
+    start, end = int(match.group(1)), int(match.group(2))
+    if start < 1 or end < start:
+        raise SettingsError(f"{name}={text!r} is not allowed: {allowed}")
+    return start, end
+
+
+for _parse, _metavar in (
+    (positive_int, "N"), (non_negative_int, "N"), (optional_positive_int, "N"), (positive_float, "X"),
+    (true_or_false, "true|false"), (gpus, "all|none|0,1"), (required_text, "TEXT"), (optional_text, "TEXT"),
+    (dataset, "NAME|PATH"), (path, "PATH"), (optional_path, "PATH"), (model, "FILE|MODULE"),
+    (profile_steps, "START-END"), (label_kind, "class|value"),
+):  # fmt: skip
+    _parse.metavar = _metavar  # type: ignore[attr-defined]

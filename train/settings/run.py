@@ -1,0 +1,80 @@
+"""A run's own settings: the settings.json it was started with, what defines it, what its workers agree on.
+
+`read_run_settings` reads OUTPUT_DIR/settings.json (evaluate's layer, train.settings.layers; the resume check,
+train.rundir). `changed_settings` is what a resume changes of RUN_DEFINING; `agreed_settings` is what every worker
+of a multi-worker run compares (train.cluster.agreement). Both lists come from the table's marks. No TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from train import hparams
+from train.errors import first_line
+from train.settings.table import FIELDS, FIELDS_BY_ENV, Settings
+
+RUN_SETTINGS = "settings.json"  # in OUTPUT_DIR: the settings a run was started with
+
+
+def read_run_settings(path: Path) -> tuple[dict[str, str], str | None]:
+    """A run's settings.json: the settings it holds ({NAME: text}), and what is wrong with the file ("is damaged
+    (...)", "cannot be read (...)"), None where nothing is (or there is no file). Raises nothing."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}, None
+    except OSError as error:
+        return {}, f"cannot be read ({error.strerror})"
+    except ValueError as error:  # not JSON, or not UTF-8
+        return {}, f"is damaged (not JSON: {first_line(error, 100)})"
+    if not isinstance(saved, dict):
+        return {}, f"is damaged (a JSON {type(saved).__name__}, not an object)"
+    settings = {
+        name: value for name, value in saved.items() if name in FIELDS_BY_ENV or name.startswith(hparams.PREFIX)
+    }
+    wrong = [name for name, value in settings.items() if not isinstance(value, str)]
+    if wrong:
+        return {}, f"is damaged ({wrong[0]}: {settings[wrong[0]]!r} is not text)"
+    return settings, None
+
+
+def run_layer(path: Path, warn: Callable[[str], None] | None) -> dict[str, str]:
+    """A run's settings.json as a layer; a damaged one is said (as fit says it) and left out."""
+    settings, problem = read_run_settings(path)
+    if problem and warn:
+        warn(f"{path} {problem}: the run's settings are not known; evaluating with the flags, the environment, "
+             ".env and the defaults alone")  # fmt: skip
+    return settings
+
+
+# What a step and its data are: changing one of these between a run's starts changes what resuming continues.
+RUN_DEFINING = tuple(field.env for field in FIELDS if field.defines_run)
+# What every worker of a multi-worker run must have alike (compared by train.cluster.workers before training).
+WORKERS_AGREE = tuple(field.env for field in FIELDS if field.workers_agree)
+
+
+def agreed_settings(settings: Settings) -> dict[str, str]:
+    """The settings every worker must have alike, as text: WORKERS_AGREE's and build_model's hyperparameters."""
+    from train.data.local import is_path
+
+    text = settings.to_json()
+    if is_path(settings.dataset):  # a path can differ between hosts: the workers compare the data's fingerprint
+        text["DATASET"] = "(a path: its data's fingerprint is compared)"
+    return {name: text[name] for name in WORKERS_AGREE} | {
+        hparams.env_name(name): text[hparams.env_name(name)] for name, _ in settings.hyperparameters
+    }
+
+
+def changed_settings(path: Path, settings: Settings) -> list[tuple[str, str, str]]:
+    """(NAME, before, now) for each run-defining setting that differs from the settings.json at `path` (none for
+    a first start or a damaged file: preflight says that)."""
+    before, _ = read_run_settings(path)
+    if not before:
+        return []
+    now = settings.to_json()
+    defining = (*RUN_DEFINING, *(hparams.env_name(name) for name, _ in settings.hyperparameters))  # each defines it
+    if now["GLOBAL_BATCH_SIZE"] and before.get("GLOBAL_BATCH_SIZE") == now["GLOBAL_BATCH_SIZE"]:
+        defining = tuple(name for name in defining if name != "BATCH_SIZE")  # only how many a step accumulates
+    return [(name, str(before[name]), now[name]) for name in defining if before.get(name, now[name]) != now[name]]
