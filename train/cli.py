@@ -36,7 +36,7 @@ from typer.core import TyperCommand
 from train import hparams
 from train.errors import EXIT_FAILED, EXIT_PREEMPTED, BusyError, SettingsError, TrainingError, first_line
 from train.rundir import StopRequest, check_same_model, preflight, write_json
-from train.settings import FIELDS, Settings, load_settings, peek_hyperparameters
+from train.settings import FIELDS, FIELDS_BY_ENV, Settings, load_settings, peek_hyperparameters
 
 app = typer.Typer(
     help=__doc__.split("\n\n")[0],
@@ -150,7 +150,7 @@ class SettingsCommand(TyperCommand):
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         flags = {}
         for name in ("MODEL", "OUTPUT_DIR"):
-            given = _flag_values(args, "--" + name.lower().replace("_", "-"))
+            given = _flag_values(args, FIELDS_BY_ENV[name].flag)
             if given:
                 flags[name] = given[-1]
         declared = peek_hyperparameters(flags, from_run=getattr(self.callback, "from_run", False))
@@ -182,8 +182,8 @@ def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool =
 
     Flags are declared as text and parsed by `train.settings`, so a bad value reads the same
     whether it came from a flag, the environment or `.env`: one line, exit code 2. `from_run`: the
-    run directory's settings.json fills in what flags and the environment leave (evaluate). The command is
-    registered with `cls=SettingsCommand`, which adds build_model's hyperparameters' flags.
+    run directory's settings.json fills in what flags and the environment leave (evaluate). `settings_command`
+    registers the command with `cls=SettingsCommand`, which adds build_model's hyperparameters' flags.
     """
     if command is None:
         return functools.partial(with_settings, from_run=from_run)
@@ -234,6 +234,20 @@ def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool =
     return run
 
 
+def settings_command(short_help: str, *, from_run: bool = False) -> Callable[[Callable[..., Any]], Any]:
+    """Register a command of `app` that takes the settings: `with_settings` gives it one flag per setting and the
+    resolved `Settings`, and `SettingsCommand` build_model's hyperparameters' flags."""
+
+    def register(command: Callable[..., Any]) -> Any:
+        return app.command(short_help=short_help, cls=SettingsCommand)(with_settings(command, from_run=from_run))
+
+    return register
+
+
+# `--json PATH`, as the commands whose result scripts read offer it (`_check_json_path`, `_write_json`)
+JsonPath = Annotated[Optional[Path], typer.Option("--json", help="Also write the result as JSON here.")]  # noqa: UP045
+
+
 def _print_json(payload: Any) -> None:
     typer.echo(json.dumps(payload, indent=2))
 
@@ -265,8 +279,7 @@ def _write_json(path: Path | None, payload: Any) -> None:
         raise TrainingError(f"could not write --json {path} ({error.strerror}); the result is printed above") from None
 
 
-@app.command(short_help="Train; resume from OUTPUT_DIR's latest checkpoint.", cls=SettingsCommand)
-@with_settings
+@settings_command("Train; resume from OUTPUT_DIR's latest checkpoint.")
 def fit(settings: Settings) -> None:
     """Train, checkpointing as it goes; resumes from OUTPUT_DIR's latest checkpoint."""
     preflight(settings, _warn)  # the run directory's problems in the first second, before TensorFlow loads
@@ -279,8 +292,7 @@ def fit(settings: Settings) -> None:
         raise typer.Exit(EXIT_PREEMPTED)
 
 
-@app.command(short_help="Score the latest checkpoint (or --exported) on EVAL_SPLIT.", cls=SettingsCommand)
-@with_settings(from_run=True)
+@settings_command("Score the latest checkpoint (or --exported) on EVAL_SPLIT.", from_run=True)
 def evaluate(
     settings: Settings,
     exported: Annotated[
@@ -295,9 +307,9 @@ def evaluate(
     _print_json(run_evaluate(settings, exported=exported))
 
 
-@app.command(short_help="Predict with the run's export: image files, folders, CSV or JSON Lines rows, a split.",
-             cls=SettingsCommand)  # fmt: skip
-@with_settings(from_run=True)
+@settings_command(
+    "Predict with the run's export: image files, folders, CSV or JSON Lines rows, a split.", from_run=True
+)
 def predict(
     settings: Settings,
     inputs: Annotated[
@@ -337,14 +349,13 @@ def predict(
         typer.echo(f"{count} predictions written to {output}", err=True)
 
 
-@app.command(short_help="Trial-run real steps; find the batch size that fits.", cls=SettingsCommand)
-@with_settings
+@settings_command("Trial-run real steps; find the batch size that fits.")
 def check(
     settings: Settings,
     start_batch: Annotated[int, typer.Option(min=1, help="Per-replica batch of the first trial.")] = 16,
     max_batch: Annotated[int, typer.Option(min=1, help="Largest per-replica batch to try.")] = 4096,
     steps: Annotated[int, typer.Option(min=1, help="Timed training steps per batch size.")] = 10,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the result as JSON here.")] = None,  # noqa: UP045
+    json_path: JsonPath = None,
 ) -> None:
     """Trial-run a few real steps at a small batch, then find the largest batch that fits and recommend one."""
     _check_json_path(json_path)  # before TensorFlow loads
@@ -356,8 +367,7 @@ def check(
     _write_json(json_path, result)
 
 
-@app.command(short_help="Measure the loop against its ceiling and Keras fit.", cls=SettingsCommand)
-@with_settings
+@settings_command("Measure the loop against its ceiling and Keras fit.")
 def bench(
     settings: Settings,
     repetitions: Annotated[int, typer.Option(min=1, help="Interleaved rounds; the median is reported.")] = 5,
@@ -376,7 +386,7 @@ def bench(
     contenders: Annotated[
         str, typer.Option(help="Only these ways of training, like template,in_memory (default: all of them).")
     ] = "",
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the result as JSON here.")] = None,  # noqa: UP045
+    json_path: JsonPath = None,
 ) -> None:
     """Examples/s of this template's loop against its input ceiling, Keras fit and the tutorials' way."""
     _check_json_path(json_path)
@@ -406,8 +416,7 @@ def bench(
     _write_json(json_path, result)
 
 
-@app.command(short_help="What TensorFlow sees; what the settings resolve to.", cls=SettingsCommand)
-@with_settings
+@settings_command("What TensorFlow sees; what the settings resolve to.")
 def devices(
     settings: Settings,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (stable schema) for scripts.")] = False,
