@@ -1,7 +1,6 @@
 """Where a setting's text comes from: the layers, read and resolved in one order, then parsed by the table.
 
-The precedence (a flag over the environment over `.env` over project/defaults.env over the table's default) is
-stated once, in `load_settings`: its docstring says it and its list of layers is it.
+The precedence is stated once: `load_settings`'s docstring says it, and `_layers` (with `_add_run_layer`) is it.
 
 `read_dotenv` reads a `.env` strictly, `likely_typos` finds names that look like a setting but are not one, and
 `peek_hyperparameters` finds build_model's settings (HP_<NAME>, train.hparams) before the flags are parsed.
@@ -25,7 +24,7 @@ from train import hparams
 from train.cluster.tf_config import parse_tf_config
 from train.errors import SettingsError
 from train.model_file import model_hyperparameters
-from train.settings.run import RUN_SETTINGS, read_run_settings, run_layer
+from train.settings.run import RUN_SETTINGS, run_layer
 from train.settings.table import FIELDS, FIELDS_BY_ENV, Field, Settings, check_together
 
 
@@ -124,30 +123,24 @@ def load_settings(
     """
     flags = {name: value for name, value in (flags or {}).items() if value is not None}
     environ = os.environ if environ is None else environ
-    dotenv = read_dotenv(Path(dotenv_path), warn)
-    if defaults_path == "project":
-        defaults_path = project_defaults_path()
-    project = read_dotenv(Path(defaults_path), warn) if defaults_path else {}
+    files = _read_files(dotenv_path, defaults_path, warn)
     if warn:
-        typos = _typo_warnings(dotenv, str(dotenv_path))
-        typos += _typo_warnings(project, str(defaults_path))
+        typos = [message for where, values in files for message in _typo_warnings(values, where)]
         # `make train EPOCH=3` arrives as an environment variable: said, not silently ignored. Closer alike than
         # in .env, which holds only settings: the environment holds everything (GPU, CHECKPOINT_DIR).
         typos += _typo_warnings(environ, "environment (or make variable)", ENVIRONMENT_TYPO_CUTOFF)
         for message in typos:
             warn(message)
-    layers = [flags, environ, dotenv, project]
-    places = ["a flag", "the environment", str(dotenv_path), str(defaults_path)]  # where each layer comes from
+    layers, places = _layers(flags, environ, files)
     if from_run:
         output_dir = _value(FIELDS_BY_ENV["OUTPUT_DIR"], _resolve("OUTPUT_DIR", layers))
-        layers.insert(2, run_layer(output_dir / RUN_SETTINGS, warn))
-        places.insert(2, str(output_dir / RUN_SETTINGS))
+        _add_run_layer(layers, places, output_dir / RUN_SETTINGS, warn)
 
     values = {field.attr: _value(field, _resolve(field.env, layers)) for field in FIELDS}
     batch_from = _batch_sizes(values, layers, places)
     declared = model_hyperparameters(values["model"])
     if warn:
-        for message in _hyperparameter_hints(declared, {str(dotenv_path): dotenv, str(defaults_path): project}):
+        for message in _hyperparameter_hints(declared, dict(files)):
             warn(message)
     hyperparameters = hparams.resolve(declared, zip(places, layers, strict=True), values["model"])
     settings = Settings(**values, cluster=parse_tf_config(environ.get("TF_CONFIG")), hyperparameters=hyperparameters,
@@ -155,6 +148,35 @@ def load_settings(
 
     check_together(settings)
     return settings
+
+
+def _read_files(
+    dotenv_path: Path | str, defaults_path: Path | str | None, warn: Callable[[str], None] | None = None
+) -> list[tuple[str, dict[str, str]]]:
+    """`.env` and the fork's defaults file ("project": the `project` package's `defaults.env`; None: none), each
+    as (where it is, its values)."""
+    dotenv = read_dotenv(Path(dotenv_path), warn)
+    if defaults_path == "project":
+        defaults_path = project_defaults_path()
+    project = read_dotenv(Path(defaults_path), warn) if defaults_path else {}
+    return [(str(dotenv_path), dotenv), (str(defaults_path), project)]
+
+
+def _layers(
+    flags: Mapping[str, str], environ: Mapping[str, str], files: Iterable[tuple[str, Mapping[str, str]]]
+) -> tuple[list[Mapping[str, str]], list[str]]:
+    """The layers a setting's text is looked up in, highest first, as load_settings's docstring orders them (a
+    run's settings.json: `_add_run_layer`; the table's default: `_resolve`), and where each comes from."""
+    chosen = [("a flag", flags), ("the environment", environ), *files]
+    return [layer for _, layer in chosen], [where for where, _ in chosen]
+
+
+def _add_run_layer(
+    layers: list[Mapping[str, str]], places: list[str], path: Path, warn: Callable[[str], None] | None
+) -> None:
+    """A run's settings.json (evaluate's): below the flags and the environment, above the files."""
+    layers.insert(2, run_layer(path, warn))
+    places.insert(2, str(path))
 
 
 def _batch_sizes(
@@ -189,11 +211,9 @@ def peek_hyperparameters(
     settings.json,] .env and the defaults resolve to: the flags a command offers (--hp-width). Raises nothing:
     where it cannot be known, none (load_settings then says why)."""
     try:
-        if defaults_path == "project":
-            defaults_path = project_defaults_path()
-        layers = [flags, os.environ, read_dotenv(Path(dotenv_path)), read_dotenv(Path(defaults_path or "/nonexistent"))]
+        layers, places = _layers(flags, os.environ, _read_files(dotenv_path, defaults_path))
         if from_run:
-            layers.insert(2, read_run_settings(Path(_resolve("OUTPUT_DIR", layers)).expanduser() / RUN_SETTINGS)[0])
+            _add_run_layer(layers, places, Path(_resolve("OUTPUT_DIR", layers)).expanduser() / RUN_SETTINGS, None)
         return model_hyperparameters(_resolve("MODEL", layers)) or {}
     except Exception:  # a bad .env, MODEL or folder: load_settings says it in one line
         return {}
