@@ -43,7 +43,7 @@ def env_name(name: str) -> str:
 
 
 def flag_name(env: str) -> str:
-    """HP_WIDTH -> --hp-width."""
+    """A setting's flag: HP_WIDTH -> --hp-width, BATCH_SIZE -> --batch-size."""
     return "--" + env.lower().replace("_", "-")
 
 

@@ -61,7 +61,7 @@ class Field:
 
     @property
     def flag(self) -> str:
-        return "--" + self.env.lower().replace("_", "-")
+        return hparams.flag_name(self.env)
 
 
 def setting(
