@@ -81,6 +81,8 @@ R, W, RW = {"defines_run": True}, {"workers_agree": True}, {"defines_run": True,
 class Settings:
     """Every setting, resolved and validated (train.settings.layers.load_settings makes it)."""
 
+    # The one table of settings. `.env.example` and every command's --help are checked against it; the Makefile,
+    # docker/docker.mk and scripts/test-docker-common.sh read its names from the lines `    name: type = setting(`.
     # fmt: off
     model: str = setting(DEFAULT_MODEL, parse.model, "build_model's home: a .py file (has / or .py) or a module name.", **RW)
     gpus: str | tuple[int, ...] = setting("all", parse.gpus, "GPUs to train on: all, none, or indices like 0,1.", **R)
