@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from train.adapt import resources
 from train.context import Context
-from train.data.source import DatasetSpec
+from train.data.spec import DatasetSpec
 from train.errors import SettingsError, TrainingError, first_line
 from train.hparams import CONTEXT
 from train.keras_seams import all_layers, build_metrics_and_loss, gradients_come_summed, inner_optimizers
