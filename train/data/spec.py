@@ -199,7 +199,7 @@ def _first_records(builder, split: str) -> list[bytes]:
     random one of its features."""
     import tensorflow_datasets as tfds
 
-    with contextlib.suppress(Exception):  # not prepared, or not TFRecords: a random example of the features
+    with contextlib.suppress(Exception):  # not prepared, or not TFRecord files: a random example of the features
         if builder.info.file_format == tfds.core.FileFormat.TFRECORD:
             found: list[bytes] = []
             for each in builder.info.splits[split].file_instructions:  # a sliced split's files, as TFDS reads them
