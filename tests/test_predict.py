@@ -308,7 +308,7 @@ def test_a_run_without_an_export_is_one_line_before_tensorflow_loads(tmp_path):
 NAMED = """
 import json
 import keras, numpy as np, tensorflow as tf
-from train.data.source import DatasetSpec
+from train.data.spec import DatasetSpec
 from train.outputs import name_outputs
 
 def spec(label_shape, num_classes, names=None):

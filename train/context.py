@@ -22,7 +22,9 @@ from pathlib import Path
 import tensorflow as tf
 
 from train.data.examples import EVAL_PASS
-from train.data.source import Data, DatasetSpec, RecordsSplit, StreamedSplit, TrainSplit
+from train.data.source import Data, TrainSplit
+from train.data.spec import DatasetSpec
+from train.data.streamed import StreamedSplit
 from train.devices.runtime import Runtime
 from train.settings import Settings
 
@@ -72,7 +74,7 @@ def sample_function(split: TrainSplit, spec: DatasetSpec) -> Callable[[int], tf.
 
     def sample(n: int) -> tf.data.Dataset:
         if spec.records:  # preprocess(training=False), or the dict of columns, as evaluation prepares them
-            records = split.ordered_records() if isinstance(split, StreamedSplit) else _records(split)
+            records = split.ordered_records()
             prepare = spec.examples.prepare
             examples = records.take(n).map(
                 lambda record, position: prepare(record, position, EVAL_PASS, training=False)[0],
@@ -92,7 +94,3 @@ def sample_function(split: TrainSplit, spec: DatasetSpec) -> Callable[[int], tf.
         return examples.batch(SAMPLE_BATCH)
 
     return sample
-
-
-def _records(split: RecordsSplit) -> tf.data.Dataset:
-    return tf.data.Dataset.range(len(split)).map(lambda position: (split.records[position], position))

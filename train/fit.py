@@ -324,7 +324,7 @@ def _with_unread_pass(run: Run, previous: Segment, segment: Segment, step: int) 
     of that pass, every such example once: `segment` with that rest of the pass in front, and its marks."""
     split = run.data.train
     unread = unread_pass(previous, step, segment.pipelines) if isinstance(split, StreamedSplit) else None
-    if unread is None or not split.as_records:
+    if unread is None or not split.tfrecord:
         return segment, ()
     marks = _marks(run, with_remainder(segment, previous, unread, length=1))  # the length is what they give
     length = min(int(mark.sum()) for mark in marks) // (segment.global_batch // segment.pipelines)

@@ -15,7 +15,7 @@ import contextlib
 import inspect
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from train.adapt import resources
 from train.context import Context
-from train.data.source import DatasetSpec
+from train.data.spec import DatasetSpec
 from train.errors import SettingsError, TrainingError, first_line
 from train.hparams import CONTEXT
 from train.keras_seams import all_layers, build_metrics_and_loss, gradients_come_summed, inner_optimizers
@@ -225,15 +225,21 @@ def build(settings: Settings, spec: DatasetSpec, strategy, context: Context | No
     return built
 
 
-def _check_engine_step_model(settings: Settings, network: keras.Model, serving: keras.Model, spec: DatasetSpec):
-    """The engine's own step trains the model's output against the labels: they must fit. Raises SettingsError."""
+def _build_on_spec(network: keras.Model, spec: DatasetSpec, refusal: Callable[[], str]) -> None:
+    """The network's compiled loss and metrics built on a batch of the spec, as `model.fit` builds them. Raises
+    SettingsError: `refusal()`, then what failed."""
     try:
         build_metrics_and_loss(network, *_spec_batch(spec, model_input=True))
     except Exception as error:
-        raise SettingsError(
-            f"MODEL={settings.model!r}: its output {_output_shape(network)} does not fit the labels of "
-            f"{spec.name} (LABEL_KEY={spec.label_key!r}: {_label_kind(spec)}): {first_line(error, 200)}"
-        ) from None
+        raise SettingsError(f"{refusal()}: {first_line(error, 200)}") from None
+
+
+def _check_engine_step_model(settings: Settings, network: keras.Model, serving: keras.Model, spec: DatasetSpec):
+    """The engine's own step trains the model's output against the labels: they must fit. Raises SettingsError."""
+    _build_on_spec(network, spec, lambda: (
+        f"MODEL={settings.model!r}: its output {_output_shape(network)} does not fit the labels of "
+        f"{spec.name} (LABEL_KEY={spec.label_key!r}: {_label_kind(spec)})"
+    ))  # fmt: skip
     # The output as the data meets it (on the general path the network is the served model: no Input of ours)
     output = network.compute_output_spec(_spec_batch(spec, True)[0]) if spec.records else serving.output
     _check_output(settings, network, output, spec)
@@ -258,13 +264,10 @@ def _prepare_custom_step(settings: Settings, network: keras.Model, serving: kera
     Raises SettingsError."""
     from train.custom_step import prepare_custom_step
 
-    try:
-        build_metrics_and_loss(network, *_spec_batch(spec, model_input=True))
-    except Exception as error:
-        raise SettingsError(
-            f"MODEL={settings.model!r}: its compiled loss or metrics cannot be built on the data's spec (as "
-            f"model.fit builds them): {first_line(error, 200)}"
-        ) from None
+    _build_on_spec(network, spec, lambda: (
+        f"MODEL={settings.model!r}: its compiled loss or metrics cannot be built on the data's spec (as "
+        "model.fit builds them)"
+    ))  # fmt: skip
     features, labels = _spec_batch(spec, model_input=False)
     tensors = [tf.TensorSpec(tensor.shape, tensor.dtype) for tensor in tf.nest.flatten((features, labels))]
     features, labels = tf.nest.pack_sequence_as((features, labels), tensors)

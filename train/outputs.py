@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # importing this module loads no TensorFlow: `predict` reads these names before it loads
     import keras
 
-    from train.data.source import DatasetSpec
+    from train.data.spec import DatasetSpec
 
 SCORES = "scores"  # tf.saved_model.CLASSIFY_OUTPUT_SCORES
 CLASSES = "classes"  # tf.saved_model.CLASSIFY_OUTPUT_CLASSES

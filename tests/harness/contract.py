@@ -27,11 +27,11 @@ import tensorflow as tf
 from train.adapt import AdaptContext
 from train.callbacks import build_callbacks
 from train.context import Context, sample_function
-from train.data import RecordsSplit, Split, make_feed
+from train.data import SerializedSplit, Split, make_feed
 from train.data.examples import BYTES_SUFFIX, random_record
 from train.data.local import is_path
-from train.data.opening import open_source
-from train.data.source import inspect, open_builder
+from train.data.opening import open_builder, open_source
+from train.data.spec import inspect
 from train.errors import SettingsError, TrainingError, first_line
 from train.model import build, export
 from train.model_file import load_model_file
@@ -41,13 +41,13 @@ from train.step import make_train_calls
 BATCH = 8
 
 
-def random_split(spec, examples: int = 2 * BATCH) -> Split | RecordsSplit:
+def random_split(spec, examples: int = 2 * BATCH) -> Split | SerializedSplit:
     """Examples of the spec's shapes and dtypes: images 0-255, classes in range, multi-hot 0/1, values; on the
     general path, stored records of random values of the dataset's features (images of random sizes)."""
     rng = np.random.default_rng(0)
     if spec.records:
         records = [random_record(spec.examples.features, rng) for _ in range(examples)]
-        return RecordsSplit(tf.constant(records, tf.string), spec)
+        return SerializedSplit(tf.constant(records, tf.string), spec)
 
     def values(shape, dtype, high):
         if np.dtype(dtype).kind == "f":

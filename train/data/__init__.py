@@ -1,7 +1,8 @@
-"""The data input: TFDS splits in memory or streamed (`source`), and the batches the step and evaluation
-read (`feeds`). `open_dataset` and `Dataset.load` are what `fit` calls; `load_data` does both on one host.
+"""The data input: what DATASET's splits hold (`spec`), the splits in memory (`in_memory`) or streamed
+(`streamed`), both as `Data` (`source`), and the batches the step and evaluation read (`feeds`). `open_dataset`
+and `Dataset.load` are what `fit` calls; `load_data` does both on one host.
 
-`feeds` and `source` (TensorFlow) load when one of their names is first used, so that `train.data.local` (a path
+Those modules (TensorFlow) load when one of their names is first used, so that `train.data.local` (a path
 DATASET's checks) is imported before TensorFlow is."""
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from train.devices.host_memory import available_memory_bytes, fits_in_memory, me
 from train.settings import Settings
 
 if TYPE_CHECKING:
-    from train.data.source import Data, DatasetSpec
+    from train.data.source import Data
+    from train.data.spec import DatasetSpec
 
 __all__ = [
-    "BlocksFeed", "Data", "Dataset", "DatasetSpec", "Feed", "PipelineFeed", "RecordsSplit", "Remainder", "RowsFeed",
+    "BlocksFeed", "Data", "Dataset", "DatasetSpec", "Feed", "PipelineFeed", "Remainder", "RowsFeed", "SerializedSplit",
     "Split",
     "StreamedSplit", "TrainSplit", "batches_per_pass", "distribute", "eval_dataset", "eval_steps", "gathers_in_step",
     "general_path", "input_pipelines",
@@ -29,7 +31,10 @@ _HOMES = {
     "feeds": ("BlocksFeed", "Feed", "PipelineFeed", "Remainder", "RowsFeed", "batches_per_pass", "distribute",
               "eval_dataset", "eval_steps", "gathers_in_step", "general_path", "input_pipelines", "make_feed",
               "pass_order", "train_dataset"),
-    "source": ("Data", "DatasetSpec", "RecordsSplit", "Split", "StreamedSplit", "TrainSplit"),
+    "in_memory": ("SerializedSplit", "Split"),
+    "source": ("Data", "TrainSplit"),
+    "spec": ("DatasetSpec",),
+    "streamed": ("StreamedSplit",),
 }  # fmt: skip
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
 
@@ -74,7 +79,7 @@ def open_dataset(settings: Settings, say=print) -> Dataset:
     SettingsError."""
     from train.adapt import run_adapt
     from train.data.opening import open_source
-    from train.data.source import inspect
+    from train.data.spec import inspect
     from train.model_file import load_model_file
 
     opened = open_source(settings, say)

@@ -26,7 +26,9 @@ import numpy as np
 import tensorflow as tf
 
 from train.data.examples import EVAL_PASS
-from train.data.source import RecordsSplit, Split, StreamedSplit, TrainSplit
+from train.data.in_memory import SerializedSplit, Split
+from train.data.source import TrainSplit
+from train.data.streamed import StreamedSplit
 from train.errors import SettingsError
 
 GATHER_BATCHES = 32  # training batches gathered by one op in the in-memory tf.data pipeline
@@ -124,7 +126,7 @@ def _dataset_fn(strategy, split: TrainSplit, global_batch: int, seed: int, start
 
         # Each element: one replica's batch of row numbers and its pass. A restart skips row numbers, nothing read.
         rows = tf.data.Dataset.range(first_pass, np.iinfo(np.int64).max).flat_map(pass_rows).skip(offset * local)
-        if isinstance(split, RecordsSplit):
+        if isinstance(split, SerializedSplit):
             records = rows.map(
                 lambda index, number: (tf.gather(split.records, index), index, tf.fill(tf.shape(index), number))
             )
@@ -385,7 +387,7 @@ def gathers_in_step(strategy, records: bool) -> bool:
 
 def general_path(split: TrainSplit) -> bool:
     """Whether the split's examples are stored records, prepared one at a time (train.data.examples)."""
-    return isinstance(split, RecordsSplit) or (isinstance(split, StreamedSplit) and split.spec.records)
+    return isinstance(split, SerializedSplit) or (isinstance(split, StreamedSplit) and split.spec.records)
 
 
 def make_feed(
@@ -420,13 +422,6 @@ def _share(rows, replica, replicas: int):
     return replica * rows // replicas, (replica + 1) * rows // replicas
 
 
-def _ordered_records(split: RecordsSplit | StreamedSplit) -> tf.data.Dataset:
-    """(stored record, position) of every example of a general-path split, in order."""
-    if isinstance(split, StreamedSplit):
-        return split.ordered_records()
-    return tf.data.Dataset.range(len(split)).map(lambda position: (split.records[position], position))
-
-
 def eval_dataset(strategy, split: TrainSplit, global_batch: int):
     """Every example of the split exactly once, in order, cut into `eval_steps` global batches, each split over
     every replica of every worker: so any number of replicas reports exactly what one device would, and every
@@ -459,7 +454,7 @@ def eval_dataset(strategy, split: TrainSplit, global_batch: int):
             return tf.data.Dataset.range(first_replica, first_replica + local).map(rows)
 
         if general_path(split):  # preprocess(training=False) on each example, in order
-            batches = _no_copy(_ordered_records(split).map(
+            batches = _no_copy(split.ordered_records().map(
                 lambda record, position: split.spec.examples.prepare(record, position, EVAL_PASS, training=False),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
             ).batch(global_batch))  # fmt: skip

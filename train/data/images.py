@@ -21,10 +21,7 @@ def undecodable(split, spec) -> tuple[str, str] | None:
     named = "filename" in spec.examples.features
     if named:
         features["filename"] = tf.io.FixedLenFeature([], tf.string)
-    if hasattr(split, "records"):  # in memory: a tensor of the stored records
-        records = tf.data.Dataset.from_tensor_slices(split.records)
-    else:
-        records = split.ordered_records().map(lambda record, _: record)
+    records = split.ordered_records().map(lambda record, _: record)
     for place, record in enumerate(records):
         example = tf.io.parse_single_example(record, features)
         for key in keys:

@@ -72,10 +72,11 @@ def open_source(settings: Settings, say) -> Opened:
         identity, notes = source.identity, source.notes
     else:
         builder = open_builder(settings)
-        if builder.info.file_format is None:  # a tfds.ImageFolder: TFDS reads the images, no record files
+        if builder.info.file_format is None:  # a tfds.ImageFolder: TFDS reads the images, no prepared files
             raise SettingsError(
-                f"DATASET={settings.dataset!r} is a {type(builder).__name__}, which TFDS reads without record files: "
-                "name its folder instead, DATASET=<folder> (a folder of class folders is written once as records)"
+                f"DATASET={settings.dataset!r} is a {type(builder).__name__}, which TFDS reads without prepared "
+                "files: name its folder instead, DATASET=<folder> (a folder of class folders is written once as "
+                "TFRecord files)"
             )
         prepare(builder, settings)
         if not builder.info.splits:  # prepared by another process sharing TFDS_DATA_DIR while this one waited

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 
 import tensorflow as tf
 
-from train.data.source import DatasetSpec
+from train.data.spec import DatasetSpec
 from train.errors import TrainingError, first_line
 
 # How TensorFlow reports what a function inside tf.data's map raised: "Error in user-defined function passed to

@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow_datasets as tfds
 
-TRAIN_EXAMPLES = 4_096
-TEST_EXAMPLES = 1_024
+from train.data.synthetic import SyntheticBuilder
+
 CLASS_SHARE = (0.25, 0.25, 0.5)  # first, second and third class passengers
 CLASS_FARE = (90.0, 25.0, 10.0)  # the median fare of each class
 EXIT = (40.0, 0.0)  # metres: passengers within EXIT_REACH of it are likelier to survive
@@ -30,37 +30,28 @@ CHERBOURG = 0.6  # added to the score of those who embarked there (drawn apart: 
 NOISE = 0.35  # logistic scale on the score: the rule alone is right about 93% of the time
 
 
-class SyntheticColumns(tfds.core.GeneratorBasedBuilder):
+class SyntheticColumns(SyntheticBuilder):
     VERSION = tfds.core.Version("1.1.0")
     RELEASE_NOTES = {"1.0.0": "First release.", "1.1.0": "embarked, a text column."}  # noqa: RUF012 (TFDS reads it)
+    TRAIN_EXAMPLES, TEST_EXAMPLES = 4_096, 1_024
+    SUPERVISED_KEYS = ("features", "label")
 
-    def _info(self) -> tfds.core.DatasetInfo:
-        return self.dataset_info_from_configs(
-            description=__doc__,
-            features=tfds.features.FeaturesDict(
-                {
-                    "features": tfds.features.FeaturesDict(
-                        {
-                            "age": tfds.features.Tensor(shape=(), dtype=np.float32),
-                            "fare": tfds.features.Tensor(shape=(), dtype=np.float32),
-                            "pclass": tfds.features.Tensor(shape=(), dtype=np.int64),
-                            "sex": tfds.features.Tensor(shape=(), dtype=np.int64),
-                            "position": tfds.features.Tensor(shape=(2,), dtype=np.float32),
-                        }
-                    ),
-                    "embarked": tfds.features.Text(),
-                    "label": tfds.features.ClassLabel(names=["died", "survived"]),
-                }
-            ),
-            supervised_keys=("features", "label"),
+    def _features(self) -> tfds.features.FeaturesDict:
+        return tfds.features.FeaturesDict(
+            {
+                "features": tfds.features.FeaturesDict(
+                    {
+                        "age": tfds.features.Tensor(shape=(), dtype=np.float32),
+                        "fare": tfds.features.Tensor(shape=(), dtype=np.float32),
+                        "pclass": tfds.features.Tensor(shape=(), dtype=np.int64),
+                        "sex": tfds.features.Tensor(shape=(), dtype=np.int64),
+                        "position": tfds.features.Tensor(shape=(2,), dtype=np.float32),
+                    }
+                ),
+                "embarked": tfds.features.Text(),
+                "label": tfds.features.ClassLabel(names=["died", "survived"]),
+            }
         )
-
-    def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-        del dl_manager  # nothing to download
-        return {
-            "train": self._generate_examples(TRAIN_EXAMPLES, seed=1),
-            "test": self._generate_examples(TEST_EXAMPLES, seed=2),
-        }
 
     def _generate_examples(self, count: int, seed: int):
         rng = np.random.default_rng(seed)

@@ -13,31 +13,20 @@ from __future__ import annotations
 import numpy as np
 import tensorflow_datasets as tfds
 
+from train.data.synthetic import SyntheticBuilder
+
 SHAPE = (32, 32, 3)
 NUM_CLASSES = 10
-TRAIN_EXAMPLES = 8_192
-TEST_EXAMPLES = 1_024
 
 
-class SyntheticImages(tfds.core.GeneratorBasedBuilder):
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "First release."}  # noqa: RUF012 (TFDS reads it as a plain class attribute)
+class SyntheticImages(SyntheticBuilder):
+    TRAIN_EXAMPLES, TEST_EXAMPLES = 8_192, 1_024
+    SUPERVISED_KEYS = ("image", "label")
 
-    def _info(self) -> tfds.core.DatasetInfo:
-        return self.dataset_info_from_configs(
-            description=__doc__,
-            features=tfds.features.FeaturesDict(
-                {"image": tfds.features.Image(shape=SHAPE), "label": tfds.features.ClassLabel(num_classes=NUM_CLASSES)}
-            ),
-            supervised_keys=("image", "label"),
+    def _features(self) -> tfds.features.FeaturesDict:
+        return tfds.features.FeaturesDict(
+            {"image": tfds.features.Image(shape=SHAPE), "label": tfds.features.ClassLabel(num_classes=NUM_CLASSES)}
         )
-
-    def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-        del dl_manager  # nothing to download
-        return {
-            "train": self._generate_examples(TRAIN_EXAMPLES, seed=1),
-            "test": self._generate_examples(TEST_EXAMPLES, seed=2),
-        }
 
     def _generate_examples(self, count: int, seed: int):
         palette = np.random.default_rng(0).uniform(70, 185, size=(NUM_CLASSES, 3))

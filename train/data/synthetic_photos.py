@@ -19,9 +19,9 @@ import colorsys
 import numpy as np
 import tensorflow_datasets as tfds
 
+from train.data.synthetic import SyntheticBuilder
+
 NUM_CLASSES = 10
-TRAIN_EXAMPLES = 2_048
-TEST_EXAMPLES = 512
 SIDES = (40, 120)  # pixels: height and width drawn apart, so the aspect ratio runs from 1:3 to 3:1
 PERIOD = (6.0, 14.0)  # pixels per stripe: visible in an 8% crop of the smallest image
 NOISE = 20.0  # per pixel and channel, a photo's grain; noise does not compress, so more makes larger JPEGs
@@ -29,28 +29,17 @@ HUE_JITTER = 0.6  # of the hue step between classes, either way: more than half,
 PATTERNS = ("horizontal", "vertical", "checks", "rings", "plain")  # each unchanged in kind by a flip
 
 
-class SyntheticPhotos(tfds.core.GeneratorBasedBuilder):
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "First release."}  # noqa: RUF012 (TFDS reads it as a plain class attribute)
+class SyntheticPhotos(SyntheticBuilder):
+    TRAIN_EXAMPLES, TEST_EXAMPLES = 2_048, 512
+    SUPERVISED_KEYS = ("image", "label")
 
-    def _info(self) -> tfds.core.DatasetInfo:
-        return self.dataset_info_from_configs(
-            description=__doc__,
-            features=tfds.features.FeaturesDict(
-                {
-                    "image": tfds.features.Image(shape=(None, None, 3), encoding_format="jpeg"),
-                    "label": tfds.features.ClassLabel(num_classes=NUM_CLASSES),
-                }
-            ),
-            supervised_keys=("image", "label"),
+    def _features(self) -> tfds.features.FeaturesDict:
+        return tfds.features.FeaturesDict(
+            {
+                "image": tfds.features.Image(shape=(None, None, 3), encoding_format="jpeg"),
+                "label": tfds.features.ClassLabel(num_classes=NUM_CLASSES),
+            }
         )
-
-    def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-        del dl_manager  # nothing to download
-        return {
-            "train": self._generate_examples(TRAIN_EXAMPLES, seed=1),
-            "test": self._generate_examples(TEST_EXAMPLES, seed=2),
-        }
 
     def _generate_examples(self, count: int, seed: int):
         rng = np.random.default_rng(seed)

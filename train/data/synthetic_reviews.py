@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow_datasets as tfds
 
-TRAIN_EXAMPLES = 4_096
-TEST_EXAMPLES = 1_024
+from train.data.synthetic import SyntheticBuilder
+
 NEUTRAL = (
     "the", "a", "this", "film", "movie", "story", "plot", "actor", "actress", "scene", "music", "it", "was", "is",
     "and", "but", "of", "to", "in", "with", "very", "quite", "really", "rather", "somewhat", "director", "camera",
@@ -27,25 +27,14 @@ LEANING = (
 OWN_SHARE = 0.85  # of the leaning words, the share from the review's own class
 
 
-class SyntheticReviews(tfds.core.GeneratorBasedBuilder):
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "First release."}  # noqa: RUF012 (TFDS reads it as a plain class attribute)
+class SyntheticReviews(SyntheticBuilder):
+    TRAIN_EXAMPLES, TEST_EXAMPLES = 4_096, 1_024
+    SUPERVISED_KEYS = ("text", "label")
 
-    def _info(self) -> tfds.core.DatasetInfo:
-        return self.dataset_info_from_configs(
-            description=__doc__,
-            features=tfds.features.FeaturesDict(
-                {"text": tfds.features.Text(), "label": tfds.features.ClassLabel(names=["neg", "pos"])}
-            ),
-            supervised_keys=("text", "label"),
+    def _features(self) -> tfds.features.FeaturesDict:
+        return tfds.features.FeaturesDict(
+            {"text": tfds.features.Text(), "label": tfds.features.ClassLabel(names=["neg", "pos"])}
         )
-
-    def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-        del dl_manager  # nothing to download
-        return {
-            "train": self._generate_examples(TRAIN_EXAMPLES, seed=1),
-            "test": self._generate_examples(TEST_EXAMPLES, seed=2),
-        }
 
     def _generate_examples(self, count: int, seed: int):
         rng = np.random.default_rng(seed)

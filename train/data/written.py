@@ -2,7 +2,7 @@
 
 The files are read once (train.data.local): each image's bytes go into its record as they are (no decode, no
 re-encode), and their sha256 make the fingerprint. Records are plain serialized tf.train.Examples in TFRecord
-shards, as TFDS writes them, beside TFDS's own dataset_info.json and features.json, so `builder_from_directory`
+files, as TFDS writes them, beside TFDS's own dataset_info.json and features.json, so `builder_from_directory`
 reads them. The writing goes to a temporary folder renamed into place (`<name>/1.0.0`, the name derived from the
 fingerprint, LABEL_KEY and LABEL_KIND), under a lock for the processes sharing TFDS_DATA_DIR; a later start
 whose files have the same sizes and mtimes reuses it from an index, reading nothing.
@@ -31,7 +31,7 @@ from train.data import local
 from train.errors import SettingsError
 
 VERSION = "1.0.0"
-SHARD_BYTES = 64 << 20  # a record file's bytes, about: several files let workers stream disjoint shares
+SHARD_BYTES = 64 << 20  # a TFRecord file's bytes, about: several files let workers stream disjoint shares
 ORDER_SEED = 20_240_601  # the examples' written order: the same on every machine for the same files
 LOCK = ".train-local.lock"  # in TFDS_DATA_DIR: one writer at a time
 WRITING = ".train-writing-"  # in TFDS_DATA_DIR: a folder being written (a leftover, once the lock is free)
@@ -140,7 +140,7 @@ def prepare_path(settings, say) -> Written:
 
 
 def _prepared_folder(settings, survey: local.Survey) -> Written:
-    """A prepared TFDS folder, read in place: its identity covers dataset_info.json and the record files (hashed
+    """A prepared TFDS folder, read in place: its identity covers dataset_info.json and the prepared files (hashed
     once for the same sizes and mtimes, then kept in TFDS_DATA_DIR's index where it is writable)."""
     index = _index_path(data_dir(settings), survey, "", None)
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
@@ -155,7 +155,7 @@ def _prepared_folder(settings, survey: local.Survey) -> Written:
                 data = survey.file(entry).read_bytes()
                 read.files[entry.path] = (len(data), hashlib.sha256(data).hexdigest())
     except (OSError, ValueError) as error:
-        raise SettingsError(f"DATASET={settings.dataset!r}: its dataset_info.json or records cannot be read "
+        raise SettingsError(f"DATASET={settings.dataset!r}: its dataset_info.json or prepared files cannot be read "
                             f"({error})") from None  # fmt: skip
     identity = {"kind": "tfds folder", "fingerprint": read.fingerprint, "files": len(read.files), "name": name}
     with contextlib.suppress(OSError):  # a read-only TFDS_DATA_DIR: hashed again next time
@@ -240,7 +240,7 @@ def _order(count: int) -> np.ndarray:
 
 def _write_records(temporary: Path, split: str, items: list, total_bytes: int, make, tf) -> tuple[list[int], int]:
     """`make(item)` (a serialized example, or None to leave the item out) of each item, in order, into the split's
-    record files of about SHARD_BYTES each; returns (examples per file, bytes written)."""
+    TFRecord files of about SHARD_BYTES each; returns (examples per file, bytes written)."""
     shards = max(1, min(len(items), math.ceil(total_bytes / SHARD_BYTES)))
     lengths, written = [0] * shards, 0
     for shard in range(shards):
