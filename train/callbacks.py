@@ -120,11 +120,8 @@ class Callbacks:
         if recorded:
             self.epoch, self.epoch_start = recorded[-1]["epoch"], recorded[-1]["step"]
         else:  # a first start, or a run without its epochs.json: the run's own mapping of steps to epochs
-            from train.loop import Schedule
-
-            segment = self.run.segment
-            self.epoch = Schedule(self.run.settings, segment).epochs_completed(start_step)
-            self.epoch_start = segment.origin_step + (self.epoch - segment.origin_epoch) * segment.steps_per_epoch
+            self.epoch = self.run.segment.epochs_completed(start_step)
+            self.epoch_start = self.run.segment.epoch_start(self.epoch)
         self._each("on_train_begin", {})
         for entry in recorded:
             self._each("on_epoch_begin", entry["epoch"] - 1, {})
@@ -145,9 +142,7 @@ class Callbacks:
         text = "[]"
         if run.peers.is_chief:
             recorded, _ = read_epochs(run.output_dir)  # damage was refused before TensorFlow loaded (preflight)
-            from train.loop import Schedule
-
-            done = Schedule(run.settings, run.segment).epochs_completed(start_step)  # the run's own epochs
+            done = run.segment.epochs_completed(start_step)  # the run's own epochs
             if recorded is None and done >= 1 and (self.callbacks or self.monitor):
                 run.say(
                     f"warning: {run.output_dir / EPOCHS} is missing: the callbacks and MONITOR start afresh at epoch "
@@ -161,17 +156,14 @@ class Callbacks:
 
     def _restore_again(self, start_step: int) -> None:
         """What the replay changed in the model or optimizer was in the checkpoint already: it wins."""
-        from train.model import spread_seeds
-
         prefix = self.run.checkpoint_dir / f"ckpt-{start_step}"
         try:
-            self.run.checkpoint.restore(str(prefix)).assert_existing_objects_matched()
+            self.run.restorer.restore(prefix)
         except Exception as error:
             raise TrainingError(
                 f"checkpoint {prefix} did not load again after the callbacks' replay ({first_line(error, 160)}); it "
                 "is left as it is: run again to resume"
             ) from None
-        spread_seeds(self.run.built, self.run.runtime.strategy)
 
     # --- between calls ---
 

@@ -25,7 +25,7 @@ from train.accumulation import refuse_custom_train_step
 from train.adapt import check_recorded
 from train.batches import accumulation_changed, describe_batch, smaller_micro_batch
 from train.callbacks import Callbacks, build_callbacks
-from train.checkpoints import make_checkpoint, restore_newest, save_checkpoint
+from train.checkpoints import RunCheckpoint, make_checkpoint, restore_newest, save_checkpoint
 from train.cluster.agreement import Decision, reconcile, report
 from train.cluster.workers import SingleHost, connect
 from train.context import run_context
@@ -55,7 +55,6 @@ from train.model import (
     build,
     export,
     model_to_export,
-    spread_seeds,
     use_averaged_weights,
     weights_fingerprint,
 )
@@ -148,6 +147,7 @@ class Run:
     say: Say
     checkpoint: Any = None
     manager: Any = None
+    restorer: Any = None
     writers: dict[str, Any] = field(default_factory=dict)
     evaluate: Any = None  # train.step.Evaluator, or the model's own test_step's (train.custom_step)
     progress: Any = None
@@ -263,7 +263,8 @@ def _open_run_dir(run: Run, lock: RunLock) -> None:
         changed = changed_settings(run.output_dir / RUN_SETTINGS, settings)
     run.checkpoint = make_checkpoint(run.built)
     run.manager = run.peers.checkpoint_manager(run.checkpoint, run.checkpoint_dir, settings.keep_checkpoints)
-    restored = run.peers.restore(run.checkpoint, run.checkpoint_dir, say)
+    run.restorer = RunCheckpoint(run.checkpoint, run.manager, run.built, run.runtime.strategy, run.checkpoint_dir)
+    restored = run.restorer.newest(say, run.peers.restore)
     # Written once the run's checkpoints have loaded (or there are none): a start that cannot open the run rewrites
     # nothing of it (a run.json naming another model would lock the right one out).
     step = int(run.checkpoint.step.numpy()) if restored else 0
@@ -274,7 +275,6 @@ def _open_run_dir(run: Run, lock: RunLock) -> None:
         _write_run(run, recorded)
         _say_model(run.built.serving, say, resumed=bool(restored))
     if restored:
-        spread_seeds(run.built, run.runtime.strategy)
         run.resumed_from = int(run.checkpoint.step.numpy())
         say(f"Resuming from {restored} at step {run.resumed_from}.")
         if run.peers.is_chief and changed:
@@ -388,7 +388,7 @@ def _say_new_batch(run: Run, previous: Segment, step: int) -> None:
         f"warning: the global batch is {segment.global_batch} on this start, {previous.global_batch} before it "
         f"(BATCH_SIZE x {replicas} replica{'s' if replicas > 1 else ''}): EPOCHS={epochs} still counts passes "
         "over the data, so "
-        f"the {owed:.2f} epochs still owed take {Schedule(run.settings, segment).total_steps - step} steps of "
+        f"the {owed:.2f} epochs still owed take {segment.total_steps(epochs) - step} steps of "
         f"{segment.global_batch} from step {step}, reading on from the same example of the pass under way. Set "
         "GLOBAL_BATCH_SIZE to keep the global batch (and every batch's examples) when the hardware changes."
     )
@@ -470,7 +470,7 @@ def _train(run: Run) -> Outcome:
                            runtime.accumulation)  # fmt: skip
         _say_profile(run, start)
         run.progress = reporter(settings.progress, run.peers.is_chief, say, schedule.total_steps,
-                                schedule.epoch_under_way, settings.epochs, start)  # fmt: skip
+                                segment.epoch_of, settings.epochs, start)  # fmt: skip
         try:
             with (  # the innermost hears an error first: an odd shape, then a damaged or undecodable file
                 preprocess_raised(run.data.spec, settings.model, lambda: run.manager.latest_checkpoint),
@@ -573,8 +573,7 @@ def _halve_batch(run: Run) -> None:
             f"set MEMORY_GROWTH=true{halve}"
         ) from None
     run.runtime = runtime.with_micro_batch(smaller) if settings.global_batch_size else runtime.with_batch(smaller)
-    restore_newest(run.checkpoint, run.checkpoint_dir, run.say)
-    spread_seeds(run.built, runtime.strategy)
+    run.restorer.newest(run.say)
     # A new global batch from the restored step on: the epochs and the data re-based to it (train.timeline); under
     # GLOBAL_BATCH_SIZE the global batch stays, and so does the segment.
     run.segment = resume(run.segment, int(run.checkpoint.step.numpy()), *_segment_facts(run))
@@ -631,7 +630,7 @@ def _summary(run: Run, outcome: Outcome, fingerprint: str) -> dict[str, Any]:
         "steps": outcome.step,
         "total_steps": schedule.total_steps,
         "steps_per_epoch": schedule.steps_per_epoch,
-        "epochs_completed": schedule.epochs_completed(outcome.step),
+        "epochs_completed": run.segment.epochs_completed(outcome.step),
         "resumed_from_step": run.resumed_from,
         # every start: its first step, where it ran, and what it resolved there
         "starts": [{key: value for key, value in start.items() if key != "segment"} for start in run.starts],

@@ -65,18 +65,10 @@ class Schedule:
 
     @property
     def total_steps(self) -> int:
-        segment = self.segment
-        return segment.origin_step + self.steps_per_epoch * (self.settings.epochs - segment.origin_epoch)
+        return self.segment.total_steps(self.settings.epochs)
 
     def epoch_end(self, step: int) -> bool:
-        return (step - self.segment.origin_step) % self.steps_per_epoch == 0
-
-    def epochs_completed(self, step: int) -> int:
-        return self.segment.origin_epoch + (step - self.segment.origin_step) // self.steps_per_epoch
-
-    def epoch_under_way(self, step: int) -> int:
-        """The epoch (from 1) that step `step` belongs to: the last one that ended there, at an epoch's end."""
-        return self.segment.origin_epoch - (-(step - self.segment.origin_step) // self.steps_per_epoch)
+        return self.segment.ends_epoch(step)
 
     def logs(self, step: int) -> bool:
         return step % self.settings.log_every == 0 or self.epoch_end(step) or step == self.total_steps
@@ -165,7 +157,7 @@ def run_loop(
         if schedule.logs(step):
             between.log(step, result, throughput.per_sec)
         if schedule.epoch_end(step):
-            between.end_epoch(schedule.epochs_completed(step), step)
+            between.end_epoch(schedule.segment.epochs_completed(step), step)
         if schedule.saves(step):
             between.save(step, skipped)
             saved_step = step

@@ -48,9 +48,30 @@ class Segment:
     def in_remainder(self, step: int) -> bool:
         return self.remainder_pass >= 0 and step < self.remainder_end
 
+    # The run's one epoch arithmetic: every count of epochs from steps is one of these.
+
     def epochs_done(self, step: int) -> float:
         """Epochs trained by `step`, a fraction where one is under way."""
         return self.origin_epoch + (step - self.origin_step) / self.steps_per_epoch
+
+    def epochs_completed(self, step: int) -> int:
+        """Whole epochs trained by `step`."""
+        return self.origin_epoch + (step - self.origin_step) // self.steps_per_epoch
+
+    def epoch_of(self, step: int) -> int:
+        """The epoch (from 1) that step `step` belongs to: the last one that ended there, at an epoch's end."""
+        return self.origin_epoch - (-(step - self.origin_step) // self.steps_per_epoch)
+
+    def ends_epoch(self, step: int) -> bool:
+        return (step - self.origin_step) % self.steps_per_epoch == 0
+
+    def epoch_start(self, epochs: int) -> int:
+        """The step at which the epoch after `epochs` whole ones begins."""
+        return self.origin_step + (epochs - self.origin_epoch) * self.steps_per_epoch
+
+    def total_steps(self, epochs: int) -> int:
+        """The step at which EPOCHS=`epochs` are trained."""
+        return self.epoch_start(epochs)
 
     def data_step(self, step: int) -> int:
         return step + self.data_shift
