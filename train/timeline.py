@@ -10,7 +10,7 @@ move together: step s is epoch s // steps_per_epoch and batch s of the plan. A s
 - the data: the pass under way goes on from the same example in the pass's order, in batches of the new size.
 
 A `Segment` is that mapping for a stretch of steps at one global batch; `run.json` records one per start
-(train.fit), and the next start takes up the one that holds its checkpoint's step.
+(train.resume), and the next start takes up the one that holds its checkpoint's step.
 
 A streamed split resumed mid-pass at another worker count (its order is each worker's: train.data.feeds)
 first reads the rest of that pass, every example its old workers had not read, once (`with_remainder`).
