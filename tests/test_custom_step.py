@@ -293,8 +293,8 @@ def test_a_setting_a_custom_step_cannot_honour_stops_fit_before_the_run_director
 # capabilities); the training itself runs on the CPU.
 FLOAT16_HOST = """
 import runpy, sys
-import train.fit
-train.fit.auto_precision = lambda plan: ("mixed_float16", "every GPU has compute capability 7.x+ (faked: a T4)")
+import train.start
+train.start.auto_precision = lambda plan: ("mixed_float16", "every GPU has compute capability 7.x+ (faked: a T4)")
 sys.argv = ["python -m train", "fit"]
 runpy.run_module("train", run_name="__main__")
 """

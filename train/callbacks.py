@@ -1,6 +1,6 @@
 """The fork's Keras callbacks (MODEL's `build_callbacks(context)`), MONITOR's best epoch, and each epoch's logs.
 
-The loop (train.loop, through train.fit.Run's hooks) calls the callbacks as `model.fit` does:
+`Callbacks` is one of the loop's hooks (train.hooks); through it the callbacks are called as `model.fit` does:
 
     on_train_begin()                      once a start, before the first call (then the replay, below)
     on_epoch_begin(epoch)                 before an epoch's first call, and before the first call of a start
@@ -35,13 +35,18 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from train.checkpoints import drop_kept, keep_out_of_rotation
+from train.checkpoints import RunCheckpoint, drop_kept, keep_out_of_rotation
+from train.cluster.workers import SingleHost
 from train.context import Context
-from train.errors import SettingsError, TrainingError, first_line, storage_fix
+from train.errors import SettingsError, TrainingError, first_line
+from train.hooks import Hook
 from train.keras_seams import monitor_direction
 from train.model_file import CALLBACKS_EXAMPLE, load_model_file
-from train.rundir import EPOCHS, read_epochs, write_json
+from train.rundir import EPOCHS, read_epochs
 from train.settings import Settings
+from train.step import CallResult
+from train.timeline import Segment
+from train.writer import Writer
 
 Say = Callable[[str], None]
 
@@ -79,16 +84,22 @@ def _better(value: float, best: float | None, direction: str) -> bool:
     return best is None or (value > best if direction == "max" else value < best)
 
 
-class Callbacks:
-    """The callbacks, the epochs' logs and MONITOR's best epoch of one run: what train.fit.Run calls between the
-    loop's calls. Without callbacks and MONITOR it only records the logs."""
+class Callbacks(Hook):
+    """The callbacks, the epochs' logs and MONITOR's best epoch of one run: a hook between the loop's calls.
+    Without callbacks and MONITOR it only records the logs. A callback's `model.stop_training` ends the run
+    with a checkpoint (`save_on_stop`)."""
 
-    def __init__(self, callbacks: list[keras.callbacks.Callback], run: Any) -> None:
-        self.callbacks, self.run = callbacks, run
-        settings = run.settings
+    save_on_stop = True
+
+    def __init__(
+        self, callbacks: list[keras.callbacks.Callback], settings: Settings, network: keras.Model,
+        steps_per_epoch: int, peers: SingleHost, checkpoint: RunCheckpoint, writer: Writer, say: Say,
+    ) -> None:  # fmt: skip
+        self.callbacks, self.network, self.peers, self.checkpoint = callbacks, network, peers, checkpoint
+        self.output_dir, self.writer, self.say = settings.output_dir, writer, say
         self.monitor, self.mode = settings.monitor, settings.monitor_mode
         self.direction: str | None = None if self.mode == "auto" else self.mode
-        self.steps_per_epoch = run.context.steps_per_epoch
+        self.steps_per_epoch = steps_per_epoch
         self.epochs: list[dict[str, Any]] = []  # {"epoch": 1, "step": S, "logs": {...}}, epoch counted from 1
         self.best: dict[str, Any] | None = None  # one of `epochs`
         self.kept: int | None = None  # the step of the checkpoint kept out of the rotation for the best epoch
@@ -97,15 +108,10 @@ class Callbacks:
         # the recorded ones), not from step arithmetic, since a start at another global batch re-bases the epochs.
         self.epoch, self.epoch_start, self.epoch_begun = 0, 0, False
         self.stopped_early = False
-        network = run.built.network
         network.stop_training = False
         for callback in callbacks:
             callback.set_model(network)
             callback.set_params({"verbose": 0, "epochs": settings.epochs, "steps": self.steps_per_epoch})
-
-    @property
-    def network(self) -> keras.Model:
-        return self.run.built.network
 
     def _each(self, hook: str, *args: Any) -> None:
         for callback in self.callbacks:
@@ -113,18 +119,15 @@ class Callbacks:
 
     # --- a start: on_train_begin and the replay ---
 
-    def begin(self, start_step: int) -> None:
+    def begin(self, start_step: int, segment: Segment) -> None:
         """on_train_begin, then the recorded epochs up to `start_step` replayed, then the checkpoint restored again
-        (after `train.fit._open_run_dir` restored it)."""
-        recorded = self._recorded(start_step)
+        (after `train.resume.open_run_dir` restored it). `segment`: the run's mapping of steps to epochs."""
+        recorded = self._recorded(start_step, segment)
         if recorded:
             self.epoch, self.epoch_start = recorded[-1]["epoch"], recorded[-1]["step"]
         else:  # a first start, or a run without its epochs.json: the run's own mapping of steps to epochs
-            from train.loop import Schedule
-
-            segment = self.run.segment
-            self.epoch = Schedule(self.run.settings, segment).epochs_completed(start_step)
-            self.epoch_start = segment.origin_step + (self.epoch - segment.origin_epoch) * segment.steps_per_epoch
+            self.epoch = segment.epochs_completed(start_step)
+            self.epoch_start = segment.epoch_start(self.epoch)
         self._each("on_train_begin", {})
         for entry in recorded:
             self._each("on_epoch_begin", entry["epoch"] - 1, {})
@@ -134,44 +137,38 @@ class Callbacks:
         if self.monitor and recorded:  # the chief's best, the one whose checkpoint it found, on every worker
             best = self._share("best", str(self.best["step"]) if self.best else "")
             self.best = next((entry for entry in self.epochs if str(entry["step"]) == best), None)
-            if self.best and self.run.peers.is_chief:  # a kill right after its save left it in the rotation
-                keep_out_of_rotation(self.run.manager, self.best["step"])
+            if self.best and self.peers.is_chief:  # a kill right after its save left it in the rotation
+                keep_out_of_rotation(self.checkpoint.manager, self.best["step"])
                 self.kept = self.best["step"]
 
-    def _recorded(self, start_step: int) -> list[dict[str, Any]]:
+    def _recorded(self, start_step: int, segment: Segment) -> list[dict[str, Any]]:
         """The chief's epochs.json up to the step this start resumes from (an epoch logged but not saved is trained
         again), the same on every worker."""
-        run = self.run
         text = "[]"
-        if run.peers.is_chief:
-            recorded, _ = read_epochs(run.output_dir)  # damage was refused before TensorFlow loaded (preflight)
-            from train.loop import Schedule
-
-            done = Schedule(run.settings, run.segment).epochs_completed(start_step)  # the run's own epochs
+        if self.peers.is_chief:
+            recorded, _ = read_epochs(self.output_dir)  # damage was refused before TensorFlow loaded (preflight)
+            done = segment.epochs_completed(start_step)  # the run's own epochs
             if recorded is None and done >= 1 and (self.callbacks or self.monitor):
-                run.say(
-                    f"warning: {run.output_dir / EPOCHS} is missing: the callbacks and MONITOR start afresh at epoch "
+                self.say(
+                    f"warning: {self.output_dir / EPOCHS} is missing: the callbacks and MONITOR start afresh at epoch "
                     f"{done + 1}; the epochs before it are not replayed."
                 )
             text = json.dumps([entry for entry in recorded or [] if entry["step"] <= start_step])
         return json.loads(self._share("epochs", text))
 
     def _share(self, name: str, value: str) -> str:
-        return self.run.peers.share_from_chief(f"callbacks/{name}", value)
+        return self.peers.share_from_chief(f"callbacks/{name}", value)
 
     def _restore_again(self, start_step: int) -> None:
         """What the replay changed in the model or optimizer was in the checkpoint already: it wins."""
-        from train.model import spread_seeds
-
-        prefix = self.run.checkpoint_dir / f"ckpt-{start_step}"
+        prefix = self.checkpoint.directory / f"ckpt-{start_step}"
         try:
-            self.run.checkpoint.restore(str(prefix)).assert_existing_objects_matched()
+            self.checkpoint.restore(prefix)
         except Exception as error:
             raise TrainingError(
                 f"checkpoint {prefix} did not load again after the callbacks' replay ({first_line(error, 160)}); it "
                 "is left as it is: run again to resume"
             ) from None
-        spread_seeds(self.run.built, self.run.runtime.strategy)
 
     # --- between calls ---
 
@@ -183,25 +180,20 @@ class Callbacks:
             self._each("on_epoch_begin", self.epoch, {})
         self._each("on_train_batch_begin", step - self.epoch_start, {})
 
-    def after_call(self, step: int, metrics: dict[str, Any]) -> None:
-        self.metrics = metrics
+    def after_call(self, step: int, result: CallResult, skipped: int, examples_per_sec: float | None) -> None:
+        self.metrics = result.metrics
         if self.callbacks:
-            self._each("on_train_batch_end", step - 1 - self.epoch_start, dict(metrics))
+            self._each("on_train_batch_end", step - 1 - self.epoch_start, dict(result.metrics))
 
-    def end_epoch(self, epoch: int, step: int, evaluation: dict[str, Any]) -> None:
+    def should_stop(self, step: int, saved_step: int, skipped: int) -> bool:
+        return self.stop_requested(step)
+
+    def epoch_end(self, epoch: int, step: int, evaluation: dict[str, Any]) -> None:
         """After epoch `epoch` (from 1) was evaluated at `step`: on_epoch_end, MONITOR, epochs.json (the chief)."""
         logs = {**self.metrics, **{f"val_{name}": value for name, value in evaluation.items()}}
         self._epoch_end(epoch, step, logs, replay=False)
         self.epoch, self.epoch_start, self.epoch_begun = epoch, step, False
-        if self.run.peers.is_chief:
-            try:
-                write_json(self.run.output_dir / EPOCHS, self.epochs)
-            except OSError as error:
-                raise TrainingError(
-                    f"could not write {self.run.output_dir / EPOCHS} ({error.strerror or error}); the last checkpoint "
-                    f"{self.run.manager.latest_checkpoint} is intact: {storage_fix(error, self.run.output_dir)} and "
-                    "run again"
-                ) from None
+        self.writer.epochs(self.epochs, self.checkpoint.latest)
 
     def _epoch_end(self, epoch: int, step: int, logs: dict[str, Any], replay: bool) -> None:
         """on_epoch_end, then the logs recorded as the callbacks left them (what they add, like ReduceLROnPlateau's
@@ -234,16 +226,16 @@ class Callbacks:
 
     def _saved(self, step: int) -> bool:
         """On a restart: whether the chief still has the checkpoint of the epoch that ended at `step`."""
-        return not self.run.peers.is_chief or (self.run.checkpoint_dir / f"ckpt-{step}.index").exists()
+        return not self.peers.is_chief or (self.checkpoint.directory / f"ckpt-{step}.index").exists()
 
-    def saved(self, step: int) -> None:
+    def save(self, step: int, skipped: int) -> None:
         """After the checkpoint of `step` was saved: the best epoch's is kept out of KEEP_CHECKPOINTS' rotation,
         and the one kept for the previous best is deleted (the chief's)."""
-        if not self.best or self.best["step"] != step or not self.run.peers.is_chief:
+        if not self.best or self.best["step"] != step or not self.peers.is_chief:
             return
-        keep_out_of_rotation(self.run.manager, step)
+        keep_out_of_rotation(self.checkpoint.manager, step)
         if self.kept is not None and self.kept != step:
-            drop_kept(self.run.manager, self.kept)
+            drop_kept(self.checkpoint.manager, self.kept)
         self.kept = step
 
     def stop_requested(self, step: int) -> bool:
@@ -251,7 +243,7 @@ class Callbacks:
         if not self.callbacks:
             return False
         stop = bool(getattr(self.network, "stop_training", False))
-        if self.run.peers.workers > 1:
+        if self.peers.workers > 1:
             stop = self._share(f"stop_training/{step}", "1" if stop else "0") == "1"
             self.network.stop_training = stop
         self.stopped_early = self.stopped_early or stop
@@ -262,7 +254,7 @@ class Callbacks:
         self._each("on_train_end", dict(self.epochs[-1]["logs"]) if self.epochs else {})
         if self.stopped_early:
             epoch = self.epoch + (step > self.epoch_start)  # from 1: the one it stopped in, or at the end of
-            self.run.say(f"Stopped early at step {step} (epoch {epoch}): a callback set model.stop_training.")
+            self.say(f"Stopped early at step {step} (epoch {epoch}): a callback set model.stop_training.")
 
     # --- the end: the best epoch's weights ---
 
@@ -271,17 +263,17 @@ class Callbacks:
         export; the last checkpoint stays what a restart resumes from."""
         if not self.best:
             return
-        prefix = self.run.checkpoint_dir / f"ckpt-{self.best['step']}"
+        prefix = self.checkpoint.directory / f"ckpt-{self.best['step']}"
         try:
-            self.run.checkpoint.restore(str(prefix)).assert_existing_objects_matched()
+            self.checkpoint.checkpoint.restore(str(prefix)).assert_existing_objects_matched()
         except (tf.errors.OpError, ValueError, AssertionError, IndexError) as error:  # (restore_newest's kinds)
             raise TrainingError(
                 f"the best epoch's checkpoint {prefix} (MONITOR={self.monitor}) does not load "
-                f"({first_line(error, 160)}); the last checkpoint {self.run.manager.latest_checkpoint} is intact: "
+                f"({first_line(error, 160)}); the last checkpoint {self.checkpoint.latest} is intact: "
                 "run again to export"
             ) from None
         value = self.best["logs"][self.monitor]
-        self.run.say(
+        self.say(
             f"MONITOR={self.monitor}: the best epoch is {self.best['epoch']} (step {self.best['step']}, {self.monitor} "
             f"{value:.4f}, {self.direction}); its weights are evaluated and exported, the last checkpoint resumes."
         )

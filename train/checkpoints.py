@@ -9,7 +9,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from train.errors import TrainingError, first_line, storage_fix
-from train.model import Built
+from train.model import Built, spread_seeds
 from train.rundir import checkpoints_newest_first
 
 Say = Callable[[str], None]
@@ -57,6 +57,44 @@ def restore_newest(checkpoint: tf.train.Checkpoint, checkpoint_dir: Path, say: S
             "or dataset. They are left as they are: use another OUTPUT_DIR, or delete them to start over"
         )
     return None
+
+
+class RunCheckpoint:
+    """The run's checkpoint and its manager (`peers.checkpoint_manager`'s), under `directory`. Every restore gives
+    each replica its random stream again (spread_seeds), wherever it happens: the run's start, AUTO_BATCH's
+    retry, the callbacks' replay."""
+
+    def __init__(self, checkpoint: tf.train.Checkpoint, manager, built: Built, strategy, directory: Path) -> None:
+        self.checkpoint, self.manager, self.built, self.strategy = checkpoint, manager, built, strategy
+        self.directory = directory
+
+    @property
+    def latest(self) -> str | None:
+        """The last checkpoint saved: what an error says is intact."""
+        return self.manager.latest_checkpoint
+
+    @property
+    def step(self) -> int:
+        return int(self.checkpoint.step.numpy())
+
+    @property
+    def skipped(self) -> int:
+        return int(self.checkpoint.skipped_steps.numpy())
+
+    def restore(self, prefix: Path) -> None:
+        """That checkpoint, or what its restore raises."""
+        self.checkpoint.restore(str(prefix)).assert_existing_objects_matched()
+        spread_seeds(self.built, self.strategy)
+
+    def newest(self, say: Say, restore: Callable[..., str | None] = restore_newest) -> str | None:
+        """The newest that loads (`restore_newest`, or the cluster's `peers.restore`), or None where none is."""
+        found = restore(self.checkpoint, self.directory, say)
+        if found:
+            spread_seeds(self.built, self.strategy)
+        return found
+
+    def save(self, step: int, skipped: int) -> None:
+        save_checkpoint(self.manager, step, skipped)
 
 
 def save_checkpoint(manager, step: int, skipped: int) -> None:

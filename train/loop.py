@@ -1,4 +1,4 @@
-"""The training loop: calls of up to STEPS_PER_CALL steps, and between them what happens on time.
+"""The training loop: calls of up to STEPS_PER_CALL steps, and between them the hooks (train.hooks), on time.
 
 A call ends early at every epoch end, LOG_EVERY and CHECKPOINT_EVERY step and at the end of training, so
 logging, evaluation, checkpoints and a requested stop all fall between calls, at the same step on every
@@ -7,17 +7,13 @@ worker (a save is a collective there).
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-import tensorflow as tf
-
-from train.errors import TrainingError
+from train.hooks import Hook
 from train.settings import Settings
-from train.step import CallResult, TrainCalls
+from train.step import TrainCalls
 from train.timeline import Segment
 
 Say = Callable[[str], None]
@@ -65,18 +61,10 @@ class Schedule:
 
     @property
     def total_steps(self) -> int:
-        segment = self.segment
-        return segment.origin_step + self.steps_per_epoch * (self.settings.epochs - segment.origin_epoch)
+        return self.segment.total_steps(self.settings.epochs)
 
     def epoch_end(self, step: int) -> bool:
-        return (step - self.segment.origin_step) % self.steps_per_epoch == 0
-
-    def epochs_completed(self, step: int) -> int:
-        return self.segment.origin_epoch + (step - self.segment.origin_step) // self.steps_per_epoch
-
-    def epoch_under_way(self, step: int) -> int:
-        """The epoch (from 1) that step `step` belongs to: the last one that ended there, at an epoch's end."""
-        return self.segment.origin_epoch - (-(step - self.segment.origin_step) // self.steps_per_epoch)
+        return self.segment.ends_epoch(step)
 
     def logs(self, step: int) -> bool:
         return step % self.settings.log_every == 0 or self.epoch_end(step) or step == self.total_steps
@@ -109,29 +97,9 @@ class Throughput:
         return round(self.steps * self.global_batch / self.seconds, 1) if self.seconds else None
 
 
-def check_finite(result: CallResult, step: int, loss_scale: float | None, skipped: int, last_checkpoint) -> None:
-    """Stop on a loss that is no longer a number, telling a float16 overflow from a divergence.
-
-    Under loss scaling an overflowed step is skipped (and counts in no metric): that is an overflow, and
-    training goes on. A non-finite loss at a finite scale, or a scale that fell below 1, is a divergence.
-    """
-    loss = result.loss
-    kept = f"stopped without saving these weights (last good checkpoint: {last_checkpoint})"
-    if loss_scale is None:
-        if not math.isfinite(loss):
-            raise TrainingError(f"the training loss became {loss} by step {step}; {kept}. Try a lower LEARNING_RATE.")
-        return
-    if loss_scale < 1:
-        raise TrainingError(
-            f"training diverged by step {step}: float16 overflowed so often that the loss scale fell to "
-            f"{loss_scale:g} ({skipped} steps skipped); {kept}. Try a lower LEARNING_RATE, or "
-            "MIXED_PRECISION=mixed_bfloat16 (compute capability 8.0+) or off."
-        )
-    if not math.isfinite(loss):
-        raise TrainingError(
-            f"training diverged by step {step}: the loss became {loss} at loss scale {loss_scale:g} (an overflow "
-            f"would have been skipped: {skipped} were); {kept}. Try a lower LEARNING_RATE."
-        )
+def _saved_by_every_hook(hooks: Sequence[Hook], step: int, skipped: int) -> None:
+    for hook in reversed(hooks):
+        hook.save(step, skipped)
 
 
 def run_loop(
@@ -139,47 +107,48 @@ def run_loop(
     schedule: Schedule,
     start_step: int,
     skipped: int,
-    between: Any,
+    hooks: Sequence[Hook],
+    evaluate: Callable[[], dict[str, float | list]],
 ) -> Outcome:
     """Steps from `start_step` to the schedule's end; returns where it stopped and why.
 
-    `between` is the run (train.fit.Run): it says whether to stop, starts and stops the profiler, checks
-    the loss, logs, evaluates and saves between calls, in that order. A stop is checked before every call,
-    on every worker alike (see train.cluster.workers).
+    Between calls, `hooks` (train.hooks: outermost first) say whether to stop, then hear of the call, the logs,
+    the epoch's end (its evaluation, `evaluate()`, is run here once for all of them) and the save, in that order;
+    every hook is closed when the loop is left. A stop is checked before every call, on every worker alike (see
+    train.cluster.workers).
     """
     step = saved_step = start_step
     throughput = Throughput(calls.global_batch)
-    while step < schedule.total_steps:
-        if between.should_stop(step, saved_step, skipped):
-            return Outcome(step, throughput.per_sec, True, skipped)
-        steps = call_steps(
-            schedule.settings, step, schedule.steps_per_epoch, schedule.total_steps, schedule.segment.origin_step
-        )
-        between.before_call(step)
-        started = time.perf_counter()
-        result = calls(steps)  # returns once the steps have run: it reads their metrics
-        throughput.add(steps, time.perf_counter() - started)
-        step, skipped = step + steps, skipped + result.skipped
-        between.check(result, step, skipped)
-        between.after_call(step, result, throughput.per_sec)
-        if schedule.logs(step):
-            between.log(step, result, throughput.per_sec)
-        if schedule.epoch_end(step):
-            between.end_epoch(schedule.epochs_completed(step), step)
-        if schedule.saves(step):
-            between.save(step, skipped)
-            saved_step = step
-    return Outcome(step, throughput.per_sec, False, skipped)
-
-
-def write_scalars(writer, step: int, metrics: dict[str, float | list], **extra: float | None) -> None:
-    """TensorBoard scalars: every metric, and the extras given. A metric of several values (an F1 score per
-    class) is one scalar per value, NAME/0, NAME/1, ...: TensorBoard charts one number per tag."""
-    with writer.as_default(step=step):
-        for name, value in {**metrics, **extra}.items():
-            if isinstance(value, float | int):
-                tf.summary.scalar(name, value)
-            elif isinstance(value, list):
-                for index, each in enumerate(value):
-                    if isinstance(each, float | int):
-                        tf.summary.scalar(f"{name}/{index}", each)
+    inward = list(reversed(hooks))  # innermost first
+    try:
+        while step < schedule.total_steps:
+            stopping = next((hook for hook in hooks if hook.should_stop(step, saved_step, skipped)), None)
+            if stopping is not None:
+                if stopping.save_on_stop and saved_step != step:
+                    _saved_by_every_hook(hooks, step, skipped)
+                return Outcome(step, throughput.per_sec, True, skipped)
+            steps = call_steps(
+                schedule.settings, step, schedule.steps_per_epoch, schedule.total_steps, schedule.segment.origin_step
+            )
+            for hook in hooks:
+                hook.before_call(step)
+            started = time.perf_counter()
+            result = calls(steps)  # returns once the steps have run: it reads their metrics
+            throughput.add(steps, time.perf_counter() - started)
+            step, skipped = step + steps, skipped + result.skipped
+            for hook in inward:
+                hook.after_call(step, result, skipped, throughput.per_sec)
+            if schedule.logs(step):
+                for hook in inward:
+                    hook.log(step, result, throughput.per_sec)
+            if schedule.epoch_end(step):
+                metrics = evaluate()
+                for hook in inward:
+                    hook.epoch_end(schedule.segment.epochs_completed(step), step, metrics)
+            if schedule.saves(step):
+                _saved_by_every_hook(hooks, step, skipped)
+                saved_step = step
+        return Outcome(step, throughput.per_sec, False, skipped)
+    finally:
+        for hook in inward:
+            hook.close()

@@ -248,7 +248,7 @@ def _check_engine_step_model(settings: Settings, network: keras.Model, serving: 
 def _refuse_float16(settings: Settings) -> None:
     """float16 loss scaling judges "finite" per replica inside a model's own step (Keras's LossScaleOptimizer on
     each replica's local gradients): an overflow on one replica would be applied by the others. MIXED_PRECISION=auto
-    passes: train.fit builds the model again in float32 and says so. Raises SettingsError."""
+    passes: train.start builds the model again in float32 and says so. Raises SettingsError."""
     if keras.mixed_precision.global_policy().name == "mixed_float16" and settings.mixed_precision != "auto":
         raise SettingsError(
             f"MIXED_PRECISION=mixed_float16 is not allowed with MODEL={settings.model!r}'s own train_step: its loss "

@@ -152,12 +152,17 @@ def owner(path: Path) -> str:
         return f"UID {uid}"
 
 
+def owned_by(path: Path) -> str:
+    """The phrase ", owned by UID 1000 (alice)" for a message; "" where the owner cannot be known."""
+    who = owner(path)
+    return f", owned by {who}" if who else ""
+
+
 def lock_error(path: Path, error: OSError) -> SettingsError:
     """The lock file cannot be opened for writing: typically a run directory of another user."""
-    owned = f", owned by {owner(path)}" if owner(path) else ""
     return SettingsError(
         f"OUTPUT_DIR={path.parent} cannot be locked: {path} cannot be opened for writing by UID {os.getuid()} "
-        f"({error.strerror}{owned}): use another OUTPUT_DIR, or fix its owner or permissions"
+        f"({error.strerror}{owned_by(path)}): use another OUTPUT_DIR, or fix its owner or permissions"
     )
 
 
@@ -215,8 +220,7 @@ def read_run(output_dir: Path) -> dict[str, Any]:
     except FileNotFoundError:
         return {}
     except OSError as error:
-        owned = f", owned by {owner(path)}" if owner(path) else ""
-        problem = f"cannot be read ({error.strerror}{owned})"
+        problem = f"cannot be read ({error.strerror}{owned_by(path)})"
     except ValueError as error:  # not JSON, or not UTF-8
         problem = f"is damaged (not JSON: {first_line(error, 80)})"
     else:
@@ -243,8 +247,7 @@ def read_epochs(output_dir: Path) -> tuple[list[dict[str, Any]] | None, str | No
     except FileNotFoundError:
         return None, None
     except OSError as error:
-        owned = f", owned by {owner(path)}" if owner(path) else ""
-        return None, f"cannot be read ({error.strerror}{owned})"
+        return None, f"cannot be read ({error.strerror}{owned_by(path)})"
     except ValueError as error:
         return None, f"is damaged (not JSON: {first_line(error, 80)})"
     if not isinstance(recorded, list):
@@ -313,10 +316,9 @@ def _check_entry(entry: Path, folder: bool, read: bool = False) -> None:
             )
         access, what = (os.W_OK | os.X_OK, "writable") if folder else (os.R_OK, "readable")
         if (folder or read) and not os.access(entry, access):
-            owned = f", owned by {owner(entry)}" if owner(entry) else ""
             raise SettingsError(
-                f"{entry} is not {what} by UID {os.getuid()}{owned}: fix its owner or permissions, or use another "
-                "OUTPUT_DIR"
+                f"{entry} is not {what} by UID {os.getuid()}{owned_by(entry)}: fix its owner or permissions, or use "
+                "another OUTPUT_DIR"
             )
     except OSError as error:  # in a folder this UID cannot search
         raise SettingsError(
@@ -333,10 +335,9 @@ def _listing(folder: Path) -> list[str]:
     except (FileNotFoundError, NotADirectoryError):
         return []
     except OSError as error:
-        owned = f", owned by {owner(folder)}" if owner(folder) else ""
         raise SettingsError(
-            f"{folder} cannot be read by UID {os.getuid()} ({error.strerror}{owned}): fix its owner or permissions, "
-            "or use another OUTPUT_DIR"
+            f"{folder} cannot be read by UID {os.getuid()} ({error.strerror}{owned_by(folder)}): fix its owner or "
+            "permissions, or use another OUTPUT_DIR"
         ) from None
 
 

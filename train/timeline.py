@@ -10,7 +10,7 @@ move together: step s is epoch s // steps_per_epoch and batch s of the plan. A s
 - the data: the pass under way goes on from the same example in the pass's order, in batches of the new size.
 
 A `Segment` is that mapping for a stretch of steps at one global batch; `run.json` records one per start
-(train.fit), and the next start takes up the one that holds its checkpoint's step.
+(train.resume), and the next start takes up the one that holds its checkpoint's step.
 
 A streamed split resumed mid-pass at another worker count (its order is each worker's: train.data.feeds)
 first reads the rest of that pass, every example its old workers had not read, once (`with_remainder`).
@@ -48,9 +48,30 @@ class Segment:
     def in_remainder(self, step: int) -> bool:
         return self.remainder_pass >= 0 and step < self.remainder_end
 
+    # The run's one epoch arithmetic: every count of epochs from steps is one of these.
+
     def epochs_done(self, step: int) -> float:
         """Epochs trained by `step`, a fraction where one is under way."""
         return self.origin_epoch + (step - self.origin_step) / self.steps_per_epoch
+
+    def epochs_completed(self, step: int) -> int:
+        """Whole epochs trained by `step`."""
+        return self.origin_epoch + (step - self.origin_step) // self.steps_per_epoch
+
+    def epoch_of(self, step: int) -> int:
+        """The epoch (from 1) that step `step` belongs to: the last one that ended there, at an epoch's end."""
+        return self.origin_epoch - (-(step - self.origin_step) // self.steps_per_epoch)
+
+    def ends_epoch(self, step: int) -> bool:
+        return (step - self.origin_step) % self.steps_per_epoch == 0
+
+    def epoch_start(self, epochs: int) -> int:
+        """The step at which the epoch after `epochs` whole ones begins."""
+        return self.origin_step + (epochs - self.origin_epoch) * self.steps_per_epoch
+
+    def total_steps(self, epochs: int) -> int:
+        """The step at which EPOCHS=`epochs` are trained."""
+        return self.epoch_start(epochs)
 
     def data_step(self, step: int) -> int:
         return step + self.data_shift

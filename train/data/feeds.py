@@ -20,7 +20,7 @@ over the stored records, and decodes and prepares each example after the plan ha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -241,6 +241,31 @@ def _on_gpus(strategy) -> bool:
     return any("GPU" in device.upper() for device in strategy.extended.worker_devices)
 
 
+class Feed(Protocol):
+    """What the training call asks of its input (train.step, train.custom_step, train.accumulation), and all it asks.
+
+    A call of `steps` steps is one `tf.function` run: `call_args(steps)` is what it is handed (tensors, or an
+    iterator), and moves the feed on by `steps`; inside it, step `step` (from 0) of the call takes
+    `step_args(call_args, step)`, which `strategy.run` hands each replica, and the replica's
+    `replica_batch(*those)` is its (features, labels). `compilable`: every input of the call is a tensor, so XLA
+    can compile the whole call (else only the replica step). `make_feed` picks one of the three:
+
+    | feed           | where                              | a call is handed                      |
+    |----------------|------------------------------------|---------------------------------------|
+    | `RowsFeed`     | one host's CPUs, a split in memory | the split and a window of row numbers |
+    | `BlocksFeed`   | one host's CPUs, a streamed split  | two blocks of read-ahead batches      |
+    | `PipelineFeed` | GPUs, workers, the general path    | a tf.data iterator, one next() a step |
+    """
+
+    compilable: bool
+
+    def call_args(self, steps: int) -> tuple[Any, ...]: ...
+
+    def step_args(self, call_args: tuple[Any, ...], step: Any) -> Any: ...
+
+    def replica_batch(self, *args: Any) -> tuple[Any, Any]: ...
+
+
 class RowsFeed:
     """An in-memory split on CPU devices: no tf.data in the loop. The step gathers its own rows.
 
@@ -369,9 +394,6 @@ class PipelineFeed:
     @staticmethod
     def replica_batch(features, labels):
         return features, labels
-
-
-Feed = RowsFeed | BlocksFeed | PipelineFeed
 
 
 def gathers_in_step(strategy, records: bool) -> bool:

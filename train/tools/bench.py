@@ -348,8 +348,8 @@ def build_contenders(
     """Each contender named, made and warmed up (tracing and first calls, not counted). `streamed`: the same
     splits streamed (the data of 5 and 6), or None."""
     from train.data import Split
-    from train.fit import steps_per_epoch
     from train.loop import longest_call
+    from train.start import steps_per_epoch
     from train.tools import contenders as c
 
     longest = longest_call(settings, steps_per_epoch(settings, data, runtime))  # fit's longest call

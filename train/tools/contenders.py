@@ -24,10 +24,10 @@ from train.context import Context, run_context
 from train.data import BlocksFeed, Data, PipelineFeed, Split, distribute, gathers_in_step, make_feed
 from train.devices.runtime import Runtime, choose_xla
 from train.errors import TrainingError, first_line
-from train.fit import steps_per_epoch
 from train.loop import call_steps, longest_call
 from train.model import build
 from train.settings import Settings
+from train.start import steps_per_epoch
 from train.step import make_train_calls
 
 TUTORIAL_BATCH = 32  # Keras fit's default batch_size

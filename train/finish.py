@@ -1,0 +1,96 @@
+"""A run's end: evaluate both splits (every worker takes part), export, and the summary (written by the chief,
+through train.writer). A stop by a signal writes the summary of where it stopped, and nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from train.callbacks import Callbacks
+from train.checkpoints import RunCheckpoint
+from train.data import TrainSplit
+from train.loop import Outcome
+from train.model import averaged_weights, weights_fingerprint
+from train.model_file import model_fingerprint
+from train.progress import evaluation_notice, format_metrics
+from train.run_state import Position, Start
+from train.writer import Scalars, Writer
+
+Evaluate = Callable[[TrainSplit, int], dict[str, Any]]
+
+
+def summary(start: Start, position: Position, checkpoint: RunCheckpoint, outcome: Outcome, fingerprint: str
+            ) -> dict[str, Any]:  # fmt: skip
+    """summary.json, but for the evaluations and the export (filled in by `finish`)."""
+    runtime, segment, settings, xla = position.runtime, position.segment, start.settings, start.jit_compile
+    return {
+        "dataset": start.data.name,
+        "classes": start.data.spec.classes,
+        "model": settings.model,
+        "model_sha256": model_fingerprint(settings.model),
+        "strategy": runtime.strategy_name,
+        "workers": runtime.workers,
+        "replicas": runtime.replicas,
+        "per_replica_batch": runtime.per_replica_batch,
+        "accumulation": runtime.accumulation,
+        "global_batch": runtime.global_batch,
+        "data_in_memory": start.data.in_memory,
+        "jit_compile": start.jit_compile,
+        "precision": runtime.precision,
+        "deterministic": runtime.deterministic,
+        # Under XLA on several replicas TensorFlow uses its own collective all-reduce, whatever CROSS_DEVICE_OPS says.
+        "cross_device_ops": "xla collective" if xla and runtime.replicas > 1 else runtime.cross_device_ops,
+        "steps": outcome.step,
+        "total_steps": segment.total_steps(settings.epochs),
+        "steps_per_epoch": segment.steps_per_epoch,
+        "epochs_completed": segment.epochs_completed(outcome.step),
+        "resumed_from_step": position.resumed_from,
+        # every start: its first step, where it ran, and what it resolved there
+        "starts": [{key: value for key, value in each.items() if key != "segment"} for each in position.starts],
+        "interrupted": outcome.interrupted,
+        "skipped_steps": outcome.skipped,
+        "loss_scale": start.built.loss_scale,
+        "examples_per_sec": outcome.examples_per_sec,
+        "checkpoint": checkpoint.latest,
+        "weights_sha256": fingerprint,
+        "train": None,
+        "eval": None,
+        "exported_model": None,
+    }
+
+
+def finish(
+    start: Start, position: Position, checkpoint: RunCheckpoint, callbacks: Callbacks, writer: Writer,
+    scalars: Scalars, evaluate: Evaluate, outcome: Outcome,
+) -> dict[str, Any]:  # fmt: skip
+    """Evaluate both splits (every worker takes part), export and write the summary (the chief)."""
+    for each in scalars.values():
+        each.flush()
+    say, peers, built = start.say, start.peers, start.built
+    fingerprint = weights_fingerprint(built)
+    result = summary(start, position, checkpoint, outcome, fingerprint) | callbacks.summary()
+    if outcome.interrupted:
+        say(f"Stopped {peers.stopped_by()} at step {outcome.step}; checkpoint saved. Run the same "
+            "command again to resume.")  # fmt: skip
+        writer.summary(result)
+        return result
+    peers.agree_on_weights(fingerprint)
+    callbacks.use_best()  # MONITOR: the best epoch's weights are evaluated and exported
+    settings, data = start.settings, start.data
+    batch = position.runtime.micro_global_batch  # evaluation fits wherever training fits
+    with averaged_weights(built):
+        with evaluation_notice(say, settings.train_split, len(data.train)):
+            result["train"] = evaluate(data.train, batch)
+        with evaluation_notice(say, settings.eval_split, len(data.eval)):
+            result["eval"] = evaluate(data.eval, batch)
+        result["exported_model"] = writer.export(built, settings, checkpoint.latest)
+    writer.summary(result)
+    workers = position.runtime.workers
+    same = f" (the same on all {workers} workers)" if workers > 1 else ""
+    output_dir = start.output_dir
+    exported = (f"; model exported to {output_dir / 'model.keras'} and {output_dir / 'saved_model'}"
+                if writer.chief else "; the chief exports the model")  # fmt: skip
+    say(f"Done: {outcome.step} steps; weights sha256 {fingerprint[:16]}{same}; eval "
+        f"{format_metrics(result['eval'])}{exported}.")  # fmt: skip
+    peers.done()
+    return result

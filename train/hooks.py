@@ -1,0 +1,203 @@
+"""What happens between training calls: a short, ordered list of typed hooks (train.loop.run_loop calls them).
+
+Each of the engine's duties between calls is one `Hook`; a hook overrides only the moments it acts at. The list
+is ordered outermost first, and the loop calls it as nested context managers would run:
+
+    should_stop, before_call          outermost first (the first hook that says stop ends the loop)
+    after_call, log, epoch_end, save, close     innermost first
+
+`fit` builds, for each attempt of its loop (AUTO_BATCH retries at a smaller batch), the list
+
+    Profiler, Callbacks, StopRequests, Scalars, Progress, FiniteLoss, Checkpoints
+
+so that, exactly as the loop has always run them: the profiler starts before the callbacks' batch hook and stops
+after it; a callback's `model.stop_training` is heard before a signal; the loss is checked before anything
+reports it; the progress line comes before TensorBoard's scalars; an epoch's evaluation is shown and recorded
+before the callbacks hear of it; and a checkpoint is saved before the callbacks keep it as MONITOR's best.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import tensorflow as tf
+
+from train.checkpoints import RunCheckpoint
+from train.cluster.workers import SingleHost
+from train.errors import TrainingError
+from train.model import Built
+from train.progress import Lines
+from train.settings import Settings
+from train.step import CallResult
+
+Metrics = dict[str, float | list]
+Say = Callable[[str], None]
+
+
+class Hook:
+    """One duty between calls. Every method does nothing unless a hook overrides it.
+
+    `save_on_stop`: where this hook's `should_stop` ends the run, the loop first saves the step (through every
+    hook's `save`) unless it is saved already; a hook that saves on its own (a cluster's stop) leaves it False."""
+
+    save_on_stop = False
+
+    def should_stop(self, step: int, saved_step: int, skipped: int) -> bool:
+        """Before every call, on every worker alike."""
+        return False
+
+    def before_call(self, step: int) -> None:
+        """The call that starts at `step` is next."""
+
+    def after_call(self, step: int, result: CallResult, skipped: int, examples_per_sec: float | None) -> None:
+        """The call ended at `step`; `skipped`: the run's steps skipped so far."""
+
+    def log(self, step: int, result: CallResult, examples_per_sec: float | None) -> None:
+        """Every LOG_EVERY steps, at an epoch's end and at the end of training."""
+
+    def epoch_end(self, epoch: int, step: int, metrics: Metrics) -> None:
+        """Epoch `epoch` (from 1) ended at `step` and was evaluated: `metrics`."""
+
+    def save(self, step: int, skipped: int) -> None:
+        """Every CHECKPOINT_EVERY steps, at an epoch's end and at the end of training."""
+
+    def close(self) -> None:
+        """The loop is left, whichever way (an error included)."""
+
+
+class Profiler(Hook):
+    """PROFILE_STEPS: the chief's trace starts before step START (counted from 1) and stops after step END, into
+    logs/; said where a start resumes past or inside the range."""
+
+    def __init__(self, settings: Settings, chief: bool, output_dir: Path, say: Say, start: int) -> None:
+        self.range, self.chief, self.output_dir, self.say = settings.profile_steps, chief, output_dir, say
+        self.text = settings.to_json()["PROFILE_STEPS"]
+        self.profiling = False
+        if self.range and chief:
+            if start >= self.range[1]:
+                say(f"PROFILE_STEPS={self.text}: those steps were trained before this start (at step {start}): no "
+                    "trace.")  # fmt: skip
+            elif start >= self.range[0]:
+                say(f"PROFILE_STEPS={self.text}: resumed at step {start}, inside the range: tracing steps "
+                    f"{start + 1}-{self.range[1]}.")  # fmt: skip
+
+    def before_call(self, step: int) -> None:
+        if self.range and self.chief and not self.profiling and self.range[0] - 1 <= step < self.range[1]:
+            tf.profiler.experimental.start(str(self.output_dir / "logs"))
+            self.profiling = True
+
+    def after_call(self, step: int, result: CallResult, skipped: int, examples_per_sec: float | None) -> None:
+        if self.profiling and self.range and step >= self.range[1]:
+            tf.profiler.experimental.stop()
+            self.profiling = False
+            where = self.output_dir / "logs" / "plugins" / "profile"
+            self.say(f"PROFILE_STEPS={self.text}: trace written to {where} (make tensorboard, its Profile tab)")
+
+    def close(self) -> None:
+        if self.profiling:
+            tf.profiler.experimental.stop()
+            self.profiling = False
+
+
+class StopRequests(Hook):
+    """SIGTERM or Ctrl-C (train.rundir.StopRequest), heard on every worker at the same call: `peers` saves the
+    step (a collective across workers) and says stop."""
+
+    def __init__(self, peers: SingleHost) -> None:
+        self.peers = peers
+
+    def should_stop(self, step: int, saved_step: int, skipped: int) -> bool:
+        return self.peers.should_stop(step, saved_step)
+
+
+def write_scalars(writer, step: int, metrics: Metrics, **extra: float | None) -> None:
+    """TensorBoard scalars: every metric, and the extras given. A metric of several values (an F1 score per
+    class) is one scalar per value, NAME/0, NAME/1, ...: TensorBoard charts one number per tag."""
+    with writer.as_default(step=step):
+        for name, value in {**metrics, **extra}.items():
+            if isinstance(value, float | int):
+                tf.summary.scalar(name, value)
+            elif isinstance(value, list):
+                for index, each in enumerate(value):
+                    if isinstance(each, float | int):
+                        tf.summary.scalar(f"{name}/{index}", each)
+
+
+class Scalars(Hook):
+    """TensorBoard: the training metrics and examples/s at every log step, evaluation's at every epoch's end
+    (`writers`: train and eval, the writer's: train.writer)."""
+
+    def __init__(self, writers: dict[str, tf.summary.SummaryWriter]) -> None:
+        self.writers = writers
+
+    def log(self, step: int, result: CallResult, examples_per_sec: float | None) -> None:
+        write_scalars(self.writers["train"], step, result.metrics, examples_per_sec=examples_per_sec or 0.0)
+
+    def epoch_end(self, epoch: int, step: int, metrics: Metrics) -> None:
+        write_scalars(self.writers["eval"], step, metrics)
+
+
+class Progress(Hook):
+    """The bar or the lines (train.progress, PROGRESS)."""
+
+    def __init__(self, reporter: Lines) -> None:
+        self.reporter = reporter
+
+    def after_call(self, step: int, result: CallResult, skipped: int, examples_per_sec: float | None) -> None:
+        self.reporter.called(step, result.metrics, examples_per_sec)
+
+    def log(self, step: int, result: CallResult, examples_per_sec: float | None) -> None:
+        self.reporter.log(step, result.metrics, examples_per_sec)
+
+    def epoch_end(self, epoch: int, step: int, metrics: Metrics) -> None:
+        self.reporter.evaluated(epoch, metrics)
+
+    def close(self) -> None:
+        self.reporter.close()
+
+
+def check_finite(result: CallResult, step: int, loss_scale: float | None, skipped: int, last_checkpoint) -> None:
+    """Stop on a loss that is no longer a number, telling a float16 overflow from a divergence.
+
+    Under loss scaling an overflowed step is skipped (and counts in no metric): that is an overflow, and
+    training goes on. A non-finite loss at a finite scale, or a scale that fell below 1, is a divergence.
+    """
+    loss = result.loss
+    kept = f"stopped without saving these weights (last good checkpoint: {last_checkpoint})"
+    if loss_scale is None:
+        if not math.isfinite(loss):
+            raise TrainingError(f"the training loss became {loss} by step {step}; {kept}. Try a lower LEARNING_RATE.")
+        return
+    if loss_scale < 1:
+        raise TrainingError(
+            f"training diverged by step {step}: float16 overflowed so often that the loss scale fell to "
+            f"{loss_scale:g} ({skipped} steps skipped); {kept}. Try a lower LEARNING_RATE, or "
+            "MIXED_PRECISION=mixed_bfloat16 (compute capability 8.0+) or off."
+        )
+    if not math.isfinite(loss):
+        raise TrainingError(
+            f"training diverged by step {step}: the loss became {loss} at loss scale {loss_scale:g} (an overflow "
+            f"would have been skipped: {skipped} were); {kept}. Try a lower LEARNING_RATE."
+        )
+
+
+class FiniteLoss(Hook):
+    """After every call, before anything reports it: a loss that is not a number ends the run (`check_finite`)."""
+
+    def __init__(self, built: Built, checkpoint: RunCheckpoint) -> None:
+        self.built, self.checkpoint = built, checkpoint
+
+    def after_call(self, step: int, result: CallResult, skipped: int, examples_per_sec: float | None) -> None:
+        check_finite(result, step, self.built.loss_scale, skipped, self.checkpoint.latest)
+
+
+class Checkpoints(Hook):
+    """The step saved at every CHECKPOINT_EVERY step, epoch end and the end (a collective across workers)."""
+
+    def __init__(self, checkpoint: RunCheckpoint) -> None:
+        self.checkpoint = checkpoint
+
+    def save(self, step: int, skipped: int) -> None:
+        self.checkpoint.save(step, skipped)

@@ -1,0 +1,144 @@
+"""A run's start, before its directory is opened: the workers agree, the data is opened and loaded, the model is
+built and checked, and XLA is decided. What it decided is a `train.run_state.Start`; nothing is written yet (a
+start refused here leaves OUTPUT_DIR as it was)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from train.accumulation import refuse_custom_train_step
+from train.adapt import check_recorded
+from train.callbacks import build_callbacks
+from train.cluster.agreement import Decision, reconcile, report
+from train.cluster.workers import SingleHost
+from train.context import run_context
+from train.custom_step import refuse_unevaluated_monitor
+from train.data import Data, Dataset, batches_per_pass, gathers_in_step, input_pipelines, open_dataset
+from train.data.opening import check_same_data, data_identity_text
+from train.devices.runtime import Runtime, auto_precision, choose_xla
+from train.errors import SettingsError
+from train.exportable import check_exportable
+from train.model import Built, build
+from train.model_file import model_fingerprint
+from train.run_state import Start
+from train.settings import Settings, agreed_settings
+from train.writer import Writer
+
+Say = Callable[[str], None]
+
+
+def steps_per_epoch(settings: Settings, data: Data, runtime: Runtime) -> int:
+    """STEPS_PER_EPOCH, or one pass over the split. Raises SettingsError for a split under one global batch."""
+    pipelines = input_pipelines(runtime.strategy, streamed=not data.in_memory)
+    return settings.steps_per_epoch or batches_per_pass(data.train, runtime.global_batch, pipelines=pipelines)
+
+
+def workers_here(runtime: Runtime) -> int:
+    """The workers TF_CONFIG places on this host (each holds its own copy of the data in memory)."""
+    if runtime.cluster is None:
+        return 1
+    host = runtime.cluster.address.rpartition(":")[0]
+    local = {host, "localhost", "127.0.0.1", socket.gethostname()} if host in ("localhost", "127.0.0.1") else {host}
+    return sum(address.rpartition(":")[0] in local for address in runtime.cluster.addresses)
+
+
+def agree(settings: Settings, runtime: Runtime, peers: SingleHost, dataset: Dataset, recorded: dict) -> Decision:
+    """Every worker's settings, model and facts against the chief's, and one answer for each auto. `recorded`:
+    run.json as the chief found it ({} on other workers)."""
+    spec = dataset.spec
+    facts = {
+        "local replicas": len(runtime.devices),
+        "examples": f"{spec.train_examples} train, {spec.eval_examples} eval",
+        "inputs": spec.describe_inputs(),
+        "label": f"{spec.label_key} {list(spec.label_shape)} {spec.label_dtype}",
+        "data": data_identity_text(dataset.identity),  # the data itself, not DATASET's text (a path differs by host)
+    }
+    check_recorded(settings, recorded, dataset.adapted)  # a start whose adapt fitted other vocabularies
+    this_worker = report(
+        agreed_settings(settings), model_fingerprint(settings.model), facts,
+        dataset.fits_in_memory(workers_here(runtime)), auto_precision(runtime.plan)[0], recorded, dataset.adapted,
+    )  # fmt: skip
+    return reconcile(peers.all_gather("report", this_worker))
+
+
+def topology(runtime: Runtime) -> dict[str, Any]:
+    """What a start ran on: a resume on other devices decides again what does not change the math."""
+    return {"workers": runtime.workers, "replicas": runtime.replicas, "devices": list(runtime.devices)}
+
+
+def moved(starts: list[dict[str, Any]], runtime: Runtime) -> bool:
+    """Whether this start runs on other devices or workers than the last one recorded."""
+    return bool(starts) and {key: starts[-1].get(key) for key in topology(runtime)} != topology(runtime)
+
+
+def _decide_xla(
+    runtime: Runtime, peers: SingleHost, built: Built, whole_call: bool, jit: str, recorded_run: dict[str, Any]
+) -> tuple[bool, str]:
+    """XLA on or off, decided on the chief at a run's first start and reused on resume (on the same devices; on
+    others, decided again: it does not change the math), the same on every worker."""
+    recorded = recorded_run.get("jit_compile")
+    starts = recorded_run.get("starts") or []
+    if jit == "auto" and recorded is not None and not moved(starts, runtime) and not runtime.deterministic:
+        try:  # (DETERMINISTIC: off)
+            choose_xla("true" if recorded else "false", runtime, whole_call, built.convolutional, None)
+            on, why = bool(recorded), "auto: as this run's first start decided"
+        except SettingsError:
+            on, why = False, "auto: this run's first start had it on, but it cannot be here"
+    else:
+        on, why = choose_xla(jit, runtime, whole_call, built.convolutional, built.layer_without_xla())
+        if moved(starts, runtime) and jit == "auto":
+            last = starts[-1]
+            why = (f"{why}; chosen again: the last start ran {last.get('replicas')} replica(s) on "
+                   f"{last.get('workers')} worker(s)")  # fmt: skip
+    on = peers.share_from_chief("jit", "1" if on else "0") == "1"
+    return on, why if peers.is_chief else "as the chief decided"
+
+
+def _build(settings: Settings, runtime: Runtime, data: Data, say: Say):
+    """The context and the model; MIXED_PRECISION=auto gives a model's own train_step float32 (train.model)."""
+    context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))  # a split under one
+    built = build(settings, data.spec, runtime.strategy, context)  # global batch, a bad model: before writing
+    if built.custom_step is not None and runtime.precision == "mixed_float16":
+        say("MIXED_PRECISION=auto: float32, not mixed_float16, for a model's own train_step (its loss scale would "
+            "judge each replica's gradients alone); mixed_bfloat16 needs compute capability 8.0+.")  # fmt: skip
+        runtime = runtime.with_precision("float32")
+        context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))
+        built = build(settings, data.spec, runtime.strategy, context)
+    return runtime, context, built
+
+
+def start_run(settings: Settings, runtime: Runtime, peers: SingleHost, writer: Writer, say: Say
+              ) -> tuple[Start, Runtime]:  # fmt: skip
+    """Agree, load the data, build and check the model, decide XLA: everything before the run directory. Returns
+    what the start decided and the runtime it resolved (its precision)."""
+    for note in runtime.notes:
+        say(note)
+    if runtime.cluster is not None:
+        writes = f", chief: writes {settings.output_dir}" if writer.chief else ""
+        say(f"Worker {peers.worker_index} of {peers.workers} ({runtime.cluster.address}{writes}): all workers joined.")
+    dataset = open_dataset(settings, say)
+    settings = dataset.settings  # a dataset with one split: TRAIN_SPLIT and EVAL_SPLIT slice it
+    if writer.chief:
+        check_same_data(settings, dataset.identity)  # another DATASET, or changed files: before anything is built
+    recorded = writer.recorded()  # run.json, read once
+    decision = agree(settings, runtime, peers, dataset, recorded)
+    runtime = runtime.with_precision(decision.precision)
+    data = dataset.load(settings, decision.data_in_memory, workers_here(runtime))
+    for line in (*decision.notes, *data.notes):
+        say(line)
+    runtime, context, built = _build(settings, runtime, data, say)
+    refuse_unevaluated_monitor(settings.monitor, settings.model, built)
+    refuse_custom_train_step(settings.model, built.network, runtime.accumulation)
+    if writer.chief:  # the one that exports: a model it could not export is refused before the first step
+        check_exportable(built, settings)
+    whole_call = gathers_in_step(runtime.strategy, data.spec.records)  # the feed lets XLA compile the whole call
+    jit, why = _decide_xla(runtime, peers, built, whole_call, decision.jit_compile, recorded)
+    if jit and decision.jit_compile == "auto" and built.custom_step is not None and not built.network.jit_compile:
+        # as model.fit runs it: a step of the fork's own may hold what XLA cannot compile (a tf.print)
+        jit, why = False, "auto: off, as model.fit runs this model's own train_step (its jit_compile is False)"
+    callbacks = tuple(build_callbacks(settings, context))  # bad callbacks: before writing
+    start = Start(settings, peers, data, built, context, callbacks, jit, why, dataset.identity, dataset.adapted,
+                  recorded, say)  # fmt: skip
+    return start, runtime
