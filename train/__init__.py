@@ -1,3 +1,66 @@
-"""A containerised multi-GPU TensorFlow/Keras training template. Run `python -m train --help`."""
+"""A containerised multi-GPU TensorFlow/Keras training template. Run `python -m train --help`.
+
+The engine's map: what each module or package owns, and what it must not do. A fork edits `project/` (its MODEL
+file, its datasets) and never a row of this table: docs/fork.md is its guide, docs/design.md gives the reasons.
+Model, data, devices and loop are the rows in capitals.
+
+| where           | owns                                                           | must not                          |
+|-----------------|----------------------------------------------------------------|-----------------------------------|
+| cli, __main__   | the commands: resolve the settings, call the library, map      | compute what a library call       |
+|                 | errors to exit codes (errors)                                  | could; import TF before a command |
+|                 |                                                                | needs it                          |
+| settings/       | each setting declared once (table), parsed (parse), layered:   | import TensorFlow; write a file   |
+|                 | flag > environment > .env > default (layers); checked before   |                                   |
+|                 | TF loads                                                       |                                   |
+| model_file      | MODEL's file: found, parsed, hashed, imported once; its seams  | import train.settings, or TF at   |
+|                 | (build_model, preprocess, adapt, build_callbacks,              | import time                       |
+|                 | export_model); whether a model has its own train_step          |                                   |
+| hparams         | build_model's keyword defaults as HP_<NAME> settings           | import train.settings             |
+| devices/        | DEVICES: visible GPUs and memory growth, then the strategy, in | be called after other TF work;    |
+|                 | that order, and the global batch, once (runtime); the one seam | call TF's device API outside      |
+|                 | for GPU-only calls, which tests fake (backend)                 | backend                           |
+| batches         | what a step's batch is: global, per replica, accumulated       | import TensorFlow                 |
+| cluster/        | SEVERAL MACHINES: TF_CONFIG (tf_config); what workers agree on | be asked which it is: the loop    |
+|                 | (agreement); the one seam where multi-worker differs,          | calls `peers` alike               |
+|                 | SingleHost or Workers (workers); local workers (launch)        |                                   |
+| data/           | DATA: DATASET opened, or written once (opening, local,         | import the model, the step or the |
+|                 | written); what it holds (spec); held in memory (in_memory) or  | run directory                     |
+|                 | streamed (streamed); the general path's examples and           |                                   |
+|                 | preprocess (examples); batches behind the Feed protocol, in an |                                   |
+|                 | order fixed by (SEED, step) (feeds)                            |                                   |
+| adapt, context  | MODEL's adapt(context), once a process; the run's facts handed | train; write                      |
+|                 | to build_model and build_callbacks                             |                                   |
+| model           | MODEL: the fork's compiled model checked against the data,     | run a training step               |
+|                 | wrapped in its input and scaling; seeds, averages, export      |                                   |
+| exportable,     | the export tried before the first step; its outputs named as   | write into OUTPUT_DIR             |
+| outputs         | TF Serving names them                                          |                                   |
+| step,           | THE STEP: a call of STEPS_PER_CALL steps under strategy.run    | know files, epochs or which       |
+| custom_step,    | (the engine's step, a model's own train_step, or accumulated   | worker it is on                   |
+| accumulation    | micro-batches), and evaluation                                 |                                   |
+| keras_seams     | the few places below Keras's public API, each guarded by a     | grow without a test naming it     |
+|                 | test                                                           |                                   |
+| fit             | THE RUN: fit and evaluate, the chapters below called in order  | write a file itself; ask which    |
+|                 |                                                                | worker it is on                   |
+| start,          | the start: workers agree, the data loaded, the model built,    | write anything (start); hold Any  |
+| run_state       | XLA decided: a frozen Start; where the run is: Position        | (run_state)                       |
+| resume, rundir, | the run directory proven writable before TF (rundir), opened,  | train                             |
+| checkpoints,    | restored or begun (resume); what a checkpoint holds, restored  |                                   |
+| timeline        | with its seeds (checkpoints); steps mapped to epochs and to    |                                   |
+|                 | the data: the one epoch arithmetic (timeline)                  |                                   |
+| loop, hooks     | THE LOOP: calls on time (loop); between them an ordered list   | run a training call (hooks); know |
+|                 | of typed hooks: profiler, the fork's callbacks, stop requests, | files or workers (loop)           |
+|                 | scalars, progress, finite loss, checkpoints (hooks)            |                                   |
+| callbacks,      | the fork's Keras callbacks, MONITOR, epochs.json (a hook);     | write but through the writer      |
+| progress        | what a run says while it trains                                |                                   |
+| writer          | what the chief writes (settings.json, run.json, epochs.json,   | be bypassed (a checkpoint is a    |
+|                 | summary.json, logs, exports), decided once; the other workers' | collective: checkpoints, peers)   |
+|                 | Writer does nothing                                            |                                   |
+| failures,       | errors told in one line, AUTO_BATCH's retry; the last          | write but through the writer      |
+| finish          | evaluation, the export, summary.json                           |                                   |
+| predict,        | `predict`: the export run on files, rows or a split, as JSON   | train; write into OUTPUT_DIR      |
+| predict_inputs  | Lines                                                          |                                   |
+| errors          | the one-line failures, and every exit code                     | import TensorFlow                 |
+| tools/          | the doctor, check and its probe, the benchmark                 | be imported by the engine         |
+"""
 
 __version__ = "0.1.0"
