@@ -14,7 +14,7 @@ from train.model import averaged_weights, weights_fingerprint
 from train.model_file import model_fingerprint
 from train.progress import evaluation_notice, format_metrics
 from train.run_state import Position, Start
-from train.writer import Scalars, Writer
+from train.writer import SummaryWriters, Writer
 
 Evaluate = Callable[[TrainSplit, int], dict[str, Any]]
 
@@ -61,7 +61,7 @@ def summary(start: Start, position: Position, checkpoint: RunCheckpoint, outcome
 
 def finish(
     start: Start, position: Position, checkpoint: RunCheckpoint, callbacks: Callbacks, writer: Writer,
-    scalars: Scalars, evaluate: Evaluate, outcome: Outcome,
+    scalars: SummaryWriters, evaluate: Evaluate, outcome: Outcome,
 ) -> dict[str, Any]:  # fmt: skip
     """Evaluate both splits (every worker takes part), export and write the summary (the chief)."""
     for each in scalars.values():

@@ -50,8 +50,7 @@ from train.run_state import Position, Start
 from train.rundir import RunLock, StopRequest, check_same_model, read_run
 from train.settings import Settings
 from train.start import start_run, steps_per_epoch
-from train.writer import Scalars as ScalarWriters
-from train.writer import Writer, writer_for
+from train.writer import SummaryWriters, Writer, writer_for
 
 Say = Callable[[str], None]
 
@@ -98,7 +97,7 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> dict[str, Any
 
 def _train(
     start: Start, position: Position, checkpoint: RunCheckpoint, callbacks: Callbacks, writer: Writer,
-    scalars: ScalarWriters, evaluate: Evaluate,
+    scalars: SummaryWriters, evaluate: Evaluate,
 ) -> Outcome:  # fmt: skip
     """The loop, at BATCH_SIZE; on out-of-memory with AUTO_BATCH, again from the last checkpoint at half."""
     settings, say, data = start.settings, start.say, start.data

@@ -31,6 +31,7 @@ from train.model import Built
 from train.progress import Lines
 from train.settings import Settings
 from train.step import CallResult
+from train.writer import SummaryWriters
 
 Metrics = dict[str, float | list]
 Say = Callable[[str], None]
@@ -129,7 +130,7 @@ class Scalars(Hook):
     """TensorBoard: the training metrics and examples/s at every log step, evaluation's at every epoch's end
     (`writers`: train and eval, the writer's: train.writer)."""
 
-    def __init__(self, writers: dict[str, tf.summary.SummaryWriter]) -> None:
+    def __init__(self, writers: SummaryWriters) -> None:
         self.writers = writers
 
     def log(self, step: int, result: CallResult, examples_per_sec: float | None) -> None:

@@ -31,7 +31,7 @@ from train.rundir import EPOCHS, RUN, RunLock, read_run, write_json
 from train.settings import RUN_SETTINGS, Settings, changed_settings
 
 Say = Callable[[str], None]
-Scalars = dict[str, Any]  # "train", "eval": tf.summary writers
+SummaryWriters = dict[str, Any]  # "train", "eval": tf.summary writers (train.hooks.Scalars writes to them)
 
 
 class Writer:
@@ -69,7 +69,7 @@ class Writer:
         """model.keras and saved_model/; where they are (None: not written here)."""
         return None
 
-    def scalars(self) -> Scalars:
+    def scalars(self) -> SummaryWriters:
         """TensorBoard's writers, train and eval, under logs/."""
         return {name: tf.summary.create_noop_writer() for name in ("train", "eval")}
 
@@ -121,7 +121,7 @@ class ChiefWriter(Writer):
                 f"{latest} is intact: {storage_fix(error, self.output_dir)} and run again to export"
             ) from None
 
-    def scalars(self) -> Scalars:
+    def scalars(self) -> SummaryWriters:
         logs = self.output_dir / "logs"
         return {name: tf.summary.create_file_writer(str(logs / name)) for name in ("train", "eval")}
 
