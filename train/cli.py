@@ -34,7 +34,7 @@ import typer
 from typer.core import TyperCommand
 
 from train import hparams
-from train.errors import EXIT_FAILED, EXIT_PREEMPTED, BusyError, SettingsError, TrainingError, first_line
+from train.errors import EXIT_FAILED, EXIT_PREEMPTED, BusyError, SettingsError, Stopped, TrainingError, first_line
 from train.rundir import StopRequest, check_same_model, preflight, write_json
 from train.settings import FIELDS, FIELDS_BY_ENV, Settings, load_settings, peek_hyperparameters
 
@@ -222,6 +222,9 @@ def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool =
             return command(settings, **kwargs)
         except (SettingsError, TrainingError, BusyError) as error:
             _fail(str(error), error.exit_code)
+        except Stopped as stopped:  # not an error: what was asked for, before training began
+            typer.echo(str(stopped), err=True)
+            raise typer.Exit(stopped.exit_code) from None
         except (typer.Exit, typer.Abort, typer.TyperException):
             raise  # a command's own exit code, or typer's (click's, which typer vendors: typer.Exit is an Exception)
         except Exception as error:  # anything the engine did not foresee: one line, the traceback kept in a file
@@ -414,6 +417,51 @@ def bench(
     )
     typer.echo(format_benchmark(result))
     _write_json(json_path, result)
+
+
+data_app = typer.Typer(
+    help="The prepared datasets in TFDS_DATA_DIR: list them, and remove the copies no run uses.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 120},
+)
+app.add_typer(data_app, name="data")
+RunsRoot = Annotated[Path, typer.Option("--runs", help="The run directories looked for under this folder.")]
+DataDir = Annotated[
+    Optional[Path],  # noqa: UP045
+    typer.Option("--tfds-data-dir", help="Default: TFDS_DATA_DIR from the environment, .env, the TFDS default."),
+]
+
+
+@data_app.command("list", short_help="Each prepared dataset, its source, size, date and runs.")
+def data_list(runs: RunsRoot = Path("runs"), tfds_data_dir: DataDir = None, json_path: JsonPath = None) -> None:
+    """Each prepared dataset: its source, size, date, and the run directories under --runs that use it."""
+    from train.data.prepared import data_dir, format_list, listed
+
+    try:
+        _check_json_path(json_path)
+        root = data_dir(tfds_data_dir)
+        found = listed(root, runs, _warn)
+        typer.echo(format_list(root, runs, found))
+        _write_json(json_path, [each.to_json() for each in found])
+    except (SettingsError, TrainingError) as error:
+        _fail(str(error), error.exit_code)
+
+
+@data_app.command("prune", short_help="Remove the copies of folders and tables no run uses.")
+def data_prune(
+    runs: RunsRoot = Path("runs"),
+    tfds_data_dir: DataDir = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
+) -> None:
+    """Remove the copies written from a folder or table that no run under --runs records; say what was freed."""
+    from train.data.prepared import data_dir, format_pruned, prune
+
+    try:
+        root = data_dir(tfds_data_dir)
+        typer.echo(format_pruned(root, runs, prune(root, runs, _warn, dry_run), dry_run))
+    except (SettingsError, TrainingError) as error:
+        _fail(str(error), error.exit_code)
 
 
 @settings_command("What TensorFlow sees; what the settings resolve to.")

@@ -23,6 +23,13 @@ class TrainingError(RuntimeError):
     exit_code = EXIT_FAILED
 
 
+class Stopped(RuntimeError):
+    """SIGTERM or Ctrl-C heard before training began (while DATASET was being written): nothing was written, and the
+    same command starts again. Exit code 42."""
+
+    exit_code = EXIT_PREEMPTED
+
+
 class BusyError(RuntimeError):
     """The run directory is held by another live process (its lock): nothing was written. Exit code 75."""
 

@@ -43,6 +43,7 @@ class Start:
     adapted: Json  # what MODEL's adapt fitted (train.adapt.fingerprint)
     recorded: Json  # run.json as this start found it (the chief's; {} on other workers)
     say: Callable[[str], None]
+    left_out: Json = field(default_factory=dict)  # a folder's files not in the data: summary.json's "left_out"
 
     @property
     def output_dir(self) -> Path:

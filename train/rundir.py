@@ -453,7 +453,8 @@ def checkpoints_newest_first(checkpoint_dir: Path) -> list[Path]:
 class StopRequest:
     """SIGTERM (docker stop, Kubernetes, spot preemption) or Ctrl-C: finish the step, save, leave.
 
-    The handler only sets a flag; the loop looks at it between calls. A second Ctrl-C stops at once.
+    The handler only sets a flag; the loop looks at it between calls, and a path DATASET's writing between files
+    (`stop_heard`). A second Ctrl-C stops at once.
     """
 
     def __init__(self) -> None:
@@ -475,6 +476,7 @@ class StopRequest:
     def __enter__(self) -> StopRequest:
         for signum in (signal.SIGTERM, signal.SIGINT):
             self._previous[signum] = signal.signal(signum, self._handle)
+        _LISTENING.append(self)
         return self
 
     def rearm(self) -> None:
@@ -484,5 +486,15 @@ class StopRequest:
             signal.signal(signum, self._handle)
 
     def __exit__(self, *exc: Any) -> None:
+        _LISTENING.remove(self)
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+
+
+_LISTENING: list[StopRequest] = []  # the StopRequests in force in this process (fit's)
+
+
+def stop_heard() -> str | None:
+    """The signal (SIGTERM, SIGINT) a StopRequest in force has heard; None where none has, or none is in force (a
+    command that stops at once on a signal)."""
+    return next((each.signal_name for each in _LISTENING if each.signal_name), None)

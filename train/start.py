@@ -121,7 +121,9 @@ def start_run(settings: Settings, runtime: Runtime, peers: SingleHost, writer: W
     dataset = open_dataset(settings, say)
     settings = dataset.settings  # a dataset with one split: TRAIN_SPLIT and EVAL_SPLIT slice it
     if writer.chief:
-        check_same_data(settings, dataset.identity)  # another DATASET, or changed files: before anything is built
+        taken = check_same_data(settings, dataset.identity)  # another DATASET, or changed files: before anything is
+        if taken:  # built; or a run that trained no step, which takes the data as it is now
+            say(taken)
     recorded = writer.recorded()  # run.json, read once
     decision = agree(settings, runtime, peers, dataset, recorded)
     runtime = runtime.with_precision(decision.precision)
@@ -140,5 +142,5 @@ def start_run(settings: Settings, runtime: Runtime, peers: SingleHost, writer: W
         jit, why = False, "auto: off, as model.fit runs this model's own train_step (its jit_compile is False)"
     callbacks = tuple(build_callbacks(settings, context))  # bad callbacks: before writing
     start = Start(settings, peers, data, built, context, callbacks, jit, why, dataset.identity, dataset.adapted,
-                  recorded, say)  # fmt: skip
+                  recorded, say, dataset.left_out)  # fmt: skip
     return start, runtime

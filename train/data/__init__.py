@@ -56,6 +56,7 @@ class Dataset:
     settings: Settings
     notes: tuple[str, ...] = ()
     adapted: dict[str, Any] = field(default_factory=dict)  # what MODEL's adapt fitted (train.adapt.fingerprint)
+    left_out: dict[str, Any] = field(default_factory=dict)  # a folder's files not in the data (summary.json)
 
     def fits_in_memory(self, workers_here: int = 1) -> bool:
         """Whether both splits, as stored, fit in the memory left (for each worker this host runs)."""
@@ -86,7 +87,7 @@ def open_dataset(settings: Settings, say=print) -> Dataset:
     adapted = run_adapt(opened.settings, opened.builder)  # before preprocess is first traced (inspect runs it)
     preprocess = load_model_file(settings.model).preprocess or opened.columns(settings)
     spec = inspect(opened.builder, opened.settings, preprocess=preprocess)
-    return Dataset(opened.builder, spec, opened.identity, opened.settings, opened.notes, adapted)
+    return Dataset(opened.builder, spec, opened.identity, opened.settings, opened.notes, adapted, opened.left_out)
 
 
 def load_data(settings: Settings, say=print) -> Data:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from train.data.intact import damage
 from train.errors import SettingsError
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".jpe", ".png", ".gif", ".bmp"}  # a file named so must be one (else refused)
@@ -190,6 +191,7 @@ class Read:
 
     files: dict[str, tuple[int, str]] = field(default_factory=dict)  # relative path -> (size, sha256)
     skipped: list[str] = field(default_factory=list)  # not images, left out
+    broken: list[tuple[str, str]] = field(default_factory=list)  # (path, what is wrong): BAD_FILES decides
 
     @property
     def fingerprint(self) -> str:
@@ -206,8 +208,9 @@ def fingerprint(files: dict[str, tuple[int, str]]) -> str:
 
 
 def read_image(survey: Survey, entry: Entry, read: Read) -> tuple[bytes, str] | None:
-    """The file's bytes and image kind, its sha256 noted in `read`; None (noted as skipped) for a file that is not
-    an image. Raises SettingsError for a file named as an image that is not one."""
+    """The file's bytes and image kind, its sha256 noted in `read`; None for a file that is not an image (noted as
+    skipped) or a broken one: named as an image but not one, or cut short (noted as broken, with what is wrong,
+    for BAD_FILES). Raises SettingsError for a file that cannot be read."""
     path = survey.file(entry)
     try:
         data = path.read_bytes()
@@ -216,9 +219,13 @@ def read_image(survey: Survey, entry: Entry, read: Read) -> tuple[bytes, str] | 
     kind = image_kind(data[:8])
     if kind is None:
         if Path(entry.path).suffix.lower() in IMAGE_SUFFIXES:
-            raise SettingsError(f"DATASET={survey.root}: {entry.path} is named as an image but is not a JPEG, PNG, "
-                                "GIF or BMP: remove it or replace it")  # fmt: skip
-        read.skipped.append(entry.path)
+            read.broken.append((entry.path, "named as an image but not a JPEG, PNG, GIF or BMP"))
+        else:
+            read.skipped.append(entry.path)
+        return None
+    problem = damage(data, kind)
+    if problem is not None:
+        read.broken.append((entry.path, problem))
         return None
     read.files[entry.path] = (len(data), hashlib.sha256(data).hexdigest())
     return data, kind

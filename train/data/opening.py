@@ -14,7 +14,7 @@ import importlib.util
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from train.data import local, written
 from train.errors import SettingsError, first_line
-from train.rundir import read_run
+from train.rundir import checkpoints_newest_first, read_run
 from train.settings import Settings
 
 ONE_SPLIT = ("train[:90%]", "train[90%:]")  # TRAIN_SPLIT and EVAL_SPLIT of a dataset with one split, train
@@ -37,6 +37,7 @@ class Opened:
     identity: dict[str, Any]
     settings: Settings
     notes: tuple[str, ...] = ()
+    left_out: dict[str, Any] = field(default_factory=dict)  # a folder's files not in the data (written.Written)
 
     def columns(self, settings: Settings):
         """A table's (CSV, JSON Lines) `preprocess` where MODEL has none and FEATURE_KEY is unset: every column but
@@ -66,10 +67,11 @@ def open_source(settings: Settings, say) -> Opened:
     import tensorflow_datasets as tfds
 
     notes: tuple[str, ...] = ()
+    left_out: dict[str, Any] = {}
     if local.is_path(settings.dataset):
         source = written.prepare_path(settings, say)
         builder = tfds.builder_from_directory(str(source.directory))
-        identity, notes = source.identity, source.notes
+        identity, notes, left_out = source.identity, source.notes, source.left_out
     else:
         builder = open_builder(settings)
         if builder.info.file_format is None:  # a tfds.ImageFolder: TFDS reads the images, no prepared files
@@ -83,7 +85,7 @@ def open_source(settings: Settings, say) -> Opened:
             builder = open_builder(settings)
         identity = tfds_identity(builder)
     settings, split_note = one_split(settings, builder)
-    return Opened(builder, identity, settings, (*notes, *split_note))
+    return Opened(builder, identity, settings, (*notes, *split_note), left_out)
 
 
 def tfds_identity(builder) -> dict[str, Any]:
@@ -114,13 +116,17 @@ def one_split(settings: Settings, builder) -> tuple[Settings, tuple[str, ...]]:
     return settings.replace(train_split=ONE_SPLIT[0], eval_split=ONE_SPLIT[1]), (note,)
 
 
-def check_same_data(settings: Settings, identity: dict[str, Any]) -> None:
+def check_same_data(settings: Settings, identity: dict[str, Any]) -> str | None:
     """A run directory trained on other data (another DATASET, or its files changed) is refused in one line: nothing
-    is trained on it. Raises SettingsError."""
+    is trained on it. A run that trained no step yet (stopped by a file that did not decode, say) takes the data as
+    it is now: what to say about that, else None. Raises SettingsError."""
     recorded = read_run(settings.output_dir).get("data")
     if not recorded or recorded == identity:
-        return
+        return None
     where = f"OUTPUT_DIR={settings.output_dir}"
+    if not _trained_steps(settings.output_dir):
+        return (f"DATASET={settings.dataset!r} is not the data {where} was first started on, but no step was trained "
+                "on that: this run trains on the data as it is now")  # fmt: skip
     stems = {each.get("name", "").rsplit("_", 1)[0] for each in (recorded, identity)}  # a path's name: stem_hash
     if recorded.get("kind") == identity.get("kind") != "tfds" and len(stems) == 1:  # the same folder or file, changed
         changes = _changes(settings, recorded, identity)
@@ -138,6 +144,15 @@ def check_same_data(settings: Settings, identity: dict[str, Any]) -> None:
         f"DATASET={settings.dataset!r} is not the data {where} was trained on ({what}): use another OUTPUT_DIR for it, "
         "or set DATASET back"
     )
+
+
+def _trained_steps(output_dir: Path) -> bool:
+    """Whether the run directory holds a checkpoint after step 0 (the initial weights, saved at a first start)."""
+    try:
+        newest = checkpoints_newest_first(output_dir / "checkpoints")
+    except SettingsError:  # cannot be read: as if it had trained (refused, the safe side)
+        return True
+    return bool(newest) and newest[0].name != "ckpt-0"
 
 
 def _short(value: Any) -> str:

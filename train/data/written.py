@@ -6,6 +6,10 @@ files, as TFDS writes them, beside TFDS's own dataset_info.json and features.jso
 reads them. The writing goes to a temporary folder renamed into place (`<name>/1.0.0`, the name derived from the
 fingerprint, LABEL_KEY and LABEL_KIND), under a lock for the processes sharing TFDS_DATA_DIR; a later start
 whose files have the same sizes and mtimes reuses it from an index, reading nothing.
+
+Each image's structure is checked as it is read (train.data.intact): broken files are named and refused, or left out
+(BAD_FILES), before anything trains. A SIGTERM or Ctrl-C that fit hears stops the writing between two files, and
+the temporary folder is removed: nothing half-written, and the next start writes again.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from train.data import local
-from train.errors import SettingsError
+from train.errors import SettingsError, Stopped
+from train.rundir import stop_heard
 
 VERSION = "1.0.0"
 SHARD_BYTES = 64 << 20  # a TFRecord file's bytes, about: several files let workers stream disjoint shares
@@ -38,6 +43,8 @@ WRITING = ".train-writing-"  # in TFDS_DATA_DIR: a folder being written (a lefto
 INDEX = ".train-sources"  # in TFDS_DATA_DIR: path + stat listing -> dataset written from them
 SOURCE = "source.json"  # in the written dataset: its fingerprint and files, for a refusal to name what changed
 PROGRESS_SECONDS = 5.0  # lines while writing, off a terminal
+NAMED = 10  # broken files named in a refusal, and left out files in summary.json's "left_out"
+LOCK_POLL_SECONDS = 0.2  # how often a process waiting for the lock looks whether it was told to stop
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,14 @@ class Written:
     identity: dict[str, Any]
     notes: tuple[str, ...] = ()
     skipped: list[str] = field(default_factory=list)  # files left out, not images
+    broken: list[tuple[str, str]] = field(default_factory=list)  # (path, what is wrong): left out, BAD_FILES=skip
+
+    @property
+    def left_out(self) -> dict[str, Any]:
+        """summary.json's "left_out": how many files of the source are not in the data (broken ones first, then
+        those that are not images), and the first NAMED."""
+        files = [path for path, _ in self.broken] + self.skipped
+        return {"count": len(files), "files": files[:NAMED]}
 
 
 def data_dir(settings) -> Path:
@@ -70,13 +85,26 @@ def locked(root: Path, what: str) -> Iterator[None]:
             "make that folder writable, or set TFDS_DATA_DIR to a writable one"
         ) from None
     with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        while True:  # not a blocking flock: a process waiting for another's writing still hears fit's SIGTERM
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                _stop_if_heard(f"while waiting for another process to write {what}")
+                time.sleep(LOCK_POLL_SECONDS)
         try:
             for leftover in root.glob(f"{WRITING}*"):
                 shutil.rmtree(leftover, ignore_errors=True)
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _stop_if_heard(doing: str) -> None:
+    """Raises Stopped where fit has heard SIGTERM or Ctrl-C."""
+    heard = stop_heard()
+    if heard:
+        raise Stopped(f"Stopped by {heard} {doing}: nothing was written; run the same command again to go on.")
 
 
 def remove_incomplete(dataset_folder: Path) -> list[str]:
@@ -101,7 +129,9 @@ def _reused(root: Path, index: Path, survey: local.Survey) -> Written | None:
         recorded = json.loads(index.read_text(encoding="utf-8"))
         directory = root / recorded["name"] / VERSION
         if recorded["listing"] == survey.listing and (directory / "dataset_info.json").is_file():
-            return Written(directory, recorded["identity"], _left_out(recorded["skipped"]))
+            broken = [(path, why) for path, why in recorded.get("broken", [])]
+            skipped = recorded["skipped"]
+            return Written(directory, recorded["identity"], _left_out(skipped, broken), skipped, broken)
     return None
 
 
@@ -119,14 +149,18 @@ def prepare_path(settings, say) -> Written:
     if survey.kind == "tfds":
         return _prepared_folder(settings, survey)
     label_key = settings.label_key or "label"
+    if survey.kind == "images":
+        _check_classes(settings, survey)
     root = data_dir(settings)
     index = _index_path(root, survey, label_key, settings.label_kind)
     reused = _reused(root, index, survey)
     if reused is not None:
+        _check_broken(settings, reused.broken)  # written with BAD_FILES=skip, started now with refuse
         return reused
     with locked(root, f"DATASET={settings.dataset!r}"):
         reused = _reused(root, index, survey)  # another process wrote it while this one waited
         if reused is not None:
+            _check_broken(settings, reused.broken)
             return reused
         temporary = root / f"{WRITING}{os.getpid()}"
         try:
@@ -134,9 +168,36 @@ def prepare_path(settings, say) -> Written:
         finally:
             shutil.rmtree(temporary, ignore_errors=True)
         record = {"name": written.directory.parent.name, "listing": survey.listing, "identity": written.identity,
-                  "skipped": written.skipped}  # fmt: skip
+                  "skipped": written.skipped, "broken": written.broken,
+                  "source": str(survey.root.resolve())}  # fmt: skip
         _write_index(index, record)
         return written
+
+
+def _check_classes(settings, survey: local.Survey) -> None:
+    """A folder of images with one class folder cannot train a classifier (it would learn the one answer, with loss
+    0): refused before anything is written, unless LABEL_KEY=none (the images without labels). Raises
+    SettingsError."""
+    if len(survey.classes) >= 2 or settings.label_key == "none":
+        return
+    raise SettingsError(
+        f"DATASET={settings.dataset!r} holds one class folder, {survey.classes[0]}: classification needs two "
+        "classes at least: add a folder of another class's images beside it, or set LABEL_KEY=none to train on the "
+        "images without labels"
+    )
+
+
+def _check_broken(settings, broken: list[tuple[str, str]]) -> None:
+    """Broken image files (cut short, or named as images but not ones) with BAD_FILES=refuse: every one counted, the
+    first NAMED named. Raises SettingsError."""
+    if not broken or settings.bad_files == "skip":
+        return
+    named = "; ".join(f"{path} ({why})" for path, why in broken[:NAMED])
+    more = f"; and {len(broken) - NAMED} more" if len(broken) > NAMED else ""
+    raise SettingsError(
+        f"DATASET={settings.dataset!r}: {len(broken)} broken image file(s): {named}{more}. Nothing was trained: "
+        "replace or remove them, or set BAD_FILES=skip to leave them out"
+    )
 
 
 def _prepared_folder(settings, survey: local.Survey) -> Written:
@@ -178,7 +239,7 @@ def _write(settings, survey: local.Survey, temporary: Path, root: Path, label_ke
     temporary.mkdir(parents=True)
     read = local.Read()
     if survey.kind == "images":
-        features, splits, supervised = _write_images(survey, temporary, read, say, tf)
+        features, splits, supervised = _write_images(settings, survey, temporary, read, say, tf)
     else:
         features, splits, supervised = _write_table(settings, survey, temporary, read, label_key, tf)
     fingerprint = read.fingerprint
@@ -187,19 +248,27 @@ def _write(settings, survey: local.Survey, temporary: Path, root: Path, label_ke
     final = root / name / VERSION
     if not (final / "dataset_info.json").is_file():  # else: the same data, written before from another path
         _finish(temporary, name, features, splits, supervised)
-        (temporary / SOURCE).write_text(json.dumps({"identity": identity, "files": read.files}), encoding="utf-8")
+        source = {"identity": identity, "files": read.files, "source": str(survey.root.resolve())}
+        (temporary / SOURCE).write_text(json.dumps(source), encoding="utf-8")
         final.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(final, ignore_errors=True)  # a folder without dataset_info.json: not a dataset
         os.rename(temporary, final)
     skipped = [entry.path for entry in survey.entries if survey.kind == "images" and "/" not in entry.path]
     skipped += read.skipped  # beside the class folders, or in them but not an image
-    return Written(final, identity, _left_out(skipped), skipped)
+    return Written(final, identity, _left_out(skipped, read.broken), skipped, read.broken)
 
 
-def _left_out(skipped: list[str]) -> tuple[str, ...]:
-    if not skipped:
-        return ()
-    return (f"{len(skipped)} file(s) left out, not a JPEG, PNG, GIF or BMP: {', '.join(skipped[: local.SHOWN])}",)
+def _left_out(skipped: list[str], broken: list[tuple[str, str]]) -> tuple[str, ...]:
+    """What the start says of the files left out: broken ones (BAD_FILES=skip), and those that are not images."""
+    notes = []
+    if broken:
+        named = "; ".join(f"{path} ({why})" for path, why in broken[: local.SHOWN])
+        notes.append(f"{len(broken)} broken image file(s) left out (BAD_FILES=skip): {named}"
+                     + ("; ..." if len(broken) > local.SHOWN else ""))  # fmt: skip
+    if skipped:
+        notes.append(f"{len(skipped)} file(s) left out, not a JPEG, PNG, GIF or BMP: "
+                     f"{', '.join(skipped[: local.SHOWN])}")  # fmt: skip
+    return tuple(notes)
 
 
 class _Progress:
@@ -207,6 +276,7 @@ class _Progress:
 
     def __init__(self, what: str, total: int, say) -> None:
         self.what, self.total, self.say, self.done, self.start = what, total, say, 0, time.monotonic()
+        self.images = 0  # of the files done, those written (the others: left out)
         self.last, self.bar = self.start, None
         if sys.stdout.isatty():
             from rich.progress import Progress
@@ -215,8 +285,9 @@ class _Progress:
             self.task = self.bar.add_task(what, total=total, rate="")
             self.bar.start()
 
-    def advance(self) -> None:
+    def advance(self, image: bool) -> None:
         self.done += 1
+        self.images += image
         now = time.monotonic()
         if self.bar is not None and (now - self.last > 0.1 or self.done == self.total):
             rate = f"{self.done / max(now - self.start, 1e-9):,.0f} files/s"
@@ -226,11 +297,15 @@ class _Progress:
             self.say(f"{self.what}: {self.done:,}/{self.total:,} files, {self.done / (now - self.start):,.0f} files/s")
             self.last = now
 
-    def close(self) -> None:
+    def close(self, finished: bool) -> None:
         if self.bar is not None:
             self.bar.stop()
+        if not finished:  # refused or stopped: what it says is the line
+            return
         seconds = time.monotonic() - self.start
-        self.say(f"{self.what}: {self.done:,} files in {seconds:.1f} s ({self.done / max(seconds, 1e-9):,.0f} files/s)")
+        left = self.done - self.images
+        self.say(f"{self.what}: {self.images:,} images in {seconds:.1f} s ({self.done / max(seconds, 1e-9):,.0f} "
+                 f"files/s){f', {left:,} file(s) left out' if left else ''}")  # fmt: skip
 
 
 def _order(count: int) -> np.ndarray:
@@ -247,6 +322,7 @@ def _write_records(temporary: Path, split: str, items: list, total_bytes: int, m
         path = temporary / f"{split}.part-{shard:05d}-of-{shards:05d}"
         with tf.io.TFRecordWriter(str(path)) as writer:
             for item in items[shard * len(items) // shards : (shard + 1) * len(items) // shards]:
+                _stop_if_heard(f"while DATASET was being written into {temporary.parent}")
                 record = make(item)
                 if record is not None:
                     writer.write(record)
@@ -255,7 +331,7 @@ def _write_records(temporary: Path, split: str, items: list, total_bytes: int, m
     return lengths, written
 
 
-def _write_images(survey: local.Survey, temporary: Path, read: local.Read, say, tf):
+def _write_images(settings, survey: local.Survey, temporary: Path, read: local.Read, say, tf):
     import tensorflow_datasets as tfds
 
     index = {name: number for number, name in enumerate(survey.classes)}
@@ -265,7 +341,7 @@ def _write_images(survey: local.Survey, temporary: Path, read: local.Read, say, 
     def make(item) -> bytes | None:
         entry, label = item
         image = local.read_image(survey, entry, read)
-        progress.advance()
+        progress.advance(image is not None)
         if image is None:
             return None
         counts[label] = counts.get(label, 0) + 1
@@ -275,15 +351,19 @@ def _write_images(survey: local.Survey, temporary: Path, read: local.Read, say, 
             "filename": tf.train.Feature(bytes_list=tf.train.BytesList(value=[entry.path.encode()])),
         })).SerializeToString()  # fmt: skip
 
+    finished = False
     try:
         for split, entries in survey.splits.items():
             ordered = [entries[i] for i in _order(len(entries))]
             size = sum(entry.size for entry, _ in entries)
             splits[split] = _write_records(temporary, split, ordered, size, make, tf)
-            if not sum(splits[split][0]):
-                raise SettingsError(f"DATASET={survey.root}: the split {split} holds no JPEG, PNG, GIF or BMP images")
+        finished = True
     finally:
-        progress.close()
+        progress.close(finished)
+    _check_broken(settings, read.broken)  # every file read: every broken one counted
+    for split, (lengths, _) in splits.items():
+        if not sum(lengths):
+            raise SettingsError(f"DATASET={survey.root}: the split {split} holds no JPEG, PNG, GIF or BMP images")
     empty = [name for name in survey.classes if not counts.get(name)]
     if empty:
         raise SettingsError(f"DATASET={survey.root}: the class folder {empty[0]} holds no JPEG, PNG, GIF or BMP "
@@ -300,6 +380,7 @@ def _write_table(settings, survey: local.Survey, temporary: Path, read: local.Re
     import tensorflow_datasets as tfds
 
     table = local.read_table(survey, label_key, settings.label_kind, read)
+    _check_label_values(settings, table, label_key)
     splits = {}
     for split, rows in table.rows.items():
         ordered = [rows[i] for i in _order(len(rows))]
@@ -317,6 +398,24 @@ def _write_table(settings, survey: local.Survey, temporary: Path, read: local.Re
         else:
             features[column.name] = tfds.features.Scalar(dtype=np.dtype(column.dtype))
     return tfds.features.FeaturesDict(features), splits, None
+
+
+def _check_label_values(settings, table: local.Table, label_key: str) -> None:
+    """A class label with one value in every split cannot train a classifier: refused, unless LABEL_KEY=none.
+    Raises SettingsError."""
+    label = next((column for column in table.columns if column.name == label_key), None)
+    if settings.label_key == "none" or label is None or (label.classes is None and label.num_classes is None):
+        return
+    values = {row[label_key] for rows in table.rows.values() for row in rows}
+    if len(values) >= 2:
+        return
+    [value] = values
+    shown = label.classes[value] if label.classes is not None else value
+    raise SettingsError(
+        f"DATASET={settings.dataset!r}: the label column {label_key!r} holds one value, {shown!r}: classification "
+        "needs two classes at least: add rows of another class, set LABEL_KIND=value if it is a number to predict, "
+        "or LABEL_KEY=none to train without labels"
+    )
 
 
 def _table_example(table: local.Table, row: dict, tf):

@@ -32,6 +32,7 @@ PRECISIONS = ("auto", "off", "mixed_float16", "mixed_bfloat16")
 PROGRESS_MODES = ("auto", "bar", "lines")
 MONITOR_MODES = ("auto", "min", "max")
 ALL_REDUCES = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")
+BAD_FILES_MODES = ("refuse", "skip")
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class Settings:
     feature_key: str | None = setting("", parse.optional_text, "Input feature; default: supervised keys, else image.", **RW)
     label_key: str | None = setting("", parse.optional_text, "Label feature; default: supervised keys, else label.", **RW)
     label_kind: str | None = setting("", parse.label_kind, "A CSV/JSONL label: class or value (default: guessed).", **RW)
+    bad_files: str = setting("refuse", parse.choice(BAD_FILES_MODES), "A folder's broken images: refuse (exit 2) or skip (leave them out).", **RW)
     batch_size: int | None = setting("128", parse.optional_positive_int, "Examples per replica at once (global: x replicas).", **RW)  # None: GLOBAL_BATCH_SIZE is set
     global_batch_size: int | None = setting("", parse.optional_positive_int, "Examples per step on all replicas (accumulates).", **RW)
     epochs: int = setting("5", parse.positive_int, "Number of epochs.", **W)
