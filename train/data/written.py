@@ -254,8 +254,8 @@ def _write(settings, survey: local.Survey, temporary: Path, root: Path, label_ke
         shutil.rmtree(final, ignore_errors=True)  # a folder without dataset_info.json: not a dataset
         os.rename(temporary, final)
     skipped = [entry.path for entry in survey.entries if survey.kind == "images" and "/" not in entry.path]
-    skipped += read.skipped  # beside the class folders, or in them but not an image
-    return Written(final, identity, _left_out(skipped, read.broken), skipped, read.broken)
+    skipped += sorted(read.skipped)  # beside the class folders, or in them but not an image
+    return Written(final, identity, _left_out(skipped, sorted(read.broken)), skipped, sorted(read.broken))
 
 
 def _left_out(skipped: list[str], broken: list[tuple[str, str]]) -> tuple[str, ...]:
@@ -360,7 +360,7 @@ def _write_images(settings, survey: local.Survey, temporary: Path, read: local.R
         finished = True
     finally:
         progress.close(finished)
-    _check_broken(settings, read.broken)  # every file read: every broken one counted
+    _check_broken(settings, sorted(read.broken))  # every file read: every broken one counted
     for split, (lengths, _) in splits.items():
         if not sum(lengths):
             raise SettingsError(f"DATASET={survey.root}: the split {split} holds no JPEG, PNG, GIF or BMP images")
