@@ -163,7 +163,7 @@ def _make_bad(tmp_path: Path, case: str) -> Path:
         ("empty class", "the class folder owl is empty"),
         ("splits differ", "the splits' class folders differ: test has no tulip"),
         ("mixed kinds", "mixes .csv and .jsonl files"),
-        ("not an image", "dog/fake.jpg is named as an image but is not a JPEG, PNG, GIF or BMP"),
+        ("not an image", "dog/fake.jpg (named as an image but not a JPEG, PNG, GIF or BMP)"),
     ],
 )
 def test_a_bad_path_is_one_line_and_exit_2_before_the_run_directory(tmp_path, case, says):
@@ -289,16 +289,26 @@ def test_a_changed_source_or_another_dataset_on_the_run_directory_is_refused(tra
     assert "DATASET='synthetic_photos' is not the data OUTPUT_DIR=" in line and "name 'photos_" in line
 
 
-def test_an_image_that_does_not_decode_stops_the_run_naming_its_file(tmp_path):
+def test_an_image_that_does_not_decode_stops_the_run_naming_its_file_and_costs_nothing_once_removed(tmp_path):
     photos(tmp_path / "photos")
-    truncated = tmp_path / "photos" / "dog" / "4.jpg"
-    truncated.write_bytes(truncated.read_bytes()[:200])  # a JPEG's header, then nothing: passes the sniffing
-    result = run_train("fit", cwd=tmp_path, DATASET="./photos", TFDS_DATA_DIR=tmp_path / "tfds",
-                       OUTPUT_DIR=tmp_path / "run", MODEL="examples.resnet", **FAST)  # fmt: skip
+    damaged = tmp_path / "photos" / "dog" / "4.jpg"
+    data = bytearray(damaged.read_bytes())
+    frame = data.find(b"\xff\xc0")
+    data[frame + 7 : frame + 9] = b"\x00\x00"  # width 0: whole in structure (it ends with FF D9), undecodable
+    damaged.write_bytes(bytes(data))
+    settings = dict(cwd=tmp_path, DATASET="./photos", TFDS_DATA_DIR=tmp_path / "tfds", OUTPUT_DIR=tmp_path / "run",
+                    MODEL="examples.resnet", **FAST)  # fmt: skip
+    result = run_train("fit", **settings)
     assert result.returncode == 1, result.stderr[-3000:]
     [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert line.startswith("error: the image dog/4.jpg of DATASET=./photos cannot be decoded (")
     assert "checkpoints/ckpt-0 is intact" in line and "Traceback" not in result.stderr
+
+    damaged.unlink()  # the run trained no step: the same OUTPUT_DIR takes the data as it is now
+    fixed = run_train("fit", **settings)
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    assert "but no step was trained on that: this run trains on the data as it is now" in fixed.stdout + fixed.stderr
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["data"]["files"] == 25
 
 
 def test_a_tfds_dataset_prepared_anew_is_not_the_runs_data(tmp_path, tfds_data_dir):

@@ -175,26 +175,30 @@ def prune(root: Path, runs: Path, warn, dry_run: bool = False) -> list[Prepared]
     return unused
 
 
-def megabytes(size: int) -> str:
-    return f"{size / 1e6:,.1f} MB"
+def human(size: int) -> str:
+    """A size in KB, MB or GB (powers of 1000, as `du --si` and file managers say them)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if size >= scale:
+            return f"{size / scale:,.1f} {unit}"
+    return f"{size / 1e3:,.1f} KB"
 
 
 def format_list(root: Path, runs: Path, found: list[Prepared]) -> str:
     """One line per prepared dataset: its name, size, date, source and the runs under `runs` that use it."""
     total = sum(each.size for each in found)
-    lines = [f"TFDS_DATA_DIR={root}: {len(found)} prepared dataset(s), {megabytes(total)}; runs under {runs}"]
+    lines = [f"TFDS_DATA_DIR={root}: {len(found)} prepared dataset(s), {human(total)}; runs under {runs}"]
     for each in found:
         date = time.strftime("%Y-%m-%d %H:%M", time.localtime(each.date))
         used = ", ".join(str(run) for run in each.runs) if each.runs else "no run"
-        lines.append(f"  {each.key}  {megabytes(each.size)}  {date}  from {each.source}; used by {used}")
+        lines.append(f"  {each.key}  {human(each.size)}  {date}  from {each.source}; used by {used}")
     return "\n".join(lines)
 
 
 def format_pruned(root: Path, runs: Path, removed: list[Prepared], dry_run: bool) -> str:
     """What prune removed (or would) and the space it freed."""
     verb = "Would remove" if dry_run else "Removed"
-    lines = [f"  {verb} {each.key} ({megabytes(each.size)}, from {each.source})" for each in removed]
-    freed = megabytes(sum(each.size for each in removed))
+    lines = [f"  {verb} {each.key} ({human(each.size)}, from {each.source})" for each in removed]
+    freed = human(sum(each.size for each in removed))
     if not removed:
         return (f"TFDS_DATA_DIR={root}: every copy written from a folder or table is used by a run under {runs}: "
                 "nothing freed")  # fmt: skip
