@@ -24,10 +24,12 @@ Model, data, devices and loop are the rows in capitals.
 |                 | (agreement); the one seam where multi-worker differs,          | calls `peers` alike               |
 |                 | SingleHost or Workers (workers); local workers (launch)        |                                   |
 | data/           | DATA: DATASET opened, or written once (opening, local,         | import the model, the step or the |
-|                 | written); what it holds (spec); held in memory (in_memory) or  | run directory                     |
-|                 | streamed (streamed); the general path's examples and           |                                   |
-|                 | preprocess (examples); batches behind the Feed protocol, in an |                                   |
-|                 | order fixed by (SEED, step) (feeds)                            |                                   |
+|                 | written), each image's structure checked (intact); the copies  | run directory                     |
+|                 | in TFDS_DATA_DIR listed and pruned (prepared); what it holds   |                                   |
+|                 | (spec); held in memory (in_memory) or streamed (streamed); the |                                   |
+|                 | general path's examples and preprocess (examples); batches     |                                   |
+|                 | behind the Feed protocol, in an order fixed by (SEED, step)    |                                   |
+|                 | (feeds)                                                        |                                   |
 | adapt, context  | MODEL's adapt(context), once a process; the run's facts handed | train; write                      |
 |                 | to build_model and build_callbacks                             |                                   |
 | model           | MODEL: the fork's compiled model checked against the data,     | run a training step               |

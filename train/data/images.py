@@ -1,5 +1,6 @@
-"""Which stored image cannot be decoded: what a run says when one stops it mid-training (a truncated JPEG passes
-the header check of train.data.local, and fails only where tf.data decodes it)."""
+"""Which stored image cannot be decoded: what a run says when one stops it mid-training (a file cut short is found
+while a folder is written, train.data.intact; one whole in structure but damaged inside, a JPEG whose header says
+it is 0 pixels wide, fails only where tf.data decodes it)."""
 
 from __future__ import annotations
 
