@@ -136,8 +136,9 @@ def _make_bad(tmp_path: Path, case: str) -> Path:
         root.mkdir()
         (root / "README").write_text("hi")
     elif case == "no images":
-        (root / "cat").mkdir(parents=True)
-        (root / "cat" / "notes.txt").write_text("no image here")
+        for name in ("cat", "dog"):  # two class folders: one alone is refused first (one class)
+            (root / name).mkdir(parents=True)
+            (root / name / "notes.txt").write_text("no image here")
     elif case == "empty class":
         photos(root)
         (root / "owl").mkdir()

@@ -357,7 +357,7 @@ def _write_images(settings, survey: local.Survey, temporary: Path, read: local.R
             ordered = [entries[i] for i in _order(len(entries))]
             size = sum(entry.size for entry, _ in entries)
             splits[split] = _write_records(temporary, split, ordered, size, make, tf)
-        finished = True
+        finished = not read.broken or settings.bad_files == "skip"  # else refused just below: no line of success
     finally:
         progress.close(finished)
     _check_broken(settings, sorted(read.broken))  # every file read: every broken one counted
