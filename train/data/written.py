@@ -342,7 +342,7 @@ def _write_images(settings, survey: local.Survey, temporary: Path, read: local.R
         entry, label = item
         image = local.read_image(survey, entry, read)
         progress.advance(image is not None)
-        if image is None:
+        if image is None or (read.broken and settings.bad_files == "refuse"):  # refused once read: not written
             return None
         counts[label] = counts.get(label, 0) + 1
         return tf.train.Example(features=tf.train.Features(feature={
