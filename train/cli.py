@@ -7,6 +7,7 @@
     python -m train fit --model examples/cnn.py --hp-width 64   # build_model's own settings (--help lists them)
     python -m train evaluate                  # the latest checkpoint on EVAL_SPLIT, with the run's settings
     python -m train predict photos/ rows.csv  # the run's export on files (or --split test): JSON Lines
+    python -m train data list --runs runs     # the prepared datasets, and which runs use each (data prune)
 
 Each command only resolves the settings and calls the library (`train.fit`, `train.tools`).
 """
@@ -425,7 +426,7 @@ data_app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"max_content_width": 120},
 )
-app.add_typer(data_app, name="data")
+app.add_typer(data_app, name="data", short_help="List the prepared datasets; remove the copies no run uses.")
 RunsRoot = Annotated[Path, typer.Option("--runs", help="The run directories looked for under this folder.")]
 DataDir = Annotated[
     Optional[Path],  # noqa: UP045
