@@ -2,7 +2,8 @@
 folder), surveyed and read without TensorFlow, so that a bad path is refused before it loads.
 
 `survey` walks the path once with `stat` only: the layout (classes, splits), every file's size and mtime.
-`read_images` and `read_table` read each file once: its bytes, its kind told from its first bytes, its sha256.
+`read_image` and `read_table` read each file once: its bytes, its kind told from its first bytes, its sha256
+(an image's structure checked too, train.data.intact).
 The fingerprint is the files' relative paths, sizes and sha256 (`fingerprint`): the data's identity, whatever the
 path is called on this host. Modification times only decide whether to read again (train.data.written).
 """
