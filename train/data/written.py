@@ -48,6 +48,7 @@ class Written:
     identity: dict[str, Any]
     notes: tuple[str, ...] = ()
     skipped: list[str] = field(default_factory=list)  # files left out, not images
+    missing: dict[str, int] = field(default_factory=dict)  # a table's numeric column -> its empty cells
 
 
 def data_dir(settings) -> Path:
@@ -101,7 +102,9 @@ def _reused(root: Path, index: Path, survey: local.Survey) -> Written | None:
         recorded = json.loads(index.read_text(encoding="utf-8"))
         directory = root / recorded["name"] / VERSION
         if recorded["listing"] == survey.listing and (directory / "dataset_info.json").is_file():
-            return Written(directory, recorded["identity"], _left_out(recorded["skipped"]))
+            missing = recorded.get("missing", {})
+            notes = (*_left_out(recorded["skipped"]), *_missing(missing))
+            return Written(directory, recorded["identity"], notes, missing=missing)
     return None
 
 
@@ -134,7 +137,7 @@ def prepare_path(settings, say) -> Written:
         finally:
             shutil.rmtree(temporary, ignore_errors=True)
         record = {"name": written.directory.parent.name, "listing": survey.listing, "identity": written.identity,
-                  "skipped": written.skipped}  # fmt: skip
+                  "skipped": written.skipped, "missing": written.missing}  # fmt: skip
         _write_index(index, record)
         return written
 
@@ -193,13 +196,21 @@ def _write(settings, survey: local.Survey, temporary: Path, root: Path, label_ke
         os.rename(temporary, final)
     skipped = [entry.path for entry in survey.entries if survey.kind == "images" and "/" not in entry.path]
     skipped += read.skipped  # beside the class folders, or in them but not an image
-    return Written(final, identity, _left_out(skipped), skipped)
+    return Written(final, identity, (*_left_out(skipped), *_missing(read.missing)), skipped, read.missing)
 
 
 def _left_out(skipped: list[str]) -> tuple[str, ...]:
     if not skipped:
         return ()
     return (f"{len(skipped)} file(s) left out, not a JPEG, PNG, GIF or BMP: {', '.join(skipped[: local.SHOWN])}",)
+
+
+def _missing(missing: dict[str, int]) -> tuple[str, ...]:
+    """The start line of a table with empty numeric cells: each column's count."""
+    if not missing:
+        return ()
+    counts = ", ".join(f"{name} {count:,}" for name, count in missing.items())
+    return (f"Empty numeric cells, stored as missing (NaN): {counts}.",)
 
 
 class _Progress:
