@@ -142,10 +142,11 @@ class Reader:
         return pixels.numpy()
 
     def _row(self, path: Path, where: str, row: dict[str, Any]) -> Example:
-        lacking = [repr(name) for name in self.inputs if name not in row]
+        lacking = [repr(name) for name in sorted(self.inputs) if name not in row]
         if lacking:
             columns = f"column {lacking[0]}" if len(lacking) == 1 else f"columns {', '.join(lacking)}"
-            raise SettingsError(f"{where}: no {columns}, which the model takes (it takes {', '.join(self.inputs)})")
+            takes = ", ".join(sorted(self.inputs))
+            raise SettingsError(f"{where}: no {columns}, which the model takes (it takes {takes})")
         values = {}
         for name, spec in self.inputs.items():
             if name in self.images:  # a path to the image, relative to the file's folder

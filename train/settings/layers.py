@@ -137,7 +137,8 @@ def load_settings(
         _add_run_layer(layers, places, output_dir / RUN_SETTINGS, warn)
 
     values = {field.attr: _value(field, _resolve(field.env, layers)) for field in FIELDS}
-    values["model"] = model_for_data(values["model"], _is_table(values["dataset"]))  # the default MLP on a table
+    # the documented MLP on a table's columns: behind their preprocessing (FEATURE_KEY set: on that one column)
+    values["model"] = model_for_data(values["model"], not values["feature_key"] and _is_table(values["dataset"]))
     batch_from = _batch_sizes(values, layers, places)
     declared = model_hyperparameters(values["model"])
     if warn:
