@@ -14,6 +14,7 @@ tf.data, in training, evaluation and the export; `build_callbacks` gives the cal
 | concern                                     | where                                                      |
 |---------------------------------------------|------------------------------------------------------------|
 | where MODEL's file is                       | `is_model_path`, `model_source`                            |
+| the documented model on a table             | `model_for_data` (TABLE_MODEL: examples/mlp_table.py)      |
 | its syntax tree and hash (nothing imported) | `model_tree`, `model_fingerprint`                          |
 | build_model's hyperparameters (the same)    | `model_hyperparameters` (train.hparams reads the tree)     |
 | its functions, imported once a process      | `load_model_file`, `ModelFile`, `OPTIONAL_SEAMS`           |
