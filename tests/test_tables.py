@@ -91,7 +91,7 @@ def test_an_empty_label_is_refused_naming_its_rows(tmp_path):
     path.write_text("a,label\n1,x\n2,\n3,\n4,y\n")
     with pytest.raises(SettingsError) as error:
         local.read_table(local.survey(str(path)), "label", None, local.Read())
-    assert "column 'label' is the label but 2 rows are (row 3 of train, row 4 of train, ...) empty" in str(error.value)
+    assert "column 'label' is the label but 2 rows are empty (row 3 of train, row 4 of train): fill" in str(error.value)
 
 
 def test_the_default_model_on_a_table_is_the_documented_mlp_behind_its_preprocessing(tmp_path, monkeypatch):

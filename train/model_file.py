@@ -46,8 +46,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL = "examples.mlp"  # the documented model: Dense(64, relu) -> Dense(num_classes, softmax)
 TABLE_MODEL = "examples.mlp_table"  # ... on a table: behind a preprocessing adapted on the train split
-TABULAR_EXAMPLE = "examples/tabular.py"  # a table's numeric columns, no preprocess
-TABULAR_TEXT_EXAMPLE = "examples/tabular_text.py"  # ... and a text column, with preprocess and adapt
+TABULAR_TEXT_EXAMPLE = "examples/tabular_text.py"  # a table's text column, with preprocess and adapt
 RESNET_EXAMPLE = "examples/resnet.py"  # where a fork finds a preprocess to start from
 CALLBACKS_EXAMPLE = "examples/early_stopping.py"  # ... and build_callbacks
 TEXT_EXAMPLE = "examples/text.py"  # ... and adapt

@@ -370,9 +370,10 @@ def _typed(survey: Survey, name: str, every: list, is_label: bool, label_kind: s
     numeric = bool(present) and all(number is not None for number in numbers)
     if is_label and len(present) < len(values):
         empty = [f"row {number} of {split}" for split, number, value in values if is_empty(value)]
-        rows = empty[0] + " is" if len(empty) == 1 else f"{len(empty)} rows are ({', '.join(empty[:SHOWN])}, ...)"
-        raise SettingsError(f"DATASET={survey.root}: column {name!r} is the label but {rows} empty: fill the label "
-                            "in, or remove the row")  # fmt: skip
+        shown = ", ".join(empty[:SHOWN]) + (", ..." if len(empty) > SHOWN else "")
+        rows = f"{empty[0]} is empty" if len(empty) == 1 else f"{len(empty)} rows are empty ({shown})"
+        raise SettingsError(f"DATASET={survey.root}: column {name!r} is the label but {rows}: fill the label in, or "
+                            "remove the row")  # fmt: skip
     # "3" is whole, "3.0" is not; a column with an empty cell is float32, to hold it as NaN
     whole = numeric and len(present) == len(values) and all(isinstance(n, int) and INT64[0] <= n <= INT64[1]
                                                             for n in numbers)  # fmt: skip
