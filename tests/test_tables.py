@@ -198,6 +198,11 @@ def test_an_empty_cell_where_the_model_takes_a_whole_number_is_one_line(trained,
         f"error: {rows}:2: column 'rooms' is empty, but the model takes an int64 there, which cannot be missing (the "
         "training data had no empty cell in it): fill it in"
     )
+    rows.write_text("age,income,rooms,city,review\nold,1.5,two,oslo,fun\n")
+    result = run_train("predict", "--output-dir", str(run), str(rows), cwd=folder, MODEL=None)
+    said = error_line(result)  # every bad column of the row, whatever the signature's order
+    assert said.startswith(f"error: {rows}:2: column ") and said.count("; ") == 1
+    assert "column 'age' is 'old', not a float32" in said and "column 'rooms' is 'two', not an int64" in said
     rows.write_text("age,income,city\n30,1.5,oslo\n")
     result = run_train("predict", "--output-dir", str(run), str(rows), cwd=folder, MODEL=None)
     assert error_line(result).startswith(f"error: {rows}:2: no columns 'review', 'rooms', which the model takes")

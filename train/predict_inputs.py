@@ -147,13 +147,18 @@ class Reader:
             columns = f"column {lacking[0]}" if len(lacking) == 1 else f"columns {', '.join(lacking)}"
             takes = ", ".join(sorted(self.inputs))
             raise SettingsError(f"{where}: no {columns}, which the model takes (it takes {takes})")
-        values = {}
+        values, bad = {}, []
         for name, spec in self.inputs.items():
             if name in self.images:  # a path to the image, relative to the file's folder
                 image = Path(str(row[name]))
                 values[name] = self._image(image if image.is_absolute() else path.parent / image, name, where)
-            else:
-                values[name] = _value(row[name], spec, f"{where}: column {name!r}")
+                continue
+            try:
+                values[name] = _value(row[name], spec, f"column {name!r}")
+            except SettingsError as error:  # every bad column of the row, in one line
+                bad.append(str(error))
+        if bad:
+            raise SettingsError(f"{where}: {'; '.join(bad)}")
         return Example(where, values)
 
 
