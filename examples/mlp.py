@@ -16,6 +16,12 @@ from keras import layers
 
 
 def build_model(input_shape: tuple[int, ...], num_classes: int | None, learning_rate: float) -> keras.Model:
+    if isinstance(input_shape, dict):  # a table's columns by name, or a preprocess's dict
+        raise ValueError(
+            f"the documented model takes one tensor, not a dict of inputs ({', '.join(input_shape)}): point MODEL "
+            "at a model that takes them, like examples/tabular.py (a CSV or JSON Lines DATASET: MODEL unset, or "
+            "examples.mlp_table, prepares every column for this model)"
+        )
     if num_classes is None:
         raise ValueError(
             "the documented model classifies, and this label is not a class label (a TFDS ClassLabel): "

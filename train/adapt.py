@@ -1,10 +1,13 @@
 """MODEL's `adapt(context)`: the state of the layers `preprocess` uses, fitted once a process on the raw data.
 
     adapt(context)            called once in each process, before `preprocess` is first traced and before
-                              `build_model`; `context.examples(n)` and `context.seed` are what it reads
+                              `build_model`; `context.examples(n)`, `context.label_key` and `context.seed` are
+                              what it reads
     context.examples(n)       the first n stored training examples as TFDS decodes them: dicts of every feature,
                               strings as strings, batched like `context.sample` (a feature of its own size as a
                               ragged batch), in the split's stored order: the same on every worker and start
+    context.label_key         the label's feature (LABEL_KEY, else the dataset's supervised keys, else "label"):
+                              what `adapt` leaves out of the inputs (examples/mlp_table.py)
 
 The layers and tables `preprocess` uses are found among the MODEL file's module globals (a layer, a
 `tf.lookup` table, or a list, tuple or dict of them): `resources` hands them to the export, which must track
@@ -31,11 +34,12 @@ _adapted: dict[tuple[str, str, str], dict[str, Any]] = {}  # (MODEL, dataset, sp
 
 @dataclass(frozen=True)
 class AdaptContext:
-    """What `adapt(context)` gets: SEED, and the stored training examples (`examples(n)`). The topology is not
-    decided yet when it runs (it runs before the data is read)."""
+    """What `adapt(context)` gets: SEED, the label's feature, and the stored training examples (`examples(n)`).
+    The topology is not decided yet when it runs (it runs before the data is read)."""
 
     seed: int
     _examples: Any = field(default=None, repr=False, compare=False)
+    label_key: str = "label"
 
     def examples(self, n: int):
         """The first `n` stored training examples (all of them where the split holds fewer), batched.
@@ -72,7 +76,9 @@ def run_adapt(settings, builder) -> dict[str, Any]:
     with float32_policy():
         model_file = load_model_file(settings.model)
         if key not in _adapted and model_file.adapt is not None:
-            context = AdaptContext(settings.seed, stored_examples(builder, settings.train_split))
+            context = AdaptContext(
+                settings.seed, stored_examples(builder, settings.train_split), label_key(settings, builder)
+            )
             try:
                 model_file.adapt(context)
             except Exception as error:
@@ -82,6 +88,13 @@ def run_adapt(settings, builder) -> dict[str, Any]:
     if key not in _adapted:
         _adapted[key] = fingerprint(resources(model_file.module))
     return _adapted[key]
+
+
+def label_key(settings, builder) -> str:
+    """LABEL_KEY, else the label of the dataset's supervised keys, else "label" (as train.data.spec finds it)."""
+    supervised = builder.info.supervised_keys
+    default = supervised[1] if supervised and isinstance(supervised[1], str) else "label"
+    return settings.label_key or default
 
 
 def resources(module) -> dict[str, Any]:

@@ -14,6 +14,7 @@ tf.data, in training, evaluation and the export; `build_callbacks` gives the cal
 | concern                                     | where                                                      |
 |---------------------------------------------|------------------------------------------------------------|
 | where MODEL's file is                       | `is_model_path`, `model_source`                            |
+| the documented model on a table             | `model_for_data` (TABLE_MODEL: examples/mlp_table.py)      |
 | its syntax tree and hash (nothing imported) | `model_tree`, `model_fingerprint`                          |
 | build_model's hyperparameters (the same)    | `model_hyperparameters` (train.hparams reads the tree)     |
 | its functions, imported once a process      | `load_model_file`, `ModelFile`, `OPTIONAL_SEAMS`           |
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
     import keras
 
 DEFAULT_MODEL = "examples.mlp"  # the documented model: Dense(64, relu) -> Dense(num_classes, softmax)
+TABLE_MODEL = "examples.mlp_table"  # ... on a table: behind a preprocessing adapted on the train split
+TABULAR_TEXT_EXAMPLE = "examples/tabular_text.py"  # a table's text column, with preprocess and adapt
 RESNET_EXAMPLE = "examples/resnet.py"  # where a fork finds a preprocess to start from
 CALLBACKS_EXAMPLE = "examples/early_stopping.py"  # ... and build_callbacks
 TEXT_EXAMPLE = "examples/text.py"  # ... and adapt
@@ -55,6 +58,17 @@ _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 def is_model_path(text: str) -> bool:
     """MODEL names a file when it has a / or ends in .py; otherwise it is a module name."""
     return "/" in text or text.endswith(".py")
+
+
+def model_for_data(text: str, table: bool) -> str:
+    """MODEL as it trains on DATASET: the documented model (DEFAULT_MODEL, as a module or its file) on a `table`
+    (a CSV or JSON Lines path) is TABLE_MODEL, the same MLP behind the preprocessing a table's columns need (it
+    cannot take them as they are); any other MODEL is as given."""
+    if not table:
+        return text
+    default, given = model_source(DEFAULT_MODEL), model_source(text)
+    same = default is not None and given is not None and default.resolve() == given.resolve()
+    return TABLE_MODEL if same else text
 
 
 def model_source(text: str) -> Path | None:

@@ -187,12 +187,12 @@ def predict(settings: Settings, sources: list[Source], split: str | None, batch:
     take."""
     import tensorflow as tf
 
-    from train.data.opening import open_builder
+    from train.data.opening import open_source
     from train.devices.runtime import setup_runtime
 
     runtime = setup_runtime(settings, local_only=True)
     predictor = _from_checkpoint(settings, runtime, say) if checkpoint else _exported(settings)
-    builder = open_builder(settings)
+    builder = open_source(settings, say).builder  # a path DATASET too (a name: its TFDS builder)
     features = builder.info.features
     images = {name for name in predictor.inputs if _is_image_feature(features, name)}
     examples: Iterable[Example] = Reader(predictor.inputs, images).read(sources)

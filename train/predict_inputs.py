@@ -7,7 +7,6 @@ naming the file and line. `gather` needs no TensorFlow (it runs before it loads)
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 from collections.abc import Iterator
@@ -101,7 +100,7 @@ class Reader:
             if source.kind == "image":
                 examples.append(self._image_file(source.path))
             else:
-                rows = _csv_rows(source.path) if source.kind == "csv" else _jsonl_rows(source.path)
+                rows = _rows(source.path, jsonl=source.kind == "jsonl")
                 examples.extend(self._row(source.path, where, row) for where, row in rows)
         return examples
 
@@ -143,53 +142,52 @@ class Reader:
         return pixels.numpy()
 
     def _row(self, path: Path, where: str, row: dict[str, Any]) -> Example:
-        values = {}
+        lacking = [repr(name) for name in sorted(self.inputs) if name not in row]
+        if lacking:
+            columns = f"column {lacking[0]}" if len(lacking) == 1 else f"columns {', '.join(lacking)}"
+            takes = ", ".join(sorted(self.inputs))
+            raise SettingsError(f"{where}: no {columns}, which the model takes (it takes {takes})")
+        values, bad = {}, []
         for name, spec in self.inputs.items():
-            if name not in row:
-                raise SettingsError(
-                    f"{where}: no column {name!r}, which the model takes (it takes {', '.join(self.inputs)})"
-                )
             if name in self.images:  # a path to the image, relative to the file's folder
                 image = Path(str(row[name]))
                 values[name] = self._image(image if image.is_absolute() else path.parent / image, name, where)
-            else:
-                values[name] = _value(row[name], spec, f"{where}: column {name!r}")
+                continue
+            try:
+                values[name] = _value(row[name], spec, f"column {name!r}")
+            except SettingsError as error:  # every bad column of the row, in one line
+                bad.append(str(error))
+        if bad:
+            raise SettingsError(f"{where}: {'; '.join(bad)}")
         return Example(where, values)
 
 
-def _csv_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    try:
-        with open(path, newline="", encoding="utf-8") as stream:
-            reader = csv.DictReader(stream)
-            for row in reader:
-                yield f"{path}:{reader.line_num}", row
-    except (OSError, UnicodeDecodeError, csv.Error) as error:
-        raise SettingsError(f"INPUT {path} cannot be read as CSV: {first_line(error, 160)}") from None
+def _rows(path: Path, jsonl: bool) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A CSV or JSON Lines file's rows as DATASET's are read (train.data.local), each with "file:line"."""
+    from train.data import local
 
-
-def _jsonl_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise SettingsError(f"INPUT {path} cannot be read as JSON Lines: {first_line(error, 160)}") from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise SettingsError(f"{path}:{number}: not JSON ({error.msg}): write one JSON object per line") from None
-        if not isinstance(row, dict):
-            raise SettingsError(f"{path}:{number}: a {type(row).__name__}, not a JSON object of columns by name")
+        data = path.read_bytes()
+    except OSError as error:
+        raise SettingsError(f"INPUT {path} cannot be read ({error.strerror})") from None
+    for number, row in local.table_rows(f"INPUT {path}", local.decoded(f"INPUT {path}", data), jsonl):
         yield f"{path}:{number}", row
 
 
 def _value(given: Any, spec: Any, where: str) -> Any:
-    """A CSV cell (text; a vector as a JSON list) or a JSON value as the spec's dtype and shape."""
+    """A CSV cell (text; a vector as a JSON list) or a JSON value as the spec's dtype and shape. An empty cell (or
+    null) is "" as text, NaN as a float: missing, as an empty cell of DATASET is (train.data.local)."""
     import tensorflow as tf
 
+    from train.data.local import is_empty
+
     if spec.dtype == tf.string:
-        return str(given).encode() if not isinstance(given, bytes) else given
+        return b"" if given is None else given if isinstance(given, bytes) else str(given).encode()
+    if is_empty(given) and spec.shape.rank == 1:  # one value a row
+        if not spec.dtype.is_floating:
+            raise SettingsError(f"{where} is empty, but the model takes {_a(spec.dtype.name)} there, which cannot "
+                                "be missing (the training data had no empty cell in it): fill it in")  # fmt: skip
+        return np.asarray(np.nan, dtype=spec.dtype.as_numpy_dtype)
     value = given
     if isinstance(given, str):
         text = given.strip()
@@ -198,12 +196,17 @@ def _value(given: Any, spec: Any, where: str) -> Any:
             if spec.dtype == tf.bool and isinstance(value, str):
                 value = {"true": True, "false": False, "1": True, "0": False}[value.lower()]
         except (json.JSONDecodeError, KeyError):
-            raise SettingsError(f"{where} is {given!r}, not a {spec.dtype.name}") from None
+            raise SettingsError(f"{where} is {given!r}, not {_a(spec.dtype.name)}") from None
     try:
         array = np.asarray(value, dtype=spec.dtype.as_numpy_dtype)
     except (ValueError, TypeError, OverflowError):
-        raise SettingsError(f"{where} is {given!r}, not a {spec.dtype.name}") from None
+        raise SettingsError(f"{where} is {given!r}, not {_a(spec.dtype.name)}") from None
     wanted = tf.TensorShape(spec.shape[1:])
     if not wanted.is_compatible_with(array.shape):
         raise SettingsError(f"{where} has shape {array.shape}, but the model takes {tuple(wanted.as_list())}")
     return array
+
+
+def _a(dtype: str) -> str:
+    """A dtype's name with its article: "an int64", "a float32"."""
+    return f"{'an' if dtype[0] in 'aeiou' else 'a'} {dtype}"

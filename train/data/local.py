@@ -14,6 +14,7 @@ import csv
 import hashlib
 import io
 import json
+import math
 import os
 import re
 from collections.abc import Iterator
@@ -33,6 +34,7 @@ MAGIC = (
     (b"GIF89a", "gif"),
     (b"BM", "bmp"),
 )
+INT64 = (-(2**63), 2**63 - 1)  # a whole-number column beyond this range is float32
 MAX_INTEGER_CLASSES = 1000  # whole-number labels from 0 with at most this many values are classes
 SHOWN = 3  # changed files named in a refusal
 SPLIT_NAME = re.compile(r"[A-Za-z0-9_]+")  # what TFDS takes as a split's name
@@ -106,6 +108,14 @@ def checked(text: str) -> Survey:
     """The survey made when the settings were validated, in this process (taken once: a walk of 20,000 files costs
     a quarter of a second), else a new one."""
     return _CHECKED.pop((os.getcwd(), text), None) or survey(text)
+
+
+def is_table(text: str) -> bool:
+    """Whether DATASET names a table: a CSV or JSON Lines file, or a folder of them. Raises SettingsError as
+    `survey` does."""
+    if not is_path(text):
+        return False
+    return (_CHECKED.get((os.getcwd(), text)) or survey(text)).kind == "table"
 
 
 def survey(text: str) -> Survey:
@@ -193,6 +203,7 @@ class Read:
     files: dict[str, tuple[int, str]] = field(default_factory=dict)  # relative path -> (size, sha256)
     skipped: list[str] = field(default_factory=list)  # not images, left out
     broken: list[tuple[str, str]] = field(default_factory=list)  # (path, what is wrong): BAD_FILES decides
+    missing: dict[str, int] = field(default_factory=dict)  # a table's numeric column -> its empty (or NaN) cells
 
     @property
     def fingerprint(self) -> str:
@@ -238,27 +249,41 @@ def read_image(survey: Survey, entry: Entry, read: Read) -> tuple[bytes, str] | 
 def _text_of(survey: Survey, entry: Entry, read: Read) -> str:
     data = survey.file(entry).read_bytes()
     read.files[entry.path] = (len(data), hashlib.sha256(data).hexdigest())
+    return decoded(f"DATASET={survey.root}: {entry.path}", data)
+
+
+def decoded(name: str, data: bytes) -> str:
+    """A table file's bytes as text: UTF-8, a byte-order mark dropped (a spreadsheet's export). Raises
+    SettingsError naming `name` and the line."""
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as error:
         line = data[: error.start].count(b"\n") + 1
-        raise SettingsError(
-            f"DATASET={survey.root}: {entry.path} is not UTF-8 text (line {line}): save it as UTF-8"
-        ) from None
+        raise SettingsError(f"{name} is not UTF-8 text (line {line}): save it as UTF-8") from None
+
+
+def table_rows(name: str, text: str, jsonl: bool) -> Iterator[tuple[int, dict]]:
+    """The rows of a CSV (a header row, then one value per column) or JSON Lines text (one object a line), each
+    with its line number: the one reader of tables, for DATASET and for predict's INPUT. A row's values are as
+    written (CSV: text; JSON: any JSON value). Raises SettingsError naming `name` and the line."""
+    return _jsonl_rows(name, text) if jsonl else _csv_rows(name, text)
 
 
 def _csv_rows(name: str, text: str) -> Iterator[tuple[int, dict[str, str]]]:
     reader = csv.reader(io.StringIO(text, newline=""))
-    header = next(reader, None)
-    if not header or not all(column.strip() for column in header) or _number(header[0]) is not None:
-        raise SettingsError(f"{name} has no header row: its first line must name the columns, like age,fare,label")
-    for row in reader:
-        if not row:
-            continue
-        if len(row) != len(header):
-            raise SettingsError(f"{name} line {reader.line_num} has {len(row)} values, the header {len(header)} "
-                                f"columns ({','.join(header)}): every row needs one value per column")  # fmt: skip
-        yield reader.line_num, dict(zip(header, row, strict=True))
+    try:
+        header = next(reader, None)
+        if not header or not all(column.strip() for column in header) or _number(header[0]) is not None:
+            raise SettingsError(f"{name} has no header row: its first line must name the columns, like age,fare,label")
+        for row in reader:
+            if not row:
+                continue
+            if len(row) != len(header):
+                raise SettingsError(f"{name} line {reader.line_num} has {len(row)} values, the header {len(header)} "
+                                    f"columns ({','.join(header)}): every row needs one value per column")  # fmt: skip
+            yield reader.line_num, dict(zip(header, row, strict=True))
+    except csv.Error as error:  # a NUL byte, a cell over csv's field size limit, ...
+        raise SettingsError(f"{name} line {reader.line_num} is not CSV ({error})") from None
 
 
 def _jsonl_rows(name: str, text: str) -> Iterator[tuple[int, dict]]:
@@ -313,14 +338,14 @@ class Table:
 
 def read_table(survey: Survey, label_key: str, label_kind: str | None, read: Read) -> Table:
     """Every split's file read once: rows checked, columns typed from their non-empty values, the label's kind
-    (`label_kind` overrides the guess: class or value). Raises SettingsError."""
+    (`label_kind` overrides the guess: class or value). An empty cell of a numeric column is missing (NaN, its
+    column float32, counted in `read.missing`); of a text column, "". Raises SettingsError."""
     rows: dict[str, list[tuple[int, dict]]] = {}
     names: list[str] = []
     for split, [(entry, _)] in sorted(survey.splits.items()):
         name = str(survey.file(entry))
         text = _text_of(survey, entry, read)
-        parse = _csv_rows if entry.path.lower().endswith(".csv") else _jsonl_rows
-        rows[split] = list(parse(name, text))
+        rows[split] = list(table_rows(name, text, jsonl=not entry.path.lower().endswith(".csv")))
         if not rows[split]:
             raise SettingsError(f"{name} has no rows")
         for _, row in rows[split]:
@@ -332,22 +357,34 @@ def read_table(survey: Survey, label_key: str, label_kind: str | None, read: Rea
     by_name = {column.name: column for column in columns}
     typed_rows = {split: [] for split in rows}
     for split, _, row in every:
-        typed_rows[split].append({name: _value(by_name[name], row.get(name, "")) for name in names})
+        typed_rows[split].append({name: _value(by_name[name], row.get(name)) for name in names})
+    for column in columns:
+        if column.dtype == "float32" and column.name != label_key:
+            count = sum(math.isnan(row[column.name]) for split_rows in typed_rows.values() for row in split_rows)
+            if count:
+                read.missing[column.name] = count
     return Table(columns, typed_rows, label_key)
 
 
+def is_empty(value) -> bool:
+    """An empty cell: nothing or only spaces (CSV), null or no such key (JSON Lines)."""
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
 def _typed(survey: Survey, name: str, every: list, is_label: bool, label_kind: str | None) -> Column:
-    values = [(split, number, row.get(name, "")) for split, number, row in every]
-    present = [value for _, _, value in values if value not in ("", None)]
+    values = [(split, number, row.get(name)) for split, number, row in every]
+    present = [value for _, _, value in values if not is_empty(value)]
     numbers = [_number(value) for value in present]
     numeric = bool(present) and all(number is not None for number in numbers)
-    if numeric or is_label:
-        for split, number, value in values:
-            if value in ("", None):
-                what = "the label" if is_label else "numeric"
-                raise SettingsError(f"DATASET={survey.root}: column {name!r} is {what} but row {number} of {split} "
-                                    "is empty: fill it in")  # fmt: skip
-    whole = numeric and all(isinstance(number, int) for number in numbers)  # "3" is whole, "3.0" is not
+    if is_label and len(present) < len(values):
+        empty = [f"row {number} of {split}" for split, number, value in values if is_empty(value)]
+        shown = ", ".join(empty[:SHOWN]) + (", ..." if len(empty) > SHOWN else "")
+        rows = f"{empty[0]} is empty" if len(empty) == 1 else f"{len(empty)} rows are empty ({shown})"
+        raise SettingsError(f"DATASET={survey.root}: column {name!r} is the label but {rows}: fill the label in, or "
+                            "remove the row")  # fmt: skip
+    # "3" is whole, "3.0" is not; a column with an empty cell is float32, to hold it as NaN
+    whole = numeric and len(present) == len(values) and all(isinstance(n, int) and INT64[0] <= n <= INT64[1]
+                                                            for n in numbers)  # fmt: skip
     dtype = "int64" if whole else "float32" if numeric else "string"
     if not is_label:
         return Column(name, dtype)
@@ -371,5 +408,5 @@ def _value(column: Column, value):
     if column.dtype == "int64":
         return int(_number(value))
     if column.dtype == "float32":
-        return float(_number(value))
+        return math.nan if is_empty(value) else float(_number(value))
     return "" if value is None else str(value)

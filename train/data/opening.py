@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from train.data import local, written
 from train.errors import SettingsError, first_line
+from train.model_file import TABLE_MODEL, TABULAR_TEXT_EXAMPLE
 from train.rundir import checkpoints_newest_first, read_run
 from train.settings import Settings
 
@@ -49,11 +50,14 @@ class Opened:
         label_key = settings.label_key or "label"
         features = self.builder.info.features
         names = [name for name in features if name != label_key]
-        text = [name for name in names if isinstance(features[name], tfds.features.Text)]
+        text = [repr(name) for name in names if isinstance(features[name], tfds.features.Text)]
         if text:
+            which = f"the column {text[0]} holds" if len(text) == 1 else f"the columns {', '.join(text)} hold"
             raise SettingsError(
-                f"DATASET={settings.dataset!r}: the column {text[0]!r} holds text, which the model cannot take as it "
-                "is: define preprocess in your MODEL file to make numbers of it (see examples/resnet.py), or drop it"
+                f"DATASET={settings.dataset!r}: {which} text, which MODEL={settings.model!r} cannot take as it is "
+                f"(it has no preprocess): define preprocess in your MODEL file to make numbers of it (see "
+                f"{TABULAR_TEXT_EXAMPLE}), train the default model of a table (MODEL unset, or {TABLE_MODEL}), or "
+                "drop the column"
             )
 
         def columns(example, training, seed):  # the engine's own preprocess: the columns as stored

@@ -56,6 +56,7 @@ class Written:
     notes: tuple[str, ...] = ()
     skipped: list[str] = field(default_factory=list)  # files left out, not images
     broken: list[tuple[str, str]] = field(default_factory=list)  # (path, what is wrong): left out, BAD_FILES=skip
+    missing: dict[str, int] = field(default_factory=dict)  # a table's numeric column -> its empty cells
 
     @property
     def left_out(self) -> dict[str, Any]:
@@ -131,7 +132,9 @@ def _reused(root: Path, index: Path, survey: local.Survey) -> Written | None:
         if recorded["listing"] == survey.listing and (directory / "dataset_info.json").is_file():
             broken = [(path, why) for path, why in recorded.get("broken", [])]
             skipped = recorded["skipped"]
-            return Written(directory, recorded["identity"], _left_out(skipped, broken), skipped, broken)
+            missing = recorded.get("missing", {})
+            notes = (*_left_out(skipped, broken), *_missing(missing))
+            return Written(directory, recorded["identity"], notes, skipped, broken, missing)
     return None
 
 
@@ -168,7 +171,7 @@ def prepare_path(settings, say) -> Written:
         finally:
             shutil.rmtree(temporary, ignore_errors=True)
         record = {"name": written.directory.parent.name, "listing": survey.listing, "identity": written.identity,
-                  "skipped": written.skipped, "broken": written.broken,
+                  "skipped": written.skipped, "broken": written.broken, "missing": written.missing,
                   "source": str(survey.root.resolve())}  # fmt: skip
         _write_index(index, record)
         return written
@@ -255,7 +258,9 @@ def _write(settings, survey: local.Survey, temporary: Path, root: Path, label_ke
         os.rename(temporary, final)
     skipped = [entry.path for entry in survey.entries if survey.kind == "images" and "/" not in entry.path]
     skipped += sorted(read.skipped)  # beside the class folders, or in them but not an image
-    return Written(final, identity, _left_out(skipped, sorted(read.broken)), skipped, sorted(read.broken))
+    broken = sorted(read.broken)
+    notes = (*_left_out(skipped, broken), *_missing(read.missing))
+    return Written(final, identity, notes, skipped, broken, read.missing)
 
 
 def _left_out(skipped: list[str], broken: list[tuple[str, str]]) -> tuple[str, ...]:
@@ -269,6 +274,14 @@ def _left_out(skipped: list[str], broken: list[tuple[str, str]]) -> tuple[str, .
         notes.append(f"{len(skipped)} file(s) left out, not a JPEG, PNG, GIF or BMP: "
                      f"{', '.join(skipped[: local.SHOWN])}")  # fmt: skip
     return tuple(notes)
+
+
+def _missing(missing: dict[str, int]) -> tuple[str, ...]:
+    """The start line of a table with empty numeric cells: each column's count."""
+    if not missing:
+        return ()
+    counts = ", ".join(f"{name} {count:,}" for name, count in missing.items())
+    return (f"Empty numeric cells, stored as missing (NaN): {counts}.",)
 
 
 class _Progress:

@@ -23,7 +23,7 @@ from dotenv.parser import parse_stream
 from train import hparams
 from train.cluster.tf_config import parse_tf_config
 from train.errors import SettingsError
-from train.model_file import model_hyperparameters
+from train.model_file import model_for_data, model_hyperparameters
 from train.settings.run import RUN_SETTINGS, run_layer
 from train.settings.table import FIELDS, FIELDS_BY_ENV, Field, Settings, check_together
 
@@ -137,6 +137,8 @@ def load_settings(
         _add_run_layer(layers, places, output_dir / RUN_SETTINGS, warn)
 
     values = {field.attr: _value(field, _resolve(field.env, layers)) for field in FIELDS}
+    # the documented MLP on a table's columns: behind their preprocessing (FEATURE_KEY set: on that one column)
+    values["model"] = model_for_data(values["model"], not values["feature_key"] and _is_table(values["dataset"]))
     batch_from = _batch_sizes(values, layers, places)
     declared = model_hyperparameters(values["model"])
     if warn:
@@ -148,6 +150,13 @@ def load_settings(
 
     check_together(settings)
     return settings
+
+
+def _is_table(dataset: str) -> bool:
+    """Whether DATASET names a CSV or JSON Lines path (told as its validation told it: train.data.local)."""
+    from train.data import local  # (train.data's package imports train.settings)
+
+    return local.is_table(dataset)
 
 
 def _read_files(
