@@ -177,12 +177,13 @@ class SettingsCommand(TyperCommand):
             _HYPERPARAMETER_FLAGS.reset(token)
 
 
-def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool = False) -> Any:
+def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool | str = False) -> Any:
     """Give a command one flag per setting, and hand it the resolved, validated `Settings`.
 
     Flags are declared as text and parsed by `train.settings`, so a bad value reads the same
     whether it came from a flag, the environment or `.env`: one line, exit code 2. `from_run`: the
-    run directory's settings.json fills in what flags and the environment leave (evaluate). `settings_command`
+    run directory's settings.json fills in what flags and the environment leave (evaluate; fit: "defining", what
+    defines the run, train.settings.layers). `settings_command`
     registers the command with `cls=SettingsCommand`, which adds build_model's hyperparameters' flags.
     """
     if command is None:
@@ -217,6 +218,8 @@ def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool =
         flags = {field.env: kwargs.pop(field.attr) for field in FIELDS}
         flags |= _HYPERPARAMETER_FLAGS.get() or {}
         settings = None
+        if os.environ.get("TFDS_DATA_DIR") == "":  # unset, as the settings take it: TFDS's default, not the cwd
+            del os.environ["TFDS_DATA_DIR"]
         try:
             settings = load_settings(flags, warn=_warn, from_run=from_run)
             return command(settings, **kwargs)
@@ -234,7 +237,7 @@ def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool =
     return run
 
 
-def settings_command(short_help: str, *, from_run: bool = False) -> Callable[[Callable[..., Any]], Any]:
+def settings_command(short_help: str, *, from_run: bool | str = False) -> Callable[[Callable[..., Any]], Any]:
     """Register a command of `app` that takes the settings: `with_settings` gives it one flag per setting and the
     resolved `Settings`, and `SettingsCommand` build_model's hyperparameters' flags."""
 
@@ -279,7 +282,7 @@ def _write_json(path: Path | None, payload: Any) -> None:
         raise TrainingError(f"could not write --json {path} ({error.strerror}); the result is printed above") from None
 
 
-@settings_command("Train; resume from OUTPUT_DIR's latest checkpoint.")
+@settings_command("Train; resume from OUTPUT_DIR's latest checkpoint.", from_run="defining")
 def fit(settings: Settings) -> None:
     """Train, checkpointing as it goes; resumes from OUTPUT_DIR's latest checkpoint."""
     preflight(settings, _warn)  # the run directory's problems in the first second, before TensorFlow loads

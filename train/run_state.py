@@ -43,6 +43,7 @@ class Start:
     adapted: Json  # what MODEL's adapt fitted (train.adapt.fingerprint)
     recorded: Json  # run.json as this start found it (the chief's; {} on other workers)
     say: Callable[[str], None]
+    features: Json = field(default_factory=dict)  # what predict needs of the data (train.data.spec.features_record)
 
     @property
     def output_dir(self) -> Path:

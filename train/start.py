@@ -17,6 +17,7 @@ from train.context import run_context
 from train.custom_step import refuse_unevaluated_monitor
 from train.data import Data, Dataset, batches_per_pass, gathers_in_step, input_pipelines, open_dataset
 from train.data.opening import check_same_data, data_identity_text
+from train.data.spec import features_record
 from train.devices.runtime import Runtime, auto_precision, choose_xla
 from train.errors import SettingsError
 from train.exportable import check_exportable
@@ -120,9 +121,9 @@ def start_run(settings: Settings, runtime: Runtime, peers: SingleHost, writer: W
         say(f"Worker {peers.worker_index} of {peers.workers} ({runtime.cluster.address}{writes}): all workers joined.")
     dataset = open_dataset(settings, say)
     settings = dataset.settings  # a dataset with one split: TRAIN_SPLIT and EVAL_SPLIT slice it
-    if writer.chief:
-        check_same_data(settings, dataset.identity)  # another DATASET, or changed files: before anything is built
     recorded = writer.recorded()  # run.json, read once
+    if writer.chief:  # another DATASET, or changed files: before anything is built
+        check_same_data(settings, recorded.get("data"), dataset.identity)
     decision = agree(settings, runtime, peers, dataset, recorded)
     runtime = runtime.with_precision(decision.precision)
     data = dataset.load(settings, decision.data_in_memory, workers_here(runtime))
@@ -140,5 +141,5 @@ def start_run(settings: Settings, runtime: Runtime, peers: SingleHost, writer: W
         jit, why = False, "auto: off, as model.fit runs this model's own train_step (its jit_compile is False)"
     callbacks = tuple(build_callbacks(settings, context))  # bad callbacks: before writing
     start = Start(settings, peers, data, built, context, callbacks, jit, why, dataset.identity, dataset.adapted,
-                  recorded, say)  # fmt: skip
+                  recorded, say, features_record(dataset.builder, settings))  # fmt: skip
     return start, runtime
