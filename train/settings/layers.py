@@ -112,6 +112,7 @@ def load_settings(
     warn: Callable[[str], None] | None = None,
     defaults_path: Path | str | None = "project",
     from_run: bool | str = False,
+    data: bool = True,
 ) -> Settings:
     """Resolve every setting. Raises SettingsError. The precedence, highest first:
 
@@ -122,6 +123,7 @@ def load_settings(
     resolve to supplies what neither a flag nor the environment sets, so evaluate scores the run as it was trained.
     `from_run="defining"` (fit): only what defines the run (RUN_LAYER_OF_FIT); the machine's settings come from this
     host. A value of .env or project/defaults.env that the run's layer overrides is said in one warning line.
+    `data=False` (predict on files through the export): DATASET is taken as text, its path not surveyed.
     `defaults_path`: the fork's defaults file ("project": the `project` package's `defaults.env`; None: none).
     """
     flags = {name: value for name, value in (flags or {}).items() if value is not None}
@@ -142,7 +144,9 @@ def load_settings(
             for message in _overridden_by_run(layers, places):
                 warn(message)
 
-    values = {field.attr: _value(field, _resolve(field.env, layers)) for field in FIELDS}
+    # not `data`: DATASET as text, so that a path that moved since the run is no error
+    values = {field.attr: _value(field, _resolve(field.env, layers)) if data or field.env != "DATASET"
+              else _resolve(field.env, layers) for field in FIELDS}  # fmt: skip
     batch_from = _batch_sizes(values, layers, places)
     declared = model_hyperparameters(values["model"])
     if warn:
