@@ -192,6 +192,9 @@ def _add_run_layer(
     if defining:
         layer = {name: value for name, value in layer.items()
                  if name in RUN_LAYER_OF_FIT or name.startswith(hparams.PREFIX)}  # fmt: skip
+        batch = ("BATCH_SIZE", "GLOBAL_BATCH_SIZE")  # one choice: a flag's or the environment's replaces both
+        if any(layer_above.get(name, "").strip() for layer_above in layers[:2] for name in batch):
+            layer = {name: value for name, value in layer.items() if name not in batch}
     layers.insert(2, layer)
     places.insert(2, str(path))
 
