@@ -48,8 +48,8 @@ devices: setup ## Device doctor: what TensorFlow sees, what the settings resolve
 check: setup ## Trial-run a small batch, then find the largest batch that fits
 	$(BIN)/python -m train check
 
-bench: setup ## Benchmark the training loop against its input ceiling, Keras fit and the tutorials' way
-	$(BIN)/python -m train bench --json "$(or $(BENCH_JSON),bench.json)"
+bench: setup ## Benchmark the training loop against its input ceiling, Keras fit and the tutorials' way (BENCH_ARGS: more flags)
+	$(BIN)/python -m train bench $(BENCH_ARGS) --json "$(or $(BENCH_JSON),bench.json)"
 
 bench-images: setup ## The benchmark on photos of any size: examples/resnet.py's preprocess on synthetic_photos (offline), streamed rows included
 	MODEL=$(or $(MODEL),examples/resnet.py) DATASET=$(or $(DATASET),synthetic_photos) \

@@ -31,7 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 # to its two workers in collection order, so the long ones start first and the short ones fill in at the end,
 # rather than one long file running alone while the other worker idles.
 LONGEST_FIRST = (
-    "test_multi_worker.py", "test_train.py", "test_resilience.py", "test_fuzz.py", "test_bench.py", "test_data.py",
+    "test_multi_worker.py", "test_journeys.py", "test_train.py", "test_resilience.py", "test_fuzz.py", "test_bench.py",
+    "test_data.py",
     "test_experiment.py", "test_preprocess.py", "test_elastic.py", "test_bench_processes.py", "test_examples.py",
     "test_text.py", "test_replicas.py", "test_slurm.py", "test_observability.py", "test_memory.py", "test_probe.py",
 )  # fmt: skip

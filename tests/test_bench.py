@@ -200,3 +200,31 @@ def test_importing_the_benchmark_does_not_start_tensorflow():
     code = "import sys, train.tools.bench; print('tensorflow' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_make_bench_end_to_end_at_its_smallest_setting_with_tfds_data_dir_set_empty(tmp_path, tfds_data_dir):
+    """`make bench` as a user runs it, with `TFDS_DATA_DIR=` empty in the environment (`docker run -e
+    TFDS_DATA_DIR=`): TFDS's default (HOME's) for every process, the tiny fits' too, never a working directory;
+    two start-up rounds, so that a second tiny fit would find what a first wrote there."""
+    import shutil
+
+    from tests.conftest import REPO
+
+    home = tmp_path / "home"
+    shutil.copytree(tfds_data_dir, home / "tensorflow_datasets", ignore=shutil.ignore_patterns("*.lock"))
+    venv = Path(sys.prefix)
+    out = tmp_path / "bench.json"
+    smallest = "BENCH_ARGS=--repetitions 2 --seconds 0.05 --contenders template"  # 2: two tiny fits, one cwd
+    command = ["make", "--no-print-directory", "-C", str(REPO), "-o", str(venv / "bin" / ".installed"), "bench",
+               f"VENV={venv}", f"BENCH_JSON={out}", smallest]  # fmt: skip
+    env = clean_env(HOME=home, TFDS_DATA_DIR="", TMPDIR=tmp_path)
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stdout + result.stderr
+    measured = json.loads(out.read_text())
+    assert len(measured["startup"]["runs"]["tiny_fit"]) == 2 and measured["startup"]["tiny_fit_seconds"] > 0
+    assert list(measured["contenders"]) == ["template"] and measured["contenders"]["template"]["examples_per_sec"] > 0
+    assert "goals (docs/performance.md):" in result.stdout
+    assert [path for path in tmp_path.rglob("synthetic_clusters") if home not in path.parents] == []
+    assert not (REPO / "synthetic_clusters").exists()

@@ -69,6 +69,17 @@ def test_dataset_is_a_path_when_it_looks_like_one_or_exists(tmp_path, monkeypatc
     (tmp_path / "table.csv").write_text("a,label\n1,0\n")
     assert local.is_path("./x") and local.is_path("/x") and local.is_path("~/x") and local.is_path("../x")
     assert local.is_path("table.csv") and not local.is_path("mnist") and not local.is_path("mnist/config:1.0.0")
+    assert local.is_path("missing.jsonl")  # a table's suffix: a path, refused as missing when surveyed
+
+
+def test_a_bare_name_is_tfds_s_where_a_builder_has_it_and_the_folder_only_where_none_does(tmp_path, monkeypatch):
+    """A folder named like a TFDS dataset here (TFDS wrote it into the working directory, or this is the TFDS data
+    directory): the bare name is still TFDS's; `./name` is the folder. A name no builder has is the folder."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("synthetic_clusters", "mnist", "my_photos"):
+        (tmp_path / name).mkdir()
+    assert not local.is_path("synthetic_clusters") and not local.is_path("mnist")
+    assert local.is_path("./synthetic_clusters") and local.is_path("my_photos")
 
 
 def test_columns_are_typed_from_their_values_and_the_label_kind_guessed_or_told(tmp_path):

@@ -52,6 +52,13 @@ def test_empty_flag_value_is_not_the_same_as_unset():
         load(flags={"GPUS": ""})
 
 
+def test_a_setting_set_empty_in_the_environment_is_unset(tmp_path):
+    """`docker run -e TFDS_DATA_DIR=`, `GPUS= make train`: the layers below decide, as if it were not there."""
+    assert load(environ={"GPUS": "", "TFDS_DATA_DIR": "", "OUTPUT_DIR": ""}).gpus == "all"
+    settings = load(environ={"GPUS": "", "EPOCHS": ""}, dotenv_text="GPUS=1\nEPOCHS=3\n", tmp_path=tmp_path)
+    assert (settings.gpus, settings.epochs, settings.tfds_data_dir) == ((1,), 3, None)
+
+
 def test_empty_value_means_unset_where_the_default_is_empty():
     assert load(environ={"GPU_MEMORY_LIMIT_MB": "", "TFDS_DATA_DIR": ""}).gpu_memory_limit_mb is None
 
@@ -94,7 +101,7 @@ def test_gpus_forms():
 )
 def test_bad_value_is_one_line_naming_setting_value_and_what_is_allowed(name, value, allowed):
     with pytest.raises(SettingsError) as caught:
-        load(environ={name: value})
+        load(flags={name: value}) if value == "" else load(environ={name: value})  # empty in the environment: unset
     message = str(caught.value)
     assert "\n" not in message
     assert message.startswith(f"{name}={value!r}")
@@ -175,7 +182,39 @@ def test_evaluate_takes_the_runs_settings_under_flags_and_the_environment_and_ov
     assert (settings.dataset, settings.eval_split, settings.train_split) == ("from_flag", "from_env", "from_run")
     assert settings.batch_size == 64  # the run's, over .env's 32
     assert settings.seed == 7  # the run does not record it: .env's
-    assert load_settings({}, {}, dotenv, defaults_path=None).dataset == "from_dotenv"  # fit ignores the run's
+    assert load_settings({}, {}, dotenv, defaults_path=None).dataset == "from_dotenv"  # without the run's layer
+
+
+def test_fit_on_a_run_takes_what_defines_it_from_its_settings_and_the_machines_settings_from_this_host(tmp_path):
+    """load_settings(from_run="defining"), fit's: MODEL, DATASET, the batch, EPOCHS from the run's settings.json;
+    GPUS, CPU_DEVICES, STRATEGY from this host; a .env value the run overrides said in one warning line."""
+    run = tmp_path / "run"
+    run.mkdir()
+    recorded = {
+        "MODEL": "examples.cnn",
+        "DATASET": "synthetic_images",
+        "BATCH_SIZE": "32",
+        "EPOCHS": "4",
+        "LEARNING_RATE": "0.01",
+        "GPUS": "1",
+        "CPU_DEVICES": "2",
+        "STRATEGY": "mirrored",
+        "RESUME": "never",
+    }
+    (run / "settings.json").write_text(json.dumps(recorded))
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("BATCH_SIZE=64\nCPU_DEVICES=3\nSEED=7\n")
+    warnings: list[str] = []
+    settings = load_settings({"OUTPUT_DIR": str(run)}, {"EPOCHS": "6"}, dotenv, warn=warnings.append,
+                             defaults_path=None, from_run="defining")  # fmt: skip
+    assert (settings.model, settings.dataset, settings.batch_size) == ("examples.cnn", "synthetic_images", 32)
+    assert (settings.epochs, settings.learning_rate, settings.seed) == (6, 0.01, 7)  # the environment's EPOCHS
+    assert (settings.gpus, settings.cpu_devices, settings.strategy, settings.resume) == ("all", 3, "auto", "auto")
+    [line] = [line for line in warnings if "BATCH_SIZE" in line]
+    assert f"{dotenv}'s BATCH_SIZE='64'" in line and "the run's value counts" in line
+    assert len(warnings) == 1, warnings
+    fresh = load_settings({"OUTPUT_DIR": str(tmp_path / "new")}, {}, dotenv, defaults_path=None, from_run="defining")
+    assert (fresh.batch_size, fresh.model) == (64, "examples.mlp")  # a new run: nothing to take
 
 
 def test_batch_size_and_global_batch_size_each_come_from_their_own_highest_layer_and_say_where(tmp_path):

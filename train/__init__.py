@@ -10,8 +10,8 @@ Model, data, devices and loop are the rows in capitals.
 |                 | errors to exit codes (errors)                                  | could; import TF before a command |
 |                 |                                                                | needs it                          |
 | settings/       | each setting declared once (table), parsed (parse), layered:   | import TensorFlow; write a file   |
-|                 | flag > environment > .env > default (layers); checked before   |                                   |
-|                 | TF loads                                                       |                                   |
+|                 | flag > environment > the run's settings.json > .env > default  |                                   |
+|                 | (layers; run); checked before TF loads                         |                                   |
 | model_file      | MODEL's file: found, parsed, hashed, imported once; its seams  | import train.settings, or TF at   |
 |                 | (build_model, preprocess, adapt, build_callbacks,              | import time                       |
 |                 | export_model); whether a model has its own train_step          |                                   |

@@ -178,16 +178,19 @@ class SettingsCommand(TyperCommand):
             _HYPERPARAMETER_FLAGS.reset(token)
 
 
-def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool = False) -> Any:
+def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool | str = False,
+                  data: Callable[..., bool] | None = None) -> Any:  # fmt: skip
     """Give a command one flag per setting, and hand it the resolved, validated `Settings`.
 
     Flags are declared as text and parsed by `train.settings`, so a bad value reads the same
     whether it came from a flag, the environment or `.env`: one line, exit code 2. `from_run`: the
-    run directory's settings.json fills in what flags and the environment leave (evaluate). `settings_command`
+    run directory's settings.json fills in what flags and the environment leave (evaluate; fit: "defining", what
+    defines the run, train.settings.layers). `data`: whether the command's arguments need DATASET (default: yes);
+    where not, its path is not surveyed (predict on files). `settings_command`
     registers the command with `cls=SettingsCommand`, which adds build_model's hyperparameters' flags.
     """
     if command is None:
-        return functools.partial(with_settings, from_run=from_run)
+        return functools.partial(with_settings, from_run=from_run, data=data)
     hints = typing.get_type_hints(command, include_extras=True)  # real objects, not `from __future__` strings
     own = [
         p.replace(annotation=hints[p.name])
@@ -218,8 +221,11 @@ def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool =
         flags = {field.env: kwargs.pop(field.attr) for field in FIELDS}
         flags |= _HYPERPARAMETER_FLAGS.get() or {}
         settings = None
+        if os.environ.get("TFDS_DATA_DIR") == "":  # unset, as the settings take it: TFDS's default, not the cwd
+            del os.environ["TFDS_DATA_DIR"]
         try:
-            settings = load_settings(flags, warn=_warn, from_run=from_run)
+            needed = data is None or data(**kwargs)
+            settings = load_settings(flags, warn=_warn, from_run=from_run, data=needed)
             return command(settings, **kwargs)
         except (SettingsError, TrainingError, BusyError) as error:
             _fail(str(error), error.exit_code)
@@ -238,12 +244,14 @@ def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool =
     return run
 
 
-def settings_command(short_help: str, *, from_run: bool = False) -> Callable[[Callable[..., Any]], Any]:
+def settings_command(short_help: str, *, from_run: bool | str = False, data: Callable[..., bool] | None = None
+                     ) -> Callable[[Callable[..., Any]], Any]:  # fmt: skip
     """Register a command of `app` that takes the settings: `with_settings` gives it one flag per setting and the
     resolved `Settings`, and `SettingsCommand` build_model's hyperparameters' flags."""
 
     def register(command: Callable[..., Any]) -> Any:
-        return app.command(short_help=short_help, cls=SettingsCommand)(with_settings(command, from_run=from_run))
+        command = with_settings(command, from_run=from_run, data=data)
+        return app.command(short_help=short_help, cls=SettingsCommand)(command)
 
     return register
 
@@ -283,7 +291,7 @@ def _write_json(path: Path | None, payload: Any) -> None:
         raise TrainingError(f"could not write --json {path} ({error.strerror}); the result is printed above") from None
 
 
-@settings_command("Train; resume from OUTPUT_DIR's latest checkpoint.")
+@settings_command("Train; resume from OUTPUT_DIR's latest checkpoint.", from_run="defining")
 def fit(settings: Settings) -> None:
     """Train, checkpointing as it goes; resumes from OUTPUT_DIR's latest checkpoint."""
     preflight(settings, _warn)  # the run directory's problems in the first second, before TensorFlow loads
@@ -312,7 +320,9 @@ def evaluate(
 
 
 @settings_command(
-    "Predict with the run's export: image files, folders, CSV or JSON Lines rows, a split.", from_run=True
+    "Predict with the run's export: image files, folders, CSV or JSON Lines rows, a split.",
+    from_run=True,
+    data=lambda split=None, exported=True, **_: split is not None or not exported,  # files: the run's records
 )
 def predict(
     settings: Settings,

@@ -36,6 +36,7 @@ from train.cluster.workers import connect
 from train.context import run_context
 from train.custom_step import make_calls, make_evaluator
 from train.data import Remainder, gathers_in_step, make_feed, open_dataset
+from train.data.opening import check_same_data
 from train.data.raised import preprocess_raised
 from train.devices.runtime import Runtime, setup_runtime
 from train.errors import SettingsError, first_line
@@ -184,6 +185,7 @@ def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> dic
     if settings.mixed_precision == "auto" and precision:
         runtime = runtime.with_precision(precision)
     dataset = open_dataset(settings)
+    check_same_data(dataset.settings, recorded.get("data"), dataset.identity, "evaluated")  # changed files: refused
     check_recorded(settings, recorded, dataset.adapted)  # the vocabularies it trained with
     in_memory = settings.data_in_memory == "true" or (settings.data_in_memory == "auto" and dataset.fits_in_memory())
     data = dataset.load(settings, in_memory)

@@ -63,13 +63,12 @@ def _exported(settings: Settings) -> Predictor:
     return Predictor(inputs, lambda batch: {k: v.numpy() for k, v in signature(**batch).items()}, loaded)
 
 
-def _from_checkpoint(settings: Settings, runtime, say: Callable[[str], None]) -> Predictor:
+def _from_checkpoint(settings: Settings, runtime, dataset, say: Callable[[str], None]) -> Predictor:
     """The latest checkpoint's weights in the model fit builds, through the export's default function."""
     import tensorflow as tf
 
     from train.checkpoints import make_checkpoint, restore_newest
     from train.context import run_context
-    from train.data import load_data
     from train.model import build, serving_endpoints, use_averaged_weights
     from train.rundir import read_run
     from train.start import steps_per_epoch
@@ -77,7 +76,9 @@ def _from_checkpoint(settings: Settings, runtime, say: Callable[[str], None]) ->
     precision = read_run(settings.output_dir).get("precision")  # the run's, as evaluate builds it
     if settings.mixed_precision == "auto" and precision:
         runtime = runtime.with_precision(precision)
-    data = load_data(settings)
+    settings = dataset.settings
+    in_memory = settings.data_in_memory == "true" or (settings.data_in_memory == "auto" and dataset.fits_in_memory())
+    data = dataset.load(settings, in_memory)
     context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))
     built = build(settings, data.spec, runtime.strategy, context)
     if not restore_newest(make_checkpoint(built), settings.output_dir / "checkpoints", say):
@@ -93,14 +94,16 @@ def _from_checkpoint(settings: Settings, runtime, say: Callable[[str], None]) ->
     return Predictor({spec.name: spec for spec in signature}, call, built)
 
 
-def _label_is_class(builder, settings: Settings) -> bool:
-    """Whether the run's label is one class (a ClassLabel, or a scalar) rather than a multi-hot vector."""
-    import tensorflow_datasets as tfds
+def _opened(settings: Settings, recorded: dict[str, Any], whole: bool, say: Callable[[str], None]) -> Any:
+    """The run's DATASET opened as fit opens it (train.data.opening), refused where its source changed since the
+    run was trained on it: a train.data.Dataset (`whole`: its spec too, for the checkpoint's model) or an Opened
+    (its builder, for a split). Raises SettingsError."""
+    from train.data import open_dataset
+    from train.data.opening import check_same_data, open_source
 
-    supervised = builder.info.supervised_keys
-    label_key = settings.label_key or (supervised[1] if supervised else "label")
-    label = builder.info.features[label_key] if label_key in builder.info.features else None  # noqa: SIM401 (no .get)
-    return isinstance(label, tfds.features.ClassLabel) or tuple(getattr(label, "shape", ())) == ()
+    opened = open_dataset(settings, say) if whole else open_source(settings, say)
+    check_same_data(opened.settings, recorded.get("data"), opened.identity, "predicted")
+    return opened
 
 
 def _split_examples(builder, split: str, predictor: Predictor, images: set[str]) -> Iterator[Example]:
@@ -187,20 +190,26 @@ def predict(settings: Settings, sources: list[Source], split: str | None, batch:
     take."""
     import tensorflow as tf
 
-    from train.data.opening import open_source
+    from train.data.spec import features_record
     from train.devices.runtime import setup_runtime
+    from train.rundir import read_run
 
     runtime = setup_runtime(settings, local_only=True)
-    predictor = _from_checkpoint(settings, runtime, say) if checkpoint else _exported(settings)
-    builder = open_source(settings, say).builder  # a path DATASET too (a name: its TFDS builder)
-    features = builder.info.features
-    images = {name for name in predictor.inputs if _is_image_feature(features, name)}
+    recorded = read_run(settings.output_dir)
+    # The data is opened only for what needs it: a split, or the checkpoint's model. Files through the export need
+    # the run's records alone (a run from before they were kept: the data's own description, opened).
+    opened = _opened(settings, recorded, checkpoint, say) if checkpoint or split is not None else None
+    if opened is None and not isinstance(recorded.get("features"), dict):
+        opened = _opened(settings, recorded, False, say)
+    features = features_record(opened.builder, opened.settings) if opened is not None else recorded["features"]
+    predictor = _from_checkpoint(settings, runtime, opened, say) if checkpoint else _exported(settings)
+    images = {name for name in predictor.inputs if name in features["images"]}
     examples: Iterable[Example] = Reader(predictor.inputs, images).read(sources)
     total = len(examples)
     if split is not None:
-        examples = itertools.chain(examples, _split_examples(builder, split, predictor, images))
-        total += _split_size(builder, split)
-    is_class = _label_is_class(builder, settings)
+        examples = itertools.chain(examples, _split_examples(opened.builder, split, predictor, images))
+        total += _split_size(opened.builder, split)
+    is_class = bool(features["label_is_class"])
     written = 0
     with tf.device(runtime.devices[0]), open_output() as output, _progress(total, bar) as advance:
         for chunk in _chunks(examples, batch):
@@ -210,12 +219,6 @@ def predict(settings: Settings, sources: list[Source], split: str | None, batch:
             written += len(chunk)
             advance(len(chunk))
     return written
-
-
-def _is_image_feature(features, name: str) -> bool:
-    import tensorflow_datasets as tfds
-
-    return name in features and isinstance(features[name], tfds.features.Image)
 
 
 def _split_size(builder, split: str) -> int:

@@ -44,6 +44,7 @@ class Start:
     recorded: Json  # run.json as this start found it (the chief's; {} on other workers)
     say: Callable[[str], None]
     left_out: Json = field(default_factory=dict)  # a folder's files not in the data: summary.json's "left_out"
+    features: Json = field(default_factory=dict)  # what predict needs of the data (train.data.spec.features_record)
 
     @property
     def output_dir(self) -> Path:

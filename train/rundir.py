@@ -201,6 +201,7 @@ RUN_VALUES = {
     "jit_compile": lambda value: isinstance(value, bool),
     "data_in_memory": lambda value: isinstance(value, bool),
     "data": lambda value: isinstance(value, dict),  # the data's identity (train.data.opening)
+    "features": lambda value: isinstance(value, dict),  # what predict needs of the data (train.data.spec)
     "precision": lambda value: value in ("float32", "mixed_float16", "mixed_bfloat16"),
     "starts": lambda value: (
         isinstance(value, list)

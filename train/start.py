@@ -17,12 +17,14 @@ from train.context import run_context
 from train.custom_step import refuse_unevaluated_monitor
 from train.data import Data, Dataset, batches_per_pass, gathers_in_step, input_pipelines, open_dataset
 from train.data.opening import check_same_data, data_identity_text
+from train.data.spec import features_record
 from train.devices.runtime import Runtime, auto_precision, choose_xla
 from train.errors import SettingsError
 from train.exportable import check_exportable
 from train.model import Built, build
 from train.model_file import model_fingerprint
 from train.run_state import Start
+from train.rundir import checkpoints_newest_first
 from train.settings import Settings, agreed_settings
 from train.writer import Writer
 
@@ -120,11 +122,11 @@ def start_run(settings: Settings, runtime: Runtime, peers: SingleHost, writer: W
         say(f"Worker {peers.worker_index} of {peers.workers} ({runtime.cluster.address}{writes}): all workers joined.")
     dataset = open_dataset(settings, say)
     settings = dataset.settings  # a dataset with one split: TRAIN_SPLIT and EVAL_SPLIT slice it
-    if writer.chief:
-        taken = check_same_data(settings, dataset.identity)  # another DATASET, or changed files: before anything is
-        if taken:  # built; or a run that trained no step, which takes the data as it is now
-            say(taken)
     recorded = writer.recorded()  # run.json, read once
+    if writer.chief:  # another DATASET, or changed files: refused before anything is built; a run that trained no
+        taken = check_same_data(settings, recorded.get("data"), dataset.identity, trained=_trained(settings))
+        if taken:  # step yet takes the data as it is now
+            say(taken)
     decision = agree(settings, runtime, peers, dataset, recorded)
     runtime = runtime.with_precision(decision.precision)
     data = dataset.load(settings, decision.data_in_memory, workers_here(runtime))
@@ -142,5 +144,14 @@ def start_run(settings: Settings, runtime: Runtime, peers: SingleHost, writer: W
         jit, why = False, "auto: off, as model.fit runs this model's own train_step (its jit_compile is False)"
     callbacks = tuple(build_callbacks(settings, context))  # bad callbacks: before writing
     start = Start(settings, peers, data, built, context, callbacks, jit, why, dataset.identity, dataset.adapted,
-                  recorded, say, dataset.left_out)  # fmt: skip
+                  recorded, say, dataset.left_out, features_record(dataset.builder, settings))  # fmt: skip
     return start, runtime
+
+
+def _trained(settings: Settings) -> bool:
+    """Whether OUTPUT_DIR holds a checkpoint after step 0 (the initial weights, saved at a first start)."""
+    try:
+        newest = checkpoints_newest_first(settings.output_dir / "checkpoints")
+    except SettingsError:  # cannot be read: as if it had trained (refused, the safe side)
+        return True
+    return bool(newest) and newest[0].name != "ckpt-0"

@@ -41,8 +41,42 @@ SPLIT_NAME = re.compile(r"[A-Za-z0-9_]+")  # what TFDS takes as a split's name
 
 
 def is_path(text: str) -> bool:
-    """DATASET names a path: it starts with /, ./, ../ or ~, or a file or folder of that name exists here."""
-    return text.startswith(("/", "./", "../", "~")) or Path(text).exists()
+    """DATASET names a path: it starts with /, ./, ../ or ~, ends in .csv or .jsonl, or a file or folder of that name
+    exists here, and, for a bare name (no /), TFDS has no builder of that name (`./name` is always the path)."""
+    if text.startswith(("/", "./", "../", "~")) or text.lower().endswith(TABLE_SUFFIXES):
+        return True
+    if not Path(text).exists():
+        return False
+    return "/" in text or not is_tfds_name(text)
+
+
+_KNOWN: dict[str, bool] = {}  # a bare name's answer, asked once a process
+
+
+def is_tfds_name(name: str) -> bool:
+    """Whether TFDS has a builder of this name (`name:1.2.3` too): its own, the template's, the fork's
+    (`project.datasets`). Imports TFDS (not TensorFlow), asked only where a file or folder of that name is here."""
+    if name not in _KNOWN:
+        _KNOWN[name] = name.split(":")[0] in register_builders().list_builders(with_community_datasets=False)
+    return _KNOWN[name]
+
+
+def register_builders():
+    """TFDS, with the template's offline datasets and the fork's (`project.datasets`) registered by importing them."""
+    import importlib
+    import importlib.util
+
+    import tensorflow_datasets as tfds
+
+    import train.data.synthetic_clusters
+    import train.data.synthetic_columns
+    import train.data.synthetic_images
+    import train.data.synthetic_photos
+    import train.data.synthetic_reviews  # noqa: F401  (the template's offline datasets, registered by importing)
+
+    if importlib.util.find_spec("project.datasets") is not None:
+        importlib.import_module("project.datasets")  # a fork's builders, registered by importing them
+    return tfds
 
 
 def image_kind(head: bytes) -> str | None:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import importlib
-import importlib.util
 import json
 import os
 import sys
@@ -23,9 +21,9 @@ import tensorflow as tf
 from train.data import local, written
 from train.errors import SettingsError, first_line
 from train.model_file import TABLE_MODEL, TABULAR_TEXT_EXAMPLE
-from train.rundir import checkpoints_newest_first, read_run
 from train.settings import Settings
 
+DEFAULT_DATA_DIR = "~/tensorflow_datasets"  # TFDS's own, where TFDS_DATA_DIR is unset or empty
 ONE_SPLIT = ("train[:90%]", "train[90%:]")  # TRAIN_SPLIT and EVAL_SPLIT of a dataset with one split, train
 
 
@@ -120,23 +118,25 @@ def one_split(settings: Settings, builder) -> tuple[Settings, tuple[str, ...]]:
     return settings.replace(train_split=ONE_SPLIT[0], eval_split=ONE_SPLIT[1]), (note,)
 
 
-def check_same_data(settings: Settings, identity: dict[str, Any]) -> str | None:
+def check_same_data(settings: Settings, recorded: dict[str, Any] | None, identity: dict[str, Any],
+                    doing: str = "trained", trained: bool = True) -> str | None:  # fmt: skip
     """A run directory trained on other data (another DATASET, or its files changed) is refused in one line: nothing
-    is trained on it. A run that trained no step yet (stopped by a file that did not decode, say) takes the data as
-    it is now: what to say about that, else None. Raises SettingsError."""
-    recorded = read_run(settings.output_dir).get("data")
+    is `doing` (trained, evaluated, predicted) on it. `recorded`: run.json's "data" (None for a new run). A fit of a
+    run that trained no step yet (`trained` False: stopped by a file that did not decode, say) takes the data as it
+    is now: what to say about that, else None. Raises SettingsError."""
     if not recorded or recorded == identity:
         return None
     where = f"OUTPUT_DIR={settings.output_dir}"
-    if not _trained_steps(settings.output_dir):
+    if not trained and doing == "trained":
         return (f"DATASET={settings.dataset!r} is not the data {where} was first started on, but no step was trained "
                 "on that: this run trains on the data as it is now")  # fmt: skip
     stems = {each.get("name", "").rsplit("_", 1)[0] for each in (recorded, identity)}  # a path's name: stem_hash
     if recorded.get("kind") == identity.get("kind") != "tfds" and len(stems) == 1:  # the same folder or file, changed
         changes = _changes(settings, recorded, identity)
         raise SettingsError(
-            f"DATASET={settings.dataset!r} has changed since {where} was trained on it: {changes}; nothing was trained "
-            "on the changed data: train in a new OUTPUT_DIR, or put the files back"
+            f"DATASET={settings.dataset!r} has changed since {where} was trained on it: {changes}; nothing was {doing} "
+            f"on the changed data: {'train in a new OUTPUT_DIR' if doing == 'trained' else 'train a new run on it'}, "
+            "or put the files back"
         )
     keys = ("name", "config", "version", "shard_lengths", "files")
     differs = [f"{key} {_short(recorded.get(key))} now {_short(identity.get(key))}" for key in keys
@@ -148,15 +148,6 @@ def check_same_data(settings: Settings, identity: dict[str, Any]) -> str | None:
         f"DATASET={settings.dataset!r} is not the data {where} was trained on ({what}): use another OUTPUT_DIR for it, "
         "or set DATASET back"
     )
-
-
-def _trained_steps(output_dir: Path) -> bool:
-    """Whether the run directory holds a checkpoint after step 0 (the initial weights, saved at a first start)."""
-    try:
-        newest = checkpoints_newest_first(output_dir / "checkpoints")
-    except SettingsError:  # cannot be read: as if it had trained (refused, the safe side)
-        return True
-    return bool(newest) and newest[0].name != "ckpt-0"
 
 
 def _short(value: Any) -> str:
@@ -190,18 +181,10 @@ def _changes(settings: Settings, recorded: dict[str, Any], identity: dict[str, A
 
 def open_builder(settings: Settings):
     """The TFDS builder of DATASET: the template's own datasets and the fork's (`project.datasets`) registered."""
-    import tensorflow_datasets as tfds
-
-    import train.data.synthetic_clusters
-    import train.data.synthetic_columns
-    import train.data.synthetic_images
-    import train.data.synthetic_photos
-    import train.data.synthetic_reviews  # noqa: F401  (the template's offline datasets, registered by importing)
-
+    tfds = local.register_builders()
     tfds.display_progress_bar(sys.stderr.isatty())  # a log that is not a terminal gets no bars' escape codes ("[A")
-    if importlib.util.find_spec("project.datasets") is not None:
-        importlib.import_module("project.datasets")  # a fork's builders, registered by importing them
-    data_dir = str(settings.tfds_data_dir) if settings.tfds_data_dir else None
+    # Never TFDS's reading of an empty TFDS_DATA_DIR (the working directory): TFDS's default, as written.data_dir
+    data_dir = str(settings.tfds_data_dir or os.path.expanduser(os.environ.get("TFDS_DATA_DIR") or DEFAULT_DATA_DIR))
     try:
         return tfds.builder(settings.dataset, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError:

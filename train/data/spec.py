@@ -263,6 +263,24 @@ def inspect(builder, settings: Settings, count: bool = True, preprocess=None) ->
     )
 
 
+def features_record(builder, settings: Settings) -> dict[str, Any]:
+    """What `predict` on files needs of the data, recorded in run.json (its "features") so that it needs neither the
+    source nor its written copy: which stored features are images (an image file is read as one), whether the label
+    is one class or value (else a multi-hot vector), and a class label's names."""
+    import tensorflow_datasets as tfds
+
+    features = builder.info.features
+    supervised = builder.info.supervised_keys
+    label_key = settings.label_key or (supervised[1] if supervised else "label")
+    label = features[label_key] if label_key in features else None  # noqa: SIM401 (a FeaturesDict has no .get)
+    is_class = isinstance(label, tfds.features.ClassLabel)
+    return {
+        "images": sorted(name for name, feature in features.items() if isinstance(feature, tfds.features.Image)),
+        "label_is_class": is_class or tuple(getattr(label, "shape", ())) == (),
+        "classes": list(label.names) if is_class else None,
+    }
+
+
 def damaged(builder, error: BaseException) -> SettingsError:
     return SettingsError(
         f"DATASET={builder.info.full_name} in {builder.data_dir} cannot be read ({first_line(error, 160)}): "

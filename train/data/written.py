@@ -70,7 +70,7 @@ def data_dir(settings) -> Path:
     """TFDS_DATA_DIR, or TFDS's own default."""
     if settings.tfds_data_dir:
         return Path(settings.tfds_data_dir).expanduser()
-    return Path(os.environ.get("TFDS_DATA_DIR", "~/tensorflow_datasets")).expanduser()
+    return Path(os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets").expanduser()  # empty: unset
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from train import hparams
 from train.cluster.tf_config import parse_tf_config
 from train.errors import SettingsError
 from train.model_file import model_for_data, model_hyperparameters
-from train.settings.run import RUN_SETTINGS, run_layer
+from train.settings.run import RUN_LAYER_OF_FIT, RUN_SETTINGS, run_layer
 from train.settings.table import FIELDS, FIELDS_BY_ENV, Field, Settings, check_together
 
 
@@ -111,14 +111,19 @@ def load_settings(
     dotenv_path: Path | str = ".env",
     warn: Callable[[str], None] | None = None,
     defaults_path: Path | str | None = "project",
-    from_run: bool = False,
+    from_run: bool | str = False,
+    data: bool = True,
 ) -> Settings:
     """Resolve every setting. Raises SettingsError. The precedence, highest first:
 
         command-line flag > environment > [the run's settings.json] > .env > project/defaults.env > default
 
-    `from_run` (evaluate): the settings.json of the OUTPUT_DIR the layers above it and below it resolve to
-    supplies what neither a flag nor the environment sets, so evaluate scores the run as it was trained.
+    A setting set empty in the environment is unset there (`docker run -e TFDS_DATA_DIR=`): the layers below decide.
+    `from_run` (evaluate, predict: True): the settings.json of the OUTPUT_DIR the layers above it and below it
+    resolve to supplies what neither a flag nor the environment sets, so evaluate scores the run as it was trained.
+    `from_run="defining"` (fit): only what defines the run (RUN_LAYER_OF_FIT); the machine's settings come from this
+    host. A value of .env or project/defaults.env that the run's layer overrides is said in one warning line.
+    `data=False` (predict on files through the export): DATASET is taken as text, its path not surveyed.
     `defaults_path`: the fork's defaults file ("project": the `project` package's `defaults.env`; None: none).
     """
     flags = {name: value for name, value in (flags or {}).items() if value is not None}
@@ -134,9 +139,14 @@ def load_settings(
     layers, places = _layers(flags, environ, files)
     if from_run:
         output_dir = _value(FIELDS_BY_ENV["OUTPUT_DIR"], _resolve("OUTPUT_DIR", layers))
-        _add_run_layer(layers, places, output_dir / RUN_SETTINGS, warn)
+        _add_run_layer(layers, places, output_dir / RUN_SETTINGS, warn, defining=from_run == "defining")
+        if warn:
+            for message in _overridden_by_run(layers, places):
+                warn(message)
 
-    values = {field.attr: _value(field, _resolve(field.env, layers)) for field in FIELDS}
+    # not `data`: DATASET as text, so that a path that moved since the run is no error
+    values = {field.attr: _value(field, _resolve(field.env, layers)) if data or field.env != "DATASET"
+              else _resolve(field.env, layers) for field in FIELDS}  # fmt: skip
     # the documented MLP on a table's columns: behind their preprocessing (FEATURE_KEY set: on that one column)
     values["model"] = model_for_data(values["model"], not values["feature_key"] and _is_table(values["dataset"]))
     batch_from = _batch_sizes(values, layers, places)
@@ -176,16 +186,41 @@ def _layers(
 ) -> tuple[list[Mapping[str, str]], list[str]]:
     """The layers a setting's text is looked up in, highest first, as load_settings's docstring orders them (a
     run's settings.json: `_add_run_layer`; the table's default: `_resolve`), and where each comes from."""
+    environ = {name: value for name, value in environ.items() if value != "" or name not in FIELDS_BY_ENV}
     chosen = [("a flag", flags), ("the environment", environ), *files]
     return [layer for _, layer in chosen], [where for where, _ in chosen]
 
 
 def _add_run_layer(
-    layers: list[Mapping[str, str]], places: list[str], path: Path, warn: Callable[[str], None] | None
-) -> None:
-    """A run's settings.json (evaluate's): below the flags and the environment, above the files."""
-    layers.insert(2, run_layer(path, warn))
+    layers: list[Mapping[str, str]], places: list[str], path: Path, warn: Callable[[str], None] | None,
+    defining: bool = False,
+) -> None:  # fmt: skip
+    """A run's settings.json: below the flags and the environment, above the files. `defining` (fit's): only what
+    defines the run, and a damaged file left to fit's preflight to refuse."""
+    layer = run_layer(path, None if defining else warn)
+    if defining:
+        layer = {name: value for name, value in layer.items()
+                 if name in RUN_LAYER_OF_FIT or name.startswith(hparams.PREFIX)}  # fmt: skip
+        batch = ("BATCH_SIZE", "GLOBAL_BATCH_SIZE")  # one choice: a flag's or the environment's replaces both
+        if any(layer_above.get(name, "").strip() for layer_above in layers[:2] for name in batch):
+            layer = {name: value for name, value in layer.items() if name not in batch}
+    layers.insert(2, layer)
     places.insert(2, str(path))
+
+
+def _overridden_by_run(layers: list[Mapping[str, str]], places: list[str]) -> list[str]:
+    """One line naming the values of .env and project/defaults.env that the run's settings.json (layer 2)
+    overrides: said, not silently ignored."""
+    overridden = []
+    for name, value in layers[2].items():
+        below = next(((where, layer[name]) for where, layer in zip(places, layers, strict=True)
+                      if name in layer and layer is not layers[2]), None)  # fmt: skip
+        if below and below[0] in places[3:] and below[1] != value:  # not a flag's or the environment's
+            overridden.append(f"{below[0]}'s {name}={below[1]!r}")
+    if not overridden:
+        return []
+    return [f"{', '.join(overridden)}: the run's {places[2]} sets otherwise, and the run's value counts (a flag or "
+            "the environment can set another)"]  # fmt: skip
 
 
 def _batch_sizes(
@@ -214,7 +249,7 @@ def _batch_sizes(
 
 def peek_hyperparameters(
     flags: Mapping[str, str], dotenv_path: Path | str = ".env", defaults_path: Path | str | None = "project",
-    from_run: bool = False,
+    from_run: bool | str = False,
 ) -> dict[str, hparams.HyperParameter]:  # fmt: skip
     """build_model's hyperparameters for the MODEL that `flags` (MODEL, OUTPUT_DIR), the environment, [the run's
     settings.json,] .env and the defaults resolve to: the flags a command offers (--hp-width). Raises nothing:
@@ -222,7 +257,8 @@ def peek_hyperparameters(
     try:
         layers, places = _layers(flags, os.environ, _read_files(dotenv_path, defaults_path))
         if from_run:
-            _add_run_layer(layers, places, Path(_resolve("OUTPUT_DIR", layers)).expanduser() / RUN_SETTINGS, None)
+            path = Path(_resolve("OUTPUT_DIR", layers)).expanduser() / RUN_SETTINGS
+            _add_run_layer(layers, places, path, None, defining=from_run == "defining")
         return model_hyperparameters(_resolve("MODEL", layers)) or {}
     except Exception:  # a bad .env, MODEL or folder: load_settings says it in one line
         return {}

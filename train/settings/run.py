@@ -51,6 +51,12 @@ def run_layer(path: Path, warn: Callable[[str], None] | None) -> dict[str, str]:
 
 # What a step and its data are: changing one of these between a run's starts changes what resuming continues.
 RUN_DEFINING = tuple(field.env for field in FIELDS if field.defines_run)
+# What `fit --output-dir RUN` takes from the run's settings.json (train.settings.layers): what defines the run and
+# how long it trains, and not this machine's (its devices, strategy, precision, XLA, memory), which come from the
+# host it runs on now.
+MACHINE = ("GPUS", "CPU_DEVICES", "STRATEGY", "CROSS_DEVICE_OPS", "DATA_IN_MEMORY", "JIT_COMPILE", "MIXED_PRECISION")
+RUN_LAYER_OF_FIT = tuple(name for name in (*RUN_DEFINING, "EPOCHS", "EVAL_SPLIT", "MONITOR", "MONITOR_MODE")
+                         if name not in MACHINE)  # fmt: skip
 # What every worker of a multi-worker run must have alike (compared by train.cluster.workers before training).
 WORKERS_AGREE = tuple(field.env for field in FIELDS if field.workers_agree)
 
