@@ -300,12 +300,13 @@ class Table:
 
     columns: list[Column]
     rows: dict[str, list[dict]]
-    label_key: str
+    label_key: str | None
 
 
-def read_table(survey: Survey, label_key: str, label_kind: str | None, read: Read) -> Table:
+def read_table(survey: Survey, label_key: str | None, label_kind: str | None, read: Read) -> Table:
     """Every split's file read once: rows checked, columns typed from their non-empty values, the label's kind
-    (`label_kind` overrides the guess: class or value). Raises SettingsError."""
+    (`label_kind` overrides the guess: class or value; `label_key` None: LABEL_KEY=none, no label). Raises
+    SettingsError."""
     rows: dict[str, list[tuple[int, dict]]] = {}
     names: list[str] = []
     for split, [(entry, _)] in sorted(survey.splits.items()):
@@ -317,7 +318,7 @@ def read_table(survey: Survey, label_key: str, label_kind: str | None, read: Rea
             raise SettingsError(f"{name} has no rows")
         for _, row in rows[split]:
             names.extend(key for key in row if key not in names)
-    if label_key not in names:
+    if label_key is not None and label_key not in names:
         raise SettingsError(f"LABEL_KEY={label_key!r} is not a column of {survey.root}: use one of {', '.join(names)}")
     every = [(split, number, row) for split, numbered in rows.items() for number, row in numbered]
     columns = [_typed(survey, name, every, name == label_key, label_kind) for name in names]

@@ -299,7 +299,7 @@ def _write_images(survey: local.Survey, temporary: Path, read: local.Read, say, 
 def _write_table(settings, survey: local.Survey, temporary: Path, read: local.Read, label_key: str, tf):
     import tensorflow_datasets as tfds
 
-    table = local.read_table(survey, label_key, settings.label_kind, read)
+    table = local.read_table(survey, label_key if settings.labeled else None, settings.label_kind, read)
     splits = {}
     for split, rows in table.rows.items():
         ordered = [rows[i] for i in _order(len(rows))]
