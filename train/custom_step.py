@@ -152,7 +152,7 @@ def _trace(model_setting: str, network: keras.Model, strategy, model_input: Call
     try:
         applied[None] = one_step.get_concrete_function(spec).structured_outputs
     except Exception as error:
-        given = "(inputs, labels) as the model gets them" if labeled else "the inputs alone: LABEL_KEY=none"
+        given = "inputs and labels as the model gets them" if labeled else "the inputs alone: LABEL_KEY=none"
         hint = "; for a step that takes the inputs alone (a GAN's), set LABEL_KEY=none" if labeled else ""
         raise SettingsError(
             f"MODEL={model_setting!r}: its train_step failed on a batch of the data's spec ({given}): "

@@ -113,8 +113,10 @@ def _call_build_model(settings: Settings, spec: DatasetSpec, context: Context | 
     try:
         network = build(spec.input_shape, spec.num_classes, settings.learning_rate, **keywords)
     except Exception as error:
+        unlabeled = "" if spec.labeled else " (LABEL_KEY=none: no labels, so num_classes is None)"
         raise SettingsError(
-            f"MODEL={settings.model!r}: build_model{arguments} raised {type(error).__name__}: {first_line(error, 240)}"
+            f"MODEL={settings.model!r}: build_model{arguments} raised {type(error).__name__}: "
+            f"{first_line(error, 240)}{unlabeled}"
         ) from None
     if not isinstance(network, keras.Model):
         raise SettingsError(

@@ -143,8 +143,9 @@ def _feature_keys(builder, settings: Settings, preprocessed: bool = False) -> tu
         if (setting == "FEATURE_KEY" and preprocessed and not settings.feature_key) or key is None:
             continue
         if key not in features:
+            other = ", or LABEL_KEY=none for data without labels" if setting == "LABEL_KEY" else ""
             raise SettingsError(
-                f"{setting}={key!r} is not a feature of {settings.dataset}: use one of {', '.join(features)}"
+                f"{setting}={key!r} is not a feature of {settings.dataset}: use one of {', '.join(features)}{other}"
             )
     return feature_key, label_key
 

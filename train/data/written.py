@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from train.data import local
+from train.data.image_size import image_size
 from train.errors import SettingsError
 
 VERSION = "1.0.0"
@@ -259,7 +260,7 @@ def _write_images(survey: local.Survey, temporary: Path, read: local.Read, say, 
     import tensorflow_datasets as tfds
 
     index = {name: number for number, name in enumerate(survey.classes)}
-    splits, counts = {}, {}
+    splits, counts, sizes = {}, {}, set()
     progress = _Progress(f"Writing {survey.root}", sum(map(len, survey.splits.values())), say)
 
     def make(item) -> bytes | None:
@@ -269,6 +270,7 @@ def _write_images(survey: local.Survey, temporary: Path, read: local.Read, say, 
         if image is None:
             return None
         counts[label] = counts.get(label, 0) + 1
+        sizes.add(image_size(*image))
         return tf.train.Example(features=tf.train.Features(feature={
             "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image[0]])),
             "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[index[label]])),
@@ -289,11 +291,16 @@ def _write_images(survey: local.Survey, temporary: Path, read: local.Read, say, 
         raise SettingsError(f"DATASET={survey.root}: the class folder {empty[0]} holds no JPEG, PNG, GIF or BMP "
                             "image: put its images in it or remove it")  # fmt: skip
     features = tfds.features.FeaturesDict({
-        "image": tfds.features.Image(shape=(None, None, 3)),
+        "image": tfds.features.Image(shape=(*_one(sizes), 3)),
         "label": tfds.features.ClassLabel(names=list(survey.classes)),
         "filename": tfds.features.Text(),
     })  # fmt: skip
     return features, splits, ("image", "label")
+
+
+def _one(sizes: set) -> tuple[int | None, int | None]:
+    """The images' (height, width) where all share one (a model takes them as they are), else (None, None)."""
+    return next(iter(sizes)) if len(sizes) == 1 and None not in sizes else (None, None)
 
 
 def _write_table(settings, survey: local.Survey, temporary: Path, read: local.Read, label_key: str, tf):
