@@ -172,3 +172,50 @@ def test_a_table_without_a_label_column_gives_its_columns_alone_and_the_engines_
         "or set LABEL_KEY to the label"
     )
     assert not (tmp_path / "engine").exists()
+
+
+AUTOENCODER = '''
+import keras, tensorflow as tf
+
+
+@keras.saving.register_keras_serializable(package="autoencoder")
+class AutoEncoder(keras.Model):
+    """Its own train_step and test_step, each given the images alone."""
+
+    def train_step(self, images):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(self(images, training=True) - images))
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+        return {"reconstruction": loss}
+
+    def test_step(self, images):
+        return {"reconstruction": tf.reduce_mean(tf.square(self(images) - images))}
+
+
+def build_model(input_shape, num_classes, learning_rate):
+    inputs = keras.Input(input_shape)
+    hidden = keras.layers.Dense(4, activation="relu")(keras.layers.Flatten()(inputs))
+    outputs = keras.layers.Reshape(input_shape, name="images")(keras.layers.Dense(64, activation="sigmoid")(hidden))
+    model = AutoEncoder(inputs, outputs)
+    model.compile(optimizer="adam")
+    return model
+'''
+
+
+@pytest.mark.slow
+def test_without_labels_evaluation_and_predict_give_the_model_its_images_alone(tmp_path, sketches_data_dir):
+    (tmp_path / "autoencoder.py").write_text(AUTOENCODER)
+    run = tmp_path / "run"
+    settings = {"MODEL": "autoencoder.py", "DATASET": "synthetic_sketches", "LABEL_KEY": "none", "BATCH_SIZE": 8,
+                "EPOCHS": 1, "TFDS_DATA_DIR": sketches_data_dir, "OUTPUT_DIR": run}  # fmt: skip
+    result = run_train("fit", cwd=tmp_path, **settings)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    scored = read_summary(run)["eval"]["reconstruction"]
+    evaluated = run_train("evaluate", "--exported", cwd=tmp_path, **settings)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert json.loads(evaluated.stdout[evaluated.stdout.index("{") :])["reconstruction"] == pytest.approx(scored)
+    predicted = run_train("predict", "--split", "test", cwd=tmp_path, **settings)
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    rows = [json.loads(line) for line in predicted.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 16 and set(rows[0]) == {"input", "images"}  # the model's own output name: no label to name
+    assert np.asarray(rows[0]["images"]).shape == (8, 8, 1)

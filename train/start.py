@@ -52,7 +52,7 @@ def agree(settings: Settings, runtime: Runtime, peers: SingleHost, dataset: Data
         "local replicas": len(runtime.devices),
         "examples": f"{spec.train_examples} train, {spec.eval_examples} eval",
         "inputs": spec.describe_inputs(),
-        "label": f"{spec.label_key} {list(spec.label_shape)} {spec.label_dtype}",
+        "label": f"{spec.label_key} {list(spec.label_shape)} {spec.label_dtype}" if spec.labeled else "none",
         "data": data_identity_text(dataset.identity),  # the data itself, not DATASET's text (a path differs by host)
     }
     check_recorded(settings, recorded, dataset.adapted)  # a start whose adapt fitted other vocabularies

@@ -93,7 +93,9 @@ class DatasetSpec:
             "feature": {"key": self.feature_key, "shape": list(self.feature_shape), "dtype": self.feature_dtype},
             "inputs": self.describe_inputs(),
             "scaled_to_unit_range": self.is_image,
-            "label": {"key": self.label_key, "shape": list(self.label_shape), "dtype": self.label_dtype},
+            "label": {"key": self.label_key, "shape": list(self.label_shape), "dtype": self.label_dtype}
+            if self.labeled
+            else None,
             "num_classes": self.num_classes,
             "train_examples": self.train_examples,
             "eval_examples": self.eval_examples,
