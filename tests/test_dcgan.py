@@ -119,6 +119,29 @@ def test_each_edit_the_published_dcgan_needed_is_one_whole_line_naming_the_fix(t
     assert not any((tmp_path / name).exists() for name in ("labeled", "no_label", "unexported"))
 
 
+LABELED_PREPROCESS = """
+import tensorflow as tf
+from examples.dcgan import build_model, export_model
+
+
+def preprocess(example, training, seed):
+    return tf.image.resize(example["image"], (8, 8)) / 255, example["label"]
+"""
+
+
+def test_a_preprocess_that_returns_a_label_under_label_key_none_is_one_line(tmp_path):
+    (tmp_path / "labeled.py").write_text(LABELED_PREPROCESS)
+    line = error_line(run_train("fit", cwd=tmp_path, **{**SMALL, "MODEL": "labeled.py", "HP_LATENT_DIM": None},
+                                DATASET=faces(tmp_path / "f"),
+                                TFDS_DATA_DIR=tmp_path / "tfds", OUTPUT_DIR=tmp_path / "run"))  # fmt: skip
+    assert line == (
+        "error: MODEL='labeled.py': preprocess(training=True) returns a tuple of 2, but LABEL_KEY=none gives the "
+        "model its inputs alone: return them alone (a tensor, or a dict of tensors keyed by the model's keras.Input "
+        "names)"
+    )
+    assert not (tmp_path / "run").exists()
+
+
 COLUMNS = '''
 import keras, tensorflow as tf
 

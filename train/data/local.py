@@ -156,7 +156,8 @@ def _image_layout(text: str, root: Path, entries: list[Entry], empty: list[str])
             below.setdefault(entry.path.split("/")[0], []).append(entry)
     if not below:
         raise SettingsError(f"DATASET={text!r} holds no folders: put the images in one folder per class, like "
-                            f"{text}/cat/1.jpg")  # fmt: skip
+                            f"{text}/cat/1.jpg (images without labels, for LABEL_KEY=none: in one folder, like "
+                            f"{text}/images/1.jpg)")  # fmt: skip
     # a subfolder with files of its own holds images: a class; one with only folders holds classes: a split
     as_splits = all(all(entry.path.count("/") >= 2 for entry in files) for files in below.values())
     splits: dict[str, list[tuple[Entry, str | None]]] = {}
