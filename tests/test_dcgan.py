@@ -18,6 +18,9 @@ DCGAN = str(REPO / "examples" / "dcgan.py")
 # What a user would change for a small run: the latent size, the batch, the epochs. The images are 8x8.
 SMALL = {"MODEL": DCGAN, "LABEL_KEY": "none", "HP_LATENT_DIM": 8, "BATCH_SIZE": 8, "EPOCHS": 1, "LOG_EVERY": 1000}
 
+# A call() a user adds to the published GAN (the served model: its discriminator's score)
+CALL = "    def call(self, images):\n        return self.discriminator(images)\n\n"
+
 EXPORTED = """
 import json, sys, keras
 model = keras.saving.load_model(sys.argv[1])
@@ -116,7 +119,16 @@ def test_each_edit_the_published_dcgan_needed_is_one_whole_line_naming_the_fix(t
                                 OUTPUT_DIR=tmp_path / "unexported"))  # fmt: skip
     assert "GAN trains with its own train_step and defines no call(), so there is no model to export" in line
     assert "define export_model(model)" in line and line.endswith("or define call(inputs)"), line
-    assert not any((tmp_path / name).exists() for name in ("labeled", "no_label", "unexported"))
+
+    called = tmp_path / "called.py"  # the edit a user made before: a call() (then the GAN's own save fails)
+    called.write_text(unexported.read_text().replace("    def train_step(", CALL + "    def train_step(", 1))
+    line = error_line(run_train("fit", cwd=tmp_path, **{**SMALL, "MODEL": str(called)},
+                                DATASET="synthetic_sketches", TFDS_DATA_DIR=sketches_data_dir,
+                                OUTPUT_DIR=tmp_path / "called"))  # fmt: skip
+    assert "(NotImplementedError: Object GAN was created by passing non-serializable argument values in " in line
+    assert "Please implement `get_config()`.): define export_model(model) in the MODEL file" in line, line
+    names = ("labeled", "no_label", "unexported", "called")
+    assert not any((tmp_path / name).exists() for name in names)
 
 
 LABELED_PREPROCESS = """

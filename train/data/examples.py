@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from train.data.shapes import concrete_shapes, pin, shape_text, unknown
-from train.errors import SettingsError, first_line
+from train.errors import SettingsError, clip, first_line
 from train.model_file import RESNET_EXAMPLE
 
 BYTES_SUFFIX = "_bytes"  # example["image_bytes"]: an image feature's stored bytes, beside the decoded image
@@ -330,7 +330,7 @@ def _raised(error: BaseException) -> str:
     text = str(error)
     if text.startswith("in user code:"):
         lines = [line.strip() for line in text.splitlines() if line.strip()]
-        return lines[-1][:240]  # the original "ValueError: ..." ends the wrapped message
+        return clip(lines[-1], 240)  # the original "ValueError: ..." ends the wrapped message
     return f"{type(error).__name__}: {first_line(error, 240)}"
 
 
