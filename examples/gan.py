@@ -9,6 +9,8 @@ returns, `d_loss` and `g_loss`, averaged over the replicas. Both optimizers are 
 both are in every checkpoint: a run killed and rerun ends with the weights of the uninterrupted run. The model
 has no compiled loss and no `test_step`, so nothing is evaluated (summary.json's "eval" is {}). What is
 exported is the generator (`export_model`): model.keras and saved_model/ turn latent vectors into images.
+examples/dcgan.py is the keras.io DCGAN as published (no call(), tf.random), given the images alone by
+LABEL_KEY=none; this one draws from a SeedGenerator so that a resumed run ends where an uninterrupted one does.
 """
 
 from __future__ import annotations

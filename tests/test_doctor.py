@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.conftest import run_train
+from tests.conftest import REPO, run_python, run_train
 from tests.test_devices import FakeDevices
 from train.devices.backend import decode_version
 from train.settings import load_settings
@@ -187,6 +187,40 @@ def test_devices_says_the_precision_auto_chose_and_why_and_the_determinism_switc
     # why: the compute capability it was chosen for
     assert line.startswith(f"  precision: {precision} (every GPU has compute capability {capability[0]}.")
     assert line.endswith("deterministic ops: on (DETERMINISTIC=true; XLA stays off)")
+
+
+# The doctor on a T4-like host (compute capability 7.x: auto would be mixed_float16) for a MODEL whose class has its
+# own train_step: in a process of its own, since telling so imports the MODEL file (and TensorFlow with it).
+OWN_STEP_PRECISION = """
+import sys
+from tests.test_doctor import MATCHING_LIBRARIES, DoctorDevices
+from train.settings import load_settings
+from train.tools.doctor import collect_report, format_report
+
+class Devices(DoctorDevices):
+    def gpu_details(self, gpu):
+        return {"device_name": f"Fake T4 {gpu}", "compute_capability": (7, 5)}
+
+settings = load_settings({}, {"MODEL": sys.argv[1]}, "/nonexistent/.env")
+result = collect_report(settings, Devices(1), {}, 8 << 30, MATCHING_LIBRARIES,
+                        {"tensorflow": "2.21.0", "keras": "3.15.1"})
+print(next(line for line in format_report(result).splitlines() if line.startswith("  precision: ")))
+"""
+
+
+@pytest.mark.parametrize(
+    ("model", "said"),
+    [
+        ("examples/gan.py", "  precision: float32 (MIXED_PRECISION=auto: float32, not mixed_float16, for a model's "
+         "own train_step (its loss scale would judge each replica's gradients alone); mixed_bfloat16 needs compute "
+         "capability 8.0+); deterministic ops: off (DETERMINISTIC=false)"),
+        ("examples/mlp.py", "  precision: mixed_float16 (every GPU has compute capability 7."),
+    ],
+)  # fmt: skip
+def test_the_precision_line_knows_the_float32_fit_gives_a_model_with_its_own_train_step(model, said):
+    result = run_python(["-c", OWN_STEP_PRECISION, str(REPO / model)], cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.rstrip().splitlines()[-1].startswith(said), result.stdout[-1000:]
 
 
 def test_gpu_machine_prints_cudnn_cuda_and_nccl_built_installed_loaded_and_locked():

@@ -62,22 +62,40 @@ def test_tensorflow_wrapping_is_dropped_to_the_line_that_says_what_went_wrong():
 
 
 def test_a_plain_message_keeps_its_first_line_and_an_empty_one_names_the_type():
-    assert first_line(OSError("No space left on device\nmore")) == "No space left on device"
-    assert first_line(OSError("File exists: runs/default\nmore")) == "File exists: runs/default"  # not a stack frame
+    assert first_line(OSError("No space left on device\n\nmore")) == "No space left on device"
+    assert first_line(OSError("File exists: runs/default.\nmore")) == "File exists: runs/default."  # no stack frame
     assert first_line(KeyError()) == "KeyError"
 
 
-def test_a_long_line_is_cut_at_a_word_and_says_so():
-    message = "HTTPSConnectionPool(host='storage.googleapis.com', port=443): Max retries exceeded with url"
-    assert first_line(ConnectionError(message), 60) == "HTTPSConnectionPool(host='storage.googleapis.com',..."
-    assert len(first_line(ConnectionError(message), 60)) <= 60
-    assert first_line(ConnectionError(message), len(message)) == message
-    assert first_line(ConnectionError("x" * 100), 10) == "xxxxxxx..."
+def test_a_long_line_is_cut_after_its_last_whole_sentence_and_says_so():
+    message = "The dataset is not prepared. Its folder holds 3 files; TFDS wants 4. Run again with network."
+    assert first_line(OSError(message), 60) == "The dataset is not prepared. Its folder holds 3 files; ..."
+    assert first_line(OSError(message), 35) == "The dataset is not prepared. ..."
+    assert first_line(OSError(message), len(message)) == message
 
 
-def test_a_long_path_is_cut_inside_rather_than_dropped():
-    message = "Failed to open gs://bucket/" + "a" * 200
-    assert first_line(OSError(message), 60) == message[:57] + "..."
+def test_a_line_is_never_cut_inside_a_sentence():
+    url = "HTTPSConnectionPool(host='storage.googleapis.com', port=443): Max retries exceeded with url"
+    assert first_line(ConnectionError(url), 60) == url  # one sentence, longer than the limit: kept whole
+    path = "Failed to open gs://bucket/" + "a" * 200
+    assert first_line(OSError(path), 60) == path
+
+
+def test_a_sentence_wrapped_over_lines_is_one_line():
+    """Keras wraps its messages at 72 columns (operation.py's get_config): the first line alone ends mid-sentence."""
+    message = """
+Object GAN was created by passing
+non-serializable argument values in `__init__()`,
+and therefore the object must override `get_config()` in
+order to be serializable. Please implement `get_config()`.
+
+Example:
+"""
+    assert first_line(NotImplementedError(message)) == (
+        "Object GAN was created by passing non-serializable argument values in `__init__()`, and therefore the "
+        "object must override `get_config()` in order to be serializable. Please implement `get_config()`."
+    )
+    assert first_line(NotImplementedError(message), 80) == first_line(NotImplementedError(message))
 
 
 # --- the error paths a fault probe found (issue 27): each one line, the right code, nothing rewritten -----------

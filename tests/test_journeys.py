@@ -36,7 +36,6 @@ def build_model(input_shape, num_classes, learning_rate):
 """
 FAST = {"EPOCHS": 1, "BATCH_SIZE": 8, "LOG_EVERY": 1000}
 WORDS = ("good", "great", "fine", "bad", "awful", "poor")
-TABLES = pytest.mark.xfail(strict=True, reason="needs the tables branch (empty cells, text columns, default model)")
 
 
 @dataclass
@@ -151,7 +150,7 @@ def _make(name: str, root: Path, tfds_data_dir: Path) -> Kind:
     return Kind(name, root, settings, ["rows.jsonl"], "train[90%:]", _add_row("reviews.jsonl"), env)
 
 
-KINDS = ["tfds", "folder", "split_folders", pytest.param("csv", marks=TABLES), "jsonl"]
+KINDS = ["tfds", "folder", "split_folders", "csv", "jsonl"]
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -205,7 +204,8 @@ def test_fit_on_the_run_directory_alone_continues_it_with_this_hosts_devices(kin
     assert summary["replicas"] == 2  # CPU_DEVICES is this machine's: from the environment, not the run
     settings = json.loads((kind.run / "settings.json").read_text())
     assert settings["DATASET"] == kind.settings["DATASET"] and settings["EPOCHS"] == "2"
-    assert settings["MODEL"] == kind.settings.get("MODEL", "examples.mlp")
+    default = "examples.mlp_table" if kind.name == "csv" else "examples.mlp"  # a table's default model: its own
+    assert settings["MODEL"] == kind.settings.get("MODEL", default)
 
 
 def test_evaluate(kind):

@@ -4,7 +4,8 @@ Keras's `make_train_function` calls `model.train_step(data)` on every replica un
 the dict it returns with `reduce_per_replica(..., "auto")`: the mean over the replicas. This does the same, up
 to STEPS_PER_CALL steps in one `tf.function` as the engine's own step (train.step), fed by the same feeds.
 `data` is `(inputs, labels)` as the model gets them: what `preprocess` returns, or the stored feature after
-the engine's scaling of an image.
+the engine's scaling of an image; with LABEL_KEY=none the inputs alone, as Keras's `fit(x)` gives them (`step_data`).
+A model without `call()` (the keras.io DCGAN) is built by tracing its step once: it is never called.
 
 The optimizers such a step applies sum the replicas' gradients themselves, inside `apply`, as Keras's do: the
 engine turns that sum off only for its own step (train.keras_seams.gradients_come_summed), never here. So
@@ -48,6 +49,11 @@ def refuse_unrunnable(model_setting: str, model: keras.Model) -> None:
             )
 
 
+def step_data(inputs: Any, labels: Any, labeled: bool) -> Any:
+    """What train_step and test_step get: (inputs, labels), or the inputs alone (LABEL_KEY=none)."""
+    return (inputs, labels) if labeled else inputs
+
+
 def flatten_logs(logs: dict[str, Any]) -> dict[str, Any]:
     """A step's logs as `model.fit` reports them: a nested dict's entries in place of it, under their own names."""
     flat: dict[str, Any] = {}
@@ -75,7 +81,7 @@ def _mean_over_replicas(strategy, logs: Any) -> Any:
 @dataclass(frozen=True)
 class CustomStep:
     """What the engine knows of a model's own train_step: the logs it returns (`logs_spec`, their structure), and
-    whether evaluation has a step to run (its own test_step, or the compiled loss)."""
+    whether evaluation has a step to run (its own test_step, or a loss it compiled)."""
 
     logs_spec: Any
     evaluates: bool
@@ -101,12 +107,14 @@ def _check_logs(model_setting: str, logs: Any) -> None:
 
 
 def prepare_custom_step(model_setting: str, network: keras.Model, strategy, features: Any, labels: Any,
-                        model_input: Callable[[Any], Any]) -> CustomStep:  # fmt: skip
+                        model_input: Callable[[Any], Any], labeled: bool = True) -> CustomStep:  # fmt: skip
     """Trace `network.train_step` once on the batch's spec (`features`, `labels`: tf.TensorSpecs as stored) under
     `strategy.run`, without running it, and build every optimizer it applies on the variables it applies it to,
     so a checkpoint restores into them. Raises SettingsError for a step that fails, returns other than a dict of
-    scalars, or leaves an optimizer the model holds unbuilt."""
-    applied = _trace(model_setting, network, strategy, model_input, (features, labels))
+    scalars, or leaves an optimizer the model holds unbuilt. A model without call() is built by that trace."""
+    applied = _trace(model_setting, network, strategy, model_input, (features, labels), labeled)
+    if not network.built:  # a subclass without call(), never called: its variables are its layers', now made
+        network.built = True
     logs = applied.pop(None)
     with strategy.scope():  # eagerly, in cross-replica context: a replica's variable could not be lifted out
         for optimizer, variables in applied.values():
@@ -118,7 +126,8 @@ def prepare_custom_step(model_setting: str, network: keras.Model, strategy, feat
     return CustomStep(tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), logs), evaluates)
 
 
-def _trace(model_setting: str, network: keras.Model, strategy, model_input: Callable[[Any], Any], spec: Any) -> dict:
+def _trace(model_setting: str, network: keras.Model, strategy, model_input: Callable[[Any], Any], spec: Any,
+           labeled: bool) -> dict:  # fmt: skip
     """What train_step returns (under the key None), traced (not run) on `spec`, and each optimizer the model holds
     with the variables the step applies it to (by id). Their `apply` is stood in for while tracing: an optimizer
     built inside a replica's context would take the first replica's initial value, unliftable from the trace."""
@@ -133,9 +142,9 @@ def _trace(model_setting: str, network: keras.Model, strategy, model_input: Call
         return apply
 
     @tf.function(autograph=False)  # as Keras's one_step_on_data: do_not_convert
-    def one_step(data):
-        inputs, targets = data
-        step = strategy.run(network.train_step, args=((model_input(inputs), targets),))
+    def one_step(batch):
+        inputs, targets = batch
+        step = strategy.run(network.train_step, args=(step_data(model_input(inputs), targets, labeled),))
         return _mean_over_replicas(strategy, step)
 
     for optimizer in optimizers:
@@ -143,9 +152,11 @@ def _trace(model_setting: str, network: keras.Model, strategy, model_input: Call
     try:
         applied[None] = one_step.get_concrete_function(spec).structured_outputs
     except Exception as error:
+        given = "inputs and labels as the model gets them" if labeled else "the inputs alone: LABEL_KEY=none"
+        hint = "; for a step that takes the inputs alone (a GAN's), set LABEL_KEY=none" if labeled else ""
         raise SettingsError(
-            f"MODEL={model_setting!r}: its train_step failed on a batch of the data's spec (inputs and labels as "
-            f"the model gets them): {type(error).__name__}: {first_line(error, 240)}"
+            f"MODEL={model_setting!r}: its train_step failed on a batch of the data's spec ({given}): "
+            f"{type(error).__name__}: {first_line(error, 240)}{hint}"
         ) from None
     finally:
         for optimizer in optimizers:
@@ -184,11 +195,11 @@ def make_custom_train_calls(built, strategy, feed: Feed, global_batch: int, jit_
     (and no skips: a model's own step applies its optimizers as it likes).
 
     `jit_compile`: XLA compiles the whole call where the feed allows it, else the replica step alone."""
-    network, custom, model_input = built.network, built.custom_step, built.model_input
+    network, custom, model_input, labeled = built.network, built.custom_step, built.model_input, built.spec.labeled
 
     def replica_step(*args):
         features, labels = feed.replica_batch(*args)
-        return network.train_step((model_input(features), labels))
+        return network.train_step(step_data(model_input(features), labels, labeled))
 
     whole_call = jit_compile and feed.compilable
     step_fn = (
@@ -226,10 +237,10 @@ class CustomEvaluator(Evaluator):
 
     def __init__(self, built, strategy) -> None:
         self.built, self.strategy = built, strategy
-        network, model_input = built.network, built.model_input
+        network, model_input, labeled = built.network, built.model_input, built.spec.labeled
 
         def replica_step(features, labels):
-            return network.test_step((model_input(features), labels))
+            return network.test_step(step_data(model_input(features), labels, labeled))
 
         @tf.function(autograph=False)
         def evaluate_steps(iterator, steps):
@@ -247,7 +258,7 @@ class CustomEvaluator(Evaluator):
 
 
 class NoEvaluation:
-    """A model with neither a compiled loss nor its own test_step: nothing to score, so nothing is evaluated
+    """A model with its own train_step, no test_step and no loss it compiled: nothing to score, so nothing is evaluated
     (summary.json's "eval" is {}). The metrics it shares with training still restart at each epoch."""
 
     def __init__(self, built, strategy) -> None:
@@ -265,9 +276,8 @@ def refuse_unevaluated_monitor(monitor: str | None, model_setting: str, built) -
         return
     names = ", ".join(sorted(flatten_logs(custom.logs_spec)))
     raise SettingsError(
-        f"MONITOR={monitor!r} names an evaluation metric, but MODEL={model_setting!r} is not evaluated (it has "
-        f"neither a compiled loss nor its own test_step): monitor one of its training logs ({names}), or define "
-        "test_step"
+        f"MONITOR={monitor!r} names an evaluation metric, but MODEL={model_setting!r} is not evaluated (its own "
+        f"train_step has no test_step beside it): monitor one of its training logs ({names}), or define test_step"
     )
 
 

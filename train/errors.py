@@ -46,24 +46,44 @@ _NOISE = ("Graph execution error", "Detected at node", 'File "', "[[", "root err
 def first_line(error: BaseException, limit: int | None = None) -> str:
     """The one line of an exception's message that says what went wrong; TensorFlow's run to dozens of lines.
 
-    Its status line where it has one (without the code), else the first line that is not TensorFlow's wrapping;
-    longer than `limit` characters, cut at a space and ended with "...".
+    Its status line where it has one (without the code), else the first line that is not TensorFlow's wrapping,
+    with the lines that go on its sentence (Keras wraps a paragraph at 72 columns); longer than `limit`
+    characters, cut after the last whole sentence that fits ("...": more followed). Never inside a sentence: one
+    longer than `limit` is kept whole.
     """
     lines = [FUNCTION_NODE.sub("", line).strip() for line in str(error).splitlines()]
-    lines = [line for line in lines if line]
     status = [line for line in lines if _STATUS.match(line)]
     if status:
         line = _STATUS.sub("", status[0])
     else:
-        useful = [line for line in lines if not line.startswith(_NOISE)]
-        line = (useful or lines or [type(error).__name__])[0]
-    if limit is None or len(line) <= limit:
-        return line
-    cut = line[: max(0, limit - 3)]
-    space = cut.rfind(" ")
-    if space >= 0 and space > len(cut) - 20:  # at a word ending near the limit; a long path or URL is cut inside
-        cut = cut[:space]
-    return cut + "..."
+        useful = [index for index, line in enumerate(lines) if line and not line.startswith(_NOISE)]
+        filled = [index for index, line in enumerate(lines) if line]
+        line = _sentence_from(lines, (useful or filled)[0]) if filled else type(error).__name__
+    return line if limit is None else clip(line, limit)
+
+
+_SENTENCE_END = re.compile(r"[.!?;](?=\s|$)")
+
+
+def _sentence_from(lines: list[str], start: int) -> str:
+    """The line at `start`, joined with the lines after it up to the end of its sentence or its paragraph."""
+    joined = lines[start]
+    for line in lines[start + 1 :]:
+        if not line or _SENTENCE_END.search(joined) or line.startswith(_NOISE):
+            break
+        joined += " " + line
+    return joined
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` cut after the last whole sentence (or clause ended by ";") that fits in `limit` characters, and
+    "..." said; kept whole where even its first sentence is longer."""
+    if len(text) <= limit:
+        return text
+    ends = [match.end() for match in _SENTENCE_END.finditer(text) if match.end() <= limit - 4]
+    if not ends:
+        return text
+    return text[: ends[-1]] + " ..."
 
 
 def storage_fix(error: BaseException, where: object) -> str:

@@ -23,6 +23,10 @@ LOAD_FIX = (
     "decorate each custom layer, model or function with @keras.saving.register_keras_serializable() in the "
     "MODEL file, and write a Lambda layer as such a registered layer (safe_mode loads no Python code from a file)"
 )
+EXPORT_MODEL_FIX = (
+    "define export_model(model) in the MODEL file, returning the keras.Model to export in its place (a GAN: "
+    "return model.generator; see examples/dcgan.py)"
+)
 TRACK_FIX = (
     "keep every layer or tf.lookup table that preprocess uses in a global of the MODEL file (made at module level "
     "or assigned in adapt), not in a local variable or a closure"
@@ -36,6 +40,7 @@ def check_exportable(built, settings) -> None:
     import keras
 
     from train.model import export, model_to_export
+    from train.model_file import overrides, overrides_train_step
 
     model = settings.model
     try:
@@ -43,13 +48,20 @@ def check_exportable(built, settings) -> None:
     except TrainingError as error:  # said for the end of a run: here nothing is trained yet
         said = str(error).replace("; fix it and run again to export (the checkpoint is kept)", "")
         raise SettingsError(f"{said}: fix it (the export is tried before the first step)") from None
+    own_step = own is None and overrides_train_step(built.network)
+    if own_step and not overrides(built.network, "call"):
+        raise SettingsError(
+            f"MODEL={model!r}: {type(built.network).__name__} trains with its own train_step and defines no call(), "
+            f"so there is no model to export: {EXPORT_MODEL_FIX}, or define call(inputs)"
+        )
     with tempfile.TemporaryDirectory(prefix="train-export-check-") as directory:
         where = Path(directory)
         try:
             (own or built.serving).save(where / "model.keras")
         except Exception as error:  # what Keras raises varies: NotImplementedError, TypeError, ValueError
+            fix = f"{EXPORT_MODEL_FIX}; or {SAVE_FIX}" if own_step else SAVE_FIX
             raise SettingsError(
-                f"MODEL={model!r}: its model cannot be saved as model.keras ({_said(error)}): {SAVE_FIX}"
+                f"MODEL={model!r}: its model cannot be saved as model.keras ({_said(error)}): {fix}"
             ) from None
         try:
             keras.saving.load_model(where / "model.keras")  # safe_mode stays on, as evaluate --exported loads it

@@ -6,6 +6,9 @@ Keras 3.15.1 (pinned in pyproject.toml). If an upgrade moves one of these, the t
   step, inside the strategy's scope (metrics made lazily inside a tf.function break under tf.distribute). It
   also traces the loss on the label's spec, which is how a model whose output does not fit the labels is
   found before the run directory is written (tests/test_model_contract.py).
+- `model._compile_loss`, `model._compile_metrics`: whether `compile` was given a loss or metrics to build: a
+  model with its own train_step that compiled neither (the keras.io DCGAN) is not built on the data's spec
+  (tests/test_custom_step.py, the DCGAN).
 - `model._loss_tracker`: the `Mean` named "loss" that `model.fit` and `model.evaluate` report, so the loop's
   "loss" is theirs (tests/test_examples.py, tests/test_replicas.py).
 - `optimizer._all_reduce_sum_gradients`: Keras's TensorFlow optimizer sums the replicas' gradients inside
@@ -30,6 +33,13 @@ import keras
 def build_metrics_and_loss(model: keras.Model, features: Any, labels: Any) -> None:
     """Create the compiled metrics' and loss's state from one batch's spec (arrays or KerasTensors)."""
     model._symbolic_build(data_batch=(features, labels))
+
+
+def compiled(model: keras.Model) -> list[str]:
+    """What `compile` gave the model to build before the first step: "loss", "metrics" (a GAN that compiles
+    only its own optimizers: neither)."""
+    given = (("loss", model._compile_loss), ("metrics", model._compile_metrics))
+    return [name for name, each in given if each is not None]
 
 
 def loss_tracker(model: keras.Model) -> keras.metrics.Mean:

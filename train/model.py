@@ -29,8 +29,8 @@ from train.context import Context
 from train.data.spec import DatasetSpec
 from train.errors import SettingsError, TrainingError, first_line
 from train.hparams import CONTEXT
-from train.keras_seams import all_layers, build_metrics_and_loss, gradients_come_summed, inner_optimizers
-from train.model_file import load_model_file, overrides_train_step
+from train.keras_seams import all_layers, build_metrics_and_loss, compiled, gradients_come_summed, inner_optimizers
+from train.model_file import load_model_file, overrides, overrides_train_step
 from train.outputs import name_outputs
 from train.settings import Settings
 
@@ -113,8 +113,10 @@ def _call_build_model(settings: Settings, spec: DatasetSpec, context: Context | 
     try:
         network = build(spec.input_shape, spec.num_classes, settings.learning_rate, **keywords)
     except Exception as error:
+        unlabeled = "" if spec.labeled else " (LABEL_KEY=none: no labels, so num_classes is None)"
         raise SettingsError(
-            f"MODEL={settings.model!r}: build_model{arguments} raised {type(error).__name__}: {first_line(error, 240)}"
+            f"MODEL={settings.model!r}: build_model{arguments} raised {type(error).__name__}: "
+            f"{first_line(error, 240)}{unlabeled}"
         ) from None
     if not isinstance(network, keras.Model):
         raise SettingsError(
@@ -207,8 +209,11 @@ def build(settings: Settings, spec: DatasetSpec, strategy, context: Context | No
         custom = overrides_train_step(network)
         if custom:
             _refuse_float16(settings)
+        elif not spec.labeled:
+            _refuse_unlabeled(settings)
         _check_optimizer(settings, network.optimizer)
-        serving = _serving_model(settings, network, spec)
+        # a model that is its own step needs no call(): built by tracing that step, exported by export_model
+        serving = network if custom and not overrides(network, "call") else _serving_model(settings, network, spec)
         if custom:
             custom_step = _prepare_custom_step(settings, network, serving, spec, strategy)
         else:
@@ -245,6 +250,15 @@ def _check_engine_step_model(settings: Settings, network: keras.Model, serving: 
     _check_output(settings, network, output, spec)
 
 
+def _refuse_unlabeled(settings: Settings) -> None:
+    """LABEL_KEY=none with the engine's own step, which fits the model's output to labels. Raises SettingsError."""
+    raise SettingsError(
+        f"LABEL_KEY=none gives MODEL={settings.model!r} its inputs alone, but the model has no train_step of its own "
+        "and the engine's step fits the output to labels: override train_step(self, data) (examples/dcgan.py), "
+        "or set LABEL_KEY to the label"
+    )
+
+
 def _refuse_float16(settings: Settings) -> None:
     """float16 loss scaling judges "finite" per replica inside a model's own step (Keras's LossScaleOptimizer on
     each replica's local gradients): an overflow on one replica would be applied by the others. MIXED_PRECISION=auto
@@ -260,23 +274,28 @@ def _refuse_float16(settings: Settings) -> None:
 def _prepare_custom_step(settings: Settings, network: keras.Model, serving: keras.Model, spec: DatasetSpec,
                          strategy) -> Any:  # fmt: skip
     """A model with its own train_step: no label check (a GAN's step need not use the labels, nor a loss), but
-    its compiled loss and metrics built as `model.fit` builds them, and its step traced once (train.custom_step).
-    Raises SettingsError."""
+    what it compiled (a loss, metrics) built as `model.fit` builds them, and its step traced once
+    (train.custom_step). Raises SettingsError."""
     from train.custom_step import prepare_custom_step
 
-    _build_on_spec(network, spec, lambda: (
-        f"MODEL={settings.model!r}: its compiled loss or metrics cannot be built on the data's spec (as "
-        "model.fit builds them)"
-    ))  # fmt: skip
+    what = " and ".join(compiled(network))
+    if what:  # a GAN compiles neither: nothing to build, and nothing to say of a compiled loss
+        _build_on_spec(network, spec, lambda: (
+            f"MODEL={settings.model!r}: its compiled {what} cannot be built on the data's spec (as model.fit "
+            "builds them)"
+        ))  # fmt: skip
     features, labels = _spec_batch(spec, model_input=False)
     tensors = [tf.TensorSpec(tensor.shape, tensor.dtype) for tensor in tf.nest.flatten((features, labels))]
     features, labels = tf.nest.pack_sequence_as((features, labels), tensors)
-    return prepare_custom_step(settings.model, network, strategy, features, labels, _model_input(serving, spec))
+    return prepare_custom_step(settings.model, network, strategy, features, labels, _model_input(serving, spec),
+                               labeled=spec.labeled)  # fmt: skip
 
 
 def _model_input(serving: keras.Model, spec: DatasetSpec) -> Any:
     if spec.is_image and not spec.records:
-        return serving.get_layer("scale_to_unit_range")
+        if any(layer.name == "scale_to_unit_range" for layer in serving.layers):
+            return serving.get_layer("scale_to_unit_range")
+        return keras.layers.Rescaling(1.0 / 255, name="scale_to_unit_range")  # a model without call(): no Input
     return lambda inputs: inputs  # as stored, or what preprocess returns
 
 

@@ -180,11 +180,23 @@ def load_model_file(text: str) -> ModelFile:
     return ModelFile(text, build, module=module, **seams)
 
 
+# What MIXED_PRECISION=auto gives a model's own train_step where it would be mixed_float16 (train.start, the doctor)
+OWN_STEP_PRECISION = (
+    "float32, not mixed_float16, for a model's own train_step (its loss scale would judge each replica's "
+    "gradients alone); mixed_bfloat16 needs compute capability 8.0+"
+)
+
+
 def overrides(model: keras.Model, name: str) -> bool:
     """Whether `model`'s class, or a base class below keras.Model, defines `name` itself."""
+    return class_overrides(type(model), name)
+
+
+def class_overrides(model_class: type, name: str) -> bool:
+    """Whether `model_class`, or a base class below keras.Model, defines `name` itself."""
     import keras
 
-    for cls in type(model).__mro__:
+    for cls in model_class.__mro__:
         if cls is keras.Model:
             return False
         if name in vars(cls):
@@ -201,3 +213,18 @@ def overrides_train_step(model: keras.Model) -> bool:
 def overrides_test_step(model: keras.Model) -> bool:
     """Whether the model brings its own `test_step`: it is then evaluation's step."""
     return overrides(model, "test_step")
+
+
+def declares_own_train_step(text: str) -> bool:
+    """Whether MODEL's file holds a keras.Model class with its own train_step: what `fit` finds on the model it
+    builds, told without building it (the doctor). False where the file cannot be imported (fit will say why)."""
+    import keras
+
+    try:
+        module = load_model_file(text).module
+    except SettingsError:
+        return False
+    return any(
+        isinstance(value, type) and issubclass(value, keras.Model) and class_overrides(value, "train_step")
+        for value in vars(module).values()
+    )

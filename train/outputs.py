@@ -5,7 +5,8 @@
     a multi-hot label  scores  float32 [batch, k]  each class's probability (a sigmoid where it gives logits)
                        classes string  [batch, k]
     a value            outputs                     the model's prediction
-    anything else      the model's own output names (several outputs, or not one score per class)
+    anything else      the model's own output names (no label: LABEL_KEY=none; several outputs; not one score
+                       per class)
 
 Class names are the TFDS ClassLabel's; where the dataset has none, the class indices as text.
 """
@@ -26,7 +27,9 @@ OUTPUTS = "outputs"  # tf.saved_model.REGRESS_OUTPUTS
 
 
 def label_kind(spec: DatasetSpec) -> str:
-    """ "class" (one of num_classes), "multi_hot" (a (k,) vector) or "value" (regression)."""
+    """ "class" (one of num_classes), "multi_hot" (a (k,) vector), "value" (regression) or "none" (LABEL_KEY=none)."""
+    if not spec.labeled:
+        return "none"
     if spec.label_shape == () and spec.num_classes is not None:
         return "class"
     if len(spec.label_shape) == 1:
@@ -71,9 +74,11 @@ def name_outputs(network: keras.Model, spec: DatasetSpec) -> Callable[[Any], dic
 
     kind = label_kind(spec)
     logits = gives_logits(network)
-    names = class_names(spec) if kind != "value" else ()
+    names = class_names(spec) if kind in ("class", "multi_hot") else ()
 
     def named(output: Any) -> dict[str, tf.Tensor]:
+        if kind == "none":  # no label to name them after: the model's own names
+            return _own_names(network, output)
         if isinstance(output, dict | list | tuple) and len(output) != 1:
             return _own_names(network, output)
         if isinstance(output, dict | list | tuple):

@@ -23,7 +23,7 @@ EVALUATION_NOTICE_SECONDS = 2.0  # an evaluation that takes longer than this say
 def format_metrics(metrics: dict[str, float | list]) -> str:
     """loss first, then every other metric as `name value`, two spaces apart."""
     if not metrics:  # a model's own train_step, without a compiled loss or a test_step: nothing to score
-        return "not evaluated (the model has no compiled loss and no test_step)"
+        return "not evaluated (its own train_step has no test_step beside it)"
     parts = []
     for name, value in metrics.items():
         shown = f"{value:.4f}" if isinstance(value, float) else "[" + ", ".join(_flat(value)) + "]"

@@ -22,7 +22,7 @@ from train.devices.runtime import Runtime, auto_precision, choose_xla
 from train.errors import SettingsError
 from train.exportable import check_exportable
 from train.model import Built, build
-from train.model_file import model_fingerprint
+from train.model_file import OWN_STEP_PRECISION, model_fingerprint
 from train.run_state import Start
 from train.rundir import checkpoints_newest_first
 from train.settings import Settings, agreed_settings
@@ -54,7 +54,7 @@ def agree(settings: Settings, runtime: Runtime, peers: SingleHost, dataset: Data
         "local replicas": len(runtime.devices),
         "examples": f"{spec.train_examples} train, {spec.eval_examples} eval",
         "inputs": spec.describe_inputs(),
-        "label": f"{spec.label_key} {list(spec.label_shape)} {spec.label_dtype}",
+        "label": f"{spec.label_key} {list(spec.label_shape)} {spec.label_dtype}" if spec.labeled else "none",
         "data": data_identity_text(dataset.identity),  # the data itself, not DATASET's text (a path differs by host)
     }
     check_recorded(settings, recorded, dataset.adapted)  # a start whose adapt fitted other vocabularies
@@ -103,8 +103,7 @@ def _build(settings: Settings, runtime: Runtime, data: Data, say: Say):
     context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))  # a split under one
     built = build(settings, data.spec, runtime.strategy, context)  # global batch, a bad model: before writing
     if built.custom_step is not None and runtime.precision == "mixed_float16":
-        say("MIXED_PRECISION=auto: float32, not mixed_float16, for a model's own train_step (its loss scale would "
-            "judge each replica's gradients alone); mixed_bfloat16 needs compute capability 8.0+.")  # fmt: skip
+        say(f"MIXED_PRECISION=auto: {OWN_STEP_PRECISION}.")
         runtime = runtime.with_precision("float32")
         context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))
         built = build(settings, data.spec, runtime.strategy, context)

@@ -2,6 +2,7 @@
 
     synthetic_values  8 float features and a float32 value: a regression label (num_classes None)
     synthetic_tags    16 float features and a (5,) multi-hot label (num_classes 5)
+    synthetic_sketches  8x8x1 images without a label (LABEL_KEY=none)
 
 The template's own offline datasets (synthetic_clusters, synthetic_images) live in train/data/.
 """
@@ -93,3 +94,23 @@ class WideValues(tfds.core.GeneratorBasedBuilder):
         block = rng.normal(size=(256, self.WIDTH)).astype(np.float32)  # reused rows: generating is not the point
         for index in range(count):
             yield index, {"features": block[index % 256], "label": index % 10}
+
+
+class SyntheticSketches(tfds.core.GeneratorBasedBuilder):
+    """8x8x1 uint8 images and nothing else: data without a label (LABEL_KEY=none), like a GAN's."""
+
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        return self.dataset_info_from_configs(
+            features=tfds.features.FeaturesDict({"image": tfds.features.Image(shape=(8, 8, 1))}),
+        )
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples(96, seed=1), "test": self._generate_examples(16, seed=2)}
+
+    def _generate_examples(self, count, seed):
+        rng = np.random.default_rng(seed)
+        rows = np.arange(8)[:, None, None]
+        for index in range(count):
+            yield index, {"image": ((rows * 32 + rng.integers(0, 16, (8, 8, 1))) % 256).astype(np.uint8)}

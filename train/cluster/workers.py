@@ -29,7 +29,7 @@ from tensorflow.python.util import deprecation
 
 from train.checkpoints import restore_newest
 from train.devices.runtime import Runtime
-from train.errors import FUNCTION_NODE, BusyError, TrainingError, first_line
+from train.errors import FUNCTION_NODE, BusyError, TrainingError, clip, first_line
 from train.rundir import StopRequest, busy, checkpoints_newest_first, holder
 
 END_BARRIER_SECONDS = 3600  # how long the others wait for the chief's export at the end
@@ -64,7 +64,7 @@ def peer_error_cause(error: BaseException) -> str:
             kept.append(line)
         if len(kept) == 2:
             break
-    return " ".join(kept)[:240] or type(error).__name__
+    return clip(" ".join(kept), 240) or type(error).__name__
 
 
 def _quiet_watcher_threads() -> None:

@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from train.data.shapes import concrete_shapes, pin, shape_text, unknown
-from train.errors import SettingsError, first_line
+from train.errors import SettingsError, clip, first_line
 from train.model_file import RESNET_EXAMPLE
 
 BYTES_SUFFIX = "_bytes"  # example["image_bytes"]: an image feature's stored bytes, beside the decoded image
@@ -99,6 +99,11 @@ def decode_image(feature, encoded: tf.Tensor) -> tf.Tensor:
     return image
 
 
+def no_label() -> tf.Tensor:
+    """What stands in for the label of data without one (LABEL_KEY=none): one byte, never given to the model."""
+    return tf.zeros((), tf.uint8)
+
+
 @dataclass
 class Examples:
     """How one stored record becomes what the model gets.
@@ -108,7 +113,7 @@ class Examples:
 
     features: Any = field(repr=False)
     feature_key: str
-    label_key: str
+    label_key: str | None  # None: LABEL_KEY=none (`preprocess` returns the inputs alone)
     preprocess: Callable | None
     model: str  # MODEL, for the messages
     seed: int = 0
@@ -145,11 +150,13 @@ class Examples:
     def call(self, example: dict[str, Any], training: bool, seed: tf.Tensor) -> tuple[Any, tf.Tensor]:
         """(inputs, label) of a decoded example: `preprocess`'s, or the columns of FEATURE_KEY as stored."""
         if self.preprocess is None:
-            return example[self.feature_key], example[self.label_key]
+            return example[self.feature_key], example[self.label_key] if self.label_key else no_label()
         if not training:  # what evaluation reads is what the export's default signature will take
             example = _Reads(example, self.read)
         with float32_policy():
             result = self.preprocess(example, training, seed)
+        if self.label_key is None:  # LABEL_KEY=none: the inputs alone, as Keras's fit(x) takes them
+            result = (result, no_label())
         # (inputs, label) as returned; what is not is refused from the map's spec (`check_outputs`): an error raised
         # here, inside tf.data's tracing, would reach the user wrapped in autograph's stack
         return pin(self.pinned, tuple(result) if isinstance(result, list) else result, named)
@@ -188,7 +195,7 @@ class Examples:
         names = list(served)
         columns = {name: key for key, feature in self.features.items()
                    if isinstance(feature, tfds.features.FeaturesDict) for name in feature}  # fmt: skip
-        label_info = self.features[self.label_key].get_tensor_info()
+        label_info = self.features[self.label_key].get_tensor_info() if self.label_key else None
 
         def one(row: dict[str, tf.Tensor]):
             example: dict[str, Any] = {}
@@ -197,7 +204,8 @@ class Examples:
                     example.setdefault(columns[name], {})[name] = value
                 else:
                     example[name] = value
-            example[self.label_key] = tf.zeros(label_info.shape, label_info.tf_dtype)  # read, never used
+            if label_info is not None:
+                example[self.label_key] = tf.zeros(label_info.shape, label_info.tf_dtype)  # read, never used
             inputs, _ = self.call(self.with_images(example), False, example_seed(self.seed, EVAL_PASS, 0))
             return inputs
 
@@ -221,6 +229,11 @@ def check_outputs(examples: Examples, element_spec, training: bool, fixed: bool 
     inputs, label = element_spec
     where = f"MODEL={examples.model!r}: preprocess(training={training})" if examples.preprocess else (
         f"FEATURE_KEY={examples.feature_key!r}")  # fmt: skip
+    if examples.label_key is None and isinstance(inputs, tuple):
+        raise SettingsError(
+            f"{where} returns a tuple of {len(inputs)}, but LABEL_KEY=none gives the model its inputs alone: return "
+            "them alone (a tensor, or a dict of tensors keyed by the model's keras.Input names)"
+        )
     if isinstance(inputs, dict) and not all(isinstance(key, str) for key in inputs):
         raise SettingsError(f"{where} returns inputs keyed by {sorted(map(repr, inputs))}: key them by Input name")
     if not isinstance(inputs, dict) and not isinstance(inputs, tf.TensorSpec):
@@ -317,7 +330,7 @@ def _raised(error: BaseException) -> str:
     text = str(error)
     if text.startswith("in user code:"):
         lines = [line.strip() for line in text.splitlines() if line.strip()]
-        return lines[-1][:240]  # the original "ValueError: ..." ends the wrapped message
+        return clip(lines[-1], 240)  # the original "ValueError: ..." ends the wrapped message
     return f"{type(error).__name__}: {first_line(error, 240)}"
 
 

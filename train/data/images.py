@@ -8,6 +8,8 @@ import re
 
 import tensorflow as tf
 
+from train.errors import clip
+
 # What TensorFlow's image decoders raise for bytes they cannot read (InvalidArgumentError's message).
 DECODE_ERROR = re.compile(r"JPEG|PNG|GIF|BMP|image|Jpeg|Png|Gif|Bmp")
 
@@ -33,5 +35,5 @@ def undecodable(split, spec) -> tuple[str, str] | None:
             except tf.errors.InvalidArgumentError as error:
                 where = example["filename"].numpy().decode() if named else f"example {place}"
                 message = re.sub(r"\{\{.*?\}\}\s*", "", str(error.message)).splitlines()[0]  # TF's node names out
-                return where, message[:120]
+                return where, clip(message, 120)
     return None

@@ -110,7 +110,7 @@ def _read_tfds(builder, spec: DatasetSpec, split: str, examples: int) -> tuple[n
         # try_autocache=False: read once into the array, not also into a tf.data cache of a small split
         read_config = tfds.ReadConfig(interleave_cycle_length=1, options=options, try_autocache=False)
         dataset = builder.as_dataset(split=split, shuffle_files=False, read_config=read_config)
-        dataset = dataset.map(lambda example: (example[spec.feature_key], example[spec.label_key]))
+        dataset = dataset.map(spec.pair)
         chunk = max(1, READ_BYTES // spec.example_bytes)
         for chunk_features, chunk_labels in dataset.batch(chunk).as_numpy_iterator():
             count = len(chunk_labels)

@@ -202,7 +202,8 @@ def _image_layout(text: str, root: Path, entries: list[Entry], empty: list[str])
             below.setdefault(entry.path.split("/")[0], []).append(entry)
     if not below:
         raise SettingsError(f"DATASET={text!r} holds no folders: put the images in one folder per class, like "
-                            f"{text}/cat/1.jpg")  # fmt: skip
+                            f"{text}/cat/1.jpg (images without labels, for LABEL_KEY=none: in one folder, like "
+                            f"{text}/images/1.jpg)")  # fmt: skip
     # a subfolder with files of its own holds images: a class; one with only folders holds classes: a split
     as_splits = all(all(entry.path.count("/") >= 2 for entry in files) for files in below.values())
     splits: dict[str, list[tuple[Entry, str | None]]] = {}
@@ -367,13 +368,14 @@ class Table:
 
     columns: list[Column]
     rows: dict[str, list[dict]]
-    label_key: str
+    label_key: str | None
 
 
-def read_table(survey: Survey, label_key: str, label_kind: str | None, read: Read) -> Table:
+def read_table(survey: Survey, label_key: str | None, label_kind: str | None, read: Read) -> Table:
     """Every split's file read once: rows checked, columns typed from their non-empty values, the label's kind
-    (`label_kind` overrides the guess: class or value). An empty cell of a numeric column is missing (NaN, its
-    column float32, counted in `read.missing`); of a text column, "". Raises SettingsError."""
+    (`label_kind` overrides the guess: class or value; `label_key` None: LABEL_KEY=none, no label). An empty cell
+    of a numeric column is missing (NaN, its column float32, counted in `read.missing`); of a text column, "".
+    Raises SettingsError."""
     rows: dict[str, list[tuple[int, dict]]] = {}
     names: list[str] = []
     for split, [(entry, _)] in sorted(survey.splits.items()):
@@ -384,7 +386,7 @@ def read_table(survey: Survey, label_key: str, label_kind: str | None, read: Rea
             raise SettingsError(f"{name} has no rows")
         for _, row in rows[split]:
             names.extend(key for key in row if key not in names)
-    if label_key not in names:
+    if label_key is not None and label_key not in names:
         raise SettingsError(f"LABEL_KEY={label_key!r} is not a column of {survey.root}: use one of {', '.join(names)}")
     every = [(split, number, row) for split, numbered in rows.items() for number, row in numbered]
     columns = [_typed(survey, name, every, name == label_key, label_kind) for name in names]

@@ -45,7 +45,7 @@ class Opened:
             return None
         import tensorflow_datasets as tfds
 
-        label_key = settings.label_key or "label"
+        label_key = (settings.label_key or "label") if settings.labeled else None
         features = self.builder.info.features
         names = [name for name in features if name != label_key]
         text = [repr(name) for name in names if isinstance(features[name], tfds.features.Text)]
@@ -59,7 +59,8 @@ class Opened:
             )
 
         def columns(example, training, seed):  # the engine's own preprocess: the columns as stored
-            return {name: example[name] for name in names}, example[label_key]
+            inputs = {name: example[name] for name in names}
+            return (inputs, example[label_key]) if label_key else inputs  # LABEL_KEY=none: the inputs alone
 
         return columns
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from train.data.examples import BYTES_SUFFIX, Examples, named, probe, random_record
+from train.data.examples import BYTES_SUFFIX, Examples, named, no_label, probe, random_record
 from train.data.shapes import PINNED_EXAMPLES
 from train.errors import SettingsError, first_line
 from train.model_file import RESNET_EXAMPLE
@@ -26,7 +26,7 @@ class DatasetSpec:
 
     name: str  # TFDS's full name, like mnist/3.0.1
     feature_key: str
-    label_key: str
+    label_key: str | None  # None: LABEL_KEY=none, the model gets its inputs alone (`label` stands in)
     feature_shape: tuple[int, ...]  # one example's, as stored: (28, 28, 1), (32,)
     feature_dtype: str  # as stored: uint8, float32, int64, ...
     is_image: bool  # a TFDS Image of uint8: the model gets it scaled to [0, 1] (and so does the export)
@@ -42,6 +42,19 @@ class DatasetSpec:
     inputs: Any = None
     record_bytes: int = 0  # the general path: a stored record's bytes, on average
     classes: list[str] | None = None  # a ClassLabel's names (summary.json "classes"); None for other labels
+
+    @property
+    def labeled(self) -> bool:
+        return self.label_key is not None
+
+    def label(self, example: dict[str, Any]) -> Any:
+        """A decoded example's label; without one (LABEL_KEY=none), a uint8 0 that stands in for it on the way to
+        the step, which hands the model its inputs alone (train.custom_step)."""
+        return example[self.label_key] if self.labeled else no_label()
+
+    def pair(self, example: dict[str, Any]) -> tuple[Any, Any]:
+        """(feature, label) of a decoded example, as stored."""
+        return example[self.feature_key], self.label(example)
 
     @property
     def records(self) -> bool:
@@ -80,7 +93,9 @@ class DatasetSpec:
             "feature": {"key": self.feature_key, "shape": list(self.feature_shape), "dtype": self.feature_dtype},
             "inputs": self.describe_inputs(),
             "scaled_to_unit_range": self.is_image,
-            "label": {"key": self.label_key, "shape": list(self.label_shape), "dtype": self.label_dtype},
+            "label": {"key": self.label_key, "shape": list(self.label_shape), "dtype": self.label_dtype}
+            if self.labeled
+            else None,
             "num_classes": self.num_classes,
             "train_examples": self.train_examples,
             "eval_examples": self.eval_examples,
@@ -115,7 +130,7 @@ def _count(builder, split: str) -> int:
         raise damaged(builder, error) from None
 
 
-def _feature_keys(builder, settings: Settings, preprocessed: bool = False) -> tuple[str, str]:
+def _feature_keys(builder, settings: Settings, preprocessed: bool = False) -> tuple[str, str | None]:
     """(FEATURE_KEY, LABEL_KEY), given or from the dataset's supervised keys. `preprocessed`: MODEL's preprocess
     makes the inputs from whatever features it reads, so a default FEATURE_KEY need not name one."""
     supervised = builder.info.supervised_keys
@@ -124,14 +139,15 @@ def _feature_keys(builder, settings: Settings, preprocessed: bool = False) -> tu
     else:
         default_feature, default_label = "image", "label"
     feature_key = settings.feature_key or default_feature
-    label_key = settings.label_key or default_label
+    label_key = (settings.label_key or default_label) if settings.labeled else None
     features = builder.info.features
     for setting, key in (("FEATURE_KEY", feature_key), ("LABEL_KEY", label_key)):
-        if setting == "FEATURE_KEY" and preprocessed and not settings.feature_key:
+        if (setting == "FEATURE_KEY" and preprocessed and not settings.feature_key) or key is None:
             continue
         if key not in features:
+            other = ", or LABEL_KEY=none for data without labels" if setting == "LABEL_KEY" else ""
             raise SettingsError(
-                f"{setting}={key!r} is not a feature of {settings.dataset}: use one of {', '.join(features)}"
+                f"{setting}={key!r} is not a feature of {settings.dataset}: use one of {', '.join(features)}{other}"
             )
     return feature_key, label_key
 
@@ -158,10 +174,12 @@ def _fixed_tensor(feature, setting: str, key: str, dataset: str) -> tuple[tuple[
     return tuple(int(dim) for dim in shape), dtype.name
 
 
-def _label(builder, settings: Settings, label_key: str) -> tuple[tuple[int, ...], str, int | None]:
-    """The label's stored shape, dtype and `num_classes`. Raises SettingsError."""
+def _label(builder, settings: Settings, label_key: str | None) -> tuple[tuple[int, ...], str, int | None]:
+    """The label's stored shape, dtype and `num_classes` (no_label's, for LABEL_KEY=none). Raises SettingsError."""
     import tensorflow_datasets as tfds
 
+    if label_key is None:
+        return (), "uint8", None
     label = builder.info.features[label_key]
     label_shape, label_dtype = _fixed_tensor(label, "LABEL_KEY", label_key, settings.dataset)
     if isinstance(label, tfds.features.ClassLabel):
@@ -176,7 +194,7 @@ def _label(builder, settings: Settings, label_key: str) -> tuple[tuple[int, ...]
     )
 
 
-def _general_path(builder, settings: Settings, feature_key: str, label_key: str, preprocess) -> Examples | None:
+def _general_path(builder, settings: Settings, feature_key: str, label_key: str | None, preprocess) -> Examples | None:
     """The general path's Examples where MODEL defines `preprocess` or FEATURE_KEY is a dict of columns."""
     import tensorflow_datasets as tfds
 
@@ -259,7 +277,9 @@ def inspect(builder, settings: Settings, count: bool = True, preprocess=None) ->
         examples=examples,
         inputs=inputs,
         record_bytes=_record_bytes(builder, settings.train_split) if examples is not None else 0,
-        classes=list(features[label_key].names) if isinstance(features[label_key], tfds.features.ClassLabel) else None,
+        classes=list(features[label_key].names)
+        if label_key is not None and isinstance(features[label_key], tfds.features.ClassLabel)
+        else None,
     )
 
 

@@ -48,8 +48,7 @@ class StreamedSplit:
         # try_autocache=False: TFDS would otherwise keep a small split in memory after a pass (a streamed one too)
         read_config = tfds.ReadConfig(shuffle_seed=seed, shuffle_reshuffle_each_iteration=False, try_autocache=False)
         dataset = self.builder.as_dataset(split=self.split, shuffle_files=shuffle_files, read_config=read_config)
-        feature_key, label_key = self.spec.feature_key, self.spec.label_key
-        return dataset.map(lambda example: (example[feature_key], example[label_key]))
+        return dataset.map(self.spec.pair)
 
     @cached_property
     def files(self) -> tuple[tuple[str, int, int], ...]:
@@ -201,7 +200,7 @@ class StreamedSplit:
         once (one vectorised op); an encoded feature (a PNG image) then decoded image by image inside its
         chunk, the chunks in parallel. Per-example tf.data elements cost more than decoding a small image."""
         features = self.builder.info.features
-        keys = (self.spec.feature_key, self.spec.label_key)
+        keys = (self.spec.feature_key, self.spec.label_key) if self.spec.labeled else (self.spec.feature_key,)
         serialized = features.get_serialized_info()
         specs = {key: _example_spec(serialized[key]) for key in keys}
 
@@ -216,6 +215,8 @@ class StreamedSplit:
                     values.append(tf.map_fn(features[key].decode_example, value, fn_output_signature=output))
                 else:
                     values.append(features[key].decode_batch_example(value))
+            if not self.spec.labeled:  # LABEL_KEY=none: what stands in for the labels (train.data.spec.no_label)
+                values.append(tf.zeros(tf.shape(chunk)[:1], tf.uint8))
             return tuple(values)
 
         if any(serialized[key].tf_dtype == tf.string for key in keys):  # decode the chunks, then make windows

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from train.data import local
+from train.data.image_size import image_size
 from train.errors import SettingsError, Stopped
 from train.rundir import stop_heard
 
@@ -181,7 +182,7 @@ def _check_classes(settings, survey: local.Survey) -> None:
     """A folder of images with one class folder cannot train a classifier (it would learn the one answer, with loss
     0): refused before anything is written, unless LABEL_KEY=none (the images without labels). Raises
     SettingsError."""
-    if len(survey.classes) >= 2 or settings.label_key == "none":
+    if len(survey.classes) >= 2 or not settings.labeled:
         return
     raise SettingsError(
         f"DATASET={settings.dataset!r} holds one class folder, {survey.classes[0]}: classification needs two "
@@ -348,7 +349,7 @@ def _write_images(settings, survey: local.Survey, temporary: Path, read: local.R
     import tensorflow_datasets as tfds
 
     index = {name: number for number, name in enumerate(survey.classes)}
-    splits, counts = {}, {}
+    splits, counts, sizes = {}, {}, set()
     progress = _Progress(f"Writing {survey.root}", sum(map(len, survey.splits.values())), say)
 
     def make(item) -> bytes | None:
@@ -358,6 +359,7 @@ def _write_images(settings, survey: local.Survey, temporary: Path, read: local.R
         if image is None or (read.broken and settings.bad_files == "refuse"):  # refused once read: not written
             return None
         counts[label] = counts.get(label, 0) + 1
+        sizes.add(image_size(*image))
         return tf.train.Example(features=tf.train.Features(feature={
             "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image[0]])),
             "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[index[label]])),
@@ -382,17 +384,22 @@ def _write_images(settings, survey: local.Survey, temporary: Path, read: local.R
         raise SettingsError(f"DATASET={survey.root}: the class folder {empty[0]} holds no JPEG, PNG, GIF or BMP "
                             "image: put its images in it or remove it")  # fmt: skip
     features = tfds.features.FeaturesDict({
-        "image": tfds.features.Image(shape=(None, None, 3)),
+        "image": tfds.features.Image(shape=(*_one(sizes), 3)),
         "label": tfds.features.ClassLabel(names=list(survey.classes)),
         "filename": tfds.features.Text(),
     })  # fmt: skip
     return features, splits, ("image", "label")
 
 
+def _one(sizes: set) -> tuple[int | None, int | None]:
+    """The images' (height, width) where all share one (a model takes them as they are), else (None, None)."""
+    return next(iter(sizes)) if len(sizes) == 1 and None not in sizes else (None, None)
+
+
 def _write_table(settings, survey: local.Survey, temporary: Path, read: local.Read, label_key: str, tf):
     import tensorflow_datasets as tfds
 
-    table = local.read_table(survey, label_key, settings.label_kind, read)
+    table = local.read_table(survey, label_key if settings.labeled else None, settings.label_kind, read)
     _check_label_values(settings, table, label_key)
     splits = {}
     for split, rows in table.rows.items():
@@ -417,7 +424,7 @@ def _check_label_values(settings, table: local.Table, label_key: str) -> None:
     """A class label with one value in every split cannot train a classifier: refused, unless LABEL_KEY=none.
     Raises SettingsError."""
     label = next((column for column in table.columns if column.name == label_key), None)
-    if settings.label_key == "none" or label is None or (label.classes is None and label.num_classes is None):
+    if not settings.labeled or label is None or (label.classes is None and label.num_classes is None):
         return
     values = {row[label_key] for rows in table.rows.values() for row in rows}
     if len(values) >= 2:

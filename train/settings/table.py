@@ -33,6 +33,7 @@ PROGRESS_MODES = ("auto", "bar", "lines")
 MONITOR_MODES = ("auto", "min", "max")
 ALL_REDUCES = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")
 BAD_FILES_MODES = ("refuse", "skip")
+NO_LABEL = "none"  # LABEL_KEY=none: no label (Settings.labeled)
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ class Settings:
     train_split: str = setting("train", parse.required_text, "TFDS split to train on, e.g. train or train[:90%].", **RW)
     eval_split: str = setting("test", parse.required_text, "TFDS split to evaluate on.", **W)
     feature_key: str | None = setting("", parse.optional_text, "Input feature; default: supervised keys, else image.", **RW)
-    label_key: str | None = setting("", parse.optional_text, "Label feature; default: supervised keys, else label.", **RW)
+    label_key: str | None = setting("", parse.optional_text, "Label feature; none: the inputs alone; default: supervised keys, else label.", **RW)
     label_kind: str | None = setting("", parse.label_kind, "A CSV/JSONL label: class or value (default: guessed).", **RW)
     bad_files: str = setting("refuse", parse.choice(BAD_FILES_MODES), "A folder's broken images: refuse (exit 2) or skip (leave them out).", **RW)
     batch_size: int | None = setting("128", parse.optional_positive_int, "Examples per replica at once (global: x replicas).", **RW)  # None: GLOBAL_BATCH_SIZE is set
@@ -130,6 +131,12 @@ class Settings:
     hyperparameters: tuple[tuple[str, Any], ...] = ()
     # Not a setting: where BATCH_SIZE and GLOBAL_BATCH_SIZE came from ((name, place), ...), for the start line.
     batch_from: tuple[tuple[str, str], ...] = dataclasses.field(default=(), compare=False)
+
+    @property
+    def labeled(self) -> bool:
+        """Whether the model gets labels: LABEL_KEY=none gives it its inputs alone (a GAN's data), as Keras's
+        image_dataset_from_directory(label_mode=None) does."""
+        return self.label_key != NO_LABEL
 
     @property
     def multi_worker(self) -> bool:

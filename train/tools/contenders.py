@@ -303,13 +303,12 @@ def tuned_tfdata_feed(runtime: Runtime, data: Data, seed: int) -> PipelineFeed:
     split, replicas, per_replica = data.train, runtime.replicas, runtime.per_replica_batch
     if split.spec.records:
         return _tuned_preprocess_feed(runtime, split, seed)
-    feature_key, label_key = split.spec.feature_key, split.spec.label_key
     feature_shape, label_shape = list(split.spec.feature_shape), list(split.spec.label_shape)
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         local = replicas // context.num_input_pipelines
         examples = _tuned_read(split, seed)
-        examples = examples.map(lambda e: (e[feature_key], e[label_key]), num_parallel_calls=tf.data.AUTOTUNE)
+        examples = examples.map(split.spec.pair, num_parallel_calls=tf.data.AUTOTUNE)
         examples = examples.shard(context.num_input_pipelines, context.input_pipeline_id)
         batches = examples.shuffle(split.shuffle_buffer, seed=seed).repeat()
         batches = batches.batch(local * per_replica, drop_remainder=True, num_parallel_calls=tf.data.AUTOTUNE)

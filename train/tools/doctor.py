@@ -18,6 +18,7 @@ from typing import Any
 from train.devices.backend import DeviceBackend
 from train.devices.runtime import configure_devices, resolve
 from train.errors import SettingsError
+from train.model_file import OWN_STEP_PRECISION, declares_own_train_step
 from train.settings import Settings
 from train.tools import cuda_versions
 
@@ -72,6 +73,16 @@ def cuda_libraries() -> dict[str, list[str]]:
     return found
 
 
+def _own_step_precision(settings: Settings, resolution):
+    """MIXED_PRECISION=auto's float32 for a model with its own train_step where it would be mixed_float16, as `fit`
+    falls back (train.start)."""
+    if settings.mixed_precision != "auto" or resolution.precision != "mixed_float16":
+        return resolution
+    if not declares_own_train_step(settings.model):
+        return resolution
+    return replace(resolution, precision="float32", precision_why=f"MIXED_PRECISION=auto: {OWN_STEP_PRECISION}")
+
+
 def collect_report(
     settings: Settings,
     backend: DeviceBackend,
@@ -99,7 +110,7 @@ def collect_report(
         plan = configure_devices(settings, backend)
         # Shown for what there is, not what would train: GPUS named GPUs, so it would not train on the CPU.
         plan = replace(plan, notes=tuple(n for n in plan.notes if not n.startswith("No GPU found")))
-    resolution = resolve(settings, plan)
+    resolution = _own_step_precision(settings, resolve(settings, plan))
     visible = set(resolution.plan.visible_gpus)
     gpus = []
     for index, gpu in enumerate(physical):
