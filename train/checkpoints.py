@@ -94,6 +94,8 @@ class RunCheckpoint:
         return found
 
     def save(self, step: int, skipped: int) -> None:
+        """The replicas' statistics averaged (train.statistics), then saved: what a restore gives every replica."""
+        self.built.average_statistics()
         save_checkpoint(self.manager, step, skipped)
 
 

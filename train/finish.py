@@ -38,6 +38,7 @@ def summary(start: Start, position: Position, checkpoint: RunCheckpoint, outcome
         "jit_compile": start.jit_compile,
         "precision": runtime.precision,
         "deterministic": runtime.deterministic,
+        "sync_batch_norm": settings.sync_batch_norm,
         # Under XLA on several replicas TensorFlow uses its own collective all-reduce, whatever CROSS_DEVICE_OPS says.
         "cross_device_ops": "xla collective" if xla and runtime.replicas > 1 else runtime.cross_device_ops,
         "steps": outcome.step,
@@ -67,6 +68,7 @@ def finish(
     for each in scalars.values():
         each.flush()
     say, peers, built = start.say, start.peers, start.built
+    built.average_statistics()  # what is evaluated, exported and compared across workers: the replicas' mean
     fingerprint = weights_fingerprint(built)
     result = summary(start, position, checkpoint, outcome, fingerprint) | callbacks.summary()
     if outcome.interrupted:
