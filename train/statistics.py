@@ -80,4 +80,3 @@ def synchronize_batch_norm(model: keras.Model, say: Say) -> None:
         if called_with_mask(layer):
             say(f"warning: SYNC_BATCH_NORM=true: layer {layer.name!r} (BatchNormalization) is called with a mask, "
                 "whose moments Keras does not synchronise: it normalises each replica's batch on its own.")  # fmt: skip
-
