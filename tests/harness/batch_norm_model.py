@@ -9,8 +9,8 @@ from keras import layers
 def build_model(input_shape, num_classes, learning_rate, *, momentum: float = 0.9):
     model = keras.Sequential(
         [keras.Input(shape=input_shape), layers.BatchNormalization(momentum=momentum, name="input_norm"),
-         layers.Dense(32, use_bias=False), layers.BatchNormalization(momentum=momentum, name="hidden_norm"),
-         layers.ReLU(), layers.Dense(num_classes, activation="softmax", dtype="float32")]
+         layers.Dense(32, activation="relu"), layers.BatchNormalization(momentum=momentum, name="hidden_norm"),
+         layers.Dense(num_classes, activation="softmax", dtype="float32")]
     )  # fmt: skip
     model.compile(
         optimizer=keras.optimizers.Adam(learning_rate=learning_rate),
