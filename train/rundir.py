@@ -92,6 +92,7 @@ def check_output_dir(path: Path) -> None:
 LOCK = ".lock"  # in OUTPUT_DIR: held (flock) by the process that trains there; it says who that is
 RUN = "run.json"  # in OUTPUT_DIR: what the run's first start resolved (model hash, XLA, data in memory, precision)
 EPOCHS = "epochs.json"  # in OUTPUT_DIR: each epoch's logs, as the callbacks got them (train.callbacks replays them)
+CRASH_LOG = "crash.log"  # in OUTPUT_DIR: what a bug left (a traceback; the workers' hashes where they differed)
 
 
 class RunLock:
