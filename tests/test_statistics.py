@@ -34,7 +34,7 @@ print(max(float(np.max(np.abs(x - y))) for x, y in zip(a.get_weights(), b.get_we
 
 SEAMS = """
 import keras
-from train.statistics import replica_state, synchronize_batch_norm
+from train.replica_statistics import replica_state, synchronize_batch_norm
 numbers, tokens = keras.Input((4,)), keras.Input((5,), dtype="int32")
 frozen = keras.layers.Dense(3, name="frozen")
 x = keras.layers.Dropout(0.5, seed=1)(frozen(keras.layers.BatchNormalization(name="norm")(numbers)))

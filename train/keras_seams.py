@@ -17,7 +17,7 @@ Keras 3.15.1 (pinned in pyproject.toml). If an upgrade moves one of these, the t
 - `model._flatten_layers`: every layer, nested ones included, as Keras's own `model_supports_jit` walks them.
 - `layer._non_trainable_variables`: the variables a layer made with `trainable=False`; `non_trainable_weights`
   also lists the weights of a layer frozen by `trainable = False`. The replicas' statistics are the former
-  (train.statistics; tests/test_statistics.py).
+  (train.replica_statistics; tests/test_statistics.py).
 - `node.arguments` and a KerasTensor's `_keras_mask`: whether a functional model calls a layer with a mask
   (SYNC_BATCH_NORM's warning; tests/test_statistics.py).
 - `MonitorCallback._set_monitor_op`: MONITOR's direction as Keras's mode="auto" decides it (the name "loss", or

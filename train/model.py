@@ -32,8 +32,8 @@ from train.hparams import CONTEXT
 from train.keras_seams import all_layers, build_metrics_and_loss, gradients_come_summed, inner_optimizers
 from train.model_file import load_model_file, overrides_train_step
 from train.outputs import name_outputs
+from train.replica_statistics import ReplicaStatistics, replica_state, synchronize_batch_norm
 from train.settings import Settings
-from train.statistics import ReplicaStatistics, replica_state, synchronize_batch_norm
 
 # A replica's random stream is the seed's, moved by this much per replica id: replicas and workers draw
 # different numbers (Dropout masks, augmentations), each reproducible from SEED.

@@ -122,7 +122,7 @@ def _child_env(settings: Settings, **overrides: object) -> dict[str, str]:
     env = {name: value for name, value in os.environ.items() if name not in {f.env for f in FIELDS}}
     env.update(settings.to_json())
     env.update({name: str(value) for name, value in overrides.items()})
-    package_root = str(Path(__file__).resolve().parents[1])
+    package_root = str(Path(__file__).resolve().parents[2])  # the folder that holds train/
     env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [os.environ.get("PYTHONPATH")])])
     return env
 
@@ -246,7 +246,11 @@ def compare_replica_counts(
 
 
 CALL_CUTTING = ("LOG_EVERY", "CHECKPOINT_EVERY")  # settings that end a call early (see call_steps)
-LEVERS = ("STEPS_PER_CALL", "JIT_COMPILE", "MIXED_PRECISION", "DATA_IN_MEMORY", "CROSS_DEVICE_OPS", "DEVICE_PREFETCH")
+LEVERS = ("STEPS_PER_CALL", "JIT_COMPILE", "MIXED_PRECISION", "DATA_IN_MEMORY", "CROSS_DEVICE_OPS", "DEVICE_PREFETCH",
+          "SYNC_BATCH_NORM")  # fmt: skip
+# SYNC_BATCH_NORM's lever needs a model with BatchNormalization (the default MLP has none): the ResNet example on its
+# offline photos, mirrored, at a small batch per replica (where synchronised statistics matter)
+BATCH_NORM_MODEL = Path(__file__).resolve().parents[2] / "examples" / "resnet.py"
 
 
 def lever_variants(on_gpus: bool) -> dict[str, list[dict[str, str]]]:
@@ -268,6 +272,19 @@ def lever_variants(on_gpus: bool) -> dict[str, list[dict[str, str]]]:
         "CROSS_DEVICE_OPS": [{**mirrored, "CROSS_DEVICE_OPS": value} for value in all_reduces],
         # GPUs only: how far tf.distribute copies ahead to each device (no effect on CPU devices)
         "DEVICE_PREFETCH": [{"DEVICE_PREFETCH": value} for value in ("1", "2", "4")],
+        "SYNC_BATCH_NORM": [
+            {
+                **mirrored,
+                "MODEL": str(BATCH_NORM_MODEL),
+                "DATASET": "synthetic_photos",
+                "TRAIN_SPLIT": "train",
+                "EVAL_SPLIT": "test",
+                "BATCH_SIZE": "16",
+                "GLOBAL_BATCH_SIZE": "",
+                "SYNC_BATCH_NORM": value,
+            }
+            for value in ("false", "true")
+        ],
     }
 
 
