@@ -27,8 +27,11 @@ from train.settings import load_settings
 
 DEAD_PEER_BOUND = 30.0  # seconds: 1-9 s for SIGKILL alone; 20.7 s in CI with the Docker builds beside the tests
 HUNG_PEER_BOUND = 25.0  # measured 8-11 s for SIGSTOP
-# A model with BatchNormalization: every replica of every worker updates its own copy of the moving statistics
-SETTINGS = {"MODEL": REPO / "tests" / "harness" / "batch_norm_model.py"}
+# A model with BatchNormalization: every replica of every worker updates its own copy of the moving statistics.
+# tests/test_elastic.py resumes its runs on another worker count: with SYNC_BATCH_NORM=true, where 2 workers' batch
+# moments are the 1 worker's.
+WORKERS_MODEL = {"MODEL": REPO / "tests" / "harness" / "batch_norm_model.py", "SYNC_BATCH_NORM": "true"}
+SETTINGS = {"MODEL": WORKERS_MODEL["MODEL"]}
 SETTINGS |= {"BATCH_SIZE": 16, "EPOCHS": 2, "STEPS_PER_EPOCH": 100, "STEPS_PER_CALL": 4}
 SETTINGS |= {"CHECKPOINT_EVERY": 40, "LOG_EVERY": 50, "WORKER_START_TIMEOUT": 60}
 SHA = re.compile(r"weights sha256 ([0-9a-f]{16})")
