@@ -16,6 +16,7 @@ from tests.conftest import REPO, clean_env, read_summary, run_python, run_train,
 from tests.test_elastic import relative_difference
 from train.batches import accumulation_changed, batch_plan, describe_batch
 from train.errors import SettingsError
+from train.model_file import DEFAULT_MODEL
 from train.settings import load_settings
 
 # 600 steps of 256 (the measure); no checkpoint or log cuts a call short
@@ -107,7 +108,9 @@ def test_accumulating_4_micro_batches_ends_where_the_unaccumulated_run_does(
 def test_two_workers_accumulating_end_where_one_device_unaccumulated_does(tmp_path, tfds_data_dir, unaccumulated):
     from tests.test_multi_worker import run_workers
 
-    workers = run_workers(tmp_path, [{}, {}], tfds_data_dir, **{**ACCUMULATE, "BATCH_SIZE": 32, "STEPS_PER_CALL": 8})
+    # the documented MLP, as `unaccumulated` trains it: BatchNormalization's moments are a micro-batch's
+    workers = run_workers(tmp_path, [{}, {}], tfds_data_dir, **{**ACCUMULATE, "BATCH_SIZE": 32, "STEPS_PER_CALL": 8,
+                                                              "MODEL": DEFAULT_MODEL})  # fmt: skip
     assert [code for code, _ in workers] == [0, 0], workers[0][1][-3000:]
     summary = read_summary(tmp_path / "run")
     assert (summary["workers"], summary["accumulation"], summary["global_batch"]) == (2, 4, 256)

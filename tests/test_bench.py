@@ -130,7 +130,7 @@ def test_unknown_lever_is_refused_before_anything_runs(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         "error: --levers JIT is not a lever: use all or some of STEPS_PER_CALL, JIT_COMPILE, MIXED_PRECISION, "
-        "DATA_IN_MEMORY, CROSS_DEVICE_OPS, DEVICE_PREFETCH"
+        "DATA_IN_MEMORY, CROSS_DEVICE_OPS, DEVICE_PREFETCH, SYNC_BATCH_NORM"
     )
 
 

@@ -103,11 +103,11 @@ def test_a_run_resumed_on_another_replica_count_ends_where_the_uninterrupted_one
 
 @pytest.mark.slow
 def test_two_workers_resumed_on_one_end_where_the_two_do(tmp_path, tfds_data_dir):
-    from tests.test_multi_worker import run_workers
+    from tests.test_multi_worker import WORKERS_MODEL, run_workers
 
     (tmp_path / "straight").mkdir()
     (tmp_path / "moved").mkdir()
-    common = {**ELASTIC, "EPOCHS": 3, "STEPS_PER_CALL": 8}
+    common = {**ELASTIC, **WORKERS_MODEL, "EPOCHS": 3, "STEPS_PER_CALL": 8}
     straight = run_workers(tmp_path / "straight", [{}, {}], tfds_data_dir, **common)
     assert [code for code, _ in straight] == [0, 0], straight[0][1][-3000:]
     first = run_workers(tmp_path / "moved", [{}, {}], tfds_data_dir, **{**common, "EPOCHS": 1})
@@ -215,10 +215,10 @@ def test_a_streamed_pass_resumed_on_fewer_workers_reads_every_unread_example_onc
 
 @pytest.mark.slow
 def test_streamed_two_workers_resumed_on_one_mid_pass_finish_that_pass_then_train_the_rest(tmp_path, tfds_data_dir):
-    from tests.test_multi_worker import run_workers
+    from tests.test_multi_worker import WORKERS_MODEL, run_workers
 
-    common = {**ELASTIC, "STEPS_PER_EPOCH": None, "EPOCHS": 2, "DATA_IN_MEMORY": "false", "CHECKPOINT_EVERY": 20,
-              "KEEP_CHECKPOINTS": 20, "STEPS_PER_CALL": 4}  # fmt: skip
+    common = {**ELASTIC, **WORKERS_MODEL, "STEPS_PER_EPOCH": None, "EPOCHS": 2, "DATA_IN_MEMORY": "false",
+              "CHECKPOINT_EVERY": 20, "KEEP_CHECKPOINTS": 20, "STEPS_PER_CALL": 4}  # fmt: skip
     first = run_workers(tmp_path, [{}, {}], tfds_data_dir, **common)
     assert [code for code, _ in first] == [0, 0], first[0][1][-3000:]
     run = tmp_path / "run"
@@ -235,9 +235,9 @@ def test_streamed_two_workers_resumed_on_one_mid_pass_finish_that_pass_then_trai
 
 @pytest.mark.slow
 def test_one_worker_resumed_on_two_ends_where_the_one_does(tmp_path, tfds_data_dir):
-    from tests.test_multi_worker import run_workers
+    from tests.test_multi_worker import WORKERS_MODEL, run_workers
 
-    common = {**ELASTIC, "EPOCHS": 3, "STEPS_PER_CALL": 8}
+    common = {**ELASTIC, **WORKERS_MODEL, "EPOCHS": 3, "STEPS_PER_CALL": 8}
     straight = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "straight", TFDS_DATA_DIR=tfds_data_dir,
                          **common)  # fmt: skip
     assert straight.returncode == 0, straight.stderr[-3000:]

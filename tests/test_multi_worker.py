@@ -27,7 +27,12 @@ from train.settings import load_settings
 
 DEAD_PEER_BOUND = 30.0  # seconds: 1-9 s for SIGKILL alone; 20.7 s in CI with the Docker builds beside the tests
 HUNG_PEER_BOUND = 25.0  # measured 8-11 s for SIGSTOP
-SETTINGS = {"BATCH_SIZE": 16, "EPOCHS": 2, "STEPS_PER_EPOCH": 100, "STEPS_PER_CALL": 4}
+# A model with BatchNormalization: every replica of every worker updates its own copy of the moving statistics.
+# tests/test_elastic.py resumes its runs on another worker count: with SYNC_BATCH_NORM=true, where 2 workers' batch
+# moments are the 1 worker's.
+WORKERS_MODEL = {"MODEL": REPO / "tests" / "harness" / "batch_norm_model.py", "SYNC_BATCH_NORM": "true"}
+SETTINGS = {"MODEL": WORKERS_MODEL["MODEL"]}
+SETTINGS |= {"BATCH_SIZE": 16, "EPOCHS": 2, "STEPS_PER_EPOCH": 100, "STEPS_PER_CALL": 4}
 SETTINGS |= {"CHECKPOINT_EVERY": 40, "LOG_EVERY": 50, "WORKER_START_TIMEOUT": 60}
 SHA = re.compile(r"weights sha256 ([0-9a-f]{16})")
 
@@ -535,3 +540,48 @@ def test_sigterm_to_the_launcher_stops_every_worker_with_42(tmp_path, tfds_data_
     assert launcher.returncode == 42, output[-3000:]
     assert "[launch] exit codes [42, 42]" in output
     assert read_summary(run)["interrupted"]
+
+
+@pytest.mark.slow
+def test_workers_that_end_with_different_weights_each_say_so_and_the_chief_keeps_every_hash_and_its_checkpoint(
+    tmp_path, tfds_data_dir, workers_factory
+):
+    run = tmp_path / "run"
+    drifting = SETTINGS | {"MODEL": REPO / "tests" / "harness" / "drifting_model.py", "EPOCHS": 1,
+                           "STEPS_PER_EPOCH": 8}  # fmt: skip
+    workers = workers_factory(2, run, tfds_data_dir, **drifting)
+    assert workers.wait(timeout=120) == [1, 1], (workers.log(0)[-3000:], workers.log(1)[-3000:])
+    logged = (run / "crash.log").read_text()
+    hashes = re.findall(r"^worker (\d): ([0-9a-f]{64})$", logged, re.MULTILINE)
+    assert [index for index, _ in hashes] == ["0", "1"] and hashes[0][1] != hashes[1][1], logged
+    for index in (0, 1):
+        line = workers.last_line(index)
+        assert line.startswith(f"error: worker {index} of 2: the workers ended with different weights (worker 0: "
+                               f"{hashes[0][1][:12]}, worker 1: {hashes[1][1][:12]})"), line  # fmt: skip
+        assert "this is a bug" in line and "lost contact" not in workers.log(index)
+    assert f"every worker's hash is in {run / 'crash.log'}" in workers.last_line(0)
+    assert (run / "checkpoints" / "ckpt-8.index").is_file()
+    assert not (run / "summary.json").exists() and not (run / "model.keras").exists()
+
+
+@pytest.mark.slow
+def test_the_resnet_example_on_two_workers_ends_with_equal_weights_and_its_export_scores_as_the_summary_says(
+    tmp_path, photos_data_dir, workers_factory
+):
+    run = tmp_path / "run"
+    settings = {"MODEL": REPO / "examples" / "resnet.py", "DATASET": "synthetic_photos", "TRAIN_SPLIT": "train[:32]",
+                "EVAL_SPLIT": "test[:32]", "BATCH_SIZE": 8, "EPOCHS": 1, "STEPS_PER_EPOCH": 2, "STEPS_PER_CALL": 1,
+                "WORKER_START_TIMEOUT": 60}  # fmt: skip
+    workers = workers_factory(2, run, photos_data_dir, **settings)
+    assert workers.wait(timeout=240) == [0, 0], (workers.log(0)[-3000:], workers.log(1)[-3000:])
+    hashes = [SHA.findall(workers.last_line(index)) for index in (0, 1)]
+    assert hashes[0] and hashes[0] == hashes[1], hashes
+    summary = read_summary(run)
+    assert (summary["workers"], summary["replicas"], summary["steps"]) == (2, 2, 2)
+    # on this host: the run's own settings but for its STRATEGY
+    exported = run_train("evaluate", "--exported", "--output-dir", str(run), cwd=tmp_path, MODEL=None,
+                         STRATEGY="auto", TFDS_DATA_DIR=photos_data_dir)  # fmt: skip
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    report = json.loads(exported.stdout[exported.stdout.index("{") :])
+    assert report["loss"] == pytest.approx(summary["eval"]["loss"], rel=1e-5)
+    assert report["accuracy"] == pytest.approx(summary["eval"]["accuracy"], abs=1e-6)

@@ -23,6 +23,7 @@ import keras
 import tensorflow as tf
 
 from train.errors import SettingsError
+from train.keras_seams import all_layers
 from train.model_file import overrides_train_step
 
 
@@ -59,6 +60,8 @@ def accumulating_replica_step(
     network, serving, optimizer = built.network, built.serving, built.optimizer
     variables = network.trainable_variables
     loss_scaled = built.loss_scaled
+    # SYNC_BATCH_NORM: each micro-batch's moments are all-reduced over the replicas (the micro-batch x the replicas)
+    synchronized = any(getattr(layer, "synchronized", False) for layer in all_layers(serving))
 
     def replica_step(*args):
         features, labels = _micro_batches(feed.replica_batch(*args), accumulation)
@@ -81,9 +84,14 @@ def accumulating_replica_step(
             return index + 1, summed
 
         zeros = [tf.zeros_like(variable) for variable in variables]
-        _, sums = tf.while_loop(
-            lambda index, _: index < accumulation, micro_step, (tf.constant(0), zeros), parallel_iterations=1
-        )
+        if synchronized:  # an all-reduce in a while loop's body is refused by tf.distribute (merge_call): unrolled
+            sums = zeros
+            for index in range(accumulation):
+                _, sums = micro_step(tf.constant(index), sums)
+        else:
+            _, sums = tf.while_loop(
+                lambda index, _: index < accumulation, micro_step, (tf.constant(0), zeros), parallel_iterations=1
+            )
         gradients = all_reduce([total if kept else None for total, kept in zip(sums, reached, strict=True)])
         optimizer.apply(gradients, variables)  # unscales, skips an overflowed step, clips, updates
         if not loss_scaled:

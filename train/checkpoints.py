@@ -94,6 +94,8 @@ class RunCheckpoint:
         return found
 
     def save(self, step: int, skipped: int) -> None:
+        """The replicas' statistics averaged (train.replica_statistics), then saved: what a restore gives each."""
+        self.built.average_statistics()
         save_checkpoint(self.manager, step, skipped)
 
 

@@ -36,7 +36,7 @@ from typer.core import TyperCommand
 
 from train import hparams
 from train.errors import EXIT_FAILED, EXIT_PREEMPTED, BusyError, SettingsError, Stopped, TrainingError, first_line
-from train.rundir import StopRequest, check_same_model, preflight, write_json
+from train.rundir import CRASH_LOG, StopRequest, check_same_model, preflight, write_json
 from train.settings import FIELDS, FIELDS_BY_ENV, Settings, load_settings, peek_hyperparameters
 
 app = typer.Typer(
@@ -98,9 +98,6 @@ def _fail(message: str, code: int) -> None:
 
 def _warn(message: str) -> None:
     typer.echo(f"warning: {message}", err=True)
-
-
-CRASH_LOG = "crash.log"  # in OUTPUT_DIR: the traceback of every failure the engine did not foresee
 
 
 def _crash(error: Exception, settings: Settings | None) -> None:

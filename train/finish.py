@@ -3,17 +3,21 @@ through train.writer). A stop by a signal writes the summary of where it stopped
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from train.callbacks import Callbacks
 from train.checkpoints import RunCheckpoint
+from train.cluster.workers import WeightsDiffer
 from train.data import TrainSplit
+from train.errors import TrainingError
 from train.loop import Outcome
 from train.model import averaged_weights, weights_fingerprint
 from train.model_file import model_fingerprint
 from train.progress import evaluation_notice, format_metrics
 from train.run_state import Position, Start
+from train.rundir import CRASH_LOG
 from train.writer import SummaryWriters, Writer
 
 Evaluate = Callable[[TrainSplit, int], dict[str, Any]]
@@ -38,6 +42,7 @@ def summary(start: Start, position: Position, checkpoint: RunCheckpoint, outcome
         "jit_compile": start.jit_compile,
         "precision": runtime.precision,
         "deterministic": runtime.deterministic,
+        "sync_batch_norm": settings.sync_batch_norm,
         # Under XLA on several replicas TensorFlow uses its own collective all-reduce, whatever CROSS_DEVICE_OPS says.
         "cross_device_ops": "xla collective" if xla and runtime.replicas > 1 else runtime.cross_device_ops,
         "steps": outcome.step,
@@ -68,6 +73,7 @@ def finish(
     for each in scalars.values():
         each.flush()
     say, peers, built = start.say, start.peers, start.built
+    built.average_statistics()  # what is evaluated, exported and compared across workers: the replicas' mean
     fingerprint = weights_fingerprint(built)
     result = summary(start, position, checkpoint, outcome, fingerprint) | callbacks.summary()
     if outcome.interrupted:
@@ -75,7 +81,10 @@ def finish(
             "command again to resume.")  # fmt: skip
         writer.summary(result)
         return result
-    peers.agree_on_weights(fingerprint)
+    try:
+        peers.agree_on_weights(fingerprint)
+    except WeightsDiffer as error:
+        raise _weights_differ(error, start, checkpoint, writer) from None
     callbacks.use_best()  # MONITOR: the best epoch's weights are evaluated and exported
     settings, data = start.settings, start.data
     batch = position.runtime.micro_global_batch  # evaluation fits wherever training fits
@@ -95,3 +104,17 @@ def finish(
         f"{format_metrics(result['eval'])}{exported}.")  # fmt: skip
     peers.done()
     return result
+
+
+def _weights_differ(error: WeightsDiffer, start: Start, checkpoint: RunCheckpoint, writer: Writer) -> TrainingError:
+    """The workers' weights differ (a bug of ours): the chief records every worker's hash in crash.log and keeps the
+    last checkpoint; every worker says it in one line."""
+    header = f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}: the workers ended with different weights (sha256)\n"
+    log = writer.crash(header + "".join(f"worker {index}: {value}\n" for index, value in enumerate(error.hashes)))
+    kept = f"checkpoint {checkpoint.latest} is kept" if checkpoint.latest else "the chief keeps the last checkpoint"
+    where = f"every worker's hash is in {log}" if log else f"the chief's {start.output_dir / CRASH_LOG} has every hash"
+    return TrainingError(
+        f"worker {start.peers.worker_index} of {start.peers.workers}: the workers ended with different weights "
+        f"({error}): the replicas were not kept in sync; this is a bug; {kept}; {where}: please report it with "
+        "the logs of every worker"
+    )

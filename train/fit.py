@@ -115,6 +115,7 @@ def _train(
                             settings.epochs, first)  # fmt: skip
 
         def evaluate_epoch(runtime: Runtime = runtime, progress: Lines = progress) -> dict[str, float | list]:
+            start.built.average_statistics()  # the replicas' mean, as the export will hold it
             with averaged_weights(start.built), progress.evaluating(settings.eval_split, len(data.eval)):
                 return evaluate(data.eval, runtime.micro_global_batch)
 

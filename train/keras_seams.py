@@ -18,6 +18,11 @@ Keras 3.15.1 (pinned in pyproject.toml). If an upgrade moves one of these, the t
   Only for the engine's own step: a model's own train_step applies optimizers that keep this sum, as in Keras
   (train/custom_step.py; tests/test_custom_step.py).
 - `model._flatten_layers`: every layer, nested ones included, as Keras's own `model_supports_jit` walks them.
+- `layer._non_trainable_variables`: the variables a layer made with `trainable=False`; `non_trainable_weights`
+  also lists the weights of a layer frozen by `trainable = False`. The replicas' statistics are the former
+  (train.replica_statistics; tests/test_statistics.py).
+- `node.arguments` and a KerasTensor's `_keras_mask`: whether a functional model calls a layer with a mask
+  (SYNC_BATCH_NORM's warning; tests/test_statistics.py).
 - `MonitorCallback._set_monitor_op`: MONITOR's direction as Keras's mode="auto" decides it (the name "loss", or
   a compiled metric's `_direction`), asked of an EarlyStopping (tests/test_experiment.py).
 """
@@ -62,6 +67,22 @@ def gradients_come_summed(optimizer: keras.optimizers.Optimizer) -> None:
 
 def all_layers(model: keras.Model) -> list[keras.layers.Layer]:
     return list(model._flatten_layers(include_self=False))
+
+
+def made_non_trainable(layer: keras.layers.Layer) -> list[keras.Variable]:
+    """The variables `layer` itself made non-trainable (not its sublayers', not those frozen by `trainable`)."""
+    return list(layer._non_trainable_variables)
+
+
+def called_with_mask(layer: keras.layers.Layer) -> bool:
+    """Whether a functional model calls `layer` on a masked tensor, or passes it a mask."""
+    for node in getattr(layer, "_inbound_nodes", ()):
+        arguments = node.arguments
+        if arguments.kwargs.get("mask") is not None:
+            return True
+        if any(getattr(tensor, "_keras_mask", None) is not None for tensor in arguments.keras_tensors):
+            return True
+    return False
 
 
 def monitor_direction(model: keras.Model, monitor: str) -> str | None:

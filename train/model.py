@@ -32,6 +32,7 @@ from train.hparams import CONTEXT
 from train.keras_seams import all_layers, build_metrics_and_loss, compiled, gradients_come_summed, inner_optimizers
 from train.model_file import load_model_file, overrides, overrides_train_step
 from train.outputs import name_outputs
+from train.replica_statistics import ReplicaStatistics, replica_state, synchronize_batch_norm
 from train.settings import Settings
 
 # A replica's random stream is the seed's, moved by this much per replica id: replicas and workers draw
@@ -47,13 +48,21 @@ CONVOLUTIONS = (
 @dataclass(frozen=True)
 class Built:
     """The fork's compiled model (`network`: its loss, metrics, optimizer) and the model that trains and is
-    exported (`serving`: input, scaling, then `network`); `seeds`: every random layer's state."""
+    exported (`serving`: input, scaling, then `network`); `seeds`: every random layer's state; `statistics`: the
+    state each replica updates alone (BatchNormalization's moving statistics), averaged by `average_statistics`."""
 
     network: keras.Model
     serving: keras.Model
     spec: DatasetSpec
     seeds: tuple[tf.Variable, ...]
     custom_step: Any = None  # train.custom_step.CustomStep where the model brings its own train_step: it is the step
+    statistics: ReplicaStatistics | None = None
+
+    def average_statistics(self) -> None:
+        """Every replica's and worker's copy of the replica state made their mean (a collective across workers):
+        before each checkpoint, each evaluation, the export and the workers' final agreement check."""
+        if self.statistics is not None:
+            self.statistics.average()
 
     @property
     def model_input(self) -> Any:
@@ -194,9 +203,10 @@ def _serving_model(settings: Settings, network: keras.Model, spec: DatasetSpec) 
     return keras.Model(inputs, outputs, name=f"{network.name}_serving")
 
 
-def build(settings: Settings, spec: DatasetSpec, strategy, context: Context | None = None) -> Built:
+def build(settings: Settings, spec: DatasetSpec, strategy, context: Context | None = None, say=None) -> Built:
     """MODEL's model for this dataset, made inside the strategy's scope, checked, with its optimizer built.
-    `context`: the run's facts, for a build_model that declares it (train.context.run_context).
+    `context`: the run's facts, for a build_model that declares it (train.context.run_context). `say`: where
+    SYNC_BATCH_NORM's warnings go (None: nowhere, for the commands that do not train).
 
     Raises SettingsError for a model that breaks the contract, before anything is written."""
     # train.custom_step imports train.step, which imports this module: imported here, once a model is built
@@ -205,6 +215,8 @@ def build(settings: Settings, spec: DatasetSpec, strategy, context: Context | No
     keras.utils.set_random_seed(settings.seed)
     with strategy.scope():
         network = _call_build_model(settings, spec, context)
+        if settings.sync_batch_norm:
+            synchronize_batch_norm(network, say or (lambda line: None))
         refuse_unrunnable(settings.model, network)
         custom = overrides_train_step(network)
         if custom:
@@ -225,7 +237,8 @@ def build(settings: Settings, spec: DatasetSpec, strategy, context: Context | No
             gradients_come_summed(network.optimizer)
     weights = {id(variable) for variable in serving.weights}
     seeds = tuple(variable.value for variable in serving.variables if id(variable) not in weights)
-    built = Built(network, serving, spec, seeds, custom_step)
+    statistics = ReplicaStatistics(replica_state(serving), strategy)
+    built = Built(network, serving, spec, seeds, custom_step, statistics)
     spread_seeds(built, strategy)
     return built
 

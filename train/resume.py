@@ -77,7 +77,7 @@ def run_record(start: Start, position: Position) -> dict[str, Any]:
     return {
         "model": settings.model, "model_sha256": model_fingerprint(settings.model),
         "jit_compile": start.jit_compile, "data_in_memory": start.data.in_memory,
-        "precision": position.runtime.precision, "data": start.identity,
+        "precision": position.runtime.precision, "data": start.identity, "sync_batch_norm": settings.sync_batch_norm,
         "features": start.features,  # what predict on files needs of the data: it opens no source
         "adapted": start.adapted,  # what MODEL's adapt fitted (train.adapt): a later start must fit the same
         **{key: recorded[key] for key in ("jit_compile", "data_in_memory", "precision", "adapted") if key in recorded},

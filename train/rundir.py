@@ -92,6 +92,7 @@ def check_output_dir(path: Path) -> None:
 LOCK = ".lock"  # in OUTPUT_DIR: held (flock) by the process that trains there; it says who that is
 RUN = "run.json"  # in OUTPUT_DIR: what the run's first start resolved (model hash, XLA, data in memory, precision)
 EPOCHS = "epochs.json"  # in OUTPUT_DIR: each epoch's logs, as the callbacks got them (train.callbacks replays them)
+CRASH_LOG = "crash.log"  # in OUTPUT_DIR: what a bug left (a traceback; the workers' hashes where they differed)
 
 
 class RunLock:
@@ -276,6 +277,19 @@ def check_same_model(settings: Settings) -> None:
         )
 
 
+def check_same_sync_batch_norm(settings: Settings) -> None:
+    """SYNC_BATCH_NORM defines what every step of the run computed: a run directory trained with the other value is
+    refused in one line (run.json records it)."""
+    recorded = read_run(settings.output_dir).get("sync_batch_norm")
+    if recorded is None or recorded == settings.sync_batch_norm:
+        return
+    was, now = str(recorded).lower(), str(settings.sync_batch_norm).lower()
+    raise SettingsError(
+        f"SYNC_BATCH_NORM={now}, but OUTPUT_DIR={settings.output_dir} was trained with SYNC_BATCH_NORM={was}: it "
+        f"defines the run. Set SYNC_BATCH_NORM={was} to go on with it, or use another OUTPUT_DIR"
+    )
+
+
 # What a run keeps in OUTPUT_DIR: True for a folder it writes into, False for a file it replaces whole.
 RUN_ENTRIES = {
     RUN_SETTINGS: False, RUN: False, EPOCHS: False, "summary.json": False, LOCK: False, "model.keras": False,
@@ -412,6 +426,7 @@ def preflight(settings: Settings, warn: Callable[[str], None] = lambda message: 
     check_output_dir(output_dir)
     check_run_files(output_dir)
     check_same_model(settings)  # reads run.json: a damaged one is refused
+    check_same_sync_batch_norm(settings)
     # Across workers the chief says it once they have joined (train.cluster.workers), so that every worker ends
     # with the same exit code: a worker that stopped here would leave the others waiting for it.
     if not settings.multi_worker and holder(settings.output_dir) is not None:

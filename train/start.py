@@ -101,7 +101,7 @@ def _decide_xla(
 def _build(settings: Settings, runtime: Runtime, data: Data, say: Say):
     """The context and the model; MIXED_PRECISION=auto gives a model's own train_step float32 (train.model)."""
     context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))  # a split under one
-    built = build(settings, data.spec, runtime.strategy, context)  # global batch, a bad model: before writing
+    built = build(settings, data.spec, runtime.strategy, context, say)  # global batch, a bad model: before writing
     if built.custom_step is not None and runtime.precision == "mixed_float16":
         say(f"MIXED_PRECISION=auto: {OWN_STEP_PRECISION}.")
         runtime = runtime.with_precision("float32")

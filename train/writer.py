@@ -12,6 +12,7 @@ never asks which worker it is on to write it:
 | `epochs.json`                 | `epochs`             | every epoch's end (train.callbacks)                       |
 | `model.keras`, `saved_model/` | `export`             | the end (train.finish)                                    |
 | `summary.json`                | `summary`            | the end, or a stop                                        |
+| `crash.log`                   | `crash`              | the end, where the workers' weights differ (a bug)        |
 
 The checkpoints are not here: saving one is a collective of every worker (train.checkpoints, `peers`).
 """
@@ -27,7 +28,7 @@ import tensorflow as tf
 from train.cluster.workers import SingleHost
 from train.errors import TrainingError, first_line, storage_fix
 from train.model import Built, export, model_to_export
-from train.rundir import EPOCHS, RUN, RunLock, read_run, write_json
+from train.rundir import CRASH_LOG, EPOCHS, RUN, RunLock, read_run, write_json
 from train.settings import RUN_SETTINGS, Settings, changed_settings
 
 Say = Callable[[str], None]
@@ -79,6 +80,10 @@ class Writer:
     def note(self, message: str) -> None:
         """A message about the run directory, or one the chief says for every worker."""
 
+    def crash(self, text: str) -> Path | None:
+        """`text` appended to crash.log, what a bug left to report; where it is (None: not written here)."""
+        return None
+
 
 class ChiefWriter(Writer):
     """The chief (or the only process): everything in OUTPUT_DIR is written here."""
@@ -120,6 +125,16 @@ class ChiefWriter(Writer):
                 f"could not export the model to {self.output_dir} ({first_line(error, 160)}); checkpoint "
                 f"{latest} is intact: {storage_fix(error, self.output_dir)} and run again to export"
             ) from None
+
+    def crash(self, text: str) -> Path | None:
+        path = self.output_dir / CRASH_LOG
+        try:
+            with open(path, "a", encoding="utf-8") as stream:
+                stream.write(text)
+        except OSError as error:
+            self.say(f"warning: could not write {path} ({error.strerror or error}): {text.strip()}")
+            return None
+        return path
 
     def scalars(self) -> SummaryWriters:
         logs = self.output_dir / "logs"

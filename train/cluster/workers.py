@@ -112,6 +112,14 @@ class WorkerCheckpoints:
         return ""
 
 
+class WeightsDiffer(Exception):
+    """The workers ended with different weights (a bug of ours): every worker's hash, the chief's first."""
+
+    def __init__(self, hashes: list[str]) -> None:
+        super().__init__(", ".join(f"worker {index}: {value[:12]}" for index, value in enumerate(hashes)))
+        self.hashes = hashes
+
+
 class Preempted(Exception):
     """Raised by the preemption handler's exit function once every worker has saved."""
 
@@ -219,7 +227,7 @@ class SingleHost:
         return f"by {self.stop.signal_name}"
 
     def agree_on_weights(self, fingerprint: str) -> None:
-        """At the end: every worker holds the same weights (a bug if not)."""
+        """At the end: every worker holds the same weights. Raises WeightsDiffer (a bug) on every worker if not."""
 
     def done(self) -> None:
         """The very end: no worker leaves while another still needs it."""
@@ -315,17 +323,12 @@ class Workers(SingleHost):
         return f"by {self.stop.signal_name}" if self.stop.signal_name else "because another worker was told to stop"
 
     def agree_on_weights(self, fingerprint: str) -> None:
-        """Every worker publishes a hash of its weights; the chief checks they are all its own (they must be)."""
-        self._set(f"weights/{self.worker_index}", fingerprint)
-        if not self.is_chief:
-            return
-        others = {index: self._get(f"weights/{index}") for index in range(1, self.workers)}
-        differ = [f"worker {index}: {value[:12]}" for index, value in others.items() if value != fingerprint]
-        if differ:
-            raise TrainingError(
-                f"the workers ended with different weights (chief: {fingerprint[:12]}; {', '.join(differ)}): "
-                "the replicas were not kept in sync; this is a bug, please report it with the logs of every worker"
-            )
+        """Every worker publishes a hash of its weights and reads every other's: where they differ, every worker
+        raises WeightsDiffer before any other collective, so that each says so (rather than that a peer went
+        away) and the chief records every hash."""
+        hashes = [each["sha256"] for each in self.all_gather("weights", {"sha256": fingerprint})]
+        if len(set(hashes)) > 1:
+            raise WeightsDiffer(hashes)
 
     def done(self) -> None:
         context.context().wait_at_barrier(_KEY + "end", END_BARRIER_SECONDS * 1000)

@@ -113,6 +113,7 @@ class Settings:
     learning_rate: float = setting("0.001", parse.positive_float, "Learning rate, passed to build_model.", **RW)
     seed: int = setting("42", parse.non_negative_int, "Seed of weights, data order, random layers: same run.", **RW)
     deterministic: bool = setting("false", parse.true_or_false, "Deterministic ops (same seed and hardware: same weights); slower.", **RW)
+    sync_batch_norm: bool = setting("false", parse.true_or_false, "BatchNormalization's batch moments over every replica's batch (small batches per replica).", **RW)
     output_dir: Path = setting("runs/default", parse.path, "Run directory: checkpoints, logs, summary, exported model.")
     checkpoint_every: int = setting("100", parse.positive_int, "Save a checkpoint every N steps (and at each epoch end).", **W)
     keep_checkpoints: int = setting("3", parse.positive_int, "How many recent checkpoints to keep.")

@@ -125,7 +125,7 @@ def _child_env(settings: Settings, **overrides: object) -> dict[str, str]:
     if is_path(settings.dataset):  # the children run in a folder of their own: the same files, wherever they run
         env["DATASET"] = str(Path(settings.dataset).expanduser().resolve())
     env.update({name: str(value) for name, value in overrides.items()})
-    package_root = str(Path(__file__).resolve().parents[1])
+    package_root = str(Path(__file__).resolve().parents[2])  # the folder that holds train/
     env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [os.environ.get("PYTHONPATH")])])
     return env
 
@@ -249,7 +249,11 @@ def compare_replica_counts(
 
 
 CALL_CUTTING = ("LOG_EVERY", "CHECKPOINT_EVERY")  # settings that end a call early (see call_steps)
-LEVERS = ("STEPS_PER_CALL", "JIT_COMPILE", "MIXED_PRECISION", "DATA_IN_MEMORY", "CROSS_DEVICE_OPS", "DEVICE_PREFETCH")
+LEVERS = ("STEPS_PER_CALL", "JIT_COMPILE", "MIXED_PRECISION", "DATA_IN_MEMORY", "CROSS_DEVICE_OPS", "DEVICE_PREFETCH",
+          "SYNC_BATCH_NORM")  # fmt: skip
+# SYNC_BATCH_NORM's lever needs a model with BatchNormalization (the default MLP has none): the ResNet example on its
+# offline photos, mirrored, at a small batch per replica (where synchronised statistics matter)
+BATCH_NORM_MODEL = Path(__file__).resolve().parents[2] / "examples" / "resnet.py"
 
 
 def lever_variants(on_gpus: bool) -> dict[str, list[dict[str, str]]]:
@@ -271,6 +275,19 @@ def lever_variants(on_gpus: bool) -> dict[str, list[dict[str, str]]]:
         "CROSS_DEVICE_OPS": [{**mirrored, "CROSS_DEVICE_OPS": value} for value in all_reduces],
         # GPUs only: how far tf.distribute copies ahead to each device (no effect on CPU devices)
         "DEVICE_PREFETCH": [{"DEVICE_PREFETCH": value} for value in ("1", "2", "4")],
+        "SYNC_BATCH_NORM": [
+            {
+                **mirrored,
+                "MODEL": str(BATCH_NORM_MODEL),
+                "DATASET": "synthetic_photos",
+                "TRAIN_SPLIT": "train",
+                "EVAL_SPLIT": "test",
+                "BATCH_SIZE": "16",
+                "GLOBAL_BATCH_SIZE": "",
+                "SYNC_BATCH_NORM": value,
+            }
+            for value in ("false", "true")
+        ],
     }
 
 
