@@ -24,7 +24,7 @@ from train import hparams
 from train.cluster.tf_config import parse_tf_config
 from train.errors import SettingsError
 from train.model_file import model_for_data, model_hyperparameters
-from train.settings.run import RUN_LAYER_OF_FIT, RUN_SETTINGS, run_layer
+from train.settings.run import MACHINE, RUN_LAYER_OF_FIT, RUN_SETTINGS, run_layer
 from train.settings.table import FIELDS, FIELDS_BY_ENV, Field, Settings, check_together
 
 
@@ -195,9 +195,10 @@ def _add_run_layer(
     layers: list[Mapping[str, str]], places: list[str], path: Path, warn: Callable[[str], None] | None,
     defining: bool = False,
 ) -> None:  # fmt: skip
-    """A run's settings.json: below the flags and the environment, above the files. `defining` (fit's): only what
-    defines the run, and a damaged file left to fit's preflight to refuse."""
-    layer = run_layer(path, None if defining else warn)
+    """A run's settings.json: below the flags and the environment, above the files, never with this machine's
+    settings (MACHINE: its devices and strategy are this host's, as a run trained on 2 workers is evaluated on one).
+    `defining` (fit's): only what defines the run, and a damaged file left to fit's preflight to refuse."""
+    layer = {name: value for name, value in run_layer(path, None if defining else warn).items() if name not in MACHINE}
     if defining:
         layer = {name: value for name, value in layer.items()
                  if name in RUN_LAYER_OF_FIT or name.startswith(hparams.PREFIX)}  # fmt: skip
