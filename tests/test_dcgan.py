@@ -6,6 +6,7 @@ trains, resumes and exports its generator, on 1 device and on 2 replicas. Each r
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -102,7 +103,11 @@ def test_the_dcgan_trains_on_a_tfds_dataset_without_a_label_on_two_replicas_and_
 def test_each_edit_the_published_dcgan_needed_is_one_whole_line_naming_the_fix(tmp_path, sketches_data_dir):
     """Without LABEL_KEY=none: the step is given (images, labels), or a dataset has no label; without export_model:
     there is nothing to export. Each before anything is written."""
-    folder = faces(tmp_path / "faces")
+    folder = faces(tmp_path / "faces")  # keras.io's one folder: one class, refused as such, naming LABEL_KEY=none
+    one = error_line(run_train("fit", cwd=tmp_path, **{**SMALL, "LABEL_KEY": None}, DATASET=folder,
+                               TFDS_DATA_DIR=tmp_path / "tfds", OUTPUT_DIR=tmp_path / "one"))  # fmt: skip
+    assert "holds one class folder" in one and one.endswith("set LABEL_KEY=none to train on the images without labels")
+    shutil.copytree(folder / "img_align_celeba", folder / "more_faces")  # two classes: labels reach the step
     labeled = error_line(run_train("fit", cwd=tmp_path, **{**SMALL, "LABEL_KEY": None}, DATASET=folder,
                                    TFDS_DATA_DIR=tmp_path / "tfds", OUTPUT_DIR=tmp_path / "labeled"))  # fmt: skip
     assert "its train_step failed on a batch" in labeled and labeled.endswith("set LABEL_KEY=none"), labeled

@@ -148,7 +148,9 @@ def load_settings(
     values = {field.attr: _value(field, _resolve(field.env, layers)) if data or field.env != "DATASET"
               else _resolve(field.env, layers) for field in FIELDS}  # fmt: skip
     # the documented MLP on a table's columns: behind their preprocessing (FEATURE_KEY set: on that one column)
-    values["model"] = model_for_data(values["model"], not values["feature_key"] and _is_table(values["dataset"]))
+    # (not `data`: the run's settings.json already names the model it trained)
+    table = data and not values["feature_key"] and _is_table(values["dataset"])
+    values["model"] = model_for_data(values["model"], table)
     batch_from = _batch_sizes(values, layers, places)
     declared = model_hyperparameters(values["model"])
     if warn:
