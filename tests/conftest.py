@@ -37,9 +37,15 @@ LONGEST_FIRST = (
 )  # fmt: skip
 
 
+SLOW_TIMEOUT = 1200  # seconds: a slow test's bound (pyproject.toml's `timeout`, 600, is every other test's)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order is kept
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
 
 
 def engine_defaults() -> dict[str, str]:
