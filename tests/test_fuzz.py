@@ -9,6 +9,7 @@ power over files where the tests run as root, so an unwritable file is unwritabl
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import random
@@ -20,7 +21,8 @@ import pytest
 
 from tests.conftest import REPO, clean_env, run_python, run_train
 from tests.harness.caps import can_drop_file_override
-from train.errors import EXIT_OK
+from train.errors import EXIT_OK, SettingsError
+from train.model_file import load_model_file
 from train.settings import FIELDS
 
 pytestmark = pytest.mark.skipif(not can_drop_file_override(), reason="root here cannot drop CAP_DAC_OVERRIDE")
@@ -141,7 +143,7 @@ IMAGE_FOLDER = """from pathlib import Path
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-ROOT = Path(__file__).parent / "photos"
+ROOT = Path(__file__).parent / "pictures"  # not the builder's name: DATASET="photos" is no folder in the cwd
 for split, label, index in [(s, c, i) for s in ("train", "test") for c in ("cat", "dog") for i in range(4)]:
     path = ROOT / split / label / f"{index}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -180,7 +182,9 @@ class Stepped(keras.Sequential):
 MISTAKES = {
     "no-get-config": (SUBCLASSED, 2, ("get_config",), None),  # issue 31 fixed it
     "lookup-table-in-preprocess": (LOOKUP + MODEL, 0, (), None),  # no mistake since issue 31: it trains and exports
-    "image-folder-builder": (IMAGE_MODEL, 0, (), None),  # no mistake since issue 30: it trains
+    # a registered tfds.ImageFolder opened by its name trains as a TFDS builder (run.json's kind "tfds"); this branch
+    # refuses it ("name its folder instead"): DATASET opening's rewrite (branch open, issue 43's item 2) makes it pass
+    "image-folder-builder": (IMAGE_MODEL, 0, (), "DATASET opening by a registered builder's name"),
     "train-step-not-a-dict": (NON_DICT_STEP, 2, ("train_step",), None),  # issue 32 fixed it
     "preprocess-raises-on-some-examples": (RAISES_ON_SOME + MODEL, 1, ("preprocess",), None),
 }
@@ -241,7 +245,8 @@ def damage_folder(path: Path, kind: str) -> None:
         take_away(path, kind)
 
 
-def damage_model(path: Path, kind: str, rng: random.Random) -> None:
+def damage_model(path: Path, kind: str, rng: random.Random) -> str:
+    """Writes the damaged MODEL file; returns the error class a raising case raises ("" for the others)."""
     text = MODELS[kind]
     if kind == "cut":
         path.write_text(MODEL[: rng.randrange(1, len(MODEL))])
@@ -257,6 +262,8 @@ def damage_model(path: Path, kind: str, rng: random.Random) -> None:
         path.write_text(text.format(k=rng.randint(1, 50), error=error, message="no GPU budget today"))
         if kind == "unreadable":
             path.chmod(0o000)
+        return error if "{error}" in text else ""
+    return ""
 
 
 def make_case(name: str, template: Path, folder: Path) -> dict:
@@ -264,11 +271,11 @@ def make_case(name: str, template: Path, folder: Path) -> dict:
     rng = random.Random(f"{SEED}:{name}")
     target, kind = name.rsplit(":", 1)
     shutil.copytree(template, folder, symlinks=True)
-    run, intact = folder / "run", NEWEST
+    run, intact, error = folder / "run", NEWEST, ""
     settings = {**SETTINGS, "OUTPUT_DIR": str(run)}
     if target == "model":
         (folder / "model.py").unlink()
-        damage_model(folder / "model.py", kind, rng)
+        error = damage_model(folder / "model.py", kind, rng)
         settings["OUTPUT_DIR"], intact = str(folder / "new-run"), None  # a new run: its model is built
     elif target == "leftover":
         leftover = run / LEFTOVERS[kind]
@@ -285,7 +292,7 @@ def make_case(name: str, template: Path, folder: Path) -> dict:
         readable = kind in ("unwritable", "another-user")
         intact = NEWEST - 2 if target.startswith(f"checkpoints/ckpt-{NEWEST}.") and not readable else intact
     env = {name: str(value) for name, value in settings.items()}
-    return {"name": name, "dir": str(folder), "env": env, "intact": intact,
+    return {"name": name, "dir": str(folder), "env": env, "intact": intact, "error": error,
             "commands": [["evaluate"], ["fit"], ["devices"]]}  # fmt: skip
 
 
@@ -324,6 +331,113 @@ def results(tmp_path_factory, tfds_data_dir) -> dict:
     return {case["name"]: {**case, **json.loads((base / "results.json").read_text())[case["name"]]} for case in cases}
 
 
+# What each case's commands must end in: {command: (exit code, what the error line says)}, the line a regular
+# expression searched with {run} (the case's run directory) and {dir} (its folder) filled in. A command left out
+# exits 0. BEFORE_TENSORFLOW: refusals that come before TensorFlow loads (the fuzz driver counts its loads).
+FILE_LINES = {
+    "a-folder": r"{run}/{target} is a folder, where a run keeps a file: move it away",
+    "dangling-symlink": r"{run}/{target} is a symlink to {run}/(checkpoints/)?nowhere/\S+, which does not exist",
+}
+RECORD_LINES = {  # the records a command reads: damaged or unreadable, each is refused by name
+    "truncated": r"{run}/{target} is damaged \(not JSON", "garbage": r"{run}/{target} is damaged \(not JSON",
+    "wrong-json": r"{run}/{target} is damaged \(", "unreadable": r"{run}/{target} cannot be read \(Permission denied",
+}  # fmt: skip
+UNWRITABLE = r"{run}/{target} is not writable by UID \d+, owned by UID"
+FOLDER_LINES = {
+    "a-file": r"{run}/{target} is a file, where a run keeps a folder: move it away",
+    "unwritable": UNWRITABLE, "unreadable": UNWRITABLE, "another-user": UNWRITABLE,
+    "dangling-symlink": r"{run}/{target} is a symlink to {run}/\S*nowhere, which does not exist",
+}  # fmt: skip
+NO_CHECKPOINT = (2, r"OUTPUT_DIR={run} has no checkpoint: run fit first")
+NOT_WRITABLE = (2, r"OUTPUT_DIR={run} is not writable by UID \d+ \(Permission denied at {run}\)")
+RUN_FOLDER = {  # OUTPUT_DIR itself
+    "deleted": {"evaluate": NO_CHECKPOINT},
+    "a-file": {"evaluate": (2, r"OUTPUT_DIR={run} is a file, not a run directory"),
+               "fit": (2, r"OUTPUT_DIR={run} cannot be created: {run} is a file")},
+    "unwritable": {"fit": NOT_WRITABLE}, "another-user": {"fit": NOT_WRITABLE},
+    "unreadable": {"evaluate": (2, r"{run}/checkpoints cannot be read by UID \d+ \(Permission denied\)"),
+                   "fit": NOT_WRITABLE},
+    "dangling-symlink": {"evaluate": NO_CHECKPOINT,
+                         "fit": (2, r"OUTPUT_DIR={run} is a symlink to {dir}/nowhere, which does not exist")},
+}  # fmt: skip
+ON_IMPORT = r"MODEL='model.py' could not be imported \({error}: {message}\)"
+NO_BUILD_MODEL = r"MODEL='model.py' has no build_model: define build_model\(input_shape, num_classes, learning_rate\)"
+NOT_A_FILE = r"MODEL='model.py' is not a file \(from {dir}\): give a .py file that defines build_model"
+MODEL_LINES = {  # what every command of a new run with this MODEL says; None: it trains
+    "missing-import": ON_IMPORT.format(error="ModuleNotFoundError", message="No module named 'not_a_module_anywhere'"),
+    "wrong-signature": r"build_model\(\(32,\), 10, 0\.001\) raised TypeError: build_model\(\) takes 1 positional",
+    "more-classes": r"its output \(None, (\d+)\) scores \1 classes, but each label of synthetic_clusters/1\.0\.0",
+    "one-output": r"its output \(None, 1\) scores 1 class, but each label of synthetic_clusters/1\.0\.0",
+    "extra-axis": r"its output \(None, 10, 1\) does not fit the labels of synthetic_clusters/1\.0\.0",
+    "integer-output": r"its output is int32, through which no gradient flows",
+    "raises": r"build_model\(\(32,\), 10, 0\.001\) raised {error}: '?no GPU budget today",
+    "returns-none": r"build_model returned NoneType, not a keras\.Model",
+    "not-compiled": r"build_model returned a model that is not compiled: call model\.compile",
+    "not-a-function": NO_BUILD_MODEL,
+    "raises-on-import": ON_IMPORT.format(error="RuntimeError", message="no licence server"),
+    "tuple-hyperparameter": r"build_model's keyword-only parameter sizes=\(8, 8\) is a tuple, but a hyperparameter",
+    "positional-context": r"build_model's context is not keyword-only: declare it after a `\*`",
+    "empty": NO_BUILD_MODEL,
+    "a-folder": NOT_A_FILE,
+    "unreadable": r"MODEL='model.py': model.py cannot be read \(Permission denied\)",
+    "dangling-symlink": NOT_A_FILE,
+}
+CALLBACK_LINES = {  # a new run's evaluate has no checkpoint; fit builds the model, then the callbacks
+    "callbacks-raise": r"MODEL='model.py': build_callbacks\(context\) raised {error}: '?no GPU budget today",
+    "callbacks-not-a-list": r"MODEL='model.py': build_callbacks returned int: return a list of keras\.callbacks",
+}
+# (and every refusal of a damaged run directory but "has no checkpoint")
+BEFORE_TENSORFLOW = {"model:cut", "model:garbage-bytes", "model:tuple-hyperparameter", "model:a-folder",
+                     "model:unreadable", "model:dangling-symlink"}  # fmt: skip
+
+
+def model_expected(kind: str, model: Path) -> dict[str, tuple[int, str]]:
+    """A damaged MODEL's outcome. `cut` and `garbage-bytes` are drawn: what was drawn says whether it parses."""
+    if kind in CALLBACK_LINES:
+        return {"evaluate": (2, r"OUTPUT_DIR={dir}/new-run has no checkpoint"), "fit": (2, CALLBACK_LINES[kind])}
+    if kind in ("cut", "garbage-bytes"):
+        try:
+            ast.parse(model.read_bytes())
+        except (SyntaxError, ValueError):
+            line = (2, r"MODEL='model.py' does not parse: model.py(, line \d+)?: ")
+            return {"evaluate": line, "fit": line, "devices": line}
+        if model.read_text().strip() == MODEL.strip():  # cut only the last newline: the template model
+            return {}
+        return {"evaluate": (2, "MODEL='model.py'"), "fit": (2, "MODEL='model.py'")}
+    line = (2, MODEL_LINES[kind])
+    before = f"model:{kind}" in BEFORE_TENSORFLOW
+    return {"evaluate": line, "fit": line, **({"devices": line} if before else {})}
+
+
+def expected(name: str, model: Path) -> dict[str, tuple[int, str]]:
+    """What `name`'s commands end in (exit 0 where a command is left out)."""
+    target, kind = name.rsplit(":", 1)
+    if target == "model":
+        return model_expected(kind, model)
+    if target == "leftover":
+        return {}
+    if target == "./":
+        return RUN_FOLDER[kind]
+    if target.endswith("/"):
+        found = {"fit": (2, FOLDER_LINES[kind])} if kind in FOLDER_LINES else {}
+        if target == "checkpoints/":
+            if kind in ("deleted", "a-file", "dangling-symlink"):
+                found["evaluate"] = NO_CHECKPOINT
+            elif kind == "unreadable":
+                found["evaluate"] = (2, r"{run}/checkpoints cannot be read by UID \d+ \(Permission denied")
+        return found
+    found = {"fit": (2, FILE_LINES[kind])} if kind in FILE_LINES else {}
+    if target in ("run.json", "epochs.json") and kind in RECORD_LINES:
+        found["fit"] = (2, RECORD_LINES[kind])
+    if target == "run.json" and (kind in RECORD_LINES or kind == "a-folder"):
+        found["evaluate"] = (2, RECORD_LINES.get(kind, r"{run}/{target} cannot be read \(Is a directory"))
+    if target == ".lock" and kind in ("unwritable", "unreadable", "another-user"):
+        found["fit"] = (2, r"OUTPUT_DIR={run} cannot be locked: {run}/\.lock cannot be opened for writing by UID")
+    if target.startswith("checkpoints/ckpt-") and kind == "unreadable":
+        found["fit"] = (2, r"{run}/{target} is not readable by UID \d+, owned by UID")
+    return found
+
+
 TABLE = (REPO / "README.md").read_text().split("## Exit codes", 1)[1].split("\n## ", 1)[0]
 EXIT_CODES = {int(code) for code in re.findall(r"^\| (\d+) \|", TABLE, flags=re.MULTILINE)}
 SETTING_NAMES = tuple(field.env for field in FIELDS)
@@ -344,6 +458,17 @@ def test_every_command_ends_in_a_documented_code_without_a_traceback_and_keeps_t
             last = run["stderr"].strip().splitlines()[-1] if run["stderr"].strip() else ""
             assert last.startswith("error: "), said
             assert case["dir"] in last or any(f"{setting}=" in last for setting in SETTING_NAMES), said
+        code, line = expected(name, Path(case["dir"]) / "model.py").get(run["args"][0], (EXIT_OK, None))
+        assert run["exit"] == code, said
+        if line is not None:
+            target = re.escape(name.rsplit(":", 1)[0].rstrip("/"))
+            fields = {"run": re.escape(f"{case['dir']}/run"), "dir": re.escape(case["dir"]), "target": target,
+                      "error": case.get("error", "")}  # fmt: skip
+            pattern = line.format(**fields) if "{" in line else line
+            assert re.search(pattern, last), f"{said}\nexpected a line matching {pattern}"
+            before = name in BEFORE_TENSORFLOW or (not name.startswith("model:") and line is not NO_CHECKPOINT[1])
+            if before:  # refused before TensorFlow loads
+                assert not run["tensorflow"], said
     if case["intact"] is not None:
         assert case["loaded"] is not None and case["loaded"] >= case["intact"], (name, case["loaded"])
 
@@ -366,3 +491,37 @@ def test_a_forkers_mistake_ends_in_one_line_naming_the_fix_never_as_a_bug(result
         assert last.startswith("error: ") and any(word in last for word in fix), said
     if case["intact"] is not None:  # stopped mid-run: what was saved before still loads
         assert case["loaded"] is not None and case["loaded"] >= case["intact"], (name, case["loaded"])
+    if name == "image-folder-builder":  # opened by its registered name, not read as a folder of images
+        data = json.loads((Path(case["dir"]) / "run" / "run.json").read_text())["data"]
+        assert (data["kind"], data["name"]) == ("tfds", "photos"), data
+
+
+def test_a_model_file_replaced_at_the_same_path_in_one_process_is_imported_again(tmp_path):
+    """The MODEL file's cache is keyed by its resolved path and its content: no stale module (no TensorFlow here)."""
+    path = tmp_path / "model.py"
+    path.write_text("def build_model(input_shape, num_classes, learning_rate):\n    return 'first'\n")
+    assert load_model_file(str(path)).build_model((2,), 2, 0.1) == "first"
+    assert load_model_file(str(path)).module is load_model_file(str(path)).module  # one import per version
+    path.write_text("build_model = 3\n")
+    with pytest.raises(SettingsError, match=r"has no build_model"):
+        load_model_file(str(path))
+    path.write_text("def build_model(input_shape, num_classes, learning_rate):\n    return 'second'\n")
+    assert load_model_file(str(path)).build_model((2,), 2, 0.1) == "second"
+
+
+def test_the_fuzz_driver_refuses_a_damaged_model_after_a_good_one_at_the_same_path(tmp_path, tfds_data_dir):
+    """The driver's isolation: two cases in one process, one folder, MODEL=model.py in both; the first has the
+    good template (a new run: evaluate finds no checkpoint), the second the same path rewritten to return None."""
+    env = {name: str(value) for name, value in {**SETTINGS, "OUTPUT_DIR": str(tmp_path / "run")}.items()}
+    model, texts = str(tmp_path / "model.py"), {"good": MODEL, "damaged": MODELS["returns-none"]}
+    cases = [{"name": name, "dir": str(tmp_path), "env": env, "intact": None, "commands": [["evaluate"]],
+              "write": {model: text}} for name, text in texts.items()]  # fmt: skip
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    driven = run_python(["-m", "tests.harness.fuzz", str(tmp_path / "cases.json"), str(tmp_path / "results.json")],
+                        cwd=tmp_path, env=clean_env(TFDS_DATA_DIR=tfds_data_dir), timeout=300)  # fmt: skip
+    assert driven.returncode == 0, driven.stderr[-5000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    (good,), (damaged,) = results["good"]["runs"], results["damaged"]["runs"]
+    assert good["exit"] == 2 and "has no checkpoint: run fit first" in good["stderr"], good["stderr"][-2000:]
+    assert damaged["exit"] == 2, damaged["stderr"][-2000:]
+    assert "build_model returned NoneType, not a keras.Model" in damaged["stderr"].strip().splitlines()[-1]
