@@ -8,8 +8,11 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,11 @@ from train.settings import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+# Where the harnesses and other processes without a tmp_path of their own run: an empty folder, so that a
+# developer's .env in the repository (read from the working directory) never reaches a test (start_python refuses
+# REPO as a working directory).
+HARNESS_CWD = Path(tempfile.mkdtemp(prefix="harness-cwd-"))
+atexit.register(shutil.rmtree, HARNESS_CWD, True)
 
 # The files of many end-to-end runs, longest first (measured with --durations): `make test` hands whole files
 # to its two workers in collection order, so the long ones start first and the short ones fill in at the end,
@@ -81,7 +89,9 @@ def start_python(argv: list[str], *, cwd: Path | None = None, env: dict[str, str
     server that has imported TensorFlow already (tests/harness/forkserver.py; docs/design.md says why). `fresh=True`
     starts a new interpreter instead: for tests of what happens while modules import."""
     global _server
-    cwd, env = cwd or Path.cwd(), clean_env() if env is None else env
+    cwd, env = cwd or HARNESS_CWD, clean_env() if env is None else env
+    if Path(cwd).resolve() == REPO:
+        raise ValueError(f"a test process started in {REPO} would read a developer's .env there: use tmp_path")
     if fresh:
         return subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, **streams)
     if _server is None:
@@ -116,6 +126,29 @@ def start_train(*args: str, cwd: Path, stdin=None, stdout=subprocess.PIPE, stder
     stdin/stdout/stderr say otherwise."""
     return start_python(["-m", "train", *args], cwd=cwd, env=clean_env(**settings), stdin=stdin, stdout=stdout,
                         stderr=stderr, text=True)  # fmt: skip
+
+
+def wait_for(found, process, what: str, timeout: float = 120) -> None:
+    """Polls `found()` until it is true; fails the test at the deadline, or when `process` ends before it."""
+    deadline = time.monotonic() + timeout
+    while not found():
+        if process.poll() is not None:
+            pytest.fail(f"the run ended (exit {process.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"no {what} after {timeout:.0f} s")
+        time.sleep(0.02)
+
+
+def kill_mid_run(process, output_dir: Path, settle: float = 0.0, pattern: str = "checkpoints/ckpt-[1-9]*.index",
+                 timeout: float = 120) -> None:  # fmt: skip
+    """SIGKILL a run once it has written a checkpoint past 0 (`pattern`) and `settle` seconds more; fails the test
+    when none comes before the deadline, or when the run was no longer going when killed."""
+    wait_for(lambda: any(output_dir.glob(pattern)), process, f"{pattern} in {output_dir}", timeout)
+    time.sleep(settle)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL, f"the run ended (exit {process.returncode}) before it was killed"
+    assert not (output_dir / "summary.json").exists(), "the run finished before it was killed: make it longer"
 
 
 SAME_WEIGHTS = """

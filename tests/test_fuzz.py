@@ -325,7 +325,7 @@ def results(tmp_path_factory, tfds_data_dir) -> dict:
     cases += [make_mistake(name, base / f"mistake{index}") for index, name in enumerate(MISTAKES)]
     (base / "cases.json").write_text(json.dumps(cases))
     driven = run_python(["-m", "tests.harness.fuzz", str(base / "cases.json"), str(base / "results.json")],
-                        cwd=REPO, env=clean_env(TFDS_DATA_DIR=tfds_data_dir), timeout=600)  # fmt: skip
+                        cwd=base, env=clean_env(TFDS_DATA_DIR=tfds_data_dir), timeout=600)  # fmt: skip
     assert driven.returncode == 0, driven.stderr[-5000:]
     assert "Traceback" not in driven.stderr, driven.stderr[-5000:]
     return {case["name"]: {**case, **json.loads((base / "results.json").read_text())[case["name"]]} for case in cases}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, clean_env, prepare_data_dir, read_summary, run_train, start_python
+from tests.conftest import HARNESS_CWD, REPO, clean_env, prepare_data_dir, read_summary, run_train, start_python
 from train.cluster.launch import free_ports, tf_configs
 from train.cluster.tf_config import parse_tf_config
 from train.errors import SettingsError
@@ -408,7 +408,7 @@ def test_a_streamed_split_is_read_once_per_pass_each_worker_reading_only_its_sha
     processes = [
         start_python(
             ["-m", "tests.harness.streamed_shards", str(output)],
-            cwd=REPO,
+            cwd=HARNESS_CWD,
             env=clean_env(STRATEGY="multi_worker", TF_CONFIG=config, TFDS_DATA_DIR=data_dir, WORKER_START_TIMEOUT=60),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

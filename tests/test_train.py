@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_summary, run_python, run_train, start_train
+from tests.conftest import kill_mid_run, read_summary, run_python, run_train, start_train
 
 QUICK = {"EPOCHS": 2, "STEPS_PER_EPOCH": 40, "CHECKPOINT_EVERY": 25, "LOG_EVERY": 20}
 
@@ -81,13 +79,7 @@ def test_run_killed_mid_training_resumes_and_ends_at_the_uninterrupted_step_coun
     settings = {"TFDS_DATA_DIR": tfds_data_dir, "OUTPUT_DIR": output_dir, "BATCH_SIZE": 16, "EPOCHS": 3}
     settings |= {"STEPS_PER_CALL": 4, "CHECKPOINT_EVERY": 40, "KEEP_CHECKPOINTS": 2, "LOG_EVERY": 1000}
     process = start_train("fit", cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **settings)
-    deadline = time.monotonic() + 120
-    while not list(output_dir.glob("checkpoints/ckpt-[1-9]*.index")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert not (output_dir / "summary.json").exists(), "the run finished before it was killed: make it longer"
+    kill_mid_run(process, output_dir, settle=0.5)
 
     result = run_train("fit", cwd=tmp_path, **settings)
     assert result.returncode == 0, result.stderr[-3000:]
