@@ -40,8 +40,9 @@ atexit.register(shutil.rmtree, HARNESS_CWD, True)
 # rather than one long file running alone while the other worker idles.
 LONGEST_FIRST = (
     "test_multi_worker.py", "test_train.py", "test_resilience.py", "test_fuzz.py", "test_bench.py", "test_data.py",
-    "test_experiment.py", "test_preprocess.py", "test_elastic.py", "test_bench_processes.py", "test_examples.py",
-    "test_text.py", "test_replicas.py", "test_slurm.py", "test_observability.py", "test_memory.py", "test_probe.py",
+    "test_experiment.py", "test_local_data.py", "test_custom_step.py", "test_preprocess.py", "test_elastic.py",
+    "test_bench_processes.py", "test_examples.py", "test_accumulation.py", "test_text.py", "test_predict.py",
+    "test_replicas.py", "test_slurm.py", "test_observability.py", "test_memory.py", "test_probe.py",
 )  # fmt: skip
 
 
