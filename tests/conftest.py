@@ -243,19 +243,30 @@ def text_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return shared_data_dir(tmp_path_factory, "text_datasets", script)
 
 
+@pytest.fixture(scope="session")
+def sharded_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default dataset prepared in 4 files (TFDS's num_shards), once a session: workers split the files
+    (test_multi_worker), and a run of the 1-file preparation refuses it as data prepared anew (test_local_data)."""
+    script = (
+        "import sys, tensorflow_datasets as tfds, train.data.synthetic_clusters\n"
+        "tfds.builder('synthetic_clusters', data_dir=sys.argv[1]).download_and_prepare("
+        "download_config=tfds.download.DownloadConfig(num_shards=4))\n"
+    )
+    return shared_data_dir(tmp_path_factory, "four_shards", script)
+
+
 WIDE_BYTES = (4_000 + 250) * (16_384 * 4 + 8)  # wide_values (tests/datasets): 262 MB of float32, and the labels
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def wide_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A TFDS data dir with wide_values (tests/datasets) generated, offline: splits of a few hundred MB."""
-    data_dir = tmp_path_factory.mktemp("wide")
+    """A TFDS data dir with wide_values (tests/datasets) generated once a session, offline: splits of a few
+    hundred MB (test_memory's, and test_gpu's where there is a GPU)."""
     script = (
         "import sys, tensorflow_datasets as tfds, tests.datasets\n"
         "tfds.builder('wide_values', data_dir=sys.argv[1]).download_and_prepare()"
     )
-    prepare_data_dir(script, data_dir)
-    return data_dir
+    return shared_data_dir(tmp_path_factory, "wide_datasets", script)
 
 
 _EVENTS = """

@@ -301,16 +301,12 @@ def test_an_image_that_does_not_decode_stops_the_run_naming_its_file(tmp_path):
     assert "checkpoints/ckpt-0 is intact" in line and "Traceback" not in result.stderr
 
 
-def test_a_tfds_dataset_prepared_anew_is_not_the_runs_data(tmp_path, tfds_data_dir):
+def test_a_tfds_dataset_prepared_anew_is_not_the_runs_data(tmp_path, tfds_data_dir, sharded_data_dir):
     quick = dict(cwd=tmp_path, OUTPUT_DIR=tmp_path / "run", STEPS_PER_EPOCH=2, EPOCHS=1)
     assert run_train("fit", TFDS_DATA_DIR=tfds_data_dir, **quick).returncode == 0
     recorded = json.loads((tmp_path / "run" / "run.json").read_text())["data"]
     assert (recorded["name"], recorded["version"]) == ("synthetic_clusters", "1.0.0") and recorded["shard_lengths"]
-    anew = tmp_path / "anew"  # the same dataset prepared again, in 4 files
-    script = ("import sys, tensorflow_datasets as tfds, train.data.synthetic_clusters\n"
-              "tfds.builder('synthetic_clusters', data_dir=sys.argv[1]).download_and_prepare("
-              "download_config=tfds.download.DownloadConfig(num_shards=4))\n")  # fmt: skip
-    assert run_python(["-c", script, str(anew)]).returncode == 0
+    anew = sharded_data_dir  # the same dataset prepared again, in 4 files
     result = run_train("fit", TFDS_DATA_DIR=anew, **{**quick, "EPOCHS": 2})
     assert result.returncode == 2, result.stderr[-2000:]
     [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]

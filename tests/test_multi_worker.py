@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import HARNESS_CWD, REPO, clean_env, prepare_data_dir, read_summary, run_train, start_python
+from tests.conftest import HARNESS_CWD, REPO, clean_env, read_summary, run_train, start_python
 from train.cluster.launch import free_ports, tf_configs
 from train.cluster.tf_config import parse_tf_config
 from train.errors import SettingsError
@@ -384,19 +384,6 @@ def run_workers(tmp_path: Path, per_worker: list[dict], data_dir: Path, **common
         for p in processes:
             p.kill()
     return [(code, log.read_text()) for code, log in zip(codes, logs, strict=True)]
-
-
-@pytest.fixture(scope="module")
-def sharded_data_dir(tmp_path_factory) -> Path:
-    """The default dataset prepared in 4 files (TFDS's num_shards), so that workers can split the files."""
-    data_dir = tmp_path_factory.mktemp("four_shards")
-    script = (
-        "import sys, tensorflow_datasets as tfds, train.data.synthetic_clusters\n"
-        "tfds.builder('synthetic_clusters', data_dir=sys.argv[1]).download_and_prepare("
-        "download_config=tfds.download.DownloadConfig(num_shards=4))\n"
-    )
-    prepare_data_dir(script, data_dir)
-    return data_dir
 
 
 @pytest.mark.parametrize("files", [4, 1], ids=["a file share each", "a chunk share of one file"])
