@@ -25,7 +25,10 @@ from train.errors import EXIT_OK, SettingsError
 from train.model_file import load_model_file
 from train.settings import FIELDS
 
-pytestmark = pytest.mark.skipif(not can_drop_file_override(), reason="root here cannot drop CAP_DAC_OVERRIDE")
+pytestmark = [
+    pytest.mark.skipif(not can_drop_file_override(), reason="root here cannot drop CAP_DAC_OVERRIDE"),
+    pytest.mark.timeout(1500),  # the first test's set-up trains the template and runs the driver (its own bound: 600 s)
+]
 
 SEED = int(os.environ.get("FUZZ_SEED", "27"))
 ROOT = os.geteuid() == 0
