@@ -85,13 +85,14 @@ _server: Server | None = None
 
 
 def start_python(argv: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None, fresh: bool = False,
-                 **streams) -> Forked | subprocess.Popen:  # fmt: skip
+                 without_dotenv: bool = False, **streams) -> Forked | subprocess.Popen:  # fmt: skip
     """`python ARGV` (`-m MODULE ...` or `-c CODE ...`) started as subprocess.Popen would, but forked from a
     server that has imported TensorFlow already (tests/harness/forkserver.py; docs/design.md says why). `fresh=True`
-    starts a new interpreter instead: for tests of what happens while modules import."""
+    starts a new interpreter instead: for tests of what happens while modules import. `without_dotenv`: ARGV turns
+    the .env layer off itself (tests/harness/contract.py), so it may run in the repository."""
     global _server
     cwd, env = cwd or HARNESS_CWD, clean_env() if env is None else env
-    if Path(cwd).resolve() == REPO:
+    if Path(cwd).resolve() == REPO and not without_dotenv:
         raise ValueError(f"a test process started in {REPO} would read a developer's .env there: use tmp_path")
     if fresh:
         return subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, **streams)
@@ -102,10 +103,10 @@ def start_python(argv: list[str], *, cwd: Path | None = None, env: dict[str, str
 
 
 def run_python(argv: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300,
-               fresh: bool = False) -> subprocess.CompletedProcess:  # fmt: skip
+               fresh: bool = False, without_dotenv: bool = False) -> subprocess.CompletedProcess:  # fmt: skip
     """`python ARGV` run to its end, its output captured as text, like subprocess.run."""
-    process = start_python(argv, cwd=cwd, env=env, fresh=fresh, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)  # fmt: skip
+    process = start_python(argv, cwd=cwd, env=env, fresh=fresh, without_dotenv=without_dotenv,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
