@@ -8,8 +8,11 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -26,21 +29,32 @@ from train.settings import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+# Where the harnesses and other processes without a tmp_path of their own run: an empty folder, so that a
+# developer's .env in the repository (read from the working directory) never reaches a test (start_python refuses
+# REPO as a working directory).
+HARNESS_CWD = Path(tempfile.mkdtemp(prefix="harness-cwd-"))
+atexit.register(shutil.rmtree, HARNESS_CWD, True)
 
 # The files of many end-to-end runs, longest first (measured with --durations): `make test` hands whole files
 # to its two workers in collection order, so the long ones start first and the short ones fill in at the end,
 # rather than one long file running alone while the other worker idles.
 LONGEST_FIRST = (
     "test_multi_worker.py", "test_journeys.py", "test_train.py", "test_resilience.py", "test_fuzz.py", "test_bench.py",
-    "test_data.py",
-    "test_experiment.py", "test_preprocess.py", "test_elastic.py", "test_bench_processes.py", "test_examples.py",
-    "test_text.py", "test_replicas.py", "test_slurm.py", "test_observability.py", "test_memory.py", "test_probe.py",
+    "test_data.py", "test_experiment.py", "test_local_data.py", "test_custom_step.py", "test_preprocess.py",
+    "test_elastic.py", "test_bench_processes.py", "test_examples.py", "test_accumulation.py", "test_text.py",
+    "test_predict.py", "test_replicas.py", "test_slurm.py", "test_observability.py", "test_memory.py", "test_probe.py",
 )  # fmt: skip
+
+
+SLOW_TIMEOUT = 1200  # seconds: a slow test's bound (pyproject.toml's `timeout`, 600, is every other test's)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order is kept
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
 
 
 def engine_defaults() -> dict[str, str]:
@@ -71,12 +85,15 @@ _server: Server | None = None
 
 
 def start_python(argv: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None, fresh: bool = False,
-                 **streams) -> Forked | subprocess.Popen:  # fmt: skip
+                 without_dotenv: bool = False, **streams) -> Forked | subprocess.Popen:  # fmt: skip
     """`python ARGV` (`-m MODULE ...` or `-c CODE ...`) started as subprocess.Popen would, but forked from a
     server that has imported TensorFlow already (tests/harness/forkserver.py; docs/design.md says why). `fresh=True`
-    starts a new interpreter instead: for tests of what happens while modules import."""
+    starts a new interpreter instead: for tests of what happens while modules import. `without_dotenv`: ARGV turns
+    the .env layer off itself (tests/harness/contract.py), so it may run in the repository."""
     global _server
-    cwd, env = cwd or Path.cwd(), clean_env() if env is None else env
+    cwd, env = cwd or HARNESS_CWD, clean_env() if env is None else env
+    if Path(cwd).resolve() == REPO and not without_dotenv:
+        raise ValueError(f"a test process started in {REPO} would read a developer's .env there: use tmp_path")
     if fresh:
         return subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, **streams)
     if _server is None:
@@ -86,10 +103,10 @@ def start_python(argv: list[str], *, cwd: Path | None = None, env: dict[str, str
 
 
 def run_python(argv: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300,
-               fresh: bool = False) -> subprocess.CompletedProcess:  # fmt: skip
+               fresh: bool = False, without_dotenv: bool = False) -> subprocess.CompletedProcess:  # fmt: skip
     """`python ARGV` run to its end, its output captured as text, like subprocess.run."""
-    process = start_python(argv, cwd=cwd, env=env, fresh=fresh, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)  # fmt: skip
+    process = start_python(argv, cwd=cwd, env=env, fresh=fresh, without_dotenv=without_dotenv,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -111,6 +128,29 @@ def start_train(*args: str, cwd: Path, stdin=None, stdout=subprocess.PIPE, stder
     stdin/stdout/stderr say otherwise."""
     return start_python(["-m", "train", *args], cwd=cwd, env=clean_env(**settings), stdin=stdin, stdout=stdout,
                         stderr=stderr, text=True)  # fmt: skip
+
+
+def wait_for(found, process, what: str, timeout: float = 120) -> None:
+    """Polls `found()` until it is true; fails the test at the deadline, or when `process` ends before it."""
+    deadline = time.monotonic() + timeout
+    while not found():
+        if process.poll() is not None:
+            pytest.fail(f"the run ended (exit {process.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"no {what} after {timeout:.0f} s")
+        time.sleep(0.02)
+
+
+def kill_mid_run(process, output_dir: Path, settle: float = 0.0, pattern: str = "checkpoints/ckpt-[1-9]*.index",
+                 timeout: float = 120) -> None:  # fmt: skip
+    """SIGKILL a run once it has written a checkpoint past 0 (`pattern`) and `settle` seconds more; fails the test
+    when none comes before the deadline, or when the run was no longer going when killed."""
+    wait_for(lambda: any(output_dir.glob(pattern)), process, f"{pattern} in {output_dir}", timeout)
+    time.sleep(settle)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL, f"the run ended (exit {process.returncode}) before it was killed"
+    assert not (output_dir / "summary.json").exists(), "the run finished before it was killed: make it longer"
 
 
 SAME_WEIGHTS = """
@@ -204,19 +244,30 @@ def text_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return shared_data_dir(tmp_path_factory, "text_datasets", script)
 
 
+@pytest.fixture(scope="session")
+def sharded_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default dataset prepared in 4 files (TFDS's num_shards), once a session: workers split the files
+    (test_multi_worker), and a run of the 1-file preparation refuses it as data prepared anew (test_local_data)."""
+    script = (
+        "import sys, tensorflow_datasets as tfds, train.data.synthetic_clusters\n"
+        "tfds.builder('synthetic_clusters', data_dir=sys.argv[1]).download_and_prepare("
+        "download_config=tfds.download.DownloadConfig(num_shards=4))\n"
+    )
+    return shared_data_dir(tmp_path_factory, "four_shards", script)
+
+
 WIDE_BYTES = (4_000 + 250) * (16_384 * 4 + 8)  # wide_values (tests/datasets): 262 MB of float32, and the labels
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def wide_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A TFDS data dir with wide_values (tests/datasets) generated, offline: splits of a few hundred MB."""
-    data_dir = tmp_path_factory.mktemp("wide")
+    """A TFDS data dir with wide_values (tests/datasets) generated once a session, offline: splits of a few
+    hundred MB (test_memory's, and test_gpu's where there is a GPU)."""
     script = (
         "import sys, tensorflow_datasets as tfds, tests.datasets\n"
         "tfds.builder('wide_values', data_dir=sys.argv[1]).download_and_prepare()"
     )
-    prepare_data_dir(script, data_dir)
-    return data_dir
+    return shared_data_dir(tmp_path_factory, "wide_datasets", script)
 
 
 _EVENTS = """

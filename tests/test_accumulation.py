@@ -5,14 +5,12 @@ processes of their own."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, clean_env, read_summary, run_python, run_train, start_train
+from tests.conftest import HARNESS_CWD, REPO, clean_env, kill_mid_run, read_summary, run_python, run_train, start_train
 from tests.test_elastic import relative_difference
 from train.batches import accumulation_changed, batch_plan, describe_batch
 from train.errors import SettingsError
@@ -118,7 +116,7 @@ def test_two_workers_accumulating_end_where_one_device_unaccumulated_does(tmp_pa
 
 
 def harness(*args: str) -> dict:
-    result = run_python(["-m", "tests.harness.accumulation", *args], cwd=REPO, env=clean_env())
+    result = run_python(["-m", "tests.harness.accumulation", *args], cwd=HARNESS_CWD, env=clean_env())
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -155,13 +153,7 @@ def test_an_accumulating_run_killed_mid_training_resumes_to_the_same_weights(tmp
     run = tmp_path / "killed"
     process = start_train("fit", cwd=tmp_path, OUTPUT_DIR=run, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                           **settings)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not list(run.glob("checkpoints/ckpt-[1-9]*.index")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.3)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert not (run / "summary.json").exists(), "the run finished before it was killed: make it longer"
+    kill_mid_run(process, run, settle=0.3)
     resumed = run_train("fit", cwd=tmp_path, OUTPUT_DIR=run, **settings)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = read_summary(run)

@@ -41,8 +41,9 @@ def test_startup_and_replica_comparison_run_in_subprocesses(tmp_path, tfds_data_
     assert set(result["contenders"]) == {"template", "in_memory"}
     assert set(result["ratios"]) == {"1/2"}
     startup = result["startup"]
-    assert 0 < startup["help_seconds"] < startup["import_tensorflow_seconds"] < startup["tiny_fit_seconds"]
-    assert startup["tiny_fit_vs_import"] > 1
+    assert all(startup[key] > 0 for key in ("help_seconds", "import_tensorflow_seconds", "tiny_fit_seconds"))
+    seconds = {key: round(startup[key], 2) for key in ("help_seconds", "import_tensorflow_seconds", "tiny_fit_seconds")}
+    print(f"startup: {seconds}")  # timings: printed, not asserted
     replicas = result["replicas"]  # the code path bench-gpu takes on GPUs, here on 1 and 2 logical CPUs
     assert replicas["devices"] == "cpu"
     assert [config["resolved"]["global_batch"] for config in replicas["configs"].values()] == [128, 128, 256]
@@ -51,6 +52,8 @@ def test_startup_and_replica_comparison_run_in_subprocesses(tmp_path, tfds_data_
     assert all(config["examples_per_sec"]["accumulated"] > 0 for config in replicas["configs"].values())  # bench-gpu's
     assert replicas["mirrored_2_vs_one_device"] > 0 and replicas["mirrored_2_vs_one_device_without_xla"] > 0
     goals = {goal["goal"]: goal for goal in result["goals"]}
-    assert goals["mirrored on 2 CPU devices / one device"]["met"] in (True, False)
+    mirrored = goals["mirrored on 2 CPU devices / one device"]
+    assert mirrored["value"] == replicas["mirrored_2_vs_one_device"]
+    assert mirrored["met"] is (mirrored["value"] >= mirrored["target"])
     assert goals["1/3 faster than Keras fit at its best (vectors)"]["met"] is None  # no Keras contender here
     assert not list(tmp_path.glob("runs")), "the tiny fit writes to a temporary OUTPUT_DIR, not the working directory"

@@ -20,7 +20,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from tests.conftest import REPO, clean_env, engine_defaults, run_python, run_train, start_python
+from tests.conftest import REPO, clean_env, engine_defaults, run_python, run_train, start_python, wait_for
 from tests.harness.caps import UNPRIVILEGED_TRAIN, can_drop_file_override
 from train import cli as cli_module
 from train.cli import app
@@ -291,9 +291,7 @@ def test_checkpoints_that_become_unwritable_mid_run_are_told_as_permissions_not_
     settings |= {"STEPS_PER_EPOCH": 300, "STEPS_PER_CALL": 4, "CHECKPOINT_EVERY": 40, "LOG_EVERY": 1000}
     process = start_python(["-c", UNPRIVILEGED_TRAIN, "fit"], cwd=tmp_path, env=clean_env(**settings),
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not list(output_dir.glob("checkpoints/ckpt-[1-9]*.index")) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: any(output_dir.glob("checkpoints/ckpt-[1-9]*.index")), process, "a checkpoint past 0")
     (output_dir / "checkpoints").chmod(0o555)
     try:
         _, stderr = process.communicate(timeout=120)

@@ -5,14 +5,21 @@ head. Each run is a real `python -m train` process on CPU, on 1 and 2 replicas."
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, read_summary, run_python, run_train, same_weights, start_train, tensorboard_events
+from tests.conftest import (
+    REPO,
+    kill_mid_run,
+    read_summary,
+    run_python,
+    run_train,
+    same_weights,
+    start_train,
+    tensorboard_events,
+)
 
 CNN = {
     "MODEL": str(REPO / "examples" / "cnn.py"),  # the path form, as `make train MODEL=examples/cnn.py` gives it
@@ -116,12 +123,7 @@ def test_the_cnn_killed_mid_run_resumes_to_the_weights_of_the_uninterrupted_run(
     output_dir = tmp_path / "run"
     settings = cnn_settings(examples_data_dir, output_dir, replicas)
     process = start_train("fit", cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **settings)
-    deadline = time.monotonic() + 120
-    while not list(output_dir.glob("checkpoints/ckpt-[1-9]*.index")) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert not (output_dir / "summary.json").exists(), "the run finished before it was killed: make it longer"
+    kill_mid_run(process, output_dir)
 
     result = run_train("fit", cwd=tmp_path, **settings)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -20,10 +20,15 @@ import pytest
 
 from tests.conftest import REPO, clean_env, run_python, run_train
 from tests.harness.caps import can_drop_file_override
-from train.errors import EXIT_OK
+from tests.harness.fuzz_table import BEFORE_TENSORFLOW, NO_CHECKPOINT, expected
+from train.errors import EXIT_OK, SettingsError
+from train.model_file import load_model_file
 from train.settings import FIELDS
 
-pytestmark = pytest.mark.skipif(not can_drop_file_override(), reason="root here cannot drop CAP_DAC_OVERRIDE")
+pytestmark = [
+    pytest.mark.skipif(not can_drop_file_override(), reason="root here cannot drop CAP_DAC_OVERRIDE"),
+    pytest.mark.timeout(1500),  # the first test's set-up trains the template and runs the driver (its own bound: 600 s)
+]
 
 SEED = int(os.environ.get("FUZZ_SEED", "27"))
 ROOT = os.geteuid() == 0
@@ -141,7 +146,7 @@ IMAGE_FOLDER = """from pathlib import Path
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-ROOT = Path(__file__).parent / "photos"
+ROOT = Path(__file__).parent / "pictures"  # not the builder's name: DATASET="photos" is no folder in the cwd
 for split, label, index in [(s, c, i) for s in ("train", "test") for c in ("cat", "dog") for i in range(4)]:
     path = ROOT / split / label / f"{index}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -180,7 +185,9 @@ class Stepped(keras.Sequential):
 MISTAKES = {
     "no-get-config": (SUBCLASSED, 2, ("get_config",), None),  # issue 31 fixed it
     "lookup-table-in-preprocess": (LOOKUP + MODEL, 0, (), None),  # no mistake since issue 31: it trains and exports
-    "image-folder-builder": (IMAGE_MODEL, 0, (), None),  # no mistake since issue 30: it trains
+    # a registered tfds.ImageFolder opened by its name trains as a TFDS builder (run.json's kind "tfds"); this branch
+    # refuses it ("name its folder instead"): DATASET opening's rewrite (branch open, issue 43's item 2) makes it pass
+    "image-folder-builder": (IMAGE_MODEL, 0, (), "DATASET opening by a registered builder's name"),
     "train-step-not-a-dict": (NON_DICT_STEP, 2, ("train_step",), None),  # issue 32 fixed it
     "preprocess-raises-on-some-examples": (RAISES_ON_SOME + MODEL, 1, ("preprocess",), None),
 }
@@ -241,7 +248,8 @@ def damage_folder(path: Path, kind: str) -> None:
         take_away(path, kind)
 
 
-def damage_model(path: Path, kind: str, rng: random.Random) -> None:
+def damage_model(path: Path, kind: str, rng: random.Random) -> str:
+    """Writes the damaged MODEL file; returns the error class a raising case raises ("" for the others)."""
     text = MODELS[kind]
     if kind == "cut":
         path.write_text(MODEL[: rng.randrange(1, len(MODEL))])
@@ -257,6 +265,8 @@ def damage_model(path: Path, kind: str, rng: random.Random) -> None:
         path.write_text(text.format(k=rng.randint(1, 50), error=error, message="no GPU budget today"))
         if kind == "unreadable":
             path.chmod(0o000)
+        return error if "{error}" in text else ""
+    return ""
 
 
 def make_case(name: str, template: Path, folder: Path) -> dict:
@@ -264,11 +274,11 @@ def make_case(name: str, template: Path, folder: Path) -> dict:
     rng = random.Random(f"{SEED}:{name}")
     target, kind = name.rsplit(":", 1)
     shutil.copytree(template, folder, symlinks=True)
-    run, intact = folder / "run", NEWEST
+    run, intact, error = folder / "run", NEWEST, ""
     settings = {**SETTINGS, "OUTPUT_DIR": str(run)}
     if target == "model":
         (folder / "model.py").unlink()
-        damage_model(folder / "model.py", kind, rng)
+        error = damage_model(folder / "model.py", kind, rng)
         settings["OUTPUT_DIR"], intact = str(folder / "new-run"), None  # a new run: its model is built
     elif target == "leftover":
         leftover = run / LEFTOVERS[kind]
@@ -285,7 +295,7 @@ def make_case(name: str, template: Path, folder: Path) -> dict:
         readable = kind in ("unwritable", "another-user")
         intact = NEWEST - 2 if target.startswith(f"checkpoints/ckpt-{NEWEST}.") and not readable else intact
     env = {name: str(value) for name, value in settings.items()}
-    return {"name": name, "dir": str(folder), "env": env, "intact": intact,
+    return {"name": name, "dir": str(folder), "env": env, "intact": intact, "error": error,
             "commands": [["evaluate"], ["fit"], ["devices"]]}  # fmt: skip
 
 
@@ -318,7 +328,7 @@ def results(tmp_path_factory, tfds_data_dir) -> dict:
     cases += [make_mistake(name, base / f"mistake{index}") for index, name in enumerate(MISTAKES)]
     (base / "cases.json").write_text(json.dumps(cases))
     driven = run_python(["-m", "tests.harness.fuzz", str(base / "cases.json"), str(base / "results.json")],
-                        cwd=REPO, env=clean_env(TFDS_DATA_DIR=tfds_data_dir), timeout=600)  # fmt: skip
+                        cwd=base, env=clean_env(TFDS_DATA_DIR=tfds_data_dir), timeout=600)  # fmt: skip
     assert driven.returncode == 0, driven.stderr[-5000:]
     assert "Traceback" not in driven.stderr, driven.stderr[-5000:]
     return {case["name"]: {**case, **json.loads((base / "results.json").read_text())[case["name"]]} for case in cases}
@@ -344,6 +354,17 @@ def test_every_command_ends_in_a_documented_code_without_a_traceback_and_keeps_t
             last = run["stderr"].strip().splitlines()[-1] if run["stderr"].strip() else ""
             assert last.startswith("error: "), said
             assert case["dir"] in last or any(f"{setting}=" in last for setting in SETTING_NAMES), said
+        code, line = expected(name, Path(case["dir"]) / "model.py", MODEL).get(run["args"][0], (EXIT_OK, None))
+        assert run["exit"] == code, said
+        if line is not None:
+            target = re.escape(name.rsplit(":", 1)[0].rstrip("/"))
+            fields = {"run": re.escape(f"{case['dir']}/run"), "dir": re.escape(case["dir"]), "target": target,
+                      "error": case.get("error", "")}  # fmt: skip
+            pattern = line.format(**fields) if "{" in line else line
+            assert re.search(pattern, last), f"{said}\nexpected a line matching {pattern}"
+            before = name in BEFORE_TENSORFLOW or (not name.startswith("model:") and line is not NO_CHECKPOINT[1])
+            if before:  # refused before TensorFlow loads
+                assert not run["tensorflow"], said
     if case["intact"] is not None:
         assert case["loaded"] is not None and case["loaded"] >= case["intact"], (name, case["loaded"])
 
@@ -366,3 +387,37 @@ def test_a_forkers_mistake_ends_in_one_line_naming_the_fix_never_as_a_bug(result
         assert last.startswith("error: ") and any(word in last for word in fix), said
     if case["intact"] is not None:  # stopped mid-run: what was saved before still loads
         assert case["loaded"] is not None and case["loaded"] >= case["intact"], (name, case["loaded"])
+    if name == "image-folder-builder":  # opened by its registered name, not read as a folder of images
+        data = json.loads((Path(case["dir"]) / "run" / "run.json").read_text())["data"]
+        assert (data["kind"], data["name"]) == ("tfds", "photos"), data
+
+
+def test_a_model_file_replaced_at_the_same_path_in_one_process_is_imported_again(tmp_path):
+    """The MODEL file's cache is keyed by its resolved path and its content: no stale module (no TensorFlow here)."""
+    path = tmp_path / "model.py"
+    path.write_text("def build_model(input_shape, num_classes, learning_rate):\n    return 'first'\n")
+    assert load_model_file(str(path)).build_model((2,), 2, 0.1) == "first"
+    assert load_model_file(str(path)).module is load_model_file(str(path)).module  # one import per version
+    path.write_text("build_model = 3\n")
+    with pytest.raises(SettingsError, match=r"has no build_model"):
+        load_model_file(str(path))
+    path.write_text("def build_model(input_shape, num_classes, learning_rate):\n    return 'second'\n")
+    assert load_model_file(str(path)).build_model((2,), 2, 0.1) == "second"
+
+
+def test_the_fuzz_driver_refuses_a_damaged_model_after_a_good_one_at_the_same_path(tmp_path, tfds_data_dir):
+    """The driver's isolation: two cases in one process, one folder, MODEL=model.py in both; the first has the
+    good template (a new run: evaluate finds no checkpoint), the second the same path rewritten to return None."""
+    env = {name: str(value) for name, value in {**SETTINGS, "OUTPUT_DIR": str(tmp_path / "run")}.items()}
+    model, texts = str(tmp_path / "model.py"), {"good": MODEL, "damaged": MODELS["returns-none"]}
+    cases = [{"name": name, "dir": str(tmp_path), "env": env, "intact": None, "commands": [["evaluate"]],
+              "write": {model: text}} for name, text in texts.items()]  # fmt: skip
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    driven = run_python(["-m", "tests.harness.fuzz", str(tmp_path / "cases.json"), str(tmp_path / "results.json")],
+                        cwd=tmp_path, env=clean_env(TFDS_DATA_DIR=tfds_data_dir), timeout=300)  # fmt: skip
+    assert driven.returncode == 0, driven.stderr[-5000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    (good,), (damaged,) = results["good"]["runs"], results["damaged"]["runs"]
+    assert good["exit"] == 2 and "has no checkpoint: run fit first" in good["stderr"], good["stderr"][-2000:]
+    assert damaged["exit"] == 2, damaged["stderr"][-2000:]
+    assert "build_model returned NoneType, not a keras.Model" in damaged["stderr"].strip().splitlines()[-1]

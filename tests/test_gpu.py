@@ -1,4 +1,8 @@
-"""GPU tests, for machines that have them: `make test-gpu`. Each skips where TensorFlow sees no GPU."""
+"""GPU tests, for machines that have them: `make test-gpu`. Each skips where TensorFlow sees no GPU, before it
+builds anything. What the GPU runs' settings resolve to on one GPU and on several (strategy, precision, XLA, the
+all-reduce) is checked everywhere, CI included, through the device seam with fake GPUs (tests/test_devices.py's
+FakeDevices): the table below is what both the fake and the real runs must show.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,37 @@ from functools import cache
 import pytest
 
 from tests.conftest import WIDE_BYTES, clean_env, read_summary, run_train
+from tests.test_devices import FakeDevices
+from train.devices.runtime import choose_xla, configure_devices, resolve
+from train.settings import load_settings
 
-pytestmark = pytest.mark.gpu
+# The GPU runs' variants (test_fit_on_gpus_with_mixed_float16_and_every_all_reduce) and what each resolves to on one
+# GPU and on several: {variant: (settings, {gpus: (strategy, precision, jit_compile, cross_device_ops)})}. XLA auto
+# is on for one GPU (Keras's own default) and off under a strategy of several; None: TensorFlow's own all-reduce.
+VARIANTS = {
+    "mixed_float16": ({"MIXED_PRECISION": "mixed_float16"},
+                      {1: ("one_device", "mixed_float16", True, None), 2: ("mirrored", "mixed_float16", False, None)}),
+    "nccl": ({"CROSS_DEVICE_OPS": "nccl", "MIXED_PRECISION": "off"},
+             {1: ("one_device", "float32", True, None), 2: ("mirrored", "float32", False, "nccl")}),
+    "hierarchical_copy": ({"CROSS_DEVICE_OPS": "hierarchical_copy", "MIXED_PRECISION": "off"},
+                          {1: ("one_device", "float32", True, None),
+                           2: ("mirrored", "float32", False, "hierarchical_copy")}),
+}  # fmt: skip
+ALL_REDUCES = ("nccl", "hierarchical_copy")  # run on several GPUs only: on one, one_device has nothing to all-reduce
+
+
+@pytest.mark.parametrize("count", [1, 2])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_what_the_gpu_runs_settings_resolve_to_on_one_gpu_and_on_several(count, variant):
+    """Through the device seam with FakeDevices (no GPU needed, so CI runs it): the values the GPU runs assert."""
+    environ, expected = VARIANTS[variant]
+    chosen = load_settings({}, environ, "/nonexistent/.env")
+    resolution = resolve(chosen, configure_devices(chosen, FakeDevices(count)))
+    jit, _ = choose_xla(chosen.jit_compile, resolution, False, False, None)  # GPUs: tf.data feeds the replica step
+    assert (resolution.strategy_name, resolution.precision, jit, resolution.cross_device_ops) == expected[count]
+    assert len(resolution.devices) == count
+    if variant in ALL_REDUCES and count == 1:
+        assert any(f"CROSS_DEVICE_OPS={variant} has no effect" in note for note in resolution.notes)
 
 
 @cache
@@ -32,15 +65,18 @@ def compute_capability_major() -> int:
     return int(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def gpus() -> int:
+    """The GPUs TensorFlow sees; session-scoped and first in each test's arguments, so a test skips before the
+    fixtures after it (wide_data_dir's 262 MB) build anything."""
     count = gpu_count()
     if count == 0:
         pytest.skip("TensorFlow sees no GPU here")
     return count
 
 
-def test_doctor_reports_every_gpu_with_name_and_memory(tmp_path, gpus):
+@pytest.mark.gpu
+def test_doctor_reports_every_gpu_with_name_and_memory(gpus, tmp_path):
     result = run_train("devices", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     report = json.loads(result.stdout)
@@ -49,7 +85,8 @@ def test_doctor_reports_every_gpu_with_name_and_memory(tmp_path, gpus):
     assert report["resolved"]["strategy"] == ("mirrored" if gpus > 1 else "one_device")
 
 
-def test_memory_growth_is_applied_to_every_visible_gpu(tmp_path, gpus):
+@pytest.mark.gpu
+def test_memory_growth_is_applied_to_every_visible_gpu(gpus, tmp_path):
     script = (
         "import tensorflow as tf\n"
         "from train.devices.runtime import setup_runtime\n"
@@ -64,7 +101,8 @@ def test_memory_growth_is_applied_to_every_visible_gpu(tmp_path, gpus):
     assert result.stdout.strip().splitlines()[-1] == str([True] * gpus)
 
 
-def test_fit_on_every_gpu(tmp_path, tfds_data_dir, gpus):
+@pytest.mark.gpu
+def test_fit_on_every_gpu(gpus, tmp_path, tfds_data_dir):
     result = run_train(
         "fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=tmp_path / "run", EPOCHS=2, GPUS="all"
     )
@@ -75,31 +113,36 @@ def test_fit_on_every_gpu(tmp_path, tfds_data_dir, gpus):
     assert summary["eval"]["accuracy"] > 0.7
 
 
-def test_asking_for_a_gpu_index_that_is_not_there_is_an_error(tmp_path, gpus):
+@pytest.mark.gpu
+def test_asking_for_a_gpu_index_that_is_not_there_is_an_error(gpus, tmp_path):
     result = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "run", GPUS=str(gpus))
     assert result.returncode == 2
     assert f"asks for GPU {gpus}, but TensorFlow sees {gpus} GPU(s)" in result.stderr
 
 
-def test_fit_on_gpus_with_mixed_float16_and_every_all_reduce(tmp_path, tfds_data_dir, gpus):
+@pytest.mark.gpu
+def test_fit_on_gpus_with_mixed_float16_and_every_all_reduce(gpus, tmp_path, tfds_data_dir):
     """float16 with loss scaling, then (with 2+ GPUs) NCCL and hierarchical copy: each trains and learns."""
-    variants = [{"MIXED_PRECISION": "mixed_float16"}]
-    if gpus > 1:
-        variants += [{"CROSS_DEVICE_OPS": ops} for ops in ("nccl", "hierarchical_copy")]
-    for index, settings in enumerate(variants):
-        output_dir = tmp_path / f"run{index}"
+    row = 1 if gpus == 1 else 2
+    for name, (settings, expected) in VARIANTS.items():
+        if name in ALL_REDUCES and gpus == 1:
+            continue
+        output_dir = tmp_path / name
         result = run_train(
             "fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=output_dir, EPOCHS=2, **settings
         )
         assert result.returncode == 0, result.stderr[-3000:]
         summary = read_summary(output_dir)
-        assert summary["precision"] == settings.get("MIXED_PRECISION", summary["precision"])
-        assert summary["cross_device_ops"] == settings.get("CROSS_DEVICE_OPS", summary["cross_device_ops"])
-        assert summary["data_in_memory"] and not summary["jit_compile"]  # tf.data feeds GPUs: no XLA
-        assert summary["eval"]["accuracy"] > 0.7
+        strategy, precision, jit, cross_device_ops = expected[row]
+        assert (summary["precision"], summary["jit_compile"]) == (precision, jit), name
+        assert summary["cross_device_ops"] == ("xla collective" if jit and gpus > 1 else cross_device_ops), name
+        assert summary["replicas"] == (gpus if strategy == "mirrored" else 1), name
+        assert summary["data_in_memory"], name
+        assert summary["eval"]["accuracy"] > 0.7, name
 
 
-def test_xla_on_one_and_two_gpus_with_and_without_mixed_precision(tmp_path, tfds_data_dir, gpus):
+@pytest.mark.gpu
+def test_xla_on_one_and_two_gpus_with_and_without_mixed_precision(gpus, tmp_path, tfds_data_dir):
     """JIT_COMPILE=true compiles the replica step (tf.data stays outside) on 1 GPU and, where there are 2, on
     MirroredStrategy over 2; with each precision the GPUs have. fp16 on 2+ GPUs stays refused (keras#20763)."""
     precisions = ["off", "mixed_float16", *(["mixed_bfloat16"] if compute_capability_major() >= 8 else [])]
@@ -120,7 +163,8 @@ def test_xla_on_one_and_two_gpus_with_and_without_mixed_precision(tmp_path, tfds
             assert summary["eval"]["accuracy"] > 0.7, (gpu_list, precision, summary["eval"])
 
 
-def test_data_held_in_memory_stays_on_the_host_not_on_the_gpu(tmp_path, wide_data_dir, gpus):
+@pytest.mark.gpu
+def test_data_held_in_memory_stays_on_the_host_not_on_the_gpu(gpus, tmp_path, wide_data_dir):
     """The GPU-side figure of DATA_IN_MEMORY=true: the split (262 MB) stays in host memory and tf.data brings
     the GPU its batches, so the GPU's peak is the model and a few batches, not the split. Printed for the record."""
     script = (

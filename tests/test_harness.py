@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+from pathlib import Path
 
-from tests.conftest import clean_env, run_python, start_python
+import pytest
+
+from tests.conftest import REPO, clean_env, run_python, start_python
 
 SEEN = """
 import json, os, sys, tempfile
@@ -37,3 +40,15 @@ def test_a_forked_run_is_signalled_and_killed_as_a_process_is(tmp_path):
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=10) == -signal.SIGTERM
     process.stdout.close()
+
+
+def test_no_test_process_starts_where_a_developers_env_would_be_read():
+    """A .env is read from the working directory: no process a test starts runs in the repository (where a
+    developer keeps theirs); one started without a folder of its own runs in an empty one."""
+    with pytest.raises(ValueError, match=r"would read a developer's \.env there"):
+        start_python(["-c", "pass"], cwd=REPO)
+    with pytest.raises(ValueError, match=r"would read a developer's \.env there"):
+        start_python(["-c", "pass"], cwd=REPO / "tests" / "..")
+    where = run_python(["-c", "import os; print(os.getcwd(), os.path.exists('.env'))"])
+    folder, has_dotenv = where.stdout.split()[-2:]
+    assert Path(folder).resolve() != REPO and has_dotenv == "False"

@@ -89,8 +89,10 @@ def test_a_model_that_cannot_be_found_is_refused_before_tensorflow(text, message
 def test_model_names_a_file_by_path_and_a_module_by_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine.py").write_text(GOOD)
-    assert load_settings({"MODEL": "mine.py"}, environ={}, defaults_path=None).model == "mine.py"
-    assert load_settings({"MODEL": "examples.cnn"}, environ={}, defaults_path=None).model == "examples.cnn"
+    no_dotenv = "/nonexistent/.env"  # pytest's own working directory may hold a developer's .env
+    assert load_settings({"MODEL": "mine.py"}, environ={}, dotenv_path=no_dotenv, defaults_path=None).model == "mine.py"
+    chosen = load_settings({"MODEL": "examples.cnn"}, environ={}, dotenv_path=no_dotenv, defaults_path=None)
+    assert chosen.model == "examples.cnn"
 
 
 def test_a_run_refuses_another_model_in_one_line_and_resumes_through_a_comment_change(tmp_path, tfds_data_dir):

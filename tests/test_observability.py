@@ -114,7 +114,7 @@ def test_deterministic_turns_xla_auto_off_where_it_would_be_on():
 
     plan = DevicePlan(physical_gpus=0, visible_gpus=(), memory_growth=False, memory_limit_mb=None, cpu_devices=1,
                       notes=())  # fmt: skip
-    resolution = resolve(load_settings({}, environ={}, defaults_path=None), plan)
+    resolution = resolve(load_settings({}, environ={}, dotenv_path="/nonexistent/.env", defaults_path=None), plan)
     assert choose_xla("auto", resolution, True, False, None)[0] is True
     off, why = choose_xla("auto", replace(resolution, deterministic=True), True, False, None)
     assert (off, why) == (False, "auto: off with DETERMINISTIC=true (not every XLA kernel is deterministic)")
@@ -142,7 +142,7 @@ def test_deterministic_is_kept_by_every_strategy_s_resolution(strategy):
     if strategy == "multi_worker":
         cluster = {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}
         environ["TF_CONFIG"] = json.dumps(cluster)
-    settings = load_settings({}, environ=environ, defaults_path=None)
+    settings = load_settings({}, environ=environ, dotenv_path="/nonexistent/.env", defaults_path=None)
     plan = DevicePlan(physical_gpus=0, visible_gpus=(), memory_growth=False, memory_limit_mb=None,
                       cpu_devices=settings.cpu_devices, notes=())  # fmt: skip
     resolution = resolve(settings, plan)

@@ -8,14 +8,12 @@ line before anything is written. TensorFlow runs in processes of their own."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import clean_env, read_summary, run_python, run_train, same_weights, start_train
+from tests.conftest import clean_env, kill_mid_run, read_summary, run_python, run_train, same_weights, start_train
 
 # A preprocess that tells, for each example it prepares, which example it was (a hash of its stored bytes) and
 # what its seed drew: what the order test reads back.
@@ -149,12 +147,7 @@ def test_random_crops_resume_exactly_after_sigkill(tmp_path, examples_data_dir, 
     output_dir = tmp_path / "killed"
     process = start_train("fit", cwd=tmp_path, OUTPUT_DIR=output_dir, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL, **settings)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not list(output_dir.glob("checkpoints/ckpt-[1-9]*.index")) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert not (output_dir / "summary.json").exists(), "the run finished before it was killed: make it longer"
+    kill_mid_run(process, output_dir)
     resumed = run_train("fit", cwd=tmp_path, OUTPUT_DIR=output_dir, **settings)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = read_summary(output_dir)

@@ -6,11 +6,21 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 import pytest
 
-from tests.conftest import REPO, clean_env, read_summary, run_python, run_train, same_weights, start_python, start_train
+from tests.conftest import (
+    HARNESS_CWD,
+    REPO,
+    clean_env,
+    kill_mid_run,
+    read_summary,
+    run_python,
+    run_train,
+    same_weights,
+    start_python,
+    start_train,
+)
 from train.cluster.launch import free_ports, tf_configs
 
 SCHEDULE = {"module": "keras.optimizers.schedules", "class_name": "ExponentialDecay",
@@ -27,7 +37,7 @@ OPTIONS = [
 
 
 def harness(*args: str, **env: str) -> dict:
-    result = run_python(["-m", "tests.harness.replicas", *args], cwd=REPO, env=clean_env(**env))
+    result = run_python(["-m", "tests.harness.replicas", *args], cwd=HARNESS_CWD, env=clean_env(**env))
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -56,7 +66,7 @@ def test_an_overflow_on_one_worker_is_skipped_by_every_worker():
     processes = [
         start_python(
             ["-m", "tests.harness.replicas", "overflow"],
-            cwd=REPO,
+            cwd=HARNESS_CWD,
             env=clean_env(TF_CONFIG=config, WORKER_START_TIMEOUT=60),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -127,12 +137,7 @@ def test_optimizer_options_resume_exactly_and_the_moving_averages_are_what_is_ev
 
     killed = start_train("fit", cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          OUTPUT_DIR=tmp_path / "resumed", **common)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not list((tmp_path / "resumed").glob("checkpoints/ckpt-[1-9]*.index")) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    killed.kill()
-    killed.wait()
-    assert not (tmp_path / "resumed" / "summary.json").exists(), "the run finished before it was killed"
+    kill_mid_run(killed, tmp_path / "resumed")
     resumed = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "resumed", **common)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert read_summary(tmp_path / "resumed")["resumed_from_step"] > 0

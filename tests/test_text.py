@@ -6,15 +6,13 @@ export fails before the first step. Real `python -m train` processes on CPU, on 
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, clean_env, read_summary, run_python, run_train, same_weights, start_train
+from tests.conftest import REPO, clean_env, kill_mid_run, read_summary, run_python, run_train, same_weights, start_train
 from train.adapt import difference
 from train.cluster.agreement import reconcile, report
 from train.errors import SettingsError
@@ -131,12 +129,7 @@ def test_a_text_run_killed_mid_run_resumes_to_the_weights_of_the_uninterrupted_r
     run = tmp_path / "run"
     settings = text_settings(text_data_dir, run)
     process = start_train("fit", cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **settings)
-    deadline = time.monotonic() + 120
-    while not list(run.glob("checkpoints/ckpt-[1-9]*.index")) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert not (run / "summary.json").exists(), "the run finished before it was killed: make it longer"
+    kill_mid_run(process, run)
     result = run_train("fit", cwd=tmp_path, **settings)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(run)

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_summary, run_python, run_train, start_train
+from tests.conftest import kill_mid_run, read_summary, run_python, run_train, start_train
 
 QUICK = {"EPOCHS": 2, "STEPS_PER_EPOCH": 40, "CHECKPOINT_EVERY": 25, "LOG_EVERY": 20}
 
@@ -24,8 +22,15 @@ def fit(tmp_path: Path, data_dir: Path, fresh: bool = False, **settings: object
     return result, output_dir
 
 
-def test_fit_as_a_user_types_it_trains_checkpoints_and_exports(tmp_path, tfds_data_dir):
-    result, run = fit(tmp_path, tfds_data_dir, fresh=True, **QUICK)  # a new interpreter, TensorFlow imported in it
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory, tfds_data_dir) -> tuple[subprocess.CompletedProcess, Path]:
+    """`fit` as a user types it (a new interpreter, TensorFlow imported in it), QUICK: trained once for the tests
+    that only read it."""
+    return fit(tmp_path_factory.mktemp("quick"), tfds_data_dir, fresh=True, **QUICK)
+
+
+def test_fit_as_a_user_types_it_trains_checkpoints_and_exports(quick_run):
+    result, run = quick_run
     summary = read_summary(run)
     assert summary["dataset"] == "synthetic_clusters/1.0.0"
     assert (summary["strategy"], summary["replicas"], summary["global_batch"]) == ("one_device", 1, 128)
@@ -81,13 +86,7 @@ def test_run_killed_mid_training_resumes_and_ends_at_the_uninterrupted_step_coun
     settings = {"TFDS_DATA_DIR": tfds_data_dir, "OUTPUT_DIR": output_dir, "BATCH_SIZE": 16, "EPOCHS": 3}
     settings |= {"STEPS_PER_CALL": 4, "CHECKPOINT_EVERY": 40, "KEEP_CHECKPOINTS": 2, "LOG_EVERY": 1000}
     process = start_train("fit", cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **settings)
-    deadline = time.monotonic() + 120
-    while not list(output_dir.glob("checkpoints/ckpt-[1-9]*.index")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert not (output_dir / "summary.json").exists(), "the run finished before it was killed: make it longer"
+    kill_mid_run(process, output_dir, settle=0.5)
 
     result = run_train("fit", cwd=tmp_path, **settings)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -97,8 +96,8 @@ def test_run_killed_mid_training_resumes_and_ends_at_the_uninterrupted_step_coun
     assert summary["steps"] == summary["total_steps"] == 3 * (16384 // 16)
 
 
-def test_resume_never_refuses_a_directory_with_checkpoints(tmp_path, tfds_data_dir):
-    _, run = fit(tmp_path, tfds_data_dir, **QUICK)
+def test_resume_never_refuses_a_directory_with_checkpoints(tmp_path, tfds_data_dir, quick_run):
+    _, run = quick_run
     before = sorted(p.name for p in (run / "checkpoints").iterdir())
     result = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=run, RESUME="never", **QUICK)
     assert result.returncode == 2
@@ -133,8 +132,8 @@ def test_resuming_with_other_run_defining_settings_says_which_changed(tmp_path, 
     assert read_summary(run)["resumed_from_step"] == 40
 
 
-def test_evaluate_checkpoint_and_exported_model_agree_with_the_summary(tmp_path, tfds_data_dir):
-    _, run = fit(tmp_path, tfds_data_dir, **QUICK)
+def test_evaluate_checkpoint_and_exported_model_agree_with_the_summary(tmp_path, tfds_data_dir, quick_run):
+    _, run = quick_run
     expected = read_summary(run)["eval"]["accuracy"]
     for args in (["evaluate"], ["evaluate", "--exported"]):
         result = run_train(*args, cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=run)

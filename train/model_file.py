@@ -17,7 +17,7 @@ tf.data, in training, evaluation and the export; `build_callbacks` gives the cal
 | the documented model on a table             | `model_for_data` (TABLE_MODEL: examples/mlp_table.py)      |
 | its syntax tree and hash (nothing imported) | `model_tree`, `model_fingerprint`                          |
 | build_model's hyperparameters (the same)    | `model_hyperparameters` (train.hparams reads the tree)     |
-| its functions, imported once a process      | `load_model_file`, `ModelFile`, `OPTIONAL_SEAMS`           |
+| its functions, imported once per version    | `load_model_file`, `ModelFile`, `OPTIONAL_SEAMS`           |
 | whether a built model brings its own step   | `overrides_train_step`, `overrides_test_step`, `overrides` |
 
 Nothing here imports TensorFlow (Keras is imported by `overrides`, called on a built model), nor train.settings:
@@ -27,7 +27,6 @@ the settings' validation reads MODEL's file through this module before TensorFlo
 from __future__ import annotations
 
 import ast
-import functools
 import hashlib
 import importlib
 import importlib.util
@@ -108,8 +107,8 @@ def model_tree(text: str) -> ast.Module:
     if source is None:
         raise SettingsError(f"MODEL={text!r} is no longer a file (from {Path.cwd()}): put it back, or set MODEL again")
     try:
-        stat = source.stat()
-        return _parsed(str(source), stat.st_mtime_ns, stat.st_size)
+        data = source.read_bytes()
+        return _parsed(str(source.resolve()), hashlib.sha256(data).hexdigest(), data)
     except OSError as error:
         raise SettingsError(f"MODEL={text!r}: {source} cannot be read ({error.strerror})") from None
     except SyntaxError as error:  # IndentationError, a null byte and text that is not UTF-8 included
@@ -119,11 +118,13 @@ def model_tree(text: str) -> ast.Module:
         raise SettingsError(f"MODEL={text!r} does not parse: {source}: {type(error).__name__}") from None
 
 
-@functools.lru_cache(maxsize=8)
-def _parsed(path: str, mtime_ns: int, size: int) -> ast.Module:
-    """(keyed on the file's version: a file changed between two reads is parsed again)"""
-    del mtime_ns, size
-    return ast.parse(Path(path).read_bytes(), filename=path)  # bytes: Python's own rules for the encoding
+_TREES: dict[tuple[str, str], ast.Module] = {}  # (resolved path, sha256 of its bytes): a changed file is parsed again
+
+
+def _parsed(path: str, digest: str, data: bytes) -> ast.Module:
+    if (path, digest) not in _TREES:
+        _TREES[(path, digest)] = ast.parse(data, filename=path)  # bytes: Python's own rules for the encoding
+    return _TREES[(path, digest)]
 
 
 @dataclass(frozen=True)
@@ -146,19 +147,18 @@ OPTIONAL_SEAMS = {
 }
 
 
-@functools.cache
+# The imported MODEL files, by (resolved path, sha256 of its bytes), or by the module's name: a file changed or
+# replaced at the same path within one process (the fuzz driver's cases, a notebook) is imported again, and the
+# same file is imported once, so the layers `adapt` fits stay those `preprocess` reads.
+_MODULES: dict[tuple[str, str], Any] = {}
+
+
 def load_model_file(text: str) -> ModelFile:
-    """MODEL's functions, its module imported once a process. Raises SettingsError."""
+    """MODEL's functions, its module imported once a process per version of the file. Raises SettingsError."""
     try:
-        if is_model_path(text):
-            path = Path(text).expanduser().resolve()
-            name = f"train_model_{path.stem}"
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module  # so the classes it defines can be found again by name
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(text)
+        module = _import(text)
+    except SettingsError:
+        raise
     except Exception as error:
         raise SettingsError(
             f"MODEL={text!r} could not be imported ({type(error).__name__}: {first_line(error, 200)})"
@@ -185,6 +185,28 @@ OWN_STEP_PRECISION = (
     "float32, not mixed_float16, for a model's own train_step (its loss scale would judge each replica's "
     "gradients alone); mixed_bfloat16 needs compute capability 8.0+"
 )
+
+
+def _import(text: str) -> Any:
+    if not is_model_path(text):
+        key = ("module", text)
+        if key not in _MODULES:
+            _MODULES[key] = importlib.import_module(text)
+        return _MODULES[key]
+    path = Path(text).expanduser().resolve()
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise SettingsError(f"MODEL={text!r}: {path} cannot be read ({error.strerror})") from None
+    key = (str(path), hashlib.sha256(data).hexdigest())
+    if key not in _MODULES:
+        name = f"train_model_{path.stem}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # so the classes it defines can be found again by name
+        exec(compile(data, str(path), "exec"), module.__dict__)  # the bytes hashed, not a later version of them
+        _MODULES[key] = module
+    return _MODULES[key]
 
 
 def overrides(model: keras.Model, name: str) -> bool:

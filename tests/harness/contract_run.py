@@ -17,7 +17,9 @@ def run_contract(output_dir: Path, **settings: str) -> subprocess.CompletedProce
     env = {name: value for name, value in os.environ.items() if name not in {f.env for f in FIELDS}}
     env["PYTHONPATH"] = str(REPO)
     env.update(settings)
-    return run_python(["-m", "tests.harness.contract", str(output_dir)], cwd=REPO, env=env)
+    # in the repository, as a fork's `make test` runs it (project/defaults.env may name MODEL by a relative path);
+    # the harness turns the .env layer off itself
+    return run_python(["-m", "tests.harness.contract", str(output_dir)], cwd=REPO, env=env, without_dotenv=True)
 
 
 def outcome(result: subprocess.CompletedProcess) -> dict:

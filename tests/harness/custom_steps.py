@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -25,6 +26,8 @@ from train.devices.runtime import setup_runtime
 from train.model import build
 from train.settings import load_settings
 
+# by its path from the repository, wherever this runs (the tests run it in an empty folder: no .env there)
+CUSTOM_STEP = str(Path(__file__).resolve().parents[2] / "examples" / "custom_step.py")
 SPEC = DatasetSpec("arrays", "features", "label", (32,), "float32", False, (), "int64", 10, 512, 0)
 STEPS, GLOBAL_BATCH, LEARNING_RATE = 8, 64, 0.05
 
@@ -62,7 +65,7 @@ def keras_fit(strategy, settings) -> tuple[list[np.ndarray], dict]:
 def compare(replicas: int, xla: bool) -> dict:
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    settings = load_settings({"MODEL": "examples/custom_step.py", "LEARNING_RATE": str(LEARNING_RATE)}, environ={},
+    settings = load_settings({"MODEL": CUSTOM_STEP, "LEARNING_RATE": str(LEARNING_RATE)}, environ={},
                              defaults_path=None)  # fmt: skip
     if replicas == 1:
         strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
@@ -80,7 +83,7 @@ def compare(replicas: int, xla: bool) -> dict:
 
 def engine_alone() -> dict:
     """The engine's custom step on this process's runtime (CPU_DEVICES, TF_CONFIG), at the same global batch."""
-    settings = load_settings({"MODEL": "examples/custom_step.py", "LEARNING_RATE": str(LEARNING_RATE),
+    settings = load_settings({"MODEL": CUSTOM_STEP, "LEARNING_RATE": str(LEARNING_RATE),
                               "GLOBAL_BATCH_SIZE": str(GLOBAL_BATCH), "WORKER_START_TIMEOUT": "60"},
                              defaults_path=None)  # fmt: skip
     runtime = setup_runtime(settings)

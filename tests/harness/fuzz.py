@@ -4,8 +4,9 @@ power over files (tests/harness/caps.py).
     python -m tests.harness.fuzz CASES.json RESULTS.json
 
 A case is a folder holding a damaged run directory or model file, the settings to run with, and the newest
-checkpoint the damage left intact. Its commands run through typer's CliRunner, in this process: what is refused
-before TensorFlow loads costs a millisecond, and what gets further shares the TensorFlow the fork server imported.
+checkpoint the damage left intact (and, optionally, files to write just before it runs: "write"). Its commands
+run through typer's CliRunner, in this process: what is refused before TensorFlow loads costs a millisecond, and
+what gets further shares the TensorFlow the fork server imported.
 After them, that checkpoint (or a newer one) must still load. Writes one JSON object: each case's runs (exit code,
 streams, an exception that escaped, whether TensorFlow was reached, seconds) and the checkpoint that loaded.
 """
@@ -70,6 +71,8 @@ def import_datasets(path: str) -> None:
 
 def run_case(runner: CliRunner, app: Any, case: dict[str, Any], reached: list[bool]) -> dict[str, Any]:
     os.chdir(case["dir"])
+    for path, text in case.get("write", {}).items():  # a file (re)written just before the case: the same path again
+        Path(path).write_text(text)
     if case.get("datasets"):
         import_datasets(case["datasets"])
     runs = []
