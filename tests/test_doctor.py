@@ -217,8 +217,8 @@ print(next(line for line in format_report(result).splitlines() if line.startswit
         ("examples/mlp.py", "  precision: mixed_float16 (every GPU has compute capability 7."),
     ],
 )  # fmt: skip
-def test_the_precision_line_knows_the_float32_fit_gives_a_model_with_its_own_train_step(model, said):
-    result = run_python(["-c", OWN_STEP_PRECISION, str(REPO / model)], cwd=REPO)
+def test_the_precision_line_knows_the_float32_fit_gives_a_model_with_its_own_train_step(model, said, tmp_path):
+    result = run_python(["-c", OWN_STEP_PRECISION, str(REPO / model)], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.rstrip().splitlines()[-1].startswith(said), result.stdout[-1000:]
 

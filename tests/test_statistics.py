@@ -53,10 +53,10 @@ def largest_difference(first: Path, second: Path) -> float:
     return float(result.stdout.strip().splitlines()[-1])
 
 
-def test_the_replica_state_is_the_layers_own_non_trainable_floats_and_a_masked_layer_is_named():
+def test_the_replica_state_is_the_layers_own_non_trainable_floats_and_a_masked_layer_is_named(tmp_path):
     """Not frozen weights, metric states or seed states; the keras_seams it reads (_non_trainable_variables,
     node.arguments, _keras_mask) are guarded here."""
-    result = run_python(["-c", SEAMS], cwd=REPO)
+    result = run_python(["-c", SEAMS], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     assert json.loads(lines[-2].replace("'", '"')) == [

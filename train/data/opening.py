@@ -48,7 +48,7 @@ class Opened:
         label_key = (settings.label_key or "label") if settings.labeled else None
         features = self.builder.info.features
         names = [name for name in features if name != label_key]
-        text = [repr(name) for name in names if isinstance(features[name], tfds.features.Text)]
+        text = [repr(name) for name in sorted(names) if isinstance(features[name], tfds.features.Text)]
         if text:
             which = f"the column {text[0]} holds" if len(text) == 1 else f"the columns {', '.join(text)} hold"
             raise SettingsError(
