@@ -469,7 +469,7 @@ def test_a_registered_image_folder_builder_trains_by_its_name_and_its_folder_cha
     data = json.loads((run / "run.json").read_text())["data"]
     assert (data["kind"], data["name"], data["files"]) == ("tfds", "my_photos", 22), data  # 14 + 8 images
     assert (data_dir / data["written"] / written.VERSION / "dataset_info.json").is_file()
-    assert prepared.runs_using(tmp_path, pytest.fail) == {f"{data['written']}/{written.VERSION}": [run]}  # prune keeps it
+    assert prepared.runs_using(tmp_path, pytest.fail) == {f"{data['written']}/{written.VERSION}": [run]}  # kept
 
     resumed = run_train("fit", cwd=tmp_path, **{**settings, "EPOCHS": 2})
     assert resumed.returncode == 0 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
