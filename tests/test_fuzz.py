@@ -185,9 +185,8 @@ class Stepped(keras.Sequential):
 MISTAKES = {
     "no-get-config": (SUBCLASSED, 2, ("get_config",), None),  # issue 31 fixed it
     "lookup-table-in-preprocess": (LOOKUP + MODEL, 0, (), None),  # no mistake since issue 31: it trains and exports
-    # a registered tfds.ImageFolder opened by its name trains as a TFDS builder (run.json's kind "tfds"); this branch
-    # refuses it ("name its folder instead"): DATASET opening's rewrite (branch open, issue 43's item 2) makes it pass
-    "image-folder-builder": (IMAGE_MODEL, 0, (), "DATASET opening by a registered builder's name"),
+    # a registered tfds.ImageFolder opened by its name trains on its folder written once (run.json's kind "tfds")
+    "image-folder-builder": (IMAGE_MODEL, 0, (), None),
     "train-step-not-a-dict": (NON_DICT_STEP, 2, ("train_step",), None),  # issue 32 fixed it
     "preprocess-raises-on-some-examples": (RAISES_ON_SOME + MODEL, 1, ("preprocess",), None),
 }

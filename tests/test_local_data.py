@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import clean_env, read_summary, run_python, run_train
-from train.data import local, written
+from train.data import local, prepared, written
 from train.errors import SettingsError
 from train.settings import load_settings
 
@@ -430,29 +430,6 @@ def test_a_killed_writings_leftovers_are_removed_under_the_lock(tmp_path):
     assert not incomplete.exists() and (data_dir / "synthetic_clusters" / "1.0.0" / "dataset_info.json").is_file()
 
 
-IMAGE_FOLDER = """
-import sys, tensorflow_datasets as tfds
-import train.data.opening as opening
-from train.errors import SettingsError
-from train.settings import load_settings
-
-opening.open_builder = lambda settings: tfds.ImageFolder(sys.argv[1])  # what a fork's ImageFolder subclass opens as
-try:
-    opening.open_source(load_settings(), print)
-except SettingsError as error:
-    print(error)
-"""
-
-
-def test_an_image_folder_builder_is_refused_pointing_to_a_path(tmp_path):
-    photos(tmp_path / "photos" / "train", per_class=2)
-    env = clean_env(DATASET="my_photos", TFDS_DATA_DIR=tmp_path / "tfds")
-    result = run_python(["-c", IMAGE_FOLDER, str(tmp_path / "photos")], cwd=tmp_path, env=env)  # the seam faked:
-    assert result.returncode == 0, result.stderr[-2000:]  # open_builder returns a tfds.ImageFolder
-    last = result.stdout.strip().splitlines()[-1]
-    assert last.startswith("DATASET='my_photos' is a ImageFolder") and "DATASET=<folder>" in last
-
-
 RESIZED = """
 import keras, tensorflow as tf
 def preprocess(example, training, seed):
@@ -462,6 +439,81 @@ def build_model(input_shape, num_classes, learning_rate):
     model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 """
+PHOTOS_BUILDER = """from pathlib import Path
+
+import tensorflow_datasets as tfds
+
+
+class MyPhotos(tfds.ImageFolder):  # registered as my_photos; its images in ../pictures, no folder of that name
+    def __init__(self, **kwargs):
+        super().__init__(root_dir=str(Path(__file__).parent.parent / "pictures"))
+"""
+
+
+def test_a_registered_image_folder_builder_trains_by_its_name_and_its_folder_changed_is_refused(tmp_path):
+    """A fork's tfds.ImageFolder in project/datasets (imported from the working directory, as the engine imports a
+    fork's), named by its registered name: its folder is written once as a folder path is; run.json records the
+    builder's name and the copy's fingerprint, so fit, its resume, evaluate and predict take it, and a file added
+    to its folder is refused."""
+    photos(tmp_path / "pictures" / "train", per_class=4)
+    photos(tmp_path / "pictures" / "test", per_class=2)
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "__init__.py").write_text("")
+    (tmp_path / "project" / "datasets.py").write_text(PHOTOS_BUILDER)
+    (tmp_path / "resized.py").write_text(RESIZED)
+    data_dir, run = tmp_path / "tfds", tmp_path / "run"
+    settings = dict(DATASET="my_photos", MODEL="resized.py", TFDS_DATA_DIR=data_dir, OUTPUT_DIR=run,
+                    STEPS_PER_EPOCH=2, **{**FAST, "BATCH_SIZE": 4})  # fmt: skip
+    trained = run_train("fit", cwd=tmp_path, **settings)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    data = json.loads((run / "run.json").read_text())["data"]
+    assert (data["kind"], data["name"], data["files"]) == ("tfds", "my_photos", 22), data  # 14 + 8 images
+    assert (data_dir / data["written"] / written.VERSION / "dataset_info.json").is_file()
+    assert prepared.runs_using(tmp_path, pytest.fail) == {f"{data['written']}/{written.VERSION}": [run]}  # kept
+
+    resumed = run_train("fit", cwd=tmp_path, **{**settings, "EPOCHS": 2})
+    assert resumed.returncode == 0 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
+    assert read_summary(run)["resumed_from_step"] == 2
+    evaluated = run_train("evaluate", "--output-dir", str(run), cwd=tmp_path, MODEL=None, TFDS_DATA_DIR=data_dir)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    output = tmp_path / "predictions.jsonl"
+    predicted = run_train("predict", "--output-dir", str(run), str(tmp_path / "pictures" / "test" / "dog" / "1.jpg"),
+                          "--split", "test", "--output", str(output), cwd=tmp_path, MODEL=None,
+                          TFDS_DATA_DIR=data_dir)  # fmt: skip
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    lines = [json.loads(line) for line in output.read_text().splitlines()]
+    assert len(lines) == 1 + 8 and {line["class"] for line in lines} <= {"cat", "dog", "tulip"}
+
+    shutil.copy(tmp_path / "pictures" / "train" / "cat" / "1.jpg", tmp_path / "pictures" / "train" / "cat" / "new.jpg")
+    refused = run_train("fit", cwd=tmp_path, **{**settings, "EPOCHS": 3})
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    last = refused.stderr.strip().splitlines()[-1]
+    assert "DATASET='my_photos' has changed since" in last and "added train/cat/new.jpg" in last, last
+
+
+TRANSLATE_FOLDER = """
+import sys, tensorflow_datasets as tfds
+from train.data.opening import image_folder_root
+from train.errors import SettingsError
+from train.settings import load_settings
+try:
+    image_folder_root(tfds.TranslateFolder(sys.argv[1]), load_settings())
+except SettingsError as error:
+    print(error)
+"""
+
+
+def test_a_builder_read_without_prepared_files_that_is_no_image_folder_is_refused(tmp_path):
+    (tmp_path / "texts").mkdir()
+    for name in ("en.train.txt", "de.train.txt"):
+        (tmp_path / "texts" / name).write_text("one\n")
+    result = run_python(["-c", TRANSLATE_FOLDER, str(tmp_path / "texts")], cwd=tmp_path,
+                        env=clean_env(DATASET="my_texts"))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("DATASET='my_texts' is a TranslateFolder") and "only a tfds.ImageFolder" in last, last
+
+
 WORKER_SETTINGS = {"MODEL": "resized.py", "STEPS_PER_EPOCH": 2, "EPOCHS": 1, "BATCH_SIZE": 4,
                    "STRATEGY": "multi_worker", "WORKER_START_TIMEOUT": 60}  # fmt: skip
 

@@ -71,24 +71,37 @@ def open_source(settings: Settings, say) -> Opened:
 
     notes: tuple[str, ...] = ()
     left_out: dict[str, Any] = {}
-    if local.is_path(settings.dataset):
-        source = written.prepare_path(settings, say)
+    named = None if local.is_path(settings.dataset) else open_builder(settings)
+    if named is None or named.info.file_format is None:  # a path, or a tfds.ImageFolder: its folder written once
+        folder = settings if named is None else settings.replace(dataset=image_folder_root(named, settings))
+        source = written.prepare_path(folder, say)
         builder = tfds.builder_from_directory(str(source.directory))
         identity, notes, left_out = source.identity, source.notes, source.left_out
+        if named is not None:  # the builder's name, and the written copy's fingerprint: its folder changed is refused
+            identity = {**identity, "kind": "tfds", "name": named.name, "written": identity["name"]}
     else:
-        builder = open_builder(settings)
-        if builder.info.file_format is None:  # a tfds.ImageFolder: TFDS reads the images, no prepared files
-            raise SettingsError(
-                f"DATASET={settings.dataset!r} is a {type(builder).__name__}, which TFDS reads without prepared "
-                "files: name its folder instead, DATASET=<folder> (a folder of class folders is written once as "
-                "TFRecord files)"
-            )
+        builder = named
         prepare(builder, settings)
         if not builder.info.splits:  # prepared by another process sharing TFDS_DATA_DIR while this one waited
             builder = open_builder(settings)
         identity = tfds_identity(builder)
     settings, split_note = one_split(settings, builder)
     return Opened(builder, identity, settings, (*notes, *split_note), left_out)
+
+
+def image_folder_root(builder, settings: Settings) -> str:
+    """The folder a tfds.ImageFolder (a fork's subclass, say) reads its images from: TFDS keeps its root_dir as the
+    builder's data_dir (ImageFolder.__init__ sets `_data_dir = root_dir`; TFDS 4.9). Another builder that TFDS reads
+    without prepared files (a TranslateFolder, say) is refused. Raises SettingsError."""
+    import tensorflow_datasets as tfds
+
+    if not isinstance(builder, tfds.ImageFolder):
+        raise SettingsError(
+            f"DATASET={settings.dataset!r} is a {type(builder).__name__}, which TFDS reads without prepared files: "
+            "only a tfds.ImageFolder's folder is written for training; prepare it as TFDS files, or name its "
+            "folder, DATASET=<folder>"
+        )
+    return str(builder.data_dir)
 
 
 def tfds_identity(builder) -> dict[str, Any]:
@@ -131,8 +144,7 @@ def check_same_data(settings: Settings, recorded: dict[str, Any] | None, identit
     if not trained and doing == "trained":
         return (f"DATASET={settings.dataset!r} is not the data {where} was first started on, but no step was trained "
                 "on that: this run trains on the data as it is now")  # fmt: skip
-    stems = {each.get("name", "").rsplit("_", 1)[0] for each in (recorded, identity)}  # a path's name: stem_hash
-    if recorded.get("kind") == identity.get("kind") != "tfds" and len(stems) == 1:  # the same folder or file, changed
+    if _source(recorded) is not None and _source(recorded) == _source(identity):  # the same folder or file, changed
         changes = _changes(settings, recorded, identity)
         raise SettingsError(
             f"DATASET={settings.dataset!r} has changed since {where} was trained on it: {changes}; nothing was {doing} "
@@ -151,6 +163,14 @@ def check_same_data(settings: Settings, recorded: dict[str, Any] | None, identit
     )
 
 
+def _source(identity: dict[str, Any]) -> tuple[str, str] | None:
+    """Where written data came from, whatever its files hold now: a path's kind and stem (its name is stem_hash), a
+    tfds.ImageFolder's name; None for a prepared TFDS dataset (another version or preparation is other data)."""
+    if identity.get("kind") != "tfds":
+        return identity.get("kind", ""), identity.get("name", "").rsplit("_", 1)[0]
+    return ("tfds", identity.get("name", "")) if "fingerprint" in identity else None
+
+
 def _short(value: Any) -> str:
     """A value of the identity as a refusal shows it: shard lengths as each split's files and examples."""
     if isinstance(value, dict):
@@ -165,9 +185,9 @@ def _changes(settings: Settings, recorded: dict[str, Any], identity: dict[str, A
     fallback = f"its fingerprint differs ({recorded.get('files')} files then, {identity.get('files')} now)"
     if identity.get("kind") == "tfds folder":  # read in place: no list of its files was kept
         return fallback
-    try:
-        before, now = ({path: tuple(value) for path, value in json.loads(
-            (root / each["name"] / written.VERSION / written.SOURCE).read_text(encoding="utf-8"))["files"].items()}
+    try:  # a tfds.ImageFolder's copy is named by "written"; a path's by "name"
+        before, now = ({path: tuple(value) for path, value in json.loads((root / each.get("written", each["name"])
+            / written.VERSION / written.SOURCE).read_text(encoding="utf-8"))["files"].items()}
             for each in (recorded, identity))  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError):
         return fallback

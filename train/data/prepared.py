@@ -139,6 +139,8 @@ def _key(identity: dict[str, Any]) -> str | None:
     `name[/config]/version`; None for a prepared folder read in place (it is not in TFDS_DATA_DIR)."""
     if identity.get("kind") in ("images", "table") and identity.get("name"):
         return f"{identity['name']}/{written.VERSION}"
+    if identity.get("written"):  # a tfds.ImageFolder's folder, written once as a folder path is
+        return f"{identity['written']}/{written.VERSION}"
     if identity.get("kind") == "tfds" and identity.get("name") and identity.get("version"):
         config = f"/{identity['config']}" if identity.get("config") else ""
         return f"{identity['name']}{config}/{identity['version']}"
