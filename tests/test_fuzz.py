@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, clean_env, run_python, run_train
+from tests.conftest import REPO, clean_env, copy_data_dir, run_python, run_train
 from tests.harness.caps import can_drop_file_override
 from tests.harness.fuzz_table import BEFORE_TENSORFLOW, NO_CHECKPOINT, expected
 from train.errors import EXIT_OK, SettingsError
@@ -321,13 +321,15 @@ def results(tmp_path_factory, tfds_data_dir) -> dict:
     template = base / "template"
     template.mkdir()
     (template / "model.py").write_text(MODEL)
-    trained = run_train("fit", cwd=template, TFDS_DATA_DIR=tfds_data_dir, **SETTINGS)
+    data_dir = base / "tfds"  # a private copy: the image-folder-builder case writes its folder's copy beside
+    copy_data_dir(tfds_data_dir, data_dir)  # synthetic_clusters, where the session's other tests would see it
+    trained = run_train("fit", cwd=template, TFDS_DATA_DIR=data_dir, **SETTINGS)
     assert trained.returncode == 0, trained.stderr[-3000:]
     cases = [make_case(name, template, base / f"case{index}") for index, name in enumerate(CASES)]
     cases += [make_mistake(name, base / f"mistake{index}") for index, name in enumerate(MISTAKES)]
     (base / "cases.json").write_text(json.dumps(cases))
     driven = run_python(["-m", "tests.harness.fuzz", str(base / "cases.json"), str(base / "results.json")],
-                        cwd=base, env=clean_env(TFDS_DATA_DIR=tfds_data_dir), timeout=600)  # fmt: skip
+                        cwd=base, env=clean_env(TFDS_DATA_DIR=data_dir), timeout=600)  # fmt: skip
     assert driven.returncode == 0, driven.stderr[-5000:]
     assert "Traceback" not in driven.stderr, driven.stderr[-5000:]
     return {case["name"]: {**case, **json.loads((base / "results.json").read_text())[case["name"]]} for case in cases}
