@@ -87,9 +87,10 @@ test-fast: setup ## Run the tests without the slow end-to-end runs
 test-gpu: setup ## Run the GPU tests (they skip where TensorFlow sees no GPU)
 	$(BIN)/python -m pytest -m gpu -rP  # -rP: the figures the GPU tests print
 
-lint: setup ## Check lint and formatting with ruff
+lint: setup ## Check lint and formatting with ruff, and the engine's map with lint-imports (pyproject.toml)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 format: setup ## Fix lint and formatting with ruff
 	$(BIN)/ruff check --fix .
