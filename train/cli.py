@@ -71,9 +71,9 @@ def _load_tensorflow() -> None:
     with tempfile.TemporaryFile() as captured:
         os.dup2(captured.fileno(), 2)
         try:
-            import tensorflow
+            from train.devices.backend import TensorFlowDevices
 
-            tensorflow.config.list_physical_devices("GPU")  # CUDA's start-up, and its lines, inside the capture
+            TensorFlowDevices().physical_gpus()  # TensorFlow's import, CUDA's start-up and their lines, captured
         finally:
             sys.stderr.flush()
             os.dup2(kept, 2)
@@ -406,9 +406,9 @@ def bench(
     chosen_levers = parse_levers(levers)  # a bad one before TensorFlow loads
     _load_tensorflow()
     if require_gpus:
-        import tensorflow as tf
+        from train.devices.backend import TensorFlowDevices
 
-        if not tf.config.list_physical_devices("GPU"):
+        if not TensorFlowDevices().physical_gpus():
             typer.echo(
                 "bench-gpu measures how training scales over GPUs, and TensorFlow sees none here: nothing to "
                 "measure (python -m train devices says why; docs/performance.md has the GPU table to fill)"

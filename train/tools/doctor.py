@@ -165,6 +165,13 @@ def _nvidia_says_gpus(environment: dict[str, str | None]) -> bool:
 
 
 def diagnose(report: dict[str, Any], settings: Settings) -> list[Finding]:
+    """What is wrong, in this order: GPUs TensorFlow does not see, its CUDA libraries, then an environment variable
+    overriding a setting and what several GPUs need of the machine."""
+    return [*_unseen_gpus(report, settings), *_cuda_libraries(report), *_overrides_and_limits(report, settings)]
+
+
+def _unseen_gpus(report: dict[str, Any], settings: Settings) -> list[Finding]:
+    """No GPU seen where one was meant: NVIDIA_VISIBLE_DEVICES names some, or the CUDA wheels are there."""
     findings = []
     environment, build, gpus = report["environment"], report["build"], report["gpus"]
 
@@ -210,6 +217,13 @@ def diagnose(report: dict[str, Any], settings: Settings) -> list[Finding]:
                 "resource limit (Kubernetes), --gpus-per-node (Slurm); on a machine, install the NVIDIA driver",
             )
         )
+    return findings
+
+
+def _cuda_libraries(report: dict[str, Any]) -> list[Finding]:
+    """cuDNN against TensorFlow's build, the CUDA wheels installed and loaded against the lock."""
+    findings = []
+    build, gpus = report["build"], report["gpus"]
 
     wanted_cudnn = (build.get("cudnn_version") or "").split(".")[0]
     found_cudnn = report["cuda_libraries"]["cudnn"]
@@ -251,6 +265,13 @@ def diagnose(report: dict[str, Any], settings: Settings) -> list[Finding]:
                 "TensorFlow loads the pip wheels",
             )
         )
+    return findings
+
+
+def _overrides_and_limits(report: dict[str, Any], settings: Settings) -> list[Finding]:
+    """An environment variable overriding a setting, and what several GPUs need of the machine."""
+    findings = []
+    environment, gpus = report["environment"], report["gpus"]
 
     forced = environment.get("TF_FORCE_GPU_ALLOW_GROWTH")
     if forced is not None and gpus:
