@@ -35,13 +35,12 @@ Keras 3.15.1 (pinned in pyproject.toml). If an upgrade moves one of these, the t
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import keras
 import tensorflow as tf
 
 
-def build_metrics_and_loss(model: keras.Model, features: Any, labels: Any) -> None:
+def build_metrics_and_loss(model: keras.Model, features: object, labels: object) -> None:
     """Create the compiled metrics' and loss's state from one batch's spec (arrays or KerasTensors)."""
     model._symbolic_build(data_batch=(features, labels))
 

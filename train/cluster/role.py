@@ -2,9 +2,10 @@
 
 It holds the run's `peers` (the other workers, behind the `Peers` protocol: `SingleHost` or `Workers`), its
 writer (train.writer: the chief's writes OUTPUT_DIR, another worker's nothing), and everything only the chief
-does: what only it computes before sharing (`chief_only`), the checkpoint rotation's one exception (MONITOR's
-best epoch kept beyond KEEP_CHECKPOINTS), crash.log. The engine asks the role to do these, and never which worker
-it is on: a `Chief` does them, any other worker's `Role` does not.
+does: the checkpoint rotation's one exception (MONITOR's best epoch kept beyond KEEP_CHECKPOINTS, through
+train.keras_seams), crash.log, and what only the chief runs (`chief_only`: the profiler, train.fit; what it
+computes alone before it shares it). The engine asks the role to do these, and never which worker it is on: a
+`Chief` does them, any other worker's `Role` does not.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Generic, Protocol, TypeVar
 
 import tensorflow as tf
 
-from train.cluster.workers import StopRequest, WorkerCheckpoints, connect
+from train.cluster.workers import Report, Say, StopRequest, WorkerCheckpoints, connect
 from train.devices.runtime import Runtime
 from train.keras_seams import rotation
 from train.rundir import CRASH_LOG
@@ -24,8 +25,6 @@ from train.rundir import CRASH_LOG
 T = TypeVar("T")
 W = TypeVar("W")
 W_co = TypeVar("W_co", covariant=True)
-Say = Callable[[str], None]
-Report = dict[str, object]  # what one worker tells the others (json-serialisable)
 
 
 class CheckpointSaver(Protocol):
