@@ -69,8 +69,7 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> Json:
     run directory, the others only train.
     """
     runtime = setup_runtime(settings)
-    role = take_role(runtime, stop, settings.worker_start_timeout, Writers(settings.output_dir, say),
-                     settings.output_dir, say)  # fmt: skip
+    role = take_role(runtime, stop, settings.worker_start_timeout, Writers(settings.output_dir, say))
     peers, writer, lock = role.peers, role.writer, RunLock(settings.output_dir)
     try:
         with peers.guard("starting"):
@@ -110,7 +109,8 @@ def _train(
         say(_describe(start, runtime, schedule, first))
         calls = make_calls(start.built, runtime.strategy, feed, runtime.global_batch, start.jit_compile,
                            runtime.accumulation)  # fmt: skip
-        profiler = role.chief_only(Profiler, settings, start.output_dir, say, first) or Hook()
+        profiler = role.chief_only(Profiler, settings.profile_steps, settings.to_json()["PROFILE_STEPS"],
+                                   start.output_dir, say, first) or Hook()  # fmt: skip
         progress = role.writer.progress(settings.progress, schedule.total_steps, segment.epoch_of, settings.epochs,
                                         first)  # fmt: skip
 

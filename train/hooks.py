@@ -23,7 +23,6 @@ from train.cluster.role import Peers
 from train.errors import TrainingError
 from train.model import Built
 from train.progress import Lines
-from train.settings import Settings
 from train.step import CallResult
 from train.writer import SummaryWriters
 
@@ -66,9 +65,9 @@ class Profiler(Hook):
     """PROFILE_STEPS: the trace starts before step START (counted from 1) and stops after step END, into logs/;
     said where a start resumes past or inside the range. The chief's alone (its role makes it: train.fit)."""
 
-    def __init__(self, settings: Settings, output_dir: Path, say: Say, start: int) -> None:
-        self.range, self.output_dir, self.say = settings.profile_steps, output_dir, say
-        self.text = settings.to_json()["PROFILE_STEPS"]
+    def __init__(self, steps: tuple[int, int] | None, text: str, output_dir: Path, say: Say, start: int) -> None:
+        """`steps`: PROFILE_STEPS, (START, END); `text`: as the setting was written."""
+        self.range, self.text, self.output_dir, self.say = steps, text, output_dir, say
         self.profiling = False
         if self.range:
             if start >= self.range[1]:

@@ -24,10 +24,9 @@ from train.model_file import OWN_STEP_PRECISION, model_fingerprint
 from train.run_state import Start
 from train.rundir import checkpoints_newest_first
 from train.settings import Settings, agreed_settings
-from train.writer import Writer
+from train.writer import Json, Writer
 
 Say = Callable[[str], None]
-Json = dict[str, object]  # a JSON document's object (run.json)
 
 
 def steps_per_epoch(settings: Settings, data: Data, runtime: Runtime) -> int:

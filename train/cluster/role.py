@@ -77,7 +77,14 @@ class Peers(Protocol):
 
 
 class Writers(Protocol[W_co]):
-    """The two writers a role may hold (train.writer.Writers): the chief's, and the silent one of the others."""
+    """The two writers a role may hold (train.writer.Writers) for OUTPUT_DIR: the chief's, and the silent one of
+    the others; `say`: what the process says (a warning crash.log could not be written, say)."""
+
+    @property
+    def output_dir(self) -> Path: ...
+
+    @property
+    def say(self) -> Say: ...
 
     def chief(self) -> W_co: ...
 
@@ -189,12 +196,11 @@ class Chief(Role[W]):
         return path
 
 
-def take_role(runtime: Runtime, stop: StopRequest, timeout_s: float, writers: Writers[W], output_dir: Path, say: Say
-              ) -> Role[W]:  # fmt: skip
+def take_role(runtime: Runtime, stop: StopRequest, timeout_s: float, writers: Writers[W]) -> Role[W]:
     """The one place that decides which worker this process is, once the cluster has formed (`connect`): the chief
     (or the only process) gets a `Chief` and the chief's writer, every other worker a `Role` and a writer that writes
     nothing. `stop`: the SIGTERM/Ctrl-C flag; `timeout_s`: how long a worker waits for another's answer."""
     peers = connect(runtime, stop, timeout_s)
     if peers.is_chief:
-        return Chief(peers, writers.chief(), output_dir, say)
-    return Role(peers, writers.other(), output_dir, say)
+        return Chief(peers, writers.chief(), writers.output_dir, writers.say)
+    return Role(peers, writers.other(), writers.output_dir, writers.say)
