@@ -22,7 +22,11 @@ ReduceLROnPlateau's reduction) is already in it. So EarlyStopping's and ReduceLR
 as they were; what a callback built in the batch hooks, or read from the weights, does not (docs/design.md).
 
 MONITOR picks the best epoch by its logs: the direction as Keras's mode="auto" tells it from the name (or
-MONITOR_MODE), the best epoch's checkpoint kept whatever KEEP_CHECKPOINTS says, and exported at the end.
+MONITOR_MODE), the best epoch's checkpoint kept whatever KEEP_CHECKPOINTS says (by the chief's role), and exported
+at the end.
+
+Each job is one object: `ForkCallbacks` calls the callbacks, `EpochLogs` records the logs, `BestEpoch` follows
+MONITOR; `Callbacks`, the hook, calls them in the order above.
 """
 
 from __future__ import annotations
@@ -30,25 +34,34 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TypedDict
 
 import keras
 import tensorflow as tf
 
-from train.checkpoints import RunCheckpoint, drop_kept, keep_out_of_rotation
-from train.cluster.workers import SingleHost
+from train.checkpoints import RunCheckpoint
+from train.cluster.role import Peers, Role
 from train.context import Context
 from train.errors import SettingsError, TrainingError, first_line
-from train.hooks import Hook
+from train.hooks import Hook, Metrics
 from train.keras_seams import monitor_direction
 from train.model_file import CALLBACKS_EXAMPLE, load_model_file
-from train.rundir import EPOCHS, read_epochs
+from train.rundir import EPOCHS
 from train.settings import Settings
 from train.step import CallResult
 from train.timeline import Segment
 from train.writer import Writer
 
 Say = Callable[[str], None]
+Logs = dict[str, object]  # an epoch's logs, as Keras's callbacks get them: metric names to numbers (or lists)
+
+
+class Epoch(TypedDict):
+    """One epoch's record in epochs.json."""
+
+    epoch: int  # from 1
+    step: int  # the step it ended at
+    logs: Logs
 
 
 def build_callbacks(settings: Settings, context: Context) -> list[keras.callbacks.Callback]:
@@ -84,80 +97,207 @@ def _better(value: float, best: float | None, direction: str) -> bool:
     return best is None or (value > best if direction == "max" else value < best)
 
 
+class ForkCallbacks:
+    """The fork's callbacks, called as `model.fit` calls them; a callback's `model.stop_training` (the chief's,
+    across workers) ends the run."""
+
+    def __init__(
+        self, callbacks: list[keras.callbacks.Callback], network: keras.Model, epochs: int, steps_per_epoch: int,
+        peers: Peers,
+    ) -> None:  # fmt: skip
+        self.callbacks, self.network, self.peers = callbacks, network, peers
+        self.stopped_early = False
+        network.stop_training = False
+        for callback in callbacks:
+            callback.set_model(network)
+            callback.set_params({"verbose": 0, "epochs": epochs, "steps": steps_per_epoch})
+
+    def __bool__(self) -> bool:
+        return bool(self.callbacks)
+
+    def each(self, hook: str, *args: object) -> None:
+        """`hook` (on_epoch_end, ...) of every callback, in the order MODEL's build_callbacks gave them."""
+        for callback in self.callbacks:
+            getattr(callback, hook)(*args)
+
+    def stop_requested(self, step: int) -> bool:
+        """Whether a callback set `model.stop_training` (the chief's, across workers)."""
+        if not self.callbacks:
+            return False
+        stop = bool(getattr(self.network, "stop_training", False))
+        if self.peers.workers > 1:
+            stop = self.peers.share_from_chief(f"callbacks/stop_training/{step}", "1" if stop else "0") == "1"
+            self.network.stop_training = stop
+        self.stopped_early = self.stopped_early or stop
+        return stop
+
+
+class EpochLogs:
+    """Each epoch's logs, in epochs.json (the chief's writer writes it); a restart reads them back, the same on
+    every worker."""
+
+    def __init__(self, role: Role[Writer], say: Say) -> None:
+        self.writer, self.peers, self.say = role.writer, role.peers, say
+        self.entries: list[Epoch] = []
+
+    def recorded(self, start_step: int, segment: Segment, replayed: bool) -> list[Epoch]:
+        """The chief's epochs.json up to the step this start resumes from (an epoch logged but not saved is trained
+        again), the same on every worker. `replayed`: whether anything replays them (callbacks or MONITOR)."""
+        recorded = self.writer.recorded_epochs()
+        done = segment.epochs_completed(start_step)  # the run's own epochs
+        if recorded is None and done >= 1 and replayed:
+            self.say(
+                f"warning: {self.writer.output_dir / EPOCHS} is missing: the callbacks and MONITOR start afresh at "
+                f"epoch {done + 1}; the epochs before it are not replayed."
+            )
+        text = json.dumps([entry for entry in recorded or [] if entry["step"] <= start_step])
+        return json.loads(self.peers.share_from_chief("callbacks/epochs", text))
+
+    def add(self, entry: Epoch) -> None:
+        self.entries.append(entry)
+
+    def write(self, latest: str | None) -> None:
+        self.writer.epochs(self.entries, latest)
+
+    @property
+    def last_logs(self) -> Logs:
+        return dict(self.entries[-1]["logs"]) if self.entries else {}
+
+
+def _better(value: object, best: object, direction: str) -> bool:
+    """Strictly better, as Keras's monitors compare (a tie keeps the earlier epoch; NaN is never better)."""
+    if not isinstance(value, int | float) or math.isnan(value):
+        return False
+    return not isinstance(best, int | float) or (value > best if direction == "max" else value < best)
+
+
+class BestEpoch:
+    """MONITOR's best epoch: judged at every epoch's end, its checkpoint kept out of KEEP_CHECKPOINTS' rotation
+    (the chief's role keeps it), its weights evaluated and exported at the end."""
+
+    def __init__(self, monitor: str | None, mode: str, network: keras.Model, role: Role[Writer],
+                 checkpoint: RunCheckpoint, say: Say) -> None:  # fmt: skip
+        self.monitor, self.network, self.role, self.checkpoint, self.say = monitor, network, role, checkpoint, say
+        self.direction: str | None = None if mode == "auto" else mode
+        self.best: Epoch | None = None
+        self.kept: int | None = None  # the step of the checkpoint kept out of the rotation for the best epoch
+
+    def judge(self, entry: Epoch, replay: bool) -> None:
+        """Epoch `entry` ended (or is replayed): is it the best yet? Raises SettingsError for a MONITOR it lacks."""
+        if not self.monitor:
+            return
+        monitor, logs, epoch = self.monitor, entry["logs"], entry["epoch"]
+        if monitor not in logs:
+            raise SettingsError(
+                f"MONITOR={monitor!r} is not among epoch {epoch}'s logs: {', '.join(sorted(logs))}; set MONITOR "
+                f"to one of them (a val_ name is evaluation's), then run again to resume"
+            )
+        if not isinstance(logs[monitor], int | float):
+            raise SettingsError(
+                f"MONITOR={monitor!r} is a metric of several values ({logs[monitor]!r:.60}): name one "
+                f"that is a single number, like {', '.join(sorted(n for n, v in logs.items() if isinstance(v, float)))}"
+            )
+        if self.direction is None:
+            self.direction = monitor_direction(self.network, monitor)
+            if self.direction is None:
+                raise SettingsError(
+                    f"MONITOR={monitor!r}: whether it should rise or fall cannot be told from its name (as "
+                    "Keras's mode='auto' tells it): set MONITOR_MODE=max or min, then run again to resume"
+                )
+        best = self.best["logs"][monitor] if self.best else None
+        # a replayed epoch is the best only where the chief still has its checkpoint
+        if _better(logs[monitor], best, self.direction) and (not replay or self.role.holds_checkpoint(entry["step"])):
+            self.best = entry
+
+    def agree(self, replayed: list[Epoch]) -> None:
+        """After the replay: the chief's best, the one whose checkpoint it found, on every worker; kept out of the
+        rotation (a kill right after its save left it in)."""
+        if not self.monitor or not replayed:
+            return
+        best = self.role.peers.share_from_chief("callbacks/best", str(self.best["step"]) if self.best else "")
+        self.best = next((entry for entry in replayed if str(entry["step"]) == best), None)
+        if self.best:
+            self.role.keep_out_of_rotation(self.best["step"])
+            self.kept = self.best["step"]
+
+    def saved(self, step: int) -> None:
+        """After the checkpoint of `step` was saved: the best epoch's is kept out of KEEP_CHECKPOINTS' rotation,
+        and the one kept for the previous best is deleted."""
+        if not self.best or self.best["step"] != step:
+            return
+        self.role.keep_out_of_rotation(step)
+        if self.kept is not None and self.kept != step:
+            self.role.drop_kept(self.kept)
+        self.kept = step
+
+    def use(self) -> None:
+        """The best epoch's weights in place of the last step's (on every worker), to evaluate and export; the last
+        checkpoint stays what a restart resumes from."""
+        if not self.best:
+            return
+        prefix = self.checkpoint.directory / f"ckpt-{self.best['step']}"
+        try:
+            self.checkpoint.checkpoint.restore(str(prefix)).assert_existing_objects_matched()
+        except (tf.errors.OpError, ValueError, AssertionError, IndexError) as error:  # (restore_newest's kinds)
+            raise TrainingError(
+                f"the best epoch's checkpoint {prefix} (MONITOR={self.monitor}) does not load "
+                f"({first_line(error, 160)}); the last checkpoint {self.checkpoint.latest} is intact: "
+                "run again to export"
+            ) from None
+        value = self.best["logs"][str(self.monitor)]
+        self.say(
+            f"MONITOR={self.monitor}: the best epoch is {self.best['epoch']} (step {self.best['step']}, {self.monitor} "
+            f"{value:.4f}, {self.direction}); its weights are evaluated and exported, the last checkpoint resumes."
+        )
+
+    def summary(self) -> dict[str, object] | None:
+        if not self.best or not self.monitor:
+            return None
+        return {"epoch": self.best["epoch"], "step": self.best["step"], self.monitor: self.best["logs"][self.monitor]}
+
+
 class Callbacks(Hook):
-    """The callbacks, the epochs' logs and MONITOR's best epoch of one run: a hook between the loop's calls.
-    Without callbacks and MONITOR it only records the logs. A callback's `model.stop_training` ends the run
-    with a checkpoint (`save_on_stop`)."""
+    """The callbacks, the epochs' logs and MONITOR's best epoch of one run: a hook between the loop's calls, which
+    calls each job in the order `model.fit` does. Without callbacks and MONITOR it only records the logs. A
+    callback's `model.stop_training` ends the run with a checkpoint (`save_on_stop`)."""
 
     save_on_stop = True
 
     def __init__(
         self, callbacks: list[keras.callbacks.Callback], settings: Settings, network: keras.Model,
-        steps_per_epoch: int, peers: SingleHost, checkpoint: RunCheckpoint, writer: Writer, say: Say,
+        steps_per_epoch: int, role: Role[Writer], checkpoint: RunCheckpoint, say: Say,
     ) -> None:  # fmt: skip
-        self.callbacks, self.network, self.peers, self.checkpoint = callbacks, network, peers, checkpoint
-        self.output_dir, self.writer, self.say = settings.output_dir, writer, say
-        self.monitor, self.mode = settings.monitor, settings.monitor_mode
-        self.direction: str | None = None if self.mode == "auto" else self.mode
-        self.steps_per_epoch = steps_per_epoch
-        self.epochs: list[dict[str, Any]] = []  # {"epoch": 1, "step": S, "logs": {...}}, epoch counted from 1
-        self.best: dict[str, Any] | None = None  # one of `epochs`
-        self.kept: int | None = None  # the step of the checkpoint kept out of the rotation for the best epoch
-        self.metrics: dict[str, Any] = {}  # the last call's training metrics
+        self.fork = ForkCallbacks(callbacks, network, settings.epochs, steps_per_epoch, role.peers)
+        self.logs = EpochLogs(role, say)
+        self.best = BestEpoch(settings.monitor, settings.monitor_mode, network, role, checkpoint, say)
+        self.checkpoint, self.say = checkpoint, say
+        self.metrics: Metrics = {}  # the last call's training metrics
         # The epoch under way (from 0, as Keras counts) and the step it began at: from the loop's epoch ends (and
         # the recorded ones), not from step arithmetic, since a start at another global batch re-bases the epochs.
         self.epoch, self.epoch_start, self.epoch_begun = 0, 0, False
-        self.stopped_early = False
-        network.stop_training = False
-        for callback in callbacks:
-            callback.set_model(network)
-            callback.set_params({"verbose": 0, "epochs": settings.epochs, "steps": self.steps_per_epoch})
 
-    def _each(self, hook: str, *args: Any) -> None:
-        for callback in self.callbacks:
-            getattr(callback, hook)(*args)
+    @property
+    def stopped_early(self) -> bool:
+        return self.fork.stopped_early
 
     # --- a start: on_train_begin and the replay ---
 
     def begin(self, start_step: int, segment: Segment) -> None:
         """on_train_begin, then the recorded epochs up to `start_step` replayed, then the checkpoint restored again
         (after `train.resume.open_run_dir` restored it). `segment`: the run's mapping of steps to epochs."""
-        recorded = self._recorded(start_step, segment)
+        recorded = self.logs.recorded(start_step, segment, replayed=bool(self.fork or self.best.monitor))
         if recorded:
             self.epoch, self.epoch_start = recorded[-1]["epoch"], recorded[-1]["step"]
         else:  # a first start, or a run without its epochs.json: the run's own mapping of steps to epochs
             self.epoch = segment.epochs_completed(start_step)
             self.epoch_start = segment.epoch_start(self.epoch)
-        self._each("on_train_begin", {})
+        self.fork.each("on_train_begin", {})
         for entry in recorded:
-            self._each("on_epoch_begin", entry["epoch"] - 1, {})
-            self._epoch_end(entry["epoch"], entry["step"], entry["logs"], replay=True)
-        if self.callbacks and recorded:
+            self.fork.each("on_epoch_begin", entry["epoch"] - 1, {})
+            self._epoch_end(entry, replay=True)
+        if self.fork and recorded:
             self._restore_again(start_step)
-        if self.monitor and recorded:  # the chief's best, the one whose checkpoint it found, on every worker
-            best = self._share("best", str(self.best["step"]) if self.best else "")
-            self.best = next((entry for entry in self.epochs if str(entry["step"]) == best), None)
-            if self.best and self.peers.is_chief:  # a kill right after its save left it in the rotation
-                keep_out_of_rotation(self.checkpoint.manager, self.best["step"])
-                self.kept = self.best["step"]
-
-    def _recorded(self, start_step: int, segment: Segment) -> list[dict[str, Any]]:
-        """The chief's epochs.json up to the step this start resumes from (an epoch logged but not saved is trained
-        again), the same on every worker."""
-        text = "[]"
-        if self.peers.is_chief:
-            recorded, _ = read_epochs(self.output_dir)  # damage was refused before TensorFlow loaded (preflight)
-            done = segment.epochs_completed(start_step)  # the run's own epochs
-            if recorded is None and done >= 1 and (self.callbacks or self.monitor):
-                self.say(
-                    f"warning: {self.output_dir / EPOCHS} is missing: the callbacks and MONITOR start afresh at epoch "
-                    f"{done + 1}; the epochs before it are not replayed."
-                )
-            text = json.dumps([entry for entry in recorded or [] if entry["step"] <= start_step])
-        return json.loads(self._share("epochs", text))
-
-    def _share(self, name: str, value: str) -> str:
-        return self.peers.share_from_chief(f"callbacks/{name}", value)
+        self.best.agree(self.logs.entries)
 
     def _restore_again(self, start_step: int) -> None:
         """What the replay changed in the model or optimizer was in the checkpoint already: it wins."""
@@ -173,114 +313,51 @@ class Callbacks(Hook):
     # --- between calls ---
 
     def before_call(self, step: int) -> None:
-        if not self.callbacks:
+        if not self.fork:
             return
         if not self.epoch_begun:  # an epoch's first call, or the first call of a start
             self.epoch_begun = True
-            self._each("on_epoch_begin", self.epoch, {})
-        self._each("on_train_batch_begin", step - self.epoch_start, {})
+            self.fork.each("on_epoch_begin", self.epoch, {})
+        self.fork.each("on_train_batch_begin", step - self.epoch_start, {})
 
     def after_call(self, step: int, result: CallResult, skipped: int, examples_per_sec: float | None) -> None:
         self.metrics = result.metrics
-        if self.callbacks:
-            self._each("on_train_batch_end", step - 1 - self.epoch_start, dict(result.metrics))
+        if self.fork:
+            self.fork.each("on_train_batch_end", step - 1 - self.epoch_start, dict(result.metrics))
 
     def should_stop(self, step: int, saved_step: int, skipped: int) -> bool:
-        return self.stop_requested(step)
+        return self.fork.stop_requested(step)
 
-    def epoch_end(self, epoch: int, step: int, evaluation: dict[str, Any]) -> None:
+    def epoch_end(self, epoch: int, step: int, metrics: Metrics) -> None:
         """After epoch `epoch` (from 1) was evaluated at `step`: on_epoch_end, MONITOR, epochs.json (the chief)."""
-        logs = {**self.metrics, **{f"val_{name}": value for name, value in evaluation.items()}}
-        self._epoch_end(epoch, step, logs, replay=False)
+        logs: Logs = {**self.metrics, **{f"val_{name}": value for name, value in metrics.items()}}
+        self._epoch_end(Epoch(epoch=epoch, step=step, logs=logs), replay=False)
         self.epoch, self.epoch_start, self.epoch_begun = epoch, step, False
-        self.writer.epochs(self.epochs, self.checkpoint.latest)
+        self.logs.write(self.checkpoint.latest)
 
-    def _epoch_end(self, epoch: int, step: int, logs: dict[str, Any], replay: bool) -> None:
+    def _epoch_end(self, entry: Epoch, replay: bool) -> None:
         """on_epoch_end, then the logs recorded as the callbacks left them (what they add, like ReduceLROnPlateau's
         learning_rate, included); a replayed epoch keeps its record, whatever the callbacks write into theirs."""
-        self._each("on_epoch_end", epoch - 1, dict(logs) if replay else logs)
-        entry = {"epoch": epoch, "step": step, "logs": logs}
-        self.epochs.append(entry)
-        if not self.monitor:
-            return
-        if self.monitor not in logs:
-            raise SettingsError(
-                f"MONITOR={self.monitor!r} is not among epoch {epoch}'s logs: {', '.join(sorted(logs))}; set MONITOR "
-                f"to one of them (a val_ name is evaluation's), then run again to resume"
-            )
-        if not isinstance(logs[self.monitor], int | float):
-            raise SettingsError(
-                f"MONITOR={self.monitor!r} is a metric of several values ({logs[self.monitor]!r:.60}): name one "
-                f"that is a single number, like {', '.join(sorted(n for n, v in logs.items() if isinstance(v, float)))}"
-            )
-        if self.direction is None:
-            self.direction = monitor_direction(self.network, self.monitor)
-            if self.direction is None:
-                raise SettingsError(
-                    f"MONITOR={self.monitor!r}: whether it should rise or fall cannot be told from its name (as "
-                    "Keras's mode='auto' tells it): set MONITOR_MODE=max or min, then run again to resume"
-                )
-        best = self.best["logs"][self.monitor] if self.best else None
-        if _better(logs[self.monitor], best, self.direction) and (not replay or self._saved(step)):
-            self.best = entry
-
-    def _saved(self, step: int) -> bool:
-        """On a restart: whether the chief still has the checkpoint of the epoch that ended at `step`."""
-        return not self.peers.is_chief or (self.checkpoint.directory / f"ckpt-{step}.index").exists()
+        self.fork.each("on_epoch_end", entry["epoch"] - 1, dict(entry["logs"]) if replay else entry["logs"])
+        self.logs.add(entry)
+        self.best.judge(entry, replay)
 
     def save(self, step: int, skipped: int) -> None:
-        """After the checkpoint of `step` was saved: the best epoch's is kept out of KEEP_CHECKPOINTS' rotation,
-        and the one kept for the previous best is deleted (the chief's)."""
-        if not self.best or self.best["step"] != step or not self.peers.is_chief:
-            return
-        keep_out_of_rotation(self.checkpoint.manager, step)
-        if self.kept is not None and self.kept != step:
-            drop_kept(self.checkpoint.manager, self.kept)
-        self.kept = step
-
-    def stop_requested(self, step: int) -> bool:
-        """Whether a callback set `model.stop_training` (the chief's, across workers)."""
-        if not self.callbacks:
-            return False
-        stop = bool(getattr(self.network, "stop_training", False))
-        if self.peers.workers > 1:
-            stop = self._share(f"stop_training/{step}", "1" if stop else "0") == "1"
-            self.network.stop_training = stop
-        self.stopped_early = self.stopped_early or stop
-        return stop
+        self.best.saved(step)
 
     def end(self, step: int) -> None:
         """on_train_end, with the last epoch's logs, once training ended at `step` (not by a signal)."""
-        self._each("on_train_end", dict(self.epochs[-1]["logs"]) if self.epochs else {})
+        self.fork.each("on_train_end", self.logs.last_logs)
         if self.stopped_early:
             epoch = self.epoch + (step > self.epoch_start)  # from 1: the one it stopped in, or at the end of
             self.say(f"Stopped early at step {step} (epoch {epoch}): a callback set model.stop_training.")
 
-    # --- the end: the best epoch's weights ---
+    # --- the end ---
 
     def use_best(self) -> None:
-        """With MONITOR, the best epoch's weights in place of the last step's (on every worker), to evaluate and
-        export; the last checkpoint stays what a restart resumes from."""
-        if not self.best:
-            return
-        prefix = self.checkpoint.directory / f"ckpt-{self.best['step']}"
-        try:
-            self.checkpoint.checkpoint.restore(str(prefix)).assert_existing_objects_matched()
-        except (tf.errors.OpError, ValueError, AssertionError, IndexError) as error:  # (restore_newest's kinds)
-            raise TrainingError(
-                f"the best epoch's checkpoint {prefix} (MONITOR={self.monitor}) does not load "
-                f"({first_line(error, 160)}); the last checkpoint {self.checkpoint.latest} is intact: "
-                "run again to export"
-            ) from None
-        value = self.best["logs"][self.monitor]
-        self.say(
-            f"MONITOR={self.monitor}: the best epoch is {self.best['epoch']} (step {self.best['step']}, {self.monitor} "
-            f"{value:.4f}, {self.direction}); its weights are evaluated and exported, the last checkpoint resumes."
-        )
+        """With MONITOR, the best epoch's weights, to evaluate and export (`BestEpoch.use`)."""
+        self.best.use()
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         """What summary.json says of the callbacks and MONITOR."""
-        best = None
-        if self.best:
-            best = {key: self.best[key] for key in ("epoch", "step")} | {self.monitor: self.best["logs"][self.monitor]}
-        return {"stopped_early": self.stopped_early, "best": best}
+        return {"stopped_early": self.stopped_early, "best": self.best.summary()}

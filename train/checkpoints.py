@@ -111,31 +111,3 @@ def save_checkpoint(manager, step: int, skipped: int) -> None:
             f"the previous checkpoint {manager.latest_checkpoint} is intact: {storage_fix(error, manager.directory)} "
             "and run again to resume"
         ) from None
-
-
-def _rotation(manager) -> dict[str, float] | None:
-    """The checkpoints the manager may delete to keep KEEP_CHECKPOINTS, by prefix (the chief's, across workers).
-
-    tf.train.CheckpointManager has no public way to keep one checkpoint beyond `max_to_keep`: the ones it deletes
-    are its `_maybe_delete`, rebuilt from its state file at every start. One taken out of it is never deleted, nor
-    listed in that file (the run finds its checkpoints by listing the folder). Guarded by tests/test_experiment.py.
-    """
-    manager = getattr(manager, "_chief_manager", manager)  # train.cluster.workers.WorkerCheckpoints
-    return getattr(manager, "_maybe_delete", None)
-
-
-def keep_out_of_rotation(manager, step: int) -> None:
-    """Keep ckpt-<step> whatever KEEP_CHECKPOINTS says (the best epoch's)."""
-    rotation = _rotation(manager)
-    for prefix in [prefix for prefix in rotation or {} if Path(prefix).name == f"ckpt-{step}"]:
-        del rotation[prefix]
-
-
-def drop_kept(manager, step: int) -> None:
-    """Delete ckpt-<step> where it was kept out of the rotation (a best epoch no longer the best); leave it to the
-    rotation where it is in it."""
-    if any(Path(prefix).name == f"ckpt-{step}" for prefix in _rotation(manager) or {}):
-        return
-    directory = Path(manager.directory)
-    for path in (directory / f"ckpt-{step}.index", *directory.glob(f"ckpt-{step}.data-*")):
-        path.unlink(missing_ok=True)

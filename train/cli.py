@@ -106,7 +106,7 @@ def _crash(error: Exception, settings: Settings | None) -> None:
     header = f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}, pid {os.getpid()}: {' '.join(sys.argv)}\n"
     text = header + "".join(traceback.format_exception(error))
     output_dir, cluster = (settings.output_dir, settings.cluster) if settings else (None, None)
-    name = CRASH_LOG if cluster is None or cluster.is_chief else f"crash-worker{cluster.worker_index}.log"
+    name = cluster.own_file(CRASH_LOG) if cluster is not None else CRASH_LOG
     places = [output_dir / name] if output_dir is not None and output_dir.is_dir() else []
     places.append(Path(tempfile.gettempdir()) / f"tf-train-crash-{os.getpid()}.log")
     for path in places:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import tensorflow as tf
 
@@ -60,12 +61,22 @@ class Context:
         return self._sample(n)
 
 
-def run_context(settings: Settings, runtime: Runtime, data: Data, steps_per_epoch: int) -> Context:
-    """The facts of a run on this runtime (its topology and precision) and data (`sample` reads its train split)."""
+class Place(Protocol):
+    """Where this process stands among the workers: its role's (train.cluster.role.Role)."""
+
+    def facts(self) -> dict[str, bool]: ...
+
+
+def run_context(
+    settings: Settings, runtime: Runtime, data: Data, steps_per_epoch: int, role: Place | None = None
+) -> Context:
+    """The facts of a run on this runtime (its topology and precision) and data (`sample` reads its train split);
+    what it says of this worker, its `role`'s (None: the only process, as `evaluate` runs)."""
     return Context(
         global_batch=runtime.global_batch, replicas=runtime.replicas, workers=runtime.workers,
         steps_per_epoch=steps_per_epoch, epochs=settings.epochs, seed=settings.seed, precision=runtime.precision,
-        is_chief=runtime.is_chief, output_dir=settings.output_dir, _sample=sample_function(data.train, data.spec),
+        output_dir=settings.output_dir, _sample=sample_function(data.train, data.spec),
+        **(role.facts() if role else {}),
     )  # fmt: skip
 
 

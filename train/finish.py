@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from train.callbacks import Callbacks
 from train.checkpoints import RunCheckpoint
+from train.cluster.role import Role
 from train.cluster.workers import WeightsDiffer
 from train.data import TrainSplit
 from train.errors import TrainingError
@@ -18,13 +18,14 @@ from train.model_file import model_fingerprint
 from train.progress import evaluation_notice, format_metrics
 from train.run_state import Position, Start
 from train.rundir import CRASH_LOG
-from train.writer import SummaryWriters, Writer
+from train.writer import Json, SummaryWriters, Writer
 
-Evaluate = Callable[[TrainSplit, int], dict[str, Any]]
+Metrics = dict[str, float | list]
+Evaluate = Callable[[TrainSplit, int], Metrics]
 
 
 def summary(start: Start, position: Position, checkpoint: RunCheckpoint, outcome: Outcome, fingerprint: str
-            ) -> dict[str, Any]:  # fmt: skip
+            ) -> Json:  # fmt: skip
     """summary.json, but for the evaluations and the export (filled in by `finish`)."""
     runtime, segment, settings, xla = position.runtime, position.segment, start.settings, start.jit_compile
     return {
@@ -66,10 +67,11 @@ def summary(start: Start, position: Position, checkpoint: RunCheckpoint, outcome
 
 
 def finish(
-    start: Start, position: Position, checkpoint: RunCheckpoint, callbacks: Callbacks, writer: Writer,
+    start: Start, position: Position, checkpoint: RunCheckpoint, callbacks: Callbacks, role: Role[Writer],
     scalars: SummaryWriters, evaluate: Evaluate, outcome: Outcome,
-) -> dict[str, Any]:  # fmt: skip
+) -> Json:  # fmt: skip
     """Evaluate both splits (every worker takes part), export and write the summary (the chief)."""
+    writer = role.writer
     for each in scalars.values():
         each.flush()
     say, peers, built = start.say, start.peers, start.built
@@ -84,7 +86,7 @@ def finish(
     try:
         peers.agree_on_weights(fingerprint)
     except WeightsDiffer as error:
-        raise _weights_differ(error, start, checkpoint, writer) from None
+        raise _weights_differ(error, start, checkpoint, role) from None
     callbacks.use_best()  # MONITOR: the best epoch's weights are evaluated and exported
     settings, data = start.settings, start.data
     batch = position.runtime.micro_global_batch  # evaluation fits wherever training fits
@@ -99,18 +101,19 @@ def finish(
     same = f" (the same on all {workers} workers)" if workers > 1 else ""
     output_dir = start.output_dir
     exported = (f"; model exported to {output_dir / 'model.keras'} and {output_dir / 'saved_model'}"
-                if writer.chief else "; the chief exports the model")  # fmt: skip
+                if result["exported_model"] else "; the chief exports the model")  # fmt: skip
     say(f"Done: {outcome.step} steps; weights sha256 {fingerprint[:16]}{same}; eval "
         f"{format_metrics(result['eval'])}{exported}.")  # fmt: skip
     peers.done()
     return result
 
 
-def _weights_differ(error: WeightsDiffer, start: Start, checkpoint: RunCheckpoint, writer: Writer) -> TrainingError:
+def _weights_differ(error: WeightsDiffer, start: Start, checkpoint: RunCheckpoint, role: Role[Writer]
+                    ) -> TrainingError:  # fmt: skip
     """The workers' weights differ (a bug of ours): the chief records every worker's hash in crash.log and keeps the
     last checkpoint; every worker says it in one line."""
     header = f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}: the workers ended with different weights (sha256)\n"
-    log = writer.crash(header + "".join(f"worker {index}: {value}\n" for index, value in enumerate(error.hashes)))
+    log = role.crash(header + "".join(f"worker {index}: {value}\n" for index, value in enumerate(error.hashes)))
     kept = f"checkpoint {checkpoint.latest} is kept" if checkpoint.latest else "the chief keeps the last checkpoint"
     where = f"every worker's hash is in {log}" if log else f"the chief's {start.output_dir / CRASH_LOG} has every hash"
     return TrainingError(

@@ -16,14 +16,14 @@ N GPUs or N workers alike. What multi-worker does differently sits behind `peers
 | what goes wrong, in one line             | train.failures    | errors; AUTO_BATCH's retry              |
 | evaluate, export, summarise              | train.finish      | summary.json's dict                     |
 
-What the chief writes, it writes through one object (train.writer); the other workers write nothing.
+Which worker this is, chief or not, is decided once: its `Role` (train.cluster.role) holds the peers, the writer
+(train.writer: the other workers write nothing) and whatever only the chief does.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 import keras
 import tensorflow as tf
@@ -32,7 +32,7 @@ from train.adapt import check_recorded
 from train.batches import describe_batch
 from train.callbacks import Callbacks
 from train.checkpoints import RunCheckpoint, make_checkpoint, restore_newest
-from train.cluster.workers import connect
+from train.cluster.role import Role, take_role
 from train.context import run_context
 from train.custom_step import make_calls, make_evaluator
 from train.data import Remainder, gathers_in_step, make_feed, open_dataset
@@ -41,17 +41,17 @@ from train.data.raised import preprocess_raised
 from train.devices.runtime import Runtime, setup_runtime
 from train.errors import SettingsError, first_line
 from train.failures import halve_batch, preprocess_shapes_hold, streamed_files_intact
-from train.finish import Evaluate, finish
-from train.hooks import Checkpoints, FiniteLoss, Profiler, Progress, Scalars, StopRequests
+from train.finish import Evaluate, Metrics, finish
+from train.hooks import Checkpoints, FiniteLoss, Hook, Profiler, Progress, Scalars, StopRequests, between_calls
 from train.loop import Outcome, Schedule, longest_call, run_loop
 from train.model import averaged_weights, build, use_averaged_weights
-from train.progress import Lines, reporter
+from train.progress import Lines
 from train.resume import hparams, open_run_dir
 from train.run_state import Position, Start
 from train.rundir import RunLock, StopRequest, check_same_model, read_run
 from train.settings import Settings
 from train.start import start_run, steps_per_epoch
-from train.writer import SummaryWriters, Writer, writer_for
+from train.writer import Json, SummaryWriters, Writer, Writers
 
 Say = Callable[[str], None]
 
@@ -60,7 +60,7 @@ def _say(message: str) -> None:
     print(message, flush=True)
 
 
-def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> dict[str, Any]:
+def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> Json:
     """Train (or resume) to EPOCHS x steps per epoch; returns the summary also written to summary.json.
 
     `stop` is the SIGTERM/Ctrl-C flag (the CLI installs it before TensorFlow loads). The caller has run
@@ -69,40 +69,39 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> dict[str, Any
     run directory, the others only train.
     """
     runtime = setup_runtime(settings)
-    peers = connect(runtime, stop, settings.worker_start_timeout)
-    lock = RunLock(settings.output_dir)
-    writer = writer_for(peers, settings.output_dir, say)
+    role = take_role(runtime, stop, settings.worker_start_timeout, Writers(settings.output_dir, say))
+    peers, writer, lock = role.peers, role.writer, RunLock(settings.output_dir)
     try:
         with peers.guard("starting"):
             peers.refuse_if_busy(settings.output_dir)
-            start, runtime = start_run(settings, runtime, peers, writer, say)
-            position, checkpoint = open_run_dir(start, runtime, lock, writer)
+            start, runtime = start_run(settings, runtime, role, say)
+            position, checkpoint = open_run_dir(start, runtime, lock, role)
             scalars = writer.scalars()
             writer.hparams(hparams(start, runtime))
             evaluate = make_evaluator(start.built, runtime.strategy)
             callbacks = Callbacks(list(start.callbacks), start.settings, start.built.network,
-                                  start.context.steps_per_epoch, peers, checkpoint, writer, say)  # fmt: skip
+                                  start.context.steps_per_epoch, role, checkpoint, say)  # fmt: skip
             callbacks.begin(checkpoint.step, position.segment)  # on_train_begin, the recorded epochs replayed
         with peers.guard("training", start.checkpoint_dir):
-            outcome = _train(start, position, checkpoint, callbacks, writer, scalars, evaluate)
+            outcome = _train(start, position, checkpoint, callbacks, role, scalars, evaluate)
             if callbacks.stopped_early:  # model.stop_training: the run is done, not interrupted
                 outcome = dataclasses.replace(outcome, interrupted=False)
             if not outcome.interrupted:
                 callbacks.end(outcome.step)
             with streamed_files_intact(start, checkpoint), preprocess_shapes_hold(start, checkpoint):
-                return finish(start, position, checkpoint, callbacks, writer, scalars, evaluate, outcome)
+                return finish(start, position, checkpoint, callbacks, role, scalars, evaluate, outcome)
     finally:
         peers.close()
         lock.release()
 
 
 def _train(
-    start: Start, position: Position, checkpoint: RunCheckpoint, callbacks: Callbacks, writer: Writer,
+    start: Start, position: Position, checkpoint: RunCheckpoint, callbacks: Callbacks, role: Role[Writer],
     scalars: SummaryWriters, evaluate: Evaluate,
 ) -> Outcome:  # fmt: skip
     """The loop, at BATCH_SIZE; on out-of-memory with AUTO_BATCH, again from the last checkpoint at half."""
     settings, say, data = start.settings, start.say, start.data
-    start.peers.watch_stops(lambda step: checkpoint.save(step, checkpoint.skipped))
+    role.peers.watch_stops(lambda step: checkpoint.save(step, checkpoint.skipped))
     while True:
         runtime, segment = position.runtime, position.segment
         schedule, first = Schedule(settings, segment), checkpoint.step
@@ -110,18 +109,25 @@ def _train(
         say(_describe(start, runtime, schedule, first))
         calls = make_calls(start.built, runtime.strategy, feed, runtime.global_batch, start.jit_compile,
                            runtime.accumulation)  # fmt: skip
-        profiler = Profiler(settings, writer.chief, start.output_dir, say, first)
-        progress = reporter(settings.progress, writer.chief, say, schedule.total_steps, segment.epoch_of,
-                            settings.epochs, first)  # fmt: skip
+        profiler = role.chief_only(Profiler, settings.profile_steps, settings.to_json()["PROFILE_STEPS"],
+                                   start.output_dir, say, first) or Hook()  # fmt: skip
+        progress = role.writer.progress(settings.progress, schedule.total_steps, segment.epoch_of, settings.epochs,
+                                        first)  # fmt: skip
 
-        def evaluate_epoch(runtime: Runtime = runtime, progress: Lines = progress) -> dict[str, float | list]:
+        def evaluate_epoch(runtime: Runtime = runtime, progress: Lines = progress) -> Metrics:
             start.built.average_statistics()  # the replicas' mean, as the export will hold it
             with averaged_weights(start.built), progress.evaluating(settings.eval_split, len(data.eval)):
                 return evaluate(data.eval, runtime.micro_global_batch)
 
-        # outermost first: see train.hooks for the order and why
-        hooks = [profiler, callbacks, StopRequests(start.peers), Scalars(scalars), Progress(progress),
-                 FiniteLoss(start.built, checkpoint), Checkpoints(checkpoint)]  # fmt: skip
+        hooks = between_calls(
+            profiler=profiler,
+            callbacks=callbacks,
+            stops=StopRequests(role.peers),
+            scalars=Scalars(scalars),
+            progress=Progress(progress),
+            finite_loss=FiniteLoss(start.built, checkpoint),
+            checkpoints=Checkpoints(checkpoint),
+        )
         try:
             with (  # the innermost hears an error first: an odd shape, then a damaged or undecodable file
                 preprocess_raised(data.spec, settings.model, lambda: checkpoint.latest),
@@ -130,7 +136,7 @@ def _train(
             ):
                 return run_loop(calls, schedule, first, checkpoint.skipped, hooks, evaluate_epoch)
         except tf.errors.ResourceExhaustedError:
-            halve_batch(start, position, checkpoint, writer)
+            halve_batch(start, position, checkpoint, role.writer)
 
 
 def _feed(start: Start, position: Position, schedule: Schedule, first: int):
@@ -175,7 +181,7 @@ def _describe(start: Start, runtime: Runtime, schedule: Schedule, first: int) ->
     )
 
 
-def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> dict[str, Any]:
+def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> Json:
     """Every compiled metric on EVAL_SPLIT, of the latest checkpoint or of the exported `model.keras`.
 
     `settings` are the run's (the CLI reads its settings.json under the flags and environment)."""

@@ -6,14 +6,8 @@ is ordered outermost first, and the loop calls it as nested context managers wou
     should_stop, before_call          outermost first (the first hook that says stop ends the loop)
     after_call, log, epoch_end, save, close     innermost first
 
-`fit` builds, for each attempt of its loop (AUTO_BATCH retries at a smaller batch), the list
-
-    Profiler, Callbacks, StopRequests, Scalars, Progress, FiniteLoss, Checkpoints
-
-so that, exactly as the loop has always run them: the profiler starts before the callbacks' batch hook and stops
-after it; a callback's `model.stop_training` is heard before a signal; the loss is checked before anything
-reports it; the progress line comes before TensorBoard's scalars; an epoch's evaluation is shown and recorded
-before the callbacks hear of it; and a checkpoint is saved before the callbacks keep it as MONITOR's best.
+`between_calls` makes the list, for each attempt of `fit`'s loop (AUTO_BATCH retries at a smaller batch): the
+order, and why, are written there and nowhere else.
 """
 
 from __future__ import annotations
@@ -25,11 +19,10 @@ from pathlib import Path
 import tensorflow as tf
 
 from train.checkpoints import RunCheckpoint
-from train.cluster.workers import SingleHost
+from train.cluster.role import Peers
 from train.errors import TrainingError
 from train.model import Built
 from train.progress import Lines
-from train.settings import Settings
 from train.step import CallResult
 from train.writer import SummaryWriters
 
@@ -69,14 +62,14 @@ class Hook:
 
 
 class Profiler(Hook):
-    """PROFILE_STEPS: the chief's trace starts before step START (counted from 1) and stops after step END, into
-    logs/; said where a start resumes past or inside the range."""
+    """PROFILE_STEPS: the trace starts before step START (counted from 1) and stops after step END, into logs/;
+    said where a start resumes past or inside the range. The chief's alone (its role makes it: train.fit)."""
 
-    def __init__(self, settings: Settings, chief: bool, output_dir: Path, say: Say, start: int) -> None:
-        self.range, self.chief, self.output_dir, self.say = settings.profile_steps, chief, output_dir, say
-        self.text = settings.to_json()["PROFILE_STEPS"]
+    def __init__(self, steps: tuple[int, int] | None, text: str, output_dir: Path, say: Say, start: int) -> None:
+        """`steps`: PROFILE_STEPS, (START, END); `text`: as the setting was written."""
+        self.range, self.text, self.output_dir, self.say = steps, text, output_dir, say
         self.profiling = False
-        if self.range and chief:
+        if self.range:
             if start >= self.range[1]:
                 say(f"PROFILE_STEPS={self.text}: those steps were trained before this start (at step {start}): no "
                     "trace.")  # fmt: skip
@@ -85,7 +78,7 @@ class Profiler(Hook):
                     f"{start + 1}-{self.range[1]}.")  # fmt: skip
 
     def before_call(self, step: int) -> None:
-        if self.range and self.chief and not self.profiling and self.range[0] - 1 <= step < self.range[1]:
+        if self.range and not self.profiling and self.range[0] - 1 <= step < self.range[1]:
             tf.profiler.experimental.start(str(self.output_dir / "logs"))
             self.profiling = True
 
@@ -106,7 +99,7 @@ class StopRequests(Hook):
     """SIGTERM or Ctrl-C (train.rundir.StopRequest), heard on every worker at the same call: `peers` saves the
     step (a collective across workers) and says stop."""
 
-    def __init__(self, peers: SingleHost) -> None:
+    def __init__(self, peers: Peers) -> None:
         self.peers = peers
 
     def should_stop(self, step: int, saved_step: int, skipped: int) -> bool:
@@ -202,3 +195,15 @@ class Checkpoints(Hook):
 
     def save(self, step: int, skipped: int) -> None:
         self.checkpoint.save(step, skipped)
+
+
+def between_calls(
+    *, profiler: Hook, callbacks: Hook, stops: Hook, scalars: Hook, progress: Hook, finite_loss: Hook,
+    checkpoints: Hook,
+) -> list[Hook]:  # fmt: skip
+    """The hooks between calls, outermost first: the one place their order is written. So, as the loop has always
+    run them: the profiler starts before the callbacks' batch hook and stops after it; a callback's
+    `model.stop_training` is heard before a signal; the loss is checked before anything reports it; the progress
+    line comes before TensorBoard's scalars; an epoch's evaluation is shown and recorded before the callbacks hear
+    of it; and a checkpoint is saved before the callbacks keep it as MONITOR's best."""
+    return [profiler, callbacks, stops, scalars, progress, finite_loss, checkpoints]

@@ -25,17 +25,22 @@ Keras 3.15.1 (pinned in pyproject.toml). If an upgrade moves one of these, the t
   (SYNC_BATCH_NORM's warning; tests/test_statistics.py).
 - `MonitorCallback._set_monitor_op`: MONITOR's direction as Keras's mode="auto" decides it (the name "loss", or
   a compiled metric's `_direction`), asked of an EarlyStopping (tests/test_experiment.py).
+- `tf.train.CheckpointManager._maybe_delete`: the checkpoints the manager deletes to keep `max_to_keep`, rebuilt
+  from its state file at every start. It has no public way to keep one beyond `max_to_keep`; one taken out of
+  this dict is never deleted, nor listed in that file (the run finds its checkpoints by listing the folder).
+  MONITOR's best epoch is kept so, by the chief (train.cluster.role; tests/test_experiment.py, the best epoch's
+  checkpoint kept across a resume at KEEP_CHECKPOINTS=1).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import keras
+import tensorflow as tf
 
 
-def build_metrics_and_loss(model: keras.Model, features: Any, labels: Any) -> None:
+def build_metrics_and_loss(model: keras.Model, features: object, labels: object) -> None:
     """Create the compiled metrics' and loss's state from one batch's spec (arrays or KerasTensors)."""
     model._symbolic_build(data_batch=(features, labels))
 
@@ -95,3 +100,9 @@ def monitor_direction(model: keras.Model, monitor: str) -> str | None:
     except ValueError:
         return None
     return "max" if bool(probe.monitor_op(1.0, 0.0)) else "min"
+
+
+def rotation(manager: tf.train.CheckpointManager) -> dict[str, float]:
+    """The checkpoints `manager` may delete to keep `max_to_keep`, by prefix (their time saved): one deleted from
+    this dict stays on disk."""
+    return manager._maybe_delete

@@ -8,12 +8,13 @@ so does AUTO_BATCH's retry at a smaller batch (`rebase`).
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import keras
+import numpy as np
 
 from train.batches import accumulation_changed
 from train.checkpoints import RunCheckpoint, make_checkpoint
+from train.cluster.role import Role
 from train.data import StreamedSplit, batches_per_pass, input_pipelines
 from train.devices.runtime import Runtime
 from train.model_file import model_fingerprint
@@ -21,22 +22,22 @@ from train.run_state import Position, Start
 from train.rundir import RunLock
 from train.start import moved, steps_per_epoch, topology
 from train.timeline import Segment, first_segment, resume, segment_at, unread_pass, with_remainder
-from train.writer import Writer
+from train.writer import Json, Writer
 
 
-def open_run_dir(start: Start, runtime: Runtime, lock: RunLock, writer: Writer) -> tuple[Position, RunCheckpoint]:
+def open_run_dir(start: Start, runtime: Runtime, lock: RunLock, role: Role[Writer]) -> tuple[Position, RunCheckpoint]:
     """From here on the run directory is written (by the chief only): lock, settings, checkpoints, logs."""
-    settings, say, peers = start.settings, start.say, start.peers
+    settings, say, writer = start.settings, start.say, role.writer
     writer.lock(lock)
     changed = writer.changed_settings(settings)
     made = make_checkpoint(start.built)
-    manager = peers.checkpoint_manager(made, start.checkpoint_dir, settings.keep_checkpoints)
+    manager = role.checkpoint_manager(made, start.checkpoint_dir, settings.keep_checkpoints)
     checkpoint = RunCheckpoint(made, manager, start.built, runtime.strategy, start.checkpoint_dir)
-    restored = checkpoint.newest(say, peers.restore)
+    restored = checkpoint.newest(say, role.peers.restore)
     # Written once the run's checkpoints have loaded (or there are none): a start that cannot open the run rewrites
     # nothing of it (a run.json naming another model would lock the right one out).
     step = checkpoint.step if restored else 0
-    position = _take_up_segment(start, runtime, step, list(start.recorded.get("starts") or []), writer)
+    position = _take_up_segment(start, runtime, step, list(start.recorded.get("starts") or []), role)
     writer.settings(settings)
     writer.run(run_record(start, position))
     _say_model(start.built.serving, writer, resumed=bool(restored))
@@ -54,9 +55,9 @@ def open_run_dir(start: Start, runtime: Runtime, lock: RunLock, writer: Writer) 
     return position, checkpoint
 
 
-def hparams(start: Start, runtime: Runtime) -> dict[str, Any]:
+def hparams(start: Start, runtime: Runtime) -> Json:
     """The resolved settings and what the run resolved, for TensorBoard's HParams table (train.writer)."""
-    values: dict[str, Any] = start.settings.typed()  # build_model's hyperparameters (HP_*) among them
+    values: Json = start.settings.typed()  # build_model's hyperparameters (HP_*) among them
     values.update(replicas=runtime.replicas, global_batch=runtime.global_batch, accumulation=runtime.accumulation,
                   precision=runtime.precision, xla=start.jit_compile, data_in_memory=start.data.in_memory)  # fmt: skip
     return values
@@ -70,7 +71,7 @@ def _say_model(model: keras.Model, writer: Writer, resumed: bool) -> None:
         model.summary(print_fn=lambda line, **_: writer.note(line))
 
 
-def run_record(start: Start, position: Position) -> dict[str, Any]:
+def run_record(start: Start, position: Position) -> Json:
     """run.json: what the first start resolved (kept from the file as this start found it), every start (this
     one last)."""
     settings, recorded = start.settings, start.recorded
@@ -92,7 +93,7 @@ def segment_facts(start: Start, runtime: Runtime) -> tuple[int, int, int, int]:
     return runtime.global_batch, steps_per_epoch(start.settings, start.data, runtime), pass_batches, pipelines
 
 
-def _marks(start: Start, segment: Segment) -> tuple[Any, ...]:
+def _marks(start: Start, segment: Segment) -> tuple[np.ndarray, ...]:
     """What each input pipeline reads of the rest of the pass `segment` begins with (train.timeline)."""
     if not segment.in_remainder(segment.first_step):
         return ()
@@ -102,7 +103,8 @@ def _marks(start: Start, segment: Segment) -> tuple[Any, ...]:
     ))  # fmt: skip
 
 
-def _with_unread_pass(start: Start, previous: Segment, segment: Segment, step: int) -> tuple[Segment, tuple[Any, ...]]:
+def _with_unread_pass(start: Start, previous: Segment, segment: Segment, step: int
+                      ) -> tuple[Segment, tuple[np.ndarray, ...]]:  # fmt: skip
     """A streamed split resumed mid-pass at another worker count reads first what its old workers had not read
     of that pass, every such example once: `segment` with that rest of the pass in front, and its marks."""
     split = start.data.train
@@ -119,16 +121,17 @@ def _with_unread_pass(start: Start, previous: Segment, segment: Segment, step: i
     return with_remainder(segment, previous, unread, length), marks
 
 
-def _take_up_segment(start: Start, runtime: Runtime, step: int, starts: list[Any], writer: Writer) -> Position:
+def _take_up_segment(start: Start, runtime: Runtime, step: int, starts: list[Json], role: Role[Writer]) -> Position:
     """This start's segment (train.timeline): the recorded one at `step`, re-based where the global batch or
     the steps per epoch differ; decided on the chief, the same on every worker. Said where it changes."""
     facts = segment_facts(start, runtime)
     # None recorded: a new run, or a run.json from before starts were recorded (its steps map as they did)
     previous = segment_at(starts, step) or first_segment(*facts)
     segment, marks = resume(previous, step, *facts), ()
-    if writer.chief:
-        segment, marks = _with_unread_pass(start, previous, segment, step)
-    text = start.peers.share_from_chief("segment", json.dumps(segment.to_json()))
+    chosen = role.chief_only(_with_unread_pass, start, previous, segment, step)
+    if chosen is not None:
+        segment, marks = chosen
+    text = role.peers.share_from_chief("segment", json.dumps(segment.to_json()))
     segment = Segment.from_json(json.loads(text))
     # the chief's, or (another worker, or a restart inside that rest of a pass) made again: the same
     marks = marks or (_marks(start, segment) if segment.in_remainder(step) else ())
@@ -138,15 +141,15 @@ def _take_up_segment(start: Start, runtime: Runtime, step: int, starts: list[Any
     position = Position(runtime, segment, marks, [*starts, this])
     if moved(starts, runtime):
         last = starts[-1]
-        writer.note(
+        role.writer.note(
             f"This start runs {runtime.replicas} replica(s) on {runtime.workers} worker(s), the last one "
             f"{last.get('replicas')} on {last.get('workers')}: chosen again for these devices, XLA "
             f"{'on' if start.jit_compile else 'off'} and the all-reduce {all_reduce(runtime, start.jit_compile)}."
         )
     if previous.global_batch != segment.global_batch:
-        writer.note(_new_batch(start, position, previous, step))
+        role.writer.note(_new_batch(start, position, previous, step))
     elif starts and starts[-1].get("accumulation", 1) != runtime.accumulation:
-        writer.note(accumulation_changed(starts[-1], runtime))
+        role.writer.note(accumulation_changed(starts[-1], runtime))
     return position
 
 

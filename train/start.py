@@ -6,27 +6,25 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
-from typing import Any
 
 from train.accumulation import refuse_custom_train_step
 from train.adapt import check_recorded
 from train.callbacks import build_callbacks
 from train.cluster.agreement import Decision, reconcile, report
-from train.cluster.workers import SingleHost
-from train.context import run_context
+from train.cluster.role import Peers, Role
+from train.context import Context, run_context
 from train.custom_step import refuse_unevaluated_monitor
 from train.data import Data, Dataset, batches_per_pass, gathers_in_step, input_pipelines, open_dataset
 from train.data.opening import check_same_data, data_identity_text
 from train.data.spec import features_record
 from train.devices.runtime import Runtime, auto_precision, choose_xla
 from train.errors import SettingsError
-from train.exportable import check_exportable
 from train.model import Built, build
 from train.model_file import OWN_STEP_PRECISION, model_fingerprint
 from train.run_state import Start
 from train.rundir import checkpoints_newest_first
 from train.settings import Settings, agreed_settings
-from train.writer import Writer
+from train.writer import Json, Writer
 
 Say = Callable[[str], None]
 
@@ -46,7 +44,7 @@ def workers_here(runtime: Runtime) -> int:
     return sum(address.rpartition(":")[0] in local for address in runtime.cluster.addresses)
 
 
-def agree(settings: Settings, runtime: Runtime, peers: SingleHost, dataset: Dataset, recorded: dict) -> Decision:
+def agree(settings: Settings, runtime: Runtime, peers: Peers, dataset: Dataset, recorded: Json) -> Decision:
     """Every worker's settings, model and facts against the chief's, and one answer for each auto. `recorded`:
     run.json as the chief found it ({} on other workers)."""
     spec = dataset.spec
@@ -65,18 +63,18 @@ def agree(settings: Settings, runtime: Runtime, peers: SingleHost, dataset: Data
     return reconcile(peers.all_gather("report", this_worker))
 
 
-def topology(runtime: Runtime) -> dict[str, Any]:
+def topology(runtime: Runtime) -> dict[str, object]:
     """What a start ran on: a resume on other devices decides again what does not change the math."""
     return {"workers": runtime.workers, "replicas": runtime.replicas, "devices": list(runtime.devices)}
 
 
-def moved(starts: list[dict[str, Any]], runtime: Runtime) -> bool:
+def moved(starts: list[Json], runtime: Runtime) -> bool:
     """Whether this start runs on other devices or workers than the last one recorded."""
     return bool(starts) and {key: starts[-1].get(key) for key in topology(runtime)} != topology(runtime)
 
 
 def _decide_xla(
-    runtime: Runtime, peers: SingleHost, built: Built, whole_call: bool, jit: str, recorded_run: dict[str, Any]
+    runtime: Runtime, role: Role[Writer], built: Built, whole_call: bool, jit: str, recorded_run: Json
 ) -> tuple[bool, str]:
     """XLA on or off, decided on the chief at a run's first start and reused on resume (on the same devices; on
     others, decided again: it does not change the math), the same on every worker."""
@@ -94,50 +92,50 @@ def _decide_xla(
             last = starts[-1]
             why = (f"{why}; chosen again: the last start ran {last.get('replicas')} replica(s) on "
                    f"{last.get('workers')} worker(s)")  # fmt: skip
-    on = peers.share_from_chief("jit", "1" if on else "0") == "1"
-    return on, why if peers.is_chief else "as the chief decided"
+    return role.decided("jit", on, why)
 
 
-def _build(settings: Settings, runtime: Runtime, data: Data, say: Say):
+def _build(settings: Settings, runtime: Runtime, data: Data, role: Role[Writer], say: Say
+           ) -> tuple[Runtime, Context, Built]:  # fmt: skip
     """The context and the model; MIXED_PRECISION=auto gives a model's own train_step float32 (train.model)."""
-    context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))  # a split under one
+    context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime), role)  # a split under one
     built = build(settings, data.spec, runtime.strategy, context, say)  # global batch, a bad model: before writing
     if built.custom_step is not None and runtime.precision == "mixed_float16":
         say(f"MIXED_PRECISION=auto: {OWN_STEP_PRECISION}.")
         runtime = runtime.with_precision("float32")
-        context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))
+        context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime), role)
         built = build(settings, data.spec, runtime.strategy, context)
     return runtime, context, built
 
 
-def start_run(settings: Settings, runtime: Runtime, peers: SingleHost, writer: Writer, say: Say
-              ) -> tuple[Start, Runtime]:  # fmt: skip
+def start_run(settings: Settings, runtime: Runtime, role: Role[Writer], say: Say) -> tuple[Start, Runtime]:
     """Agree, load the data, build and check the model, decide XLA: everything before the run directory. Returns
     what the start decided and the runtime it resolved (its precision)."""
+    peers, writer = role.peers, role.writer
     for note in runtime.notes:
         say(note)
     if runtime.cluster is not None:
-        writes = f", chief: writes {settings.output_dir}" if writer.chief else ""
-        say(f"Worker {peers.worker_index} of {peers.workers} ({runtime.cluster.address}{writes}): all workers joined.")
+        say(role.joined(runtime.cluster.address))
     dataset = open_dataset(settings, say)
     settings = dataset.settings  # a dataset with one split: TRAIN_SPLIT and EVAL_SPLIT slice it
-    recorded = writer.recorded()  # run.json, read once
-    if writer.chief:  # another DATASET, or changed files: refused before anything is built; a run that trained no
+    recorded = writer.recorded()  # run.json, read once: the chief's ({} on the others, which have nothing to check)
+    # another DATASET, or changed files: refused before anything is built; a run that trained no step yet takes
+    # the data as it is now
+    if recorded.get("data"):
         taken = check_same_data(settings, recorded.get("data"), dataset.identity, trained=_trained(settings))
-        if taken:  # step yet takes the data as it is now
+        if taken:
             say(taken)
     decision = agree(settings, runtime, peers, dataset, recorded)
     runtime = runtime.with_precision(decision.precision)
     data = dataset.load(settings, decision.data_in_memory, workers_here(runtime))
     for line in (*decision.notes, *data.notes):
         say(line)
-    runtime, context, built = _build(settings, runtime, data, say)
+    runtime, context, built = _build(settings, runtime, data, role, say)
     refuse_unevaluated_monitor(settings.monitor, settings.model, built)
     refuse_custom_train_step(settings.model, built.network, runtime.accumulation)
-    if writer.chief:  # the one that exports: a model it could not export is refused before the first step
-        check_exportable(built, settings)
+    writer.check_export(built, settings)  # the chief's: a model it could not export is refused before the first step
     whole_call = gathers_in_step(runtime.strategy, data.spec.records)  # the feed lets XLA compile the whole call
-    jit, why = _decide_xla(runtime, peers, built, whole_call, decision.jit_compile, recorded)
+    jit, why = _decide_xla(runtime, role, built, whole_call, decision.jit_compile, recorded)
     if jit and decision.jit_compile == "auto" and built.custom_step is not None and not built.network.jit_compile:
         # as model.fit runs it: a step of the fork's own may hold what XLA cannot compile (a tf.print)
         jit, why = False, "auto: off, as model.fit runs this model's own train_step (its jit_compile is False)"

@@ -10,7 +10,6 @@ a cluster of one: the same function decides for it. Pure logic, no TensorFlow.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from train.adapt import difference
 from train.errors import SettingsError
@@ -20,6 +19,7 @@ AUTO_RESOLVED = ("DATA_IN_MEMORY", "MIXED_PRECISION", "JIT_COMPILE")
 # From the most conservative (works everywhere) to the least: where workers resolve auto differently, the
 # cluster takes the first any of them resolved to.
 PRECISION_ORDER = ("float32", "mixed_float16", "mixed_bfloat16")
+Json = dict[str, object]  # a JSON document's object: a report, a fact sheet, run.json
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,9 @@ def _where(index: int) -> str:
 
 
 def report(
-    settings_text: dict[str, str], model_sha256: str, facts: dict[str, Any], fits_in_memory: bool, precision: str,
-    recorded: dict[str, Any] | None = None, adapted: dict[str, Any] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    settings_text: dict[str, str], model_sha256: str, facts: Json, fits_in_memory: bool, precision: str,
+    recorded: Json | None = None, adapted: Json | None = None,
+) -> Json:  # fmt: skip
     """This worker's report. `facts` must be equal everywhere (replicas, dataset shape); `recorded`: what the
     run's first start decided (the chief reads it from the run directory; a resume keeps those choices);
     `adapted`: what MODEL's adapt fitted here (train.adapt.fingerprint), the same everywhere."""
@@ -51,7 +51,7 @@ def report(
     }  # fmt: skip
 
 
-def _differences(reports: list[dict[str, Any]]) -> list[tuple[int, str]]:
+def _differences(reports: list[Json]) -> list[tuple[int, str]]:
     """(worker, what differs from the chief) for every difference."""
     chief = reports[0]
     differ = []
@@ -76,12 +76,12 @@ def _differences(reports: list[dict[str, Any]]) -> list[tuple[int, str]]:
     return differ
 
 
-def _explicit(reports: list[dict[str, Any]], name: str) -> str | None:
+def _explicit(reports: list[Json], name: str) -> str | None:
     """The value a worker set (not auto); workers that set one all set the same (checked before)."""
     return next((r["settings"][name] for r in reports if r["settings"][name] != "auto"), None)
 
 
-def reconcile(reports: list[dict[str, Any]]) -> Decision:
+def reconcile(reports: list[Json]) -> Decision:
     """One decision for every worker, from every worker's report (the chief's first). Raises SettingsError."""
     differ = _differences(reports)
     if differ:

@@ -19,7 +19,7 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
 
 from train.errors import SettingsError
 
@@ -59,7 +59,15 @@ class Cluster:
     def address(self) -> str:
         return self.addresses[self.worker_index]
 
-    def describe(self) -> dict[str, Any]:
+    def own_file(self, name: str) -> str:
+        """This worker's file of a kind every worker may write into OUTPUT_DIR (crash.log): the chief's is `name`,
+        worker 1's `name` with -worker1 before its suffix."""
+        if self.is_chief:
+            return name
+        path = Path(name)
+        return f"{path.stem}-worker{self.worker_index}{path.suffix}"
+
+    def describe(self) -> dict[str, object]:
         return {
             "task": f"{self.task_type}:{self.task_index}",
             "worker_index": self.worker_index,
@@ -203,7 +211,7 @@ class StartupDeadline:
         )
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         assert self._child is not None and self._child.stdin is not None
         try:
             self._child.stdin.write(b"ok\n")

@@ -21,7 +21,6 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.eager import context  # the coordination service's key-value store (no public API)
@@ -34,6 +33,7 @@ from train.rundir import StopRequest, busy, checkpoints_newest_first, holder
 
 END_BARRIER_SECONDS = 3600  # how long the others wait for the chief's export at the end
 Say = Callable[[str], None]
+Report = dict[str, object]  # what one worker tells the others (json-serialisable)
 
 _KEY = "tf_train_template/"
 # Lost peers surface as these: a closed connection (Unavailable), the coordination service's verdict
@@ -90,18 +90,19 @@ class WorkerCheckpoints:
 
     def __init__(self, checkpoint: tf.train.Checkpoint, directory: Path, keep: int, runtime: Runtime) -> None:
         self.checkpoint = checkpoint
-        self.is_chief = runtime.is_chief
         self.worker_index = runtime.worker_index
-        self._chief_manager = tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=keep)
+        self.is_chief = self.worker_index == 0
+        # the chief's manager, whose rotation keeps KEEP_CHECKPOINTS (train.cluster.role.Chief); on the others unused
+        self.rotating = tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=keep)
         self.directory = str(directory)
 
     @property
     def latest_checkpoint(self) -> str | None:
-        return self._chief_manager.latest_checkpoint if self.is_chief else None
+        return self.rotating.latest_checkpoint if self.is_chief else None
 
     def save(self, checkpoint_number: int) -> str:
         if self.is_chief:
-            return self._chief_manager.save(checkpoint_number=checkpoint_number)
+            return self.rotating.save(checkpoint_number=checkpoint_number)
         scratch = tempfile.mkdtemp(prefix=f"tf-train-worker{self.worker_index}-")
         try:
             tf.train.CheckpointManager(self.checkpoint, scratch, max_to_keep=1).save(
@@ -196,14 +197,16 @@ class SingleHost:
     def __init__(self, runtime: Runtime, stop: StopRequest) -> None:
         self.runtime, self.stop = runtime, stop
 
-    def all_gather(self, name: str, own: dict[str, Any]) -> list[dict[str, Any]]:
+    def all_gather(self, name: str, own: Report) -> list[Report]:
         """Every worker's `own` value, the chief's first."""
         return [own]
 
     def share_from_chief(self, name: str, value: str) -> str:
         return value
 
-    def checkpoint_manager(self, checkpoint: tf.train.Checkpoint, directory: Path, keep: int):
+    def checkpoint_manager(
+        self, checkpoint: tf.train.Checkpoint, directory: Path, keep: int
+    ) -> tf.train.CheckpointManager | WorkerCheckpoints:
         return tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=keep)
 
     def refuse_if_busy(self, output_dir: Path) -> None:
@@ -247,8 +250,8 @@ class Workers(SingleHost):
     def __init__(self, runtime: Runtime, stop: StopRequest, timeout_s: float) -> None:
         super().__init__(runtime, stop)
         self.timeout_ms = int(timeout_s * 1000)
-        self.is_chief = runtime.is_chief
         self.worker_index, self.workers = runtime.worker_index, runtime.workers
+        self.is_chief = self.worker_index == 0  # TensorFlow's chief: the first of TF_CONFIG's addresses
         self._preemption: ClusterPreemption | None = None
         # TensorFlow's C++ preemption notifier, installed when the cluster formed, has replaced the SIGTERM
         # handler with one that only logs (training would go on until SIGKILL): the template's goes back on.
@@ -260,7 +263,7 @@ class Workers(SingleHost):
     def _set(self, key: str, value: str) -> None:
         context.context().set_config_key_value(_KEY + key, value)
 
-    def all_gather(self, name: str, own: dict[str, Any]) -> list[dict[str, Any]]:
+    def all_gather(self, name: str, own: Report) -> list[Report]:
         self._set(f"{name}/{self.worker_index}", json.dumps(own))
         return [own if i == self.worker_index else json.loads(self._get(f"{name}/{i}")) for i in range(self.workers)]
 
@@ -282,7 +285,9 @@ class Workers(SingleHost):
                 if answer != "ok":
                     raise error(answer)
 
-    def checkpoint_manager(self, checkpoint: tf.train.Checkpoint, directory: Path, keep: int):
+    def checkpoint_manager(
+        self, checkpoint: tf.train.Checkpoint, directory: Path, keep: int
+    ) -> tf.train.CheckpointManager | WorkerCheckpoints:
         return WorkerCheckpoints(checkpoint, directory, keep, self.runtime)
 
     def refuse_if_busy(self, output_dir: Path) -> None:
@@ -326,7 +331,7 @@ class Workers(SingleHost):
         """Every worker publishes a hash of its weights and reads every other's: where they differ, every worker
         raises WeightsDiffer before any other collective, so that each says so (rather than that a peer went
         away) and the chief records every hash."""
-        hashes = [each["sha256"] for each in self.all_gather("weights", {"sha256": fingerprint})]
+        hashes = [str(each["sha256"]) for each in self.all_gather("weights", {"sha256": fingerprint})]
         if len(set(hashes)) > 1:
             raise WeightsDiffer(hashes)
 

@@ -192,11 +192,6 @@ class Resolution:
         return self.cluster.worker_index if self.cluster else 0
 
     @property
-    def is_chief(self) -> bool:
-        """Whether this process writes the run directory: the only process, or the cluster's chief."""
-        return self.worker_index == 0
-
-    @property
     def replicas(self) -> int:
         """Replicas of every worker (TensorFlow assumes each worker has as many devices as this one)."""
         return len(self.devices) * self.workers
