@@ -36,8 +36,9 @@ from typer.core import TyperCommand
 
 from train import hparams
 from train.errors import EXIT_FAILED, EXIT_PREEMPTED, BusyError, SettingsError, Stopped, TrainingError, first_line
-from train.rundir import CRASH_LOG, StopRequest, check_same_model, preflight, write_json
+from train.rundir import CRASH_LOG, check_same_model, preflight, write_json
 from train.settings import FIELDS, FIELDS_BY_ENV, Settings, load_settings, peek_hyperparameters
+from train.signals import StopRequest
 
 app = typer.Typer(
     help=__doc__.split("\n\n")[0],

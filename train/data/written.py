@@ -34,7 +34,7 @@ import numpy as np
 from train.data import local
 from train.data.image_size import image_size
 from train.errors import SettingsError, Stopped
-from train.rundir import stop_heard
+from train.signals import stop_heard
 
 VERSION = "1.0.0"
 SHARD_BYTES = 64 << 20  # a TFRecord file's bytes, about: several files let workers stream disjoint shares
