@@ -2,8 +2,9 @@
 (`streamed`), both as `Data` (`source`), and the batches the step and evaluation read (`feeds`). `open_dataset`
 and `Dataset.load` are what `fit` calls; `load_data` does both on one host.
 
-Those modules (TensorFlow) load when one of their names is first used, so that `train.data.local` (a path
-DATASET's checks) is imported before TensorFlow is."""
+Those modules (TensorFlow) load when one of their names is first used, so that the modules without TensorFlow
+(`local`, `written`, `prepared`: `data list|prune`) import without it. What the data reads of the settings is
+`data_settings.DataSettings`; train.settings, above, is not imported here."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from train.data.data_settings import DataSettings
 from train.devices.host_memory import available_memory_bytes, fits_in_memory, memory_note
-from train.settings import Settings
 
 if TYPE_CHECKING:
     from train.data.source import Data
@@ -53,7 +54,7 @@ class Dataset:
     builder: Any
     spec: DatasetSpec
     identity: dict[str, Any]
-    settings: Settings
+    settings: DataSettings
     notes: tuple[str, ...] = ()
     adapted: dict[str, Any] = field(default_factory=dict)  # what MODEL's adapt fitted (train.adapt.fingerprint)
     left_out: dict[str, Any] = field(default_factory=dict)  # a folder's files not in the data (summary.json)
@@ -62,7 +63,7 @@ class Dataset:
         """Whether both splits, as stored, fit in the memory left (for each worker this host runs)."""
         return fits_in_memory(self.spec.held_bytes, available_memory_bytes(), workers_here)
 
-    def load(self, settings: Settings, in_memory: bool, workers_here: int = 1) -> Data:
+    def load(self, settings: DataSettings, in_memory: bool, workers_here: int = 1) -> Data:
         """Both splits, held in memory or streamed, with what to say about that choice."""
         from train.data.source import load
 
@@ -71,10 +72,11 @@ class Dataset:
         note = memory_note(settings.data_in_memory, fits, self.spec.held_bytes, available, workers_here)
         pinned = tuple(self.spec.examples.notes) if self.spec.examples else ()  # outputs taken as fixed
         notes = (*self.notes, *pinned, *((note,) if note else ()))
-        return load(self.builder, self.spec, settings, in_memory, notes)
+        splits = (settings.train_split, settings.eval_split)
+        return load(self.builder, self.spec, settings.dataset, splits, in_memory, notes)
 
 
-def open_dataset(settings: Settings, say=print) -> Dataset:
+def open_dataset(settings: DataSettings, say=print) -> Dataset:
     """Open DATASET, prepare (or, a path, write) it if needed, run MODEL's `adapt` on it (train.adapt) and read
     its spec, with MODEL's `preprocess` where it defines one. `say` hears a path's writing progress. Raises
     SettingsError."""
@@ -90,7 +92,7 @@ def open_dataset(settings: Settings, say=print) -> Dataset:
     return Dataset(opened.builder, spec, opened.identity, opened.settings, opened.notes, adapted, opened.left_out)
 
 
-def load_data(settings: Settings, say=print) -> Data:
+def load_data(settings: DataSettings, say=print) -> Data:
     """One host: open DATASET and hold its splits in memory (DATA_IN_MEMORY, or auto: if they fit) or stream them."""
     dataset = open_dataset(settings, say)
     settings = dataset.settings

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from train.data.data_settings import DataSettings
 from train.data.examples import BYTES_SUFFIX, Examples, named, no_label, probe, random_record
 from train.data.shapes import PINNED_EXAMPLES
 from train.errors import SettingsError, first_line
 from train.model_file import RESNET_EXAMPLE
-from train.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def _count(builder, split: str) -> int:
         raise damaged(builder, error) from None
 
 
-def _feature_keys(builder, settings: Settings, preprocessed: bool = False) -> tuple[str, str | None]:
+def _feature_keys(builder, settings: DataSettings, preprocessed: bool = False) -> tuple[str, str | None]:
     """(FEATURE_KEY, LABEL_KEY), given or from the dataset's supervised keys. `preprocessed`: MODEL's preprocess
     makes the inputs from whatever features it reads, so a default FEATURE_KEY need not name one."""
     supervised = builder.info.supervised_keys
@@ -174,14 +174,14 @@ def _fixed_tensor(feature, setting: str, key: str, dataset: str) -> tuple[tuple[
     return tuple(int(dim) for dim in shape), dtype.name
 
 
-def _label(builder, settings: Settings, label_key: str | None) -> tuple[tuple[int, ...], str, int | None]:
+def _label(builder, dataset: str, label_key: str | None) -> tuple[tuple[int, ...], str, int | None]:
     """The label's stored shape, dtype and `num_classes` (no_label's, for LABEL_KEY=none). Raises SettingsError."""
     import tensorflow_datasets as tfds
 
     if label_key is None:
         return (), "uint8", None
     label = builder.info.features[label_key]
-    label_shape, label_dtype = _fixed_tensor(label, "LABEL_KEY", label_key, settings.dataset)
+    label_shape, label_dtype = _fixed_tensor(label, "LABEL_KEY", label_key, dataset)
     if isinstance(label, tfds.features.ClassLabel):
         return label_shape, label_dtype, int(label.num_classes)
     if len(label_shape) == 1:
@@ -189,12 +189,14 @@ def _label(builder, settings: Settings, label_key: str | None) -> tuple[tuple[in
     if label_shape == ():
         return label_shape, label_dtype, None  # a value: regression
     raise SettingsError(
-        f"LABEL_KEY={label_key!r} of {settings.dataset} has shape {label_shape}: use a class label, a scalar "
+        f"LABEL_KEY={label_key!r} of {dataset} has shape {label_shape}: use a class label, a scalar "
         "value or a (k,) multi-hot vector"
     )
 
 
-def _general_path(builder, settings: Settings, feature_key: str, label_key: str | None, preprocess) -> Examples | None:
+def _general_path(
+    builder, settings: DataSettings, feature_key: str, label_key: str | None, preprocess
+) -> Examples | None:
     """The general path's Examples where MODEL defines `preprocess` or FEATURE_KEY is a dict of columns."""
     import tensorflow_datasets as tfds
 
@@ -238,7 +240,7 @@ def _record_bytes(builder, split: str) -> int:
     return max(1, int(info.num_bytes) // int(info.num_examples))
 
 
-def inspect(builder, settings: Settings, count: bool = True, preprocess=None) -> DatasetSpec:
+def inspect(builder, settings: DataSettings, count: bool = True, preprocess=None) -> DatasetSpec:
     """The spec of TRAIN_SPLIT and EVAL_SPLIT: keys, shapes, dtypes, label kind, counts, and with MODEL's
     `preprocess` (or a dict of columns) what the model gets, found by running it on one example. Raises
     SettingsError.
@@ -251,7 +253,7 @@ def inspect(builder, settings: Settings, count: bool = True, preprocess=None) ->
     feature_key, label_key = _feature_keys(builder, settings, preprocessed=preprocess is not None)
     features = builder.info.features
     examples = _general_path(builder, settings, feature_key, label_key, preprocess)
-    label_shape, label_dtype, num_classes = _label(builder, settings, label_key)
+    label_shape, label_dtype, num_classes = _label(builder, settings.dataset, label_key)
     inputs = None
     if examples is not None:
         feature_shape, feature_dtype = (), "string"  # stored records
@@ -283,7 +285,7 @@ def inspect(builder, settings: Settings, count: bool = True, preprocess=None) ->
     )
 
 
-def features_record(builder, settings: Settings) -> dict[str, Any]:
+def features_record(builder, settings: DataSettings) -> dict[str, Any]:
     """What `predict` on files needs of the data, recorded in run.json (its "features") so that it needs neither the
     source nor its written copy: which stored features are images (an image file is read as one), whether the label
     is one class or value (else a multi-hot vector), and a class label's names."""

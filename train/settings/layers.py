@@ -22,6 +22,7 @@ from dotenv.parser import parse_stream
 
 from train import hparams
 from train.cluster.tf_config import parse_tf_config
+from train.dataset_path import DEFAULT_DATA_DIR, is_table
 from train.errors import SettingsError
 from train.model_file import model_for_data, model_hyperparameters
 from train.settings.run import MACHINE, RUN_LAYER_OF_FIT, RUN_SETTINGS, run_layer
@@ -105,6 +106,17 @@ def project_defaults_path() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations))) / "defaults.env"
 
 
+def data_dir(flag: Path | None) -> Path:
+    """TFDS_DATA_DIR as fit reads it, for the data commands (`data list|prune`, which resolve no other setting):
+    the flag, the environment, .env, project/defaults.env; an empty value is unset; TFDS's own default last."""
+    defaults = project_defaults_path()
+    layers = [os.environ, read_dotenv(Path(".env")), read_dotenv(defaults) if defaults else {}]
+    for value in [str(flag) if flag else "", *(layer.get("TFDS_DATA_DIR", "") for layer in layers)]:
+        if value.strip():
+            return Path(value.strip()).expanduser()
+    return Path(DEFAULT_DATA_DIR).expanduser()
+
+
 def load_settings(
     flags: Mapping[str, str | None] | None = None,
     environ: Mapping[str, str] | None = None,
@@ -165,10 +177,8 @@ def load_settings(
 
 
 def _is_table(dataset: str) -> bool:
-    """Whether DATASET names a CSV or JSON Lines path (told as its validation told it: train.data.local)."""
-    from train.data import local  # (train.data's package imports train.settings)
-
-    return local.is_table(dataset)
+    """Whether DATASET names a CSV or JSON Lines path (told as its validation told it: train.dataset_path)."""
+    return is_table(dataset)
 
 
 def _read_files(

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import train.settings.parse as parse
 from train import hparams
 from train.cluster.tf_config import EXAMPLE, Cluster
 from train.errors import SettingsError
 from train.model_file import DEFAULT_MODEL
-from train.settings import parse
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
 SINGLE_HOST = ("one_device", "mirrored")
