@@ -16,7 +16,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from train.errors import BusyError, SettingsError, first_line
 from train.model_file import model_fingerprint
@@ -26,7 +26,7 @@ PROBE_BYTES = 1 << 20  # a write of this size must succeed: a nearly full disk f
 MIN_FREE_BYTES = 64 << 20  # room for a few checkpoints of a small model, the export and the logs
 
 
-def write_json(path: Path, payload: Any) -> None:
+def write_json(path: Path, payload: object) -> None:
     """JSON for scripts and later runs. A regular file is replaced whole or not at all (through a temporary
     file beside it, where a symlink points); a pipe or /dev/stdout is written to as it is. Raises OSError."""
     text = json.dumps(payload, indent=2) + "\n"
@@ -103,7 +103,7 @@ class RunLock:
 
     def __init__(self, output_dir: Path) -> None:
         self.output_dir = output_dir
-        self._stream: Any = None
+        self._stream: TextIO | None = None
 
     @property
     def path(self) -> Path:

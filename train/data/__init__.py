@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from train.data.data_settings import DataSettings
 from train.devices.host_memory import available_memory_bytes, fits_in_memory, memory_note
 
 if TYPE_CHECKING:
+    import tensorflow_datasets as tfds
+
     from train.data.source import Data
     from train.data.spec import DatasetSpec
+    from train.data.written import Identity, LeftOut
 
 __all__ = [
     "BlocksFeed", "Data", "Dataset", "DatasetSpec", "Feed", "PipelineFeed", "Remainder", "RowsFeed", "SerializedSplit",
@@ -40,7 +43,7 @@ _HOMES = {
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name not in _HOME:
         raise AttributeError(f"module 'train.data' has no attribute {name!r}")
     return getattr(importlib.import_module(f"train.data.{_HOME[name]}"), name)
@@ -51,13 +54,13 @@ class Dataset:
     """DATASET opened and prepared: what its splits hold (`spec`), nothing read yet; the data's identity (run.json's
     "data"), the settings it is read with (a one-split dataset's slices), and what to say about it."""
 
-    builder: Any
+    builder: tfds.core.DatasetBuilder
     spec: DatasetSpec
-    identity: dict[str, Any]
+    identity: Identity
     settings: DataSettings
     notes: tuple[str, ...] = ()
-    adapted: dict[str, Any] = field(default_factory=dict)  # what MODEL's adapt fitted (train.adapt.fingerprint)
-    left_out: dict[str, Any] = field(default_factory=dict)  # a folder's files not in the data (summary.json)
+    adapted: dict[str, object] = field(default_factory=dict)  # what MODEL's adapt fitted (train.adapt.fingerprint)
+    left_out: LeftOut = field(default_factory=dict)  # a folder's files not in the data (summary.json)
 
     def fits_in_memory(self, workers_here: int = 1) -> bool:
         """Whether both splits, as stored, fit in the memory left (for each worker this host runs)."""

@@ -12,18 +12,23 @@ import difflib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
 import train.data.written as written
 from train.data.data_settings import DataSettings
+from train.data.written import Identity, LeftOut
 from train.dataset_path import SHOWN, data_dir, is_path
 from train.datasets import registered
 from train.errors import SettingsError, first_line
 from train.model_file import TABLE_MODEL, TABULAR_TEXT_EXAMPLE
+
+if TYPE_CHECKING:
+    import tensorflow_datasets as tfds
 
 ONE_SPLIT = ("train[:90%]", "train[90%:]")  # TRAIN_SPLIT and EVAL_SPLIT of a dataset with one split, train
 
@@ -33,11 +38,11 @@ class Opened:
     """DATASET's builder, the data's identity (run.json's "data"), the settings with a one-split dataset's slices,
     and what to say about it."""
 
-    builder: Any
-    identity: dict[str, Any]
+    builder: tfds.core.DatasetBuilder
+    identity: Identity
     settings: DataSettings
     notes: tuple[str, ...] = ()
-    left_out: dict[str, Any] = field(default_factory=dict)  # a folder's files not in the data (written.Written)
+    left_out: LeftOut = field(default_factory=dict)  # a folder's files not in the data (written.Written)
 
     def columns(self, settings: DataSettings):
         """A table's (CSV, JSON Lines) `preprocess` where MODEL has none and FEATURE_KEY is unset: every column but
@@ -71,7 +76,7 @@ def open_source(settings: DataSettings, say) -> Opened:
     import tensorflow_datasets as tfds
 
     notes: tuple[str, ...] = ()
-    left_out: dict[str, Any] = {}
+    left_out: LeftOut = {}
     named = None if is_path(settings.dataset) else open_builder(settings.dataset, settings.tfds_data_dir)
     if named is None or named.info.file_format is None:  # a path, or a tfds.ImageFolder: its folder written once
         folder = settings if named is None else settings.replace(dataset=image_folder_root(named, settings.dataset))
@@ -105,7 +110,7 @@ def image_folder_root(builder, dataset: str) -> str:
     return str(builder.data_dir)
 
 
-def tfds_identity(builder) -> dict[str, Any]:
+def tfds_identity(builder: tfds.core.DatasetBuilder) -> Identity:
     """A TFDS name's identity: name, config, version and each split's prepared shard lengths."""
     config = getattr(builder, "builder_config", None)
     shards = {name: [int(n) for n in split.shard_lengths] for name, split in builder.info.splits.items()}
@@ -113,7 +118,7 @@ def tfds_identity(builder) -> dict[str, Any]:
             "version": str(builder.version), "shard_lengths": shards}  # fmt: skip
 
 
-def data_identity_text(identity: dict[str, Any]) -> str:
+def data_identity_text(identity: Identity) -> str:
     """What workers compare: a path's fingerprint, or a TFDS dataset's name, config, version and shard lengths."""
     if "fingerprint" in identity:
         return f"{identity['kind']} sha256 {identity['fingerprint'][:16]}, {identity['files']} files"
@@ -133,7 +138,7 @@ def one_split(settings: DataSettings, builder) -> tuple[DataSettings, tuple[str,
     return settings.replace(train_split=ONE_SPLIT[0], eval_split=ONE_SPLIT[1]), (note,)
 
 
-def check_same_data(settings: DataSettings, recorded: dict[str, Any] | None, identity: dict[str, Any],
+def check_same_data(settings: DataSettings, recorded: Identity | None, identity: Identity,
                     doing: str = "trained", trained: bool = True) -> str | None:  # fmt: skip
     """A run directory trained on other data (another DATASET, or its files changed) is refused in one line: nothing
     is `doing` (trained, evaluated, predicted) on it. `recorded`: run.json's "data" (None for a new run). A fit of a
@@ -164,7 +169,7 @@ def check_same_data(settings: DataSettings, recorded: dict[str, Any] | None, ide
     )
 
 
-def _source(identity: dict[str, Any]) -> tuple[str, str] | None:
+def _source(identity: Identity) -> tuple[str, str] | None:
     """Where written data came from, whatever its files hold now: a path's kind and stem (its name is stem_hash), a
     tfds.ImageFolder's name; None for a prepared TFDS dataset (another version or preparation is other data)."""
     if identity.get("kind") != "tfds":
@@ -172,7 +177,7 @@ def _source(identity: dict[str, Any]) -> tuple[str, str] | None:
     return ("tfds", identity.get("name", "")) if "fingerprint" in identity else None
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     """A value of the identity as a refusal shows it: shard lengths as each split's files and examples."""
     if isinstance(value, dict):
         return "{" + ", ".join(f"{split}: {len(lengths)} files, {sum(lengths)} examples"
@@ -180,7 +185,7 @@ def _short(value: Any) -> str:
     return repr(value)
 
 
-def _changes(tfds_data_dir: Path | None, recorded: dict[str, Any], identity: dict[str, Any]) -> str:
+def _changes(tfds_data_dir: Path | None, recorded: Identity, identity: Identity) -> str:
     """How many files were added, removed or modified, and the first few, from both datasets' source.json."""
     root = data_dir(tfds_data_dir)
     fallback = f"its fingerprint differs ({recorded.get('files')} files then, {identity.get('files')} now)"
@@ -230,7 +235,7 @@ def _directories(root: Path, depth: int) -> set[Path]:
 CONNECT_SECONDS = 3.0  # how long the reachability check waits for a download host (TFDS's retries take minutes)
 
 
-def _hosts(urls: Any) -> set[tuple[str, int]]:
+def _hosts(urls: object) -> set[tuple[str, int]]:
     """(host, port) of every URL in what a builder hands TFDS's download manager (a URL, a Resource, or a tree)."""
     import urllib.parse
     import urllib.request
@@ -253,7 +258,7 @@ def _hosts(urls: Any) -> set[tuple[str, int]]:
 
 
 @contextlib.contextmanager
-def _downloads_checked_first() -> Any:
+def _downloads_checked_first() -> Iterator[None]:
     """While TFDS prepares: before its download manager starts (and retries for minutes, printing urllib3
     warnings), a plain connect to every host it is about to download from, failing in seconds."""
     import socket

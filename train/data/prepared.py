@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import train.data.written as written
+from train.data.written import Identity
 
 RUN = "run.json"  # in a run directory: what it trained on ("data")
 
@@ -122,7 +123,7 @@ def runs_using(runs: Path, warn) -> dict[str, list[Path]]:
     return using
 
 
-def _key(identity: dict[str, Any]) -> str | None:
+def _key(identity: Identity) -> str | None:
     """Where the data a run recorded is under TFDS_DATA_DIR: a written copy's `name/1.0.0`, a TFDS name's
     `name[/config]/version`; None for a prepared folder read in place (it is not in TFDS_DATA_DIR)."""
     if identity.get("kind") in ("images", "table") and identity.get("name"):

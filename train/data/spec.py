@@ -8,13 +8,12 @@ from __future__ import annotations
 import contextlib
 import re
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from train.data.data_settings import DataSettings
-from train.data.examples import BYTES_SUFFIX, Examples, named, no_label, probe, random_record
+from train.data.examples import BYTES_SUFFIX, Example, Examples, InputSpec, named, no_label, probe, random_record
 from train.data.shapes import PINNED_EXAMPLES
 from train.errors import SettingsError, first_line
 from train.model_file import RESNET_EXAMPLE
@@ -39,7 +38,7 @@ class DatasetSpec:
     # what the model gets of one example (a tf.TensorSpec, or a dict of them by Input name). None: the feature
     # as stored (scaled to [0, 1] for an image).
     examples: Examples | None = None
-    inputs: Any = None
+    inputs: InputSpec | None = None
     record_bytes: int = 0  # the general path: a stored record's bytes, on average
     classes: list[str] | None = None  # a ClassLabel's names (summary.json "classes"); None for other labels
 
@@ -47,12 +46,12 @@ class DatasetSpec:
     def labeled(self) -> bool:
         return self.label_key is not None
 
-    def label(self, example: dict[str, Any]) -> Any:
+    def label(self, example: Example) -> tf.Tensor:
         """A decoded example's label; without one (LABEL_KEY=none), a uint8 0 that stands in for it on the way to
         the step, which hands the model its inputs alone (train.custom_step)."""
         return example[self.label_key] if self.labeled else no_label()
 
-    def pair(self, example: dict[str, Any]) -> tuple[Any, Any]:
+    def pair(self, example: Example) -> tuple[tf.Tensor, tf.Tensor]:
         """(feature, label) of a decoded example, as stored."""
         return example[self.feature_key], self.label(example)
 
@@ -62,7 +61,7 @@ class DatasetSpec:
         return self.examples is not None
 
     @property
-    def input_shape(self) -> Any:
+    def input_shape(self) -> tuple[int, ...] | dict[str, tuple[int, ...]]:
         """`build_model`'s `input_shape`: a tuple, or a dict of Input name to tuple."""
         if self.inputs is None:
             return self.feature_shape
@@ -87,7 +86,7 @@ class DatasetSpec:
         """Both splits in memory."""
         return (self.train_examples + self.eval_examples) * self.example_bytes
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {
             "name": self.name,
             "feature": {"key": self.feature_key, "shape": list(self.feature_shape), "dtype": self.feature_dtype},
@@ -285,7 +284,7 @@ def inspect(builder, settings: DataSettings, count: bool = True, preprocess=None
     )
 
 
-def features_record(builder, settings: DataSettings) -> dict[str, Any]:
+def features_record(builder, settings: DataSettings) -> dict[str, object]:
     """What `predict` on files needs of the data, recorded in run.json (its "features") so that it needs neither the
     source nor its written copy: which stored features are images (an image file is read as one), whether the label
     is one class or value (else a multi-hot vector), and a class label's names."""

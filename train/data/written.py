@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -50,19 +50,43 @@ NAMED = 10  # broken files named in a refusal, and left out files in summary.jso
 LOCK_POLL_SECONDS = 0.2  # how often a process waiting for the lock looks whether it was told to stop
 
 
+class Identity(TypedDict, total=False):
+    """The data's identity, run.json's "data": a path's (kind images, table or tfds folder; its written copy's name,
+    the files' fingerprint and count) or a TFDS name's (kind tfds; name, config, version, each split's shard
+    lengths; a tfds.ImageFolder's also "written", its copy's name, with the fingerprint). What workers compare and a
+    restart must match (train.data.opening)."""
+
+    kind: str
+    name: str
+    fingerprint: str
+    files: int
+    written: str
+    config: str | None
+    version: str
+    shard_lengths: dict[str, list[int]]
+
+
+class LeftOut(TypedDict, total=False):
+    """summary.json's "left_out": how many files of the source are not in the data, and the first NAMED (empty:
+    none, a TFDS name's)."""
+
+    count: int
+    files: list[str]
+
+
 @dataclass(frozen=True)
 class Written:
     """A path DATASET ready to open: where the TFDS dataset is, and the data's identity for run.json."""
 
     directory: Path
-    identity: dict[str, Any]
+    identity: Identity
     notes: tuple[str, ...] = ()
     skipped: list[str] = field(default_factory=list)  # files left out, not images
     broken: list[tuple[str, str]] = field(default_factory=list)  # (path, what is wrong): left out, BAD_FILES=skip
     missing: dict[str, int] = field(default_factory=dict)  # a table's numeric column -> its empty cells
 
     @property
-    def left_out(self) -> dict[str, Any]:
+    def left_out(self) -> LeftOut:
         """summary.json's "left_out": how many files of the source are not in the data (broken ones first, then
         those that are not images), and the first NAMED."""
         files = [path for path, _ in self.broken] + self.skipped

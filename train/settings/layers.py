@@ -14,7 +14,6 @@ import importlib.util
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 # python-dotenv's own parser: its public API only warns about a malformed line and carries on,
 # and a typo that silently drops a setting is what this template refuses to do.
@@ -86,7 +85,7 @@ def _typo_warnings(names: Iterable[str], where: str, cutoff: float = 0.8) -> lis
     ]
 
 
-def _value(field: Field, text: str) -> Any:
+def _value(field: Field, text: str) -> object:
     try:
         return field.parse(field.env, text)
     except SettingsError as error:
@@ -237,7 +236,7 @@ def _overridden_by_run(layers: list[Mapping[str, str]], places: list[str]) -> li
 
 
 def _batch_sizes(
-    values: dict[str, Any], layers: Iterable[Mapping[str, str]], places: Iterable[str]
+    values: dict[str, object], layers: Iterable[Mapping[str, str]], places: Iterable[str]
 ) -> tuple[tuple[str, str], ...]:
     """BATCH_SIZE and GLOBAL_BATCH_SIZE, each from the highest layer that sets it (they may come from different
     ones: a fork's project/defaults.env BATCH_SIZE, what fits its GPU, under a flag's GLOBAL_BATCH_SIZE, what the
@@ -277,7 +276,7 @@ def peek_hyperparameters(
         return {}
 
 
-def _hyperparameter_hints(declared: Mapping[str, Any] | None, files: Mapping[str, Mapping[str, str]]) -> list[str]:
+def _hyperparameter_hints(declared: Mapping[str, object] | None, files: Mapping[str, Mapping[str, str]]) -> list[str]:
     """`WIDTH=128` in .env or project/defaults.env, where build_model declares `width`: said, not ignored."""
     return [
         f"{where}: {name} is not a setting; did you mean {hparams.env_name(name)} (build_model's {name.lower()})?"

@@ -10,13 +10,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from train import dataset_path, hparams
 from train.errors import SettingsError
 from train.model_file import DEFAULT_MODEL, is_model_path, model_fingerprint, model_source
 
-Parser = Callable[[str, str], Any]
+Parser = Callable[[str, str], object]  # a setting's value: int, float, bool, str, Path, tuple or None
 
 
 def positive_int(name: str, text: str) -> int:
