@@ -46,7 +46,7 @@ _OUTPUT := $(patsubst %/,%,$(or $(OUTPUT_DIR),runs/default))
 RUNS_DIR ?= $(or $(patsubst %/,%,$(dir $(_OUTPUT))),.)
 RUN_NAME ?= $(notdir $(_OUTPUT))
 DOCKER_NAME ?= tf-train-$(RUN_NAME)
-# A path DATASET (train/data/local.py's rule): the host's file or folder, and where the container sees it.
+# A path DATASET (train/dataset_path.py's rule): the host's file or folder, and where the container sees it.
 DATASET_HOST := $(strip $(if $(DATASET),$(if $(or $(filter /% ./% ../% ~%,$(DATASET)),$(wildcard $(DATASET))),\
 	$(abspath $(patsubst ~%,$(HOME)%,$(patsubst %/,%,$(DATASET)))))))
 DATASET_MOUNT = $(if $(DATASET_HOST),-v "$(DATASET_HOST)":/dataset/$(notdir $(DATASET_HOST)):ro \

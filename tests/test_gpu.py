@@ -170,7 +170,7 @@ def test_data_held_in_memory_stays_on_the_host_not_on_the_gpu(gpus, tmp_path, wi
     script = (
         "import json, sys\n"
         "from train.fit import fit\n"
-        "from train.rundir import StopRequest\n"
+        "from train.signals import StopRequest\n"
         "from train.settings import load_settings\n"
         "fit(load_settings(), StopRequest(), say=lambda line: None)\n"
         "import tensorflow as tf\n"

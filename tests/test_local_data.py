@@ -15,7 +15,9 @@ import pytest
 from PIL import Image
 
 from tests.conftest import clean_env, read_summary, run_python, run_train
+from train import dataset_path
 from train.data import local, prepared, written
+from train.dataset_path import is_path
 from train.errors import SettingsError
 from train.settings import load_settings
 
@@ -53,23 +55,23 @@ def test_the_layout_is_told_from_the_roots_subfolders(tmp_path):
     flat = photos(tmp_path / "flat")
     (flat / "cat" / "deeper").mkdir()
     shutil.copy(flat / "cat" / "1.jpg", flat / "cat" / "deeper" / "x.jpg")  # inside a class: that class's
-    survey = local.survey(str(flat))
+    survey = dataset_path.survey(str(flat))
     assert (survey.kind, list(survey.splits), survey.classes) == ("images", ["train"], ("cat", "dog", "tulip"))
     assert ("cat/deeper/x.jpg", "cat") in {(entry.path, label) for entry, label in survey.splits["train"]}
 
     split = tmp_path / "split"
     photos(split / "train")
     photos(split / "test", per_class=2)
-    survey = local.survey(str(split))
+    survey = dataset_path.survey(str(split))
     assert sorted(survey.splits) == ["test", "train"] and survey.classes == ("cat", "dog", "tulip")
 
 
 def test_dataset_is_a_path_when_it_looks_like_one_or_exists(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "table.csv").write_text("a,label\n1,0\n")
-    assert local.is_path("./x") and local.is_path("/x") and local.is_path("~/x") and local.is_path("../x")
-    assert local.is_path("table.csv") and not local.is_path("mnist") and not local.is_path("mnist/config:1.0.0")
-    assert local.is_path("missing.jsonl")  # a table's suffix: a path, refused as missing when surveyed
+    assert is_path("./x") and is_path("/x") and is_path("~/x") and is_path("../x")
+    assert is_path("table.csv") and not is_path("mnist") and not is_path("mnist/config:1.0.0")
+    assert is_path("missing.jsonl")  # a table's suffix: a path, refused as missing when surveyed
 
 
 def test_a_bare_name_is_tfds_s_where_a_builder_has_it_and_the_folder_only_where_none_does(tmp_path, monkeypatch):
@@ -78,23 +80,23 @@ def test_a_bare_name_is_tfds_s_where_a_builder_has_it_and_the_folder_only_where_
     monkeypatch.chdir(tmp_path)
     for name in ("synthetic_clusters", "mnist", "my_photos"):
         (tmp_path / name).mkdir()
-    assert not local.is_path("synthetic_clusters") and not local.is_path("mnist")
-    assert local.is_path("./synthetic_clusters") and local.is_path("my_photos")
+    assert not is_path("synthetic_clusters") and not is_path("mnist")
+    assert is_path("./synthetic_clusters") and is_path("my_photos")
 
 
 def test_columns_are_typed_from_their_values_and_the_label_kind_guessed_or_told(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("n,x,word,label\n1,0.5,a,yes\n2,1,b,no\n3,2.5,,yes\n")
-    table = local.read_table(local.survey(str(path)), "label", None, local.Read())
+    table = local.read_table(dataset_path.survey(str(path)), "label", None, local.Read())
     kinds = {column.name: (column.dtype, column.classes) for column in table.columns}
     assert kinds == {"n": ("int64", None), "x": ("float32", None), "word": ("string", None),
                      "label": ("int64", ("no", "yes"))}  # fmt: skip
     assert [row["label"] for row in table.rows["train"]] == [1, 0, 1]
 
     path.write_text("x,label\n0.5,2\n1.5,0\n")
-    guessed = local.read_table(local.survey(str(path)), "label", None, local.Read()).columns[-1]
+    guessed = local.read_table(dataset_path.survey(str(path)), "label", None, local.Read()).columns[-1]
     assert guessed.num_classes == 3  # whole numbers from 0: max + 1 classes
-    told = local.read_table(local.survey(str(path)), "label", "value", local.Read()).columns[-1]
+    told = local.read_table(dataset_path.survey(str(path)), "label", "value", local.Read()).columns[-1]
     assert (told.dtype, told.num_classes) == ("float32", None)
 
 
@@ -114,7 +116,7 @@ def test_a_bad_table_is_refused_in_one_line_naming_it(tmp_path, name, content, l
     path = tmp_path / name
     path.write_bytes(content.encode() if isinstance(content, str) else content)
     with pytest.raises(SettingsError) as error:
-        local.read_table(local.survey(str(path)), label_key, None, local.Read())
+        local.read_table(dataset_path.survey(str(path)), label_key, None, local.Read())
     assert says in str(error.value) and "\n" not in str(error.value)
     if name == "keys.csv":
         assert str(error.value).endswith("use one of a, b, y")
@@ -122,7 +124,7 @@ def test_a_bad_table_is_refused_in_one_line_naming_it(tmp_path, name, content, l
 
 def test_the_fingerprint_is_the_files_not_their_path_or_mtime(tmp_path):
     def fingerprint(root: Path) -> str:
-        survey, read = local.survey(str(root)), local.Read()
+        survey, read = dataset_path.survey(str(root)), local.Read()
         for entry, _ in survey.splits["train"]:
             local.read_image(survey, entry, read)
         return read.fingerprint
@@ -497,7 +499,7 @@ from train.data.opening import image_folder_root
 from train.errors import SettingsError
 from train.settings import load_settings
 try:
-    image_folder_root(tfds.TranslateFolder(sys.argv[1]), load_settings())
+    image_folder_root(tfds.TranslateFolder(sys.argv[1]), load_settings().dataset)
 except SettingsError as error:
     print(error)
 """

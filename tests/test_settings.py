@@ -159,6 +159,16 @@ def test_resolved_settings_round_trip_through_their_json(tmp_path):
     assert load(environ=settings.to_json()) == settings
 
 
+def test_the_settings_have_every_one_the_data_reads():
+    """data/ declares what it reads of the settings (DataSettings) without importing them: the run's Settings has
+    each, so that a setting renamed in the table fails here, not in a run."""
+    from train.data.data_settings import DataSettings
+
+    settings = load()
+    assert isinstance(settings, DataSettings)
+    assert isinstance(settings.replace(train_split="train[:90%]"), DataSettings)
+
+
 def test_env_example_documents_every_setting_with_its_default():
     example = read_dotenv(REPO / ".env.example")
     assert example == {field.env: field.default for field in FIELDS}

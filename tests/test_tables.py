@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, clean_env, read_summary, run_python, run_train
+from train import dataset_path
 from train.data import local
 from train.errors import SettingsError
 
@@ -70,7 +71,7 @@ def test_an_empty_number_is_missing_and_an_empty_text_is_empty(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("n,whole,x,word,label\n1,3,0.5,a,yes\n,4,,,no\n3,5, ,b,yes\n")
     read = local.Read()
-    table = local.read_table(local.survey(str(path)), "label", None, read)
+    table = local.read_table(dataset_path.survey(str(path)), "label", None, read)
     kinds = {column.name: column.dtype for column in table.columns}
     assert kinds == {"n": "float32", "whole": "int64", "x": "float32", "word": "string", "label": "int64"}
     second, third = table.rows["train"][1:]
@@ -81,7 +82,7 @@ def test_an_empty_number_is_missing_and_an_empty_text_is_empty(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text('{"n": 1, "word": "a", "label": 0}\n{"n": null, "word": null, "label": 1}\n{"label": 1}\n')
     read = local.Read()
-    rows = local.read_table(local.survey(str(path)), "label", None, read).rows["train"]
+    rows = local.read_table(dataset_path.survey(str(path)), "label", None, read).rows["train"]
     assert math.isnan(rows[1]["n"]) and math.isnan(rows[2]["n"]) and rows[1]["word"] == rows[2]["word"] == ""
     assert read.missing == {"n": 2}
 
@@ -90,7 +91,7 @@ def test_an_empty_label_is_refused_naming_its_rows(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("a,label\n1,x\n2,\n3,\n4,y\n")
     with pytest.raises(SettingsError) as error:
-        local.read_table(local.survey(str(path)), "label", None, local.Read())
+        local.read_table(dataset_path.survey(str(path)), "label", None, local.Read())
     assert "column 'label' is the label but 2 rows are empty (row 3 of train, row 4 of train): fill" in str(error.value)
 
 

@@ -170,7 +170,7 @@ def test_real_dataset_name_under_tfds_mock_data(tmp_path):
     script = (
         "import json, sys, tensorflow_datasets as tfds\n"
         "from train.fit import fit\n"
-        "from train.rundir import StopRequest\n"
+        "from train.signals import StopRequest\n"
         "from train.settings import load_settings\n"
         "with tfds.testing.mock_data(num_examples=256), StopRequest() as stop:\n"
         "    flags = {'DATASET': 'mnist', 'OUTPUT_DIR': sys.argv[1], 'EPOCHS': '1', 'BATCH_SIZE': '32'}\n"

@@ -36,8 +36,9 @@ from typer.core import TyperCommand
 
 from train import hparams
 from train.errors import EXIT_FAILED, EXIT_PREEMPTED, BusyError, SettingsError, Stopped, TrainingError, first_line
-from train.rundir import CRASH_LOG, StopRequest, check_same_model, preflight, write_json
+from train.rundir import CRASH_LOG, check_same_model, preflight, write_json
 from train.settings import FIELDS, FIELDS_BY_ENV, Settings, load_settings, peek_hyperparameters
+from train.signals import StopRequest
 
 app = typer.Typer(
     help=__doc__.split("\n\n")[0],
@@ -444,7 +445,8 @@ DataDir = Annotated[
 @data_app.command("list", short_help="Each prepared dataset, its source, size, date and runs.")
 def data_list(runs: RunsRoot = Path("runs"), tfds_data_dir: DataDir = None, json_path: JsonPath = None) -> None:
     """Each prepared dataset: its source, size, date, and the run directories under --runs that use it."""
-    from train.data.prepared import data_dir, format_list, listed
+    from train.data.prepared import format_list, listed
+    from train.settings.layers import data_dir
 
     try:
         _check_json_path(json_path)
@@ -463,7 +465,8 @@ def data_prune(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
 ) -> None:
     """Remove the copies written from a folder or table that no run under --runs records; say what was freed."""
-    from train.data.prepared import data_dir, format_pruned, prune
+    from train.data.prepared import format_pruned, prune
+    from train.settings.layers import data_dir
 
     try:
         root = data_dir(tfds_data_dir)

@@ -48,8 +48,9 @@ from train.model import averaged_weights, build, use_averaged_weights
 from train.progress import Lines
 from train.resume import hparams, open_run_dir
 from train.run_state import Position, Start
-from train.rundir import RunLock, StopRequest, check_same_model, read_run
+from train.rundir import RunLock, check_same_model, read_run
 from train.settings import Settings
+from train.signals import StopRequest
 from train.start import start_run, steps_per_epoch
 from train.writer import Json, SummaryWriters, Writer, Writers
 

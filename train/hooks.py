@@ -96,7 +96,7 @@ class Profiler(Hook):
 
 
 class StopRequests(Hook):
-    """SIGTERM or Ctrl-C (train.rundir.StopRequest), heard on every worker at the same call: `peers` saves the
+    """SIGTERM or Ctrl-C (train.signals.StopRequest), heard on every worker at the same call: `peers` saves the
     step (a collective across workers) and says stop."""
 
     def __init__(self, peers: Peers) -> None:

@@ -12,13 +12,11 @@ import os
 import pwd
 import re
 import shutil
-import signal
 import socket
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from train.errors import BusyError, SettingsError, first_line
 from train.model_file import model_fingerprint
@@ -28,7 +26,7 @@ PROBE_BYTES = 1 << 20  # a write of this size must succeed: a nearly full disk f
 MIN_FREE_BYTES = 64 << 20  # room for a few checkpoints of a small model, the export and the logs
 
 
-def write_json(path: Path, payload: Any) -> None:
+def write_json(path: Path, payload: object) -> None:
     """JSON for scripts and later runs. A regular file is replaced whole or not at all (through a temporary
     file beside it, where a symlink points); a pipe or /dev/stdout is written to as it is. Raises OSError."""
     text = json.dumps(payload, indent=2) + "\n"
@@ -105,7 +103,7 @@ class RunLock:
 
     def __init__(self, output_dir: Path) -> None:
         self.output_dir = output_dir
-        self._stream: Any = None
+        self._stream: TextIO | None = None
 
     @property
     def path(self) -> Path:
@@ -464,53 +462,3 @@ def checkpoints_newest_first(checkpoint_dir: Path) -> list[Path]:
         if match:
             numbered.append((int(match.group(1)), checkpoint_dir / f"ckpt-{match.group(1)}"))
     return [prefix for _, prefix in sorted(numbered, reverse=True)]
-
-
-class StopRequest:
-    """SIGTERM (docker stop, Kubernetes, spot preemption) or Ctrl-C: finish the step, save, leave.
-
-    The handler only sets a flag; the loop looks at it between calls, and a path DATASET's writing between files
-    (`stop_heard`). A second Ctrl-C stops at once.
-    """
-
-    def __init__(self) -> None:
-        self.signal_name: str | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signal_name and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signal_name = signal.Signals(signum).name
-        if signum == signal.SIGINT:  # someone at a terminal: say it was heard (SIGTERM's senders read the exit code)
-            print(
-                "Ctrl-C: stopping at the next safe point (after the current call, with a checkpoint); "
-                "Ctrl-C again stops at once.",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def __enter__(self) -> StopRequest:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            self._previous[signum] = signal.signal(signum, self._handle)
-        _LISTENING.append(self)
-        return self
-
-    def rearm(self) -> None:
-        """Install the handlers again, keeping what __enter__ saved. MultiWorkerMirroredStrategy's C++
-        preemption notifier replaces the SIGTERM handler when the cluster forms, and only logs the signal."""
-        for signum in self._previous:
-            signal.signal(signum, self._handle)
-
-    def __exit__(self, *exc: Any) -> None:
-        _LISTENING.remove(self)
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-
-_LISTENING: list[StopRequest] = []  # the StopRequests in force in this process (fit's)
-
-
-def stop_heard() -> str | None:
-    """The signal (SIGTERM, SIGINT) a StopRequest in force has heard; None where none has, or none is in force (a
-    command that stops at once on a signal)."""
-    return next((each.signal_name for each in _LISTENING if each.signal_name), None)

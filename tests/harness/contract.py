@@ -29,9 +29,9 @@ from train.callbacks import build_callbacks
 from train.context import Context, sample_function
 from train.data import SerializedSplit, Split, make_feed
 from train.data.examples import BYTES_SUFFIX, random_record
-from train.data.local import is_path
 from train.data.opening import open_builder, open_source
 from train.data.spec import inspect
+from train.dataset_path import is_path
 from train.errors import SettingsError, TrainingError, first_line
 from train.model import build, export
 from train.model_file import load_model_file
@@ -67,7 +67,7 @@ def main(output_dir: Path) -> dict:
         opened = open_source(settings, lambda line: print(line, file=sys.stderr))
         builder, settings, preprocess = opened.builder, opened.settings, preprocess or opened.columns(settings)
     else:  # a TFDS name: its features alone, not prepared here
-        builder = open_builder(settings)
+        builder = open_builder(settings.dataset, settings.tfds_data_dir)
     adapt_on_random_examples(settings, builder.info.features)  # MODEL's adapt, before preprocess is traced
     spec = inspect(builder, settings, count=False, preprocess=preprocess)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")

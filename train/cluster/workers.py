@@ -29,7 +29,8 @@ from tensorflow.python.util import deprecation
 from train.checkpoints import restore_newest
 from train.devices.runtime import Runtime
 from train.errors import FUNCTION_NODE, BusyError, TrainingError, clip, first_line
-from train.rundir import StopRequest, busy, checkpoints_newest_first, holder
+from train.rundir import busy, checkpoints_newest_first, holder
+from train.signals import StopRequest
 
 END_BARRIER_SECONDS = 3600  # how long the others wait for the chief's export at the end
 Say = Callable[[str], None]

@@ -2,21 +2,25 @@
 (`streamed`), both as `Data` (`source`), and the batches the step and evaluation read (`feeds`). `open_dataset`
 and `Dataset.load` are what `fit` calls; `load_data` does both on one host.
 
-Those modules (TensorFlow) load when one of their names is first used, so that `train.data.local` (a path
-DATASET's checks) is imported before TensorFlow is."""
+Those modules (TensorFlow) load when one of their names is first used, so that the modules without TensorFlow
+(`local`, `written`, `prepared`: `data list|prune`) import without it. What the data reads of the settings is
+`data_settings.DataSettings`; train.settings, above, is not imported here."""
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from train.data.data_settings import DataSettings
 from train.devices.host_memory import available_memory_bytes, fits_in_memory, memory_note
-from train.settings import Settings
 
 if TYPE_CHECKING:
+    import tensorflow_datasets as tfds
+
     from train.data.source import Data
     from train.data.spec import DatasetSpec
+    from train.data.written import Identity, LeftOut
 
 __all__ = [
     "BlocksFeed", "Data", "Dataset", "DatasetSpec", "Feed", "PipelineFeed", "Remainder", "RowsFeed", "SerializedSplit",
@@ -39,7 +43,7 @@ _HOMES = {
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name not in _HOME:
         raise AttributeError(f"module 'train.data' has no attribute {name!r}")
     return getattr(importlib.import_module(f"train.data.{_HOME[name]}"), name)
@@ -50,19 +54,19 @@ class Dataset:
     """DATASET opened and prepared: what its splits hold (`spec`), nothing read yet; the data's identity (run.json's
     "data"), the settings it is read with (a one-split dataset's slices), and what to say about it."""
 
-    builder: Any
+    builder: tfds.core.DatasetBuilder
     spec: DatasetSpec
-    identity: dict[str, Any]
-    settings: Settings
+    identity: Identity
+    settings: DataSettings
     notes: tuple[str, ...] = ()
-    adapted: dict[str, Any] = field(default_factory=dict)  # what MODEL's adapt fitted (train.adapt.fingerprint)
-    left_out: dict[str, Any] = field(default_factory=dict)  # a folder's files not in the data (summary.json)
+    adapted: dict[str, object] = field(default_factory=dict)  # what MODEL's adapt fitted (train.adapt.fingerprint)
+    left_out: LeftOut = field(default_factory=dict)  # a folder's files not in the data (summary.json)
 
     def fits_in_memory(self, workers_here: int = 1) -> bool:
         """Whether both splits, as stored, fit in the memory left (for each worker this host runs)."""
         return fits_in_memory(self.spec.held_bytes, available_memory_bytes(), workers_here)
 
-    def load(self, settings: Settings, in_memory: bool, workers_here: int = 1) -> Data:
+    def load(self, settings: DataSettings, in_memory: bool, workers_here: int = 1) -> Data:
         """Both splits, held in memory or streamed, with what to say about that choice."""
         from train.data.source import load
 
@@ -71,10 +75,11 @@ class Dataset:
         note = memory_note(settings.data_in_memory, fits, self.spec.held_bytes, available, workers_here)
         pinned = tuple(self.spec.examples.notes) if self.spec.examples else ()  # outputs taken as fixed
         notes = (*self.notes, *pinned, *((note,) if note else ()))
-        return load(self.builder, self.spec, settings, in_memory, notes)
+        splits = (settings.train_split, settings.eval_split)
+        return load(self.builder, self.spec, settings.dataset, splits, in_memory, notes)
 
 
-def open_dataset(settings: Settings, say=print) -> Dataset:
+def open_dataset(settings: DataSettings, say=print) -> Dataset:
     """Open DATASET, prepare (or, a path, write) it if needed, run MODEL's `adapt` on it (train.adapt) and read
     its spec, with MODEL's `preprocess` where it defines one. `say` hears a path's writing progress. Raises
     SettingsError."""
@@ -90,7 +95,7 @@ def open_dataset(settings: Settings, say=print) -> Dataset:
     return Dataset(opened.builder, spec, opened.identity, opened.settings, opened.notes, adapted, opened.left_out)
 
 
-def load_data(settings: Settings, say=print) -> Data:
+def load_data(settings: DataSettings, say=print) -> Data:
     """One host: open DATASET and hold its splits in memory (DATA_IN_MEMORY, or auto: if they fit) or stream them."""
     dataset = open_dataset(settings, say)
     settings = dataset.settings

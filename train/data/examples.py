@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
@@ -25,8 +25,16 @@ from train.data.shapes import concrete_shapes, pin, shape_text, unknown
 from train.errors import SettingsError, clip, first_line
 from train.model_file import RESNET_EXAMPLE
 
+if TYPE_CHECKING:
+    import tensorflow_datasets as tfds
+
 BYTES_SUFFIX = "_bytes"  # example["image_bytes"]: an image feature's stored bytes, beside the decoded image
 EVAL_PASS = -1  # the `pass` of an evaluation's (and the export's) seeds: no training pass draws them
+# A decoded example: each stored feature by name, a FeaturesDict's columns as a dict of their own.
+Example = dict[str, tf.Tensor | dict[str, tf.Tensor]]
+# What the model gets of one example (`preprocess`'s inputs): a tensor, or a dict of them by Input name; its spec.
+Inputs = tf.Tensor | dict[str, tf.Tensor]
+InputSpec = tf.TensorSpec | dict[str, tf.TensorSpec]
 
 
 def example_seed(seed: int, pass_number, position) -> tf.Tensor:
@@ -35,7 +43,7 @@ def example_seed(seed: int, pass_number, position) -> tf.Tensor:
     return tf.random.experimental.stateless_fold_in(base, tf.cast(position, tf.int64))
 
 
-def named(structure) -> list[tuple[str, Any]]:
+def named(structure: Inputs | InputSpec) -> list[tuple[str, tf.Tensor | tf.TensorSpec]]:
     """(name, leaf) of inputs: a dict's entries by key, a single tensor as "inputs"."""
     if isinstance(structure, dict):
         return [(str(key), value) for key, value in structure.items()]
@@ -111,7 +119,7 @@ class Examples:
     `features`: the dataset's TFDS FeaturesDict; `preprocess`: MODEL's, or None (then the inputs are the
     FEATURE_KEY's dict of columns as stored)."""
 
-    features: Any = field(repr=False)
+    features: tfds.features.FeaturesDict = field(repr=False)
     feature_key: str
     label_key: str | None  # None: LABEL_KEY=none (`preprocess` returns the inputs alone)
     preprocess: Callable | None
@@ -128,14 +136,14 @@ class Examples:
 
         return tuple(key for key, feature in self.features.items() if isinstance(feature, tfds.features.Image))
 
-    def decode(self, record: tf.Tensor) -> dict[str, Any]:
+    def decode(self, record: tf.Tensor) -> Example:
         """A serialized example as TFDS decodes it, each image also as its stored bytes (`<key>_bytes`)."""
         import tensorflow_datasets as tfds
 
         decoders = {key: tfds.decode.SkipDecoding() for key in self.images}
         return self.with_images(self.features.deserialize_example(record, decoders=decoders))
 
-    def with_images(self, example: dict[str, Any]) -> dict[str, Any]:
+    def with_images(self, example: Example) -> Example:
         """Images as stored bytes -> decoded (JPEG or PNG, told from the bytes), the bytes kept beside them.
         A `preprocess` that reads only the bytes costs no decoding: TensorFlow prunes what nothing uses."""
         example = dict(example)
@@ -147,7 +155,7 @@ class Examples:
             example[key + BYTES_SUFFIX] = encoded
         return example
 
-    def call(self, example: dict[str, Any], training: bool, seed: tf.Tensor) -> tuple[Any, tf.Tensor]:
+    def call(self, example: Example, training: bool, seed: tf.Tensor) -> tuple[Inputs, tf.Tensor]:
         """(inputs, label) of a decoded example: `preprocess`'s, or the columns of FEATURE_KEY as stored."""
         if self.preprocess is None:
             return example[self.feature_key], example[self.label_key] if self.label_key else no_label()
@@ -161,7 +169,7 @@ class Examples:
         # here, inside tf.data's tracing, would reach the user wrapped in autograph's stack
         return pin(self.pinned, tuple(result) if isinstance(result, list) else result, named)
 
-    def prepare(self, record, position, pass_number, training: bool) -> tuple[Any, tf.Tensor]:
+    def prepare(self, record, position, pass_number, training: bool) -> tuple[Inputs, tf.Tensor]:
         """A stored record, its place in the split and the pass -> (inputs, label)."""
         return self.call(self.decode(record), training, example_seed(self.seed, pass_number, position))
 
@@ -198,7 +206,7 @@ class Examples:
         label_info = self.features[self.label_key].get_tensor_info() if self.label_key else None
 
         def one(row: dict[str, tf.Tensor]):
-            example: dict[str, Any] = {}
+            example: Example = {}
             for name, value in row.items():
                 if name in columns and columns[name] not in row:
                     example.setdefault(columns[name], {})[name] = value
@@ -217,7 +225,9 @@ class Examples:
         return serve, signature
 
 
-def check_outputs(examples: Examples, element_spec, training: bool, fixed: bool = True) -> tuple[Any, tf.TensorSpec]:
+def check_outputs(
+    examples: Examples, element_spec, training: bool, fixed: bool = True
+) -> tuple[InputSpec, tf.TensorSpec]:
     """`preprocess`'s (inputs, label) spec, refused where the model cannot take it; with `fixed`, also where a
     static shape has an unknown dimension. Raises SettingsError."""
     if not (isinstance(element_spec, tuple) and len(element_spec) == 2):
@@ -265,7 +275,7 @@ def _shape(spec: tf.TensorSpec) -> str:
     return "(" + ", ".join("None" if dim is None else str(dim) for dim in spec.shape.as_list()) + ")"
 
 
-def probe(examples: Examples, records: list[bytes]) -> tuple[Any, tf.TensorSpec]:
+def probe(examples: Examples, records: list[bytes]) -> tuple[InputSpec, tf.TensorSpec]:
     """(inputs spec, label spec) of the examples, from `preprocess` run on `records` (the first stored examples)
     in training and in evaluation: both must give the same fixed shapes and dtypes, an unknown dimension taken at
     what the examples give (train.data.shapes). Raises SettingsError."""
@@ -282,7 +292,9 @@ def probe(examples: Examples, records: list[bytes]) -> tuple[Any, tf.TensorSpec]
     return specs[0]
 
 
-def _probed(examples: Examples, records: list[bytes], fixed: bool) -> tuple[list[Any], list[tf.data.Dataset]]:
+def _probed(
+    examples: Examples, records: list[bytes], fixed: bool
+) -> tuple[list[tuple[InputSpec, tf.TensorSpec]], list[tf.data.Dataset]]:
     """The (inputs, label) spec in training and in evaluation, and the datasets of `records` prepared in each."""
     specs, datasets = [], []
     for training in (True, False):

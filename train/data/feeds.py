@@ -20,12 +20,12 @@ over the stored records, and decodes and prepares each example after the plan ha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import tensorflow as tf
 
-from train.data.examples import EVAL_PASS
+from train.data.examples import EVAL_PASS, Inputs
 from train.data.in_memory import SerializedSplit, Split
 from train.data.source import TrainSplit
 from train.data.streamed import StreamedSplit
@@ -41,7 +41,7 @@ class Remainder:
     trained before this start; then the passes after it, whole."""
 
     pass_number: int
-    marks: tuple[Any, ...] = field(repr=False)
+    marks: tuple[np.ndarray, ...] = field(repr=False)
     length: int
     done: int = 0
 
@@ -259,11 +259,11 @@ class Feed(Protocol):
 
     compilable: bool
 
-    def call_args(self, steps: int) -> tuple[Any, ...]: ...
+    def call_args(self, steps: int) -> tuple[object, ...]: ...  # tensors or an iterator: handed back to step_args
 
-    def step_args(self, call_args: tuple[Any, ...], step: Any) -> Any: ...
+    def step_args(self, call_args: tuple[object, ...], step: tf.Tensor) -> tuple[object, ...]: ...
 
-    def replica_batch(self, *args: Any) -> tuple[Any, Any]: ...
+    def replica_batch(self, *args: tf.Tensor) -> tuple[Inputs, tf.Tensor]: ...
 
 
 class RowsFeed:
@@ -382,7 +382,7 @@ class PipelineFeed:
     def __init__(self, distributed) -> None:
         self.iterator = iter(distributed)
 
-    def call_args(self, steps: int) -> tuple[Any, ...]:
+    def call_args(self, steps: int) -> tuple[object, ...]:
         del steps  # the iterator moves on by itself
         return (self.iterator,)
 

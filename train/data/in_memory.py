@@ -15,9 +15,10 @@ import os
 import re
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 import tensorflow as tf
 
 from train.data.spec import DatasetSpec, damaged
@@ -69,7 +70,7 @@ def _shared_tensor(array: np.ndarray) -> tf.Tensor:
     return tf.constant(array)
 
 
-def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+def aligned_empty(shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
     """An uninitialised C-contiguous array whose buffer starts at a multiple of ALIGNMENT bytes."""
     dtype = np.dtype(dtype)
     size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize

@@ -1,7 +1,7 @@
 """Your data as you have it: DATASET as a path (a folder of images, a CSV or JSON Lines file, a prepared TFDS
-folder), surveyed and read without TensorFlow, so that a bad path is refused before it loads.
+folder), read without TensorFlow, so that a bad file is refused before it loads.
 
-`survey` walks the path once with `stat` only: the layout (classes, splits), every file's size and mtime.
+What the path holds is its survey (train.dataset_path: `stat` only, made when the settings were validated).
 `read_image` and `read_table` read each file once: its bytes, its kind told from its first bytes, its sha256
 (an image's structure checked too, train.data.intact).
 The fingerprint is the files' relative paths, sizes and sha256 (`fingerprint`): the data's identity, whatever the
@@ -15,18 +15,16 @@ import hashlib
 import io
 import json
 import math
-import os
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 from train.data.intact import damage
+from train.dataset_path import SHOWN, Entry, Survey
 from train.errors import SettingsError
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".jpe", ".png", ".gif", ".bmp"}  # a file named so must be one (else refused)
-TABLE_SUFFIXES = (".csv", ".jsonl")
 MAGIC = (
     (b"\xff\xd8\xff", "jpeg"),
     (b"\x89PNG\r\n\x1a\n", "png"),
@@ -36,199 +34,11 @@ MAGIC = (
 )
 INT64 = (-(2**63), 2**63 - 1)  # a whole-number column beyond this range is float32
 MAX_INTEGER_CLASSES = 1000  # whole-number labels from 0 with at most this many values are classes
-SHOWN = 3  # changed files named in a refusal
-SPLIT_NAME = re.compile(r"[A-Za-z0-9_]+")  # what TFDS takes as a split's name
-
-
-def is_path(text: str) -> bool:
-    """DATASET names a path: it starts with /, ./, ../ or ~, ends in .csv or .jsonl, or a file or folder of that name
-    exists here, and, for a bare name (no /), TFDS has no builder of that name (`./name` is always the path)."""
-    if text.startswith(("/", "./", "../", "~")) or text.lower().endswith(TABLE_SUFFIXES):
-        return True
-    if not Path(text).exists():
-        return False
-    return "/" in text or not is_tfds_name(text)
-
-
-_KNOWN: dict[str, bool] = {}  # a bare name's answer, asked once a process
-
-
-def is_tfds_name(name: str) -> bool:
-    """Whether TFDS has a builder of this name (`name:1.2.3` too): its own, the template's, the fork's
-    (`project.datasets`). Imports TFDS (not TensorFlow), asked only where a file or folder of that name is here."""
-    if name not in _KNOWN:
-        _KNOWN[name] = name.split(":")[0] in register_builders().list_builders(with_community_datasets=False)
-    return _KNOWN[name]
-
-
-def register_builders():
-    """TFDS, with the template's offline datasets and the fork's (`project.datasets`) registered by importing them."""
-    import importlib
-    import importlib.util
-
-    import tensorflow_datasets as tfds
-
-    import train.data.synthetic_clusters
-    import train.data.synthetic_columns
-    import train.data.synthetic_images
-    import train.data.synthetic_photos
-    import train.data.synthetic_reviews  # noqa: F401  (the template's offline datasets, registered by importing)
-
-    if importlib.util.find_spec("project.datasets") is not None:
-        importlib.import_module("project.datasets")  # a fork's builders, registered by importing them
-    return tfds
 
 
 def image_kind(head: bytes) -> str | None:
     """jpeg, png, gif or bmp, told from a file's first bytes; None for anything else."""
     return next((kind for magic, kind in MAGIC if head.startswith(magic)), None)
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One file of the source: its path relative to the root, size and mtime (what `stat` says)."""
-
-    path: str
-    size: int
-    mtime_ns: int
-
-
-@dataclass(frozen=True)
-class Survey:
-    """What a path holds, from `stat` alone.
-
-    kind: "images", "table" or "tfds". splits: split name -> the entries of that split (images: (entry, class
-    name); a table: its one file). classes: the sorted class folders (images)."""
-
-    root: Path
-    kind: str
-    splits: dict[str, list[tuple[Entry, str | None]]]
-    classes: tuple[str, ...] = ()
-    entries: tuple[Entry, ...] = field(default=(), repr=False)  # every file under the root (the stat listing)
-
-    def file(self, entry: Entry) -> Path:
-        return self.root if self.root.is_file() else self.root / entry.path
-
-    @cached_property
-    def listing(self) -> str:
-        """sha256 of every file's relative path, size and mtime: what decides whether to read the files again."""
-        text = "".join(f"{entry.path}\0{entry.size}\0{entry.mtime_ns}\n" for entry in self.entries)
-        return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _entries(root: Path) -> tuple[list[Entry], list[str]]:
-    """Every file under `root` (a file: itself), sorted by relative path, the engine's own caches left out; and the
-    empty folders."""
-    if root.is_file():
-        stat = root.stat()
-        return [Entry(root.name, stat.st_size, stat.st_mtime_ns)], []
-    found, empty = [], []
-    for directory, folders, files in os.walk(root):
-        folders[:] = [name for name in folders if name != "train-arrays-cache"]  # the engine's own cache
-        relative = Path(directory).relative_to(root).as_posix()
-        prefix = "" if relative == "." else relative + "/"
-        if not folders and not files and prefix:
-            empty.append(relative)
-        for name in files:
-            stat = os.stat(os.path.join(directory, name))
-            found.append(Entry(prefix + name, stat.st_size, stat.st_mtime_ns))
-    return sorted(found, key=lambda entry: entry.path), sorted(empty)
-
-
-_CHECKED: dict[tuple[str, str], Survey] = {}  # the survey settings validation made, for `checked` to take once
-
-
-def checked(text: str) -> Survey:
-    """The survey made when the settings were validated, in this process (taken once: a walk of 20,000 files costs
-    a quarter of a second), else a new one."""
-    return _CHECKED.pop((os.getcwd(), text), None) or survey(text)
-
-
-def is_table(text: str) -> bool:
-    """Whether DATASET names a table: a CSV or JSON Lines file, or a folder of them. Raises SettingsError as
-    `survey` does."""
-    if not is_path(text):
-        return False
-    return (_CHECKED.get((os.getcwd(), text)) or survey(text)).kind == "table"
-
-
-def survey(text: str) -> Survey:
-    """The layout of the path DATASET names, told from its folders and file names. Raises SettingsError."""
-    _CHECKED[os.getcwd(), text] = found = _survey(text)
-    return found
-
-
-def _survey(text: str) -> Survey:
-    root = Path(text).expanduser()
-    if not root.exists():
-        raise SettingsError(f"DATASET={text!r} does not exist: name a folder of images, a CSV or JSON Lines file, "
-                            "a folder of <split>.csv or <split>.jsonl, or a prepared TFDS folder")  # fmt: skip
-    try:
-        entries, empty = _entries(root)
-    except OSError as error:
-        raise SettingsError(f"DATASET={text!r} cannot be read ({error.strerror}: {error.filename})") from None
-    if root.is_file():
-        if root.suffix.lower() not in TABLE_SUFFIXES:
-            raise SettingsError(f"DATASET={text!r} is a file that is neither .csv nor .jsonl: name a CSV or JSON "
-                                "Lines file, or a folder of images")  # fmt: skip
-        return Survey(root, "table", {"train": [(entries[0], None)]}, entries=tuple(entries))
-    if (root / "dataset_info.json").is_file():
-        return Survey(root, "tfds", {}, entries=tuple(entries))
-    if not entries:
-        raise SettingsError(f"DATASET={text!r} is an empty folder: put images in class folders, or CSV files in it")
-    top = [entry for entry in entries if "/" not in entry.path]
-    tables = [entry for entry in top if Path(entry.path).suffix.lower() in TABLE_SUFFIXES]
-    if tables:
-        others = [entry.path for entry in entries if entry not in tables and not Path(entry.path).name.startswith(".")]
-        if others:
-            raise SettingsError(f"DATASET={text!r} mixes tables ({tables[0].path}) with other files ({others[0]}): "
-                                "keep only <split>.csv or <split>.jsonl files in it")  # fmt: skip
-        kinds = {Path(entry.path).suffix.lower() for entry in tables}
-        if len(kinds) > 1:
-            raise SettingsError(f"DATASET={text!r} mixes .csv and .jsonl files: keep one kind")
-        wrong = [entry.path for entry in tables if not SPLIT_NAME.fullmatch(Path(entry.path).stem)]
-        if wrong:
-            raise SettingsError(f"DATASET={text!r}: {wrong[0]} does not name a split: use <split>.csv or "
-                                "<split>.jsonl, the split in letters, digits and _ (train.csv, test.csv)")  # fmt: skip
-        return Survey(root, "table", {Path(e.path).stem: [(e, None)] for e in tables}, entries=tuple(entries))
-    return _image_layout(text, root, entries, empty)
-
-
-def _image_layout(text: str, root: Path, entries: list[Entry], empty: list[str]) -> Survey:
-    """<class>/<file> (one split, train) or <split>/<class>/<file>: told from the root's subfolders."""
-    below: dict[str, list[Entry]] = {}
-    for entry in entries:
-        if "/" in entry.path:
-            below.setdefault(entry.path.split("/")[0], []).append(entry)
-    if not below:
-        raise SettingsError(f"DATASET={text!r} holds no folders: put the images in one folder per class, like "
-                            f"{text}/cat/1.jpg (images without labels, for LABEL_KEY=none: in one folder, like "
-                            f"{text}/images/1.jpg)")  # fmt: skip
-    # a subfolder with files of its own holds images: a class; one with only folders holds classes: a split
-    as_splits = all(all(entry.path.count("/") >= 2 for entry in files) for files in below.values())
-    splits: dict[str, list[tuple[Entry, str | None]]] = {}
-    class_sets: dict[str, set[str]] = {}
-    for top_name, files in sorted(below.items()):
-        split, depth = (top_name, 1) if as_splits else ("train", 0)
-        for entry in files:
-            name = entry.path.split("/")[depth]
-            splits.setdefault(split, []).append((entry, name))
-            class_sets.setdefault(split, set()).add(name)
-    for relative in empty:
-        if relative.count("/") == (1 if as_splits else 0):
-            raise SettingsError(f"DATASET={text!r}: the class folder {relative} is empty: put its images in it "
-                                "or remove it")  # fmt: skip
-    classes = sorted(set().union(*class_sets.values()))
-    for split, names in class_sets.items():
-        if names != set(classes):
-            missing = sorted(set(classes) - names)
-            raise SettingsError(f"DATASET={text!r}: the splits' class folders differ: {split} has no "
-                                f"{', '.join(missing[:SHOWN])}; every split needs the same class folders")  # fmt: skip
-    for split in splits:
-        if not SPLIT_NAME.fullmatch(split):
-            raise SettingsError(f"DATASET={text!r}: the split folder {split!r} is not a split name: use letters, "
-                                "digits and _ (train, test, validation)")  # fmt: skip
-    return Survey(root, "images", splits, tuple(classes), tuple(entries))
 
 
 @dataclass

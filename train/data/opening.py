@@ -1,7 +1,7 @@
 """DATASET opened: a TFDS name (registered builders, the fork's `project.datasets`, prepared once) or a path
 (written once, train.data.written), with the data's identity that run.json records and a restart must match.
 
-A path is told from a name before TensorFlow loads (train.data.local). Either way what `inspect` then reads is a
+A path is told from a name before TensorFlow loads (train.dataset_path). Either way what `inspect` then reads is a
 TFDS builder, so everything after (slices, in memory or streamed, workers, preprocess, resume) is the same.
 """
 
@@ -12,18 +12,24 @@ import difflib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
-from train.data import local, written
+import train.data.written as written
+from train.data.data_settings import DataSettings
+from train.data.written import Identity, LeftOut
+from train.dataset_path import SHOWN, data_dir, is_path
+from train.datasets import registered
 from train.errors import SettingsError, first_line
 from train.model_file import TABLE_MODEL, TABULAR_TEXT_EXAMPLE
-from train.settings import Settings
 
-DEFAULT_DATA_DIR = "~/tensorflow_datasets"  # TFDS's own, where TFDS_DATA_DIR is unset or empty
+if TYPE_CHECKING:
+    import tensorflow_datasets as tfds
+
 ONE_SPLIT = ("train[:90%]", "train[90%:]")  # TRAIN_SPLIT and EVAL_SPLIT of a dataset with one split, train
 
 
@@ -32,13 +38,13 @@ class Opened:
     """DATASET's builder, the data's identity (run.json's "data"), the settings with a one-split dataset's slices,
     and what to say about it."""
 
-    builder: Any
-    identity: dict[str, Any]
-    settings: Settings
+    builder: tfds.core.DatasetBuilder
+    identity: Identity
+    settings: DataSettings
     notes: tuple[str, ...] = ()
-    left_out: dict[str, Any] = field(default_factory=dict)  # a folder's files not in the data (written.Written)
+    left_out: LeftOut = field(default_factory=dict)  # a folder's files not in the data (written.Written)
 
-    def columns(self, settings: Settings):
+    def columns(self, settings: DataSettings):
         """A table's (CSV, JSON Lines) `preprocess` where MODEL has none and FEATURE_KEY is unset: every column but
         the label, as a dict by name. None for other data. Raises SettingsError for a text column."""
         if self.identity.get("kind") != "table" or settings.feature_key:
@@ -65,15 +71,15 @@ class Opened:
         return columns
 
 
-def open_source(settings: Settings, say) -> Opened:
+def open_source(settings: DataSettings, say) -> Opened:
     """DATASET's builder, prepared or written once. Raises SettingsError."""
     import tensorflow_datasets as tfds
 
     notes: tuple[str, ...] = ()
-    left_out: dict[str, Any] = {}
-    named = None if local.is_path(settings.dataset) else open_builder(settings)
+    left_out: LeftOut = {}
+    named = None if is_path(settings.dataset) else open_builder(settings.dataset, settings.tfds_data_dir)
     if named is None or named.info.file_format is None:  # a path, or a tfds.ImageFolder: its folder written once
-        folder = settings if named is None else settings.replace(dataset=image_folder_root(named, settings))
+        folder = settings if named is None else settings.replace(dataset=image_folder_root(named, settings.dataset))
         source = written.prepare_path(folder, say)
         builder = tfds.builder_from_directory(str(source.directory))
         identity, notes, left_out = source.identity, source.notes, source.left_out
@@ -81,15 +87,15 @@ def open_source(settings: Settings, say) -> Opened:
             identity = {**identity, "kind": "tfds", "name": named.name, "written": identity["name"]}
     else:
         builder = named
-        prepare(builder, settings)
+        prepare(builder, settings.dataset)
         if not builder.info.splits:  # prepared by another process sharing TFDS_DATA_DIR while this one waited
-            builder = open_builder(settings)
+            builder = open_builder(settings.dataset, settings.tfds_data_dir)
         identity = tfds_identity(builder)
     settings, split_note = one_split(settings, builder)
     return Opened(builder, identity, settings, (*notes, *split_note), left_out)
 
 
-def image_folder_root(builder, settings: Settings) -> str:
+def image_folder_root(builder, dataset: str) -> str:
     """The folder a tfds.ImageFolder (a fork's subclass, say) reads its images from: TFDS keeps its root_dir as the
     builder's data_dir (ImageFolder.__init__ sets `_data_dir = root_dir`; TFDS 4.9). Another builder that TFDS reads
     without prepared files (a TranslateFolder, say) is refused. Raises SettingsError."""
@@ -97,14 +103,14 @@ def image_folder_root(builder, settings: Settings) -> str:
 
     if not isinstance(builder, tfds.ImageFolder):
         raise SettingsError(
-            f"DATASET={settings.dataset!r} is a {type(builder).__name__}, which TFDS reads without prepared files: "
+            f"DATASET={dataset!r} is a {type(builder).__name__}, which TFDS reads without prepared files: "
             "only a tfds.ImageFolder's folder is written for training; prepare it as TFDS files, or name its "
             "folder, DATASET=<folder>"
         )
     return str(builder.data_dir)
 
 
-def tfds_identity(builder) -> dict[str, Any]:
+def tfds_identity(builder: tfds.core.DatasetBuilder) -> Identity:
     """A TFDS name's identity: name, config, version and each split's prepared shard lengths."""
     config = getattr(builder, "builder_config", None)
     shards = {name: [int(n) for n in split.shard_lengths] for name, split in builder.info.splits.items()}
@@ -112,14 +118,14 @@ def tfds_identity(builder) -> dict[str, Any]:
             "version": str(builder.version), "shard_lengths": shards}  # fmt: skip
 
 
-def data_identity_text(identity: dict[str, Any]) -> str:
+def data_identity_text(identity: Identity) -> str:
     """What workers compare: a path's fingerprint, or a TFDS dataset's name, config, version and shard lengths."""
     if "fingerprint" in identity:
         return f"{identity['kind']} sha256 {identity['fingerprint'][:16]}, {identity['files']} files"
     return json.dumps({key: identity[key] for key in sorted(identity) if key != "kind"}, separators=(",", ":"))
 
 
-def one_split(settings: Settings, builder) -> tuple[Settings, tuple[str, ...]]:
+def one_split(settings: DataSettings, builder) -> tuple[DataSettings, tuple[str, ...]]:
     """A dataset with one split, train, and TRAIN_SPLIT/EVAL_SPLIT at their defaults: 90% to train on, 10% to
     evaluate on."""
     if list(builder.info.splits.keys()) != ["train"] or (settings.train_split, settings.eval_split) != (
@@ -132,7 +138,7 @@ def one_split(settings: Settings, builder) -> tuple[Settings, tuple[str, ...]]:
     return settings.replace(train_split=ONE_SPLIT[0], eval_split=ONE_SPLIT[1]), (note,)
 
 
-def check_same_data(settings: Settings, recorded: dict[str, Any] | None, identity: dict[str, Any],
+def check_same_data(settings: DataSettings, recorded: Identity | None, identity: Identity,
                     doing: str = "trained", trained: bool = True) -> str | None:  # fmt: skip
     """A run directory trained on other data (another DATASET, or its files changed) is refused in one line: nothing
     is `doing` (trained, evaluated, predicted) on it. `recorded`: run.json's "data" (None for a new run). A fit of a
@@ -145,7 +151,7 @@ def check_same_data(settings: Settings, recorded: dict[str, Any] | None, identit
         return (f"DATASET={settings.dataset!r} is not the data {where} was first started on, but no step was trained "
                 "on that: this run trains on the data as it is now")  # fmt: skip
     if _source(recorded) is not None and _source(recorded) == _source(identity):  # the same folder or file, changed
-        changes = _changes(settings, recorded, identity)
+        changes = _changes(settings.tfds_data_dir, recorded, identity)
         raise SettingsError(
             f"DATASET={settings.dataset!r} has changed since {where} was trained on it: {changes}; nothing was {doing} "
             f"on the changed data: {'train in a new OUTPUT_DIR' if doing == 'trained' else 'train a new run on it'}, "
@@ -163,7 +169,7 @@ def check_same_data(settings: Settings, recorded: dict[str, Any] | None, identit
     )
 
 
-def _source(identity: dict[str, Any]) -> tuple[str, str] | None:
+def _source(identity: Identity) -> tuple[str, str] | None:
     """Where written data came from, whatever its files hold now: a path's kind and stem (its name is stem_hash), a
     tfds.ImageFolder's name; None for a prepared TFDS dataset (another version or preparation is other data)."""
     if identity.get("kind") != "tfds":
@@ -171,7 +177,7 @@ def _source(identity: dict[str, Any]) -> tuple[str, str] | None:
     return ("tfds", identity.get("name", "")) if "fingerprint" in identity else None
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     """A value of the identity as a refusal shows it: shard lengths as each split's files and examples."""
     if isinstance(value, dict):
         return "{" + ", ".join(f"{split}: {len(lengths)} files, {sum(lengths)} examples"
@@ -179,9 +185,9 @@ def _short(value: Any) -> str:
     return repr(value)
 
 
-def _changes(settings: Settings, recorded: dict[str, Any], identity: dict[str, Any]) -> str:
+def _changes(tfds_data_dir: Path | None, recorded: Identity, identity: Identity) -> str:
     """How many files were added, removed or modified, and the first few, from both datasets' source.json."""
-    root = written.data_dir(settings)
+    root = data_dir(tfds_data_dir)
     fallback = f"its fingerprint differs ({recorded.get('files')} files then, {identity.get('files')} now)"
     if identity.get("kind") == "tfds folder":  # read in place: no list of its files was kept
         return fallback
@@ -196,25 +202,24 @@ def _changes(settings: Settings, recorded: dict[str, Any], identity: dict[str, A
     changes += [f"modified {p}" for p in sorted(set(now) & set(before)) if now[p] != before[p]]
     if not changes:  # the files are the same: LABEL_KEY or LABEL_KIND made it another dataset
         return f"it was written anew as {identity.get('name')} (LABEL_KEY or LABEL_KIND changed)"
-    shown = ", ".join(changes[: local.SHOWN]) + (", ..." if len(changes) > local.SHOWN else "")
+    shown = ", ".join(changes[:SHOWN]) + (", ..." if len(changes) > SHOWN else "")
     return f"{len(changes)} file(s) changed ({shown})"
 
 
-def open_builder(settings: Settings):
+def open_builder(dataset: str, tfds_data_dir: Path | None):
     """The TFDS builder of DATASET: the template's own datasets and the fork's (`project.datasets`) registered."""
-    tfds = local.register_builders()
+    tfds = registered()
     tfds.display_progress_bar(sys.stderr.isatty())  # a log that is not a terminal gets no bars' escape codes ("[A")
-    # Never TFDS's reading of an empty TFDS_DATA_DIR (the working directory): TFDS's default, as written.data_dir
-    data_dir = str(settings.tfds_data_dir or os.path.expanduser(os.environ.get("TFDS_DATA_DIR") or DEFAULT_DATA_DIR))
+    # Never TFDS's reading of an empty TFDS_DATA_DIR (the working directory): TFDS's default (dataset_path.data_dir)
     try:
-        return tfds.builder(settings.dataset, data_dir=data_dir)
+        return tfds.builder(dataset, data_dir=str(data_dir(tfds_data_dir)))
     except tfds.core.registered.DatasetNotFoundError:
-        name = settings.dataset.split("/")[0].split(":")[0]
+        name = dataset.split("/")[0].split(":")[0]
         close = difflib.get_close_matches(name, tfds.list_builders(), n=3, cutoff=0.6)
         hint = f"did you mean {', '.join(close)}?" if close else "see tfds.list_builders() for the known names"
-        raise SettingsError(f"DATASET={settings.dataset!r} is not a TFDS dataset: {hint}") from None
+        raise SettingsError(f"DATASET={dataset!r} is not a TFDS dataset: {hint}") from None
     except Exception as error:  # unknown config or version: TFDS raises several types
-        raise SettingsError(f"DATASET={settings.dataset!r} cannot be opened: {first_line(error)}") from None
+        raise SettingsError(f"DATASET={dataset!r} cannot be opened: {first_line(error)}") from None
 
 
 def _directories(root: Path, depth: int) -> set[Path]:
@@ -230,7 +235,7 @@ def _directories(root: Path, depth: int) -> set[Path]:
 CONNECT_SECONDS = 3.0  # how long the reachability check waits for a download host (TFDS's retries take minutes)
 
 
-def _hosts(urls: Any) -> set[tuple[str, int]]:
+def _hosts(urls: object) -> set[tuple[str, int]]:
     """(host, port) of every URL in what a builder hands TFDS's download manager (a URL, a Resource, or a tree)."""
     import urllib.parse
     import urllib.request
@@ -253,7 +258,7 @@ def _hosts(urls: Any) -> set[tuple[str, int]]:
 
 
 @contextlib.contextmanager
-def _downloads_checked_first() -> Any:
+def _downloads_checked_first() -> Iterator[None]:
     """While TFDS prepares: before its download manager starts (and retries for minutes, printing urllib3
     warnings), a plain connect to every host it is about to download from, failing in seconds."""
     import socket
@@ -284,7 +289,7 @@ def _downloads_checked_first() -> Any:
             setattr(manager, name, original)
 
 
-def prepare(builder, settings: Settings) -> None:
+def prepare(builder, dataset: str) -> None:
     """Make sure the data is on disk: generated locally, or downloaded once if it must be.
 
     Under TFDS_DATA_DIR's lock (written.locked), where a killed preparation's `incomplete.*` folders are removed
@@ -293,20 +298,20 @@ def prepare(builder, settings: Settings) -> None:
     """
     if tf.io.gfile.exists(builder.data_dir):  # prepared: what download_and_prepare would only say, too
         return
-    data_dir = Path(str(builder.data_dir_root))  # str: TFDS's own path type, which may name a bucket
+    root = Path(str(builder.data_dir_root))  # str: TFDS's own path type, which may name a bucket
     if "://" in str(builder.data_dir_root):
-        return _prepare(builder, settings, data_dir)
-    with written.locked(data_dir, f"DATASET={settings.dataset!r} (made here, offline or downloaded)"):
+        return _prepare(builder, dataset, root)
+    with written.locked(root, f"DATASET={dataset!r} (made here, offline or downloaded)"):
         if tf.io.gfile.exists(builder.data_dir):  # another process prepared it while this one waited
             return
-        written.remove_incomplete(data_dir / Path(str(builder.data_dir)).relative_to(data_dir).parts[0])
-        _prepare(builder, settings, data_dir)
+        written.remove_incomplete(root / Path(str(builder.data_dir)).relative_to(root).parts[0])
+        _prepare(builder, dataset, root)
 
 
-def _prepare(builder, settings: Settings, data_dir: Path) -> None:
+def _prepare(builder, dataset: str, root: Path) -> None:
     # The dataset's own folder and the downloads, where TFDS makes folders (dataset/version/.tmp,
     # downloads/dataset/file.tmp.ID) before it knows that the download fails.
-    roots = (data_dir / Path(str(builder.data_dir)).relative_to(data_dir).parts[0], data_dir / "downloads")
+    roots = (root / Path(str(builder.data_dir)).relative_to(root).parts[0], root / "downloads")
 
     def folders() -> set[Path]:
         return _directories(roots[0], depth=4) | _directories(roots[1], depth=2)
@@ -321,7 +326,7 @@ def _prepare(builder, settings: Settings, data_dir: Path) -> None:
             with contextlib.suppress(OSError):  # not empty: a file in it is kept
                 directory.rmdir()
         raise SettingsError(
-            f"DATASET={settings.dataset!r} is not prepared in {data_dir} and could not be made "
+            f"DATASET={dataset!r} is not prepared in {root} and could not be made "
             f"({type(error).__name__}: {first_line(error, 200)}): on a machine with network run "
-            f"scripts/prepare-dataset.sh {settings.dataset} DIR, then set TFDS_DATA_DIR=DIR"
+            f"scripts/prepare-dataset.sh {dataset} DIR, then set TFDS_DATA_DIR=DIR"
         ) from None

@@ -5,7 +5,8 @@ old ones stay until removed. `prepared` finds each copy (`<name>[/<config>]/<ver
 source, size and date; `runs_using` reads the run.json of every run directory under a root, which records the
 data it trained on (train.data.opening's identity). `prune` removes the copies written from a path that no run
 under the root records, under TFDS_DATA_DIR's lock. Datasets TFDS prepared from a name are listed, never removed:
-making one again may need a download. No TensorFlow here.
+making one again may need a download. TFDS_DATA_DIR is the caller's (train.settings.layers.data_dir). No TensorFlow
+here.
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from train.data import written
-from train.settings.layers import project_defaults_path, read_dotenv
+import train.data.written as written
+from train.data.written import Identity
 
 RUN = "run.json"  # in a run directory: what it trained on ("data")
-DEFAULT_DATA_DIR = "~/tensorflow_datasets"  # TFDS's own, where TFDS_DATA_DIR is unset
 
 
 @dataclass
@@ -42,17 +42,6 @@ class Prepared:
         return {"name": self.key, "directory": str(self.directory), "source": self.source, "written": self.written,
                 "bytes": self.size, "date": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.date)),
                 "runs": [str(run) for run in self.runs]}  # fmt: skip
-
-
-def data_dir(flag: Path | None) -> Path:
-    """TFDS_DATA_DIR as fit reads it: the flag, the environment, .env, project/defaults.env; an empty value is
-    unset; TFDS's own default last."""
-    defaults = project_defaults_path()
-    layers = [os.environ, read_dotenv(Path(".env")), read_dotenv(defaults) if defaults else {}]
-    for value in [str(flag) if flag else "", *(layer.get("TFDS_DATA_DIR", "") for layer in layers)]:
-        if value.strip():
-            return Path(value.strip()).expanduser()
-    return Path(DEFAULT_DATA_DIR).expanduser()
 
 
 def prepared(root: Path) -> list[Prepared]:
@@ -134,7 +123,7 @@ def runs_using(runs: Path, warn) -> dict[str, list[Path]]:
     return using
 
 
-def _key(identity: dict[str, Any]) -> str | None:
+def _key(identity: Identity) -> str | None:
     """Where the data a run recorded is under TFDS_DATA_DIR: a written copy's `name/1.0.0`, a TFDS name's
     `name[/config]/version`; None for a prepared folder read in place (it is not in TFDS_DATA_DIR)."""
     if identity.get("kind") in ("images", "table") and identity.get("name"):

@@ -8,7 +8,6 @@ stops the run in one line (`odd_shape` reads TensorFlow's error for it).
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import tensorflow as tf
 
@@ -38,7 +37,7 @@ def concrete_shapes(datasets: list[tf.data.Dataset], paths: list[str], named) ->
     return found
 
 
-def pin(pinned: dict[str, tuple[int, ...]], result: Any, named) -> Any:
+def pin(pinned: dict[str, tuple[int, ...]], result: object, named) -> object:
     """(inputs, label) with each pinned output passed through `tf.ensure_shape` at its taken shape."""
     if not pinned or not (isinstance(result, tuple) and len(result) == 2):
         return result

@@ -14,7 +14,6 @@ from train.data.in_memory import SerializedSplit, Split, read_serialized, read_s
 from train.data.spec import DatasetSpec
 from train.data.streamed import StreamedSplit, check_readable
 from train.errors import SettingsError
-from train.settings import Settings
 
 TrainSplit = Split | SerializedSplit | StreamedSplit
 
@@ -37,9 +36,11 @@ class Data:
         return not isinstance(self.train, StreamedSplit)
 
 
-def load(builder, spec: DatasetSpec, settings: Settings, in_memory: bool, notes: tuple[str, ...] = ()) -> Data:
-    """Both splits, held in memory or streamed. Raises SettingsError."""
-    splits = ((settings.train_split, spec.train_examples), (settings.eval_split, spec.eval_examples))
+def load(
+    builder, spec: DatasetSpec, dataset: str, splits: tuple[str, str], in_memory: bool, notes: tuple[str, ...] = ()
+) -> Data:
+    """Both splits (TRAIN_SPLIT, EVAL_SPLIT) of DATASET, held in memory or streamed. Raises SettingsError."""
+    splits = ((splits[0], spec.train_examples), (splits[1], spec.eval_examples))
     if in_memory and not spec.records:
         train, evaluation = (read_split(builder, spec, split, examples) for split, examples in splits)
         return Data(spec, train, evaluation, notes)
@@ -47,7 +48,7 @@ def load(builder, spec: DatasetSpec, settings: Settings, in_memory: bool, notes:
     for streamed in (train, evaluation):
         if spec.records and not streamed.tfrecord:
             raise SettingsError(
-                f"DATASET={settings.dataset!r} is stored as {builder.info.file_format.value}: preprocess and dicts of "
+                f"DATASET={dataset!r} is stored as {builder.info.file_format.value}: preprocess and dicts of "
                 "columns read TFRecord files (TFDS's default file_format): prepare it with file_format=tfrecord"
             )
         check_readable(streamed)

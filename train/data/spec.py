@@ -8,16 +8,15 @@ from __future__ import annotations
 import contextlib
 import re
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from train.data.examples import BYTES_SUFFIX, Examples, named, no_label, probe, random_record
+from train.data.data_settings import DataSettings
+from train.data.examples import BYTES_SUFFIX, Example, Examples, InputSpec, named, no_label, probe, random_record
 from train.data.shapes import PINNED_EXAMPLES
 from train.errors import SettingsError, first_line
 from train.model_file import RESNET_EXAMPLE
-from train.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ class DatasetSpec:
     # what the model gets of one example (a tf.TensorSpec, or a dict of them by Input name). None: the feature
     # as stored (scaled to [0, 1] for an image).
     examples: Examples | None = None
-    inputs: Any = None
+    inputs: InputSpec | None = None
     record_bytes: int = 0  # the general path: a stored record's bytes, on average
     classes: list[str] | None = None  # a ClassLabel's names (summary.json "classes"); None for other labels
 
@@ -47,12 +46,12 @@ class DatasetSpec:
     def labeled(self) -> bool:
         return self.label_key is not None
 
-    def label(self, example: dict[str, Any]) -> Any:
+    def label(self, example: Example) -> tf.Tensor:
         """A decoded example's label; without one (LABEL_KEY=none), a uint8 0 that stands in for it on the way to
         the step, which hands the model its inputs alone (train.custom_step)."""
         return example[self.label_key] if self.labeled else no_label()
 
-    def pair(self, example: dict[str, Any]) -> tuple[Any, Any]:
+    def pair(self, example: Example) -> tuple[tf.Tensor, tf.Tensor]:
         """(feature, label) of a decoded example, as stored."""
         return example[self.feature_key], self.label(example)
 
@@ -62,7 +61,7 @@ class DatasetSpec:
         return self.examples is not None
 
     @property
-    def input_shape(self) -> Any:
+    def input_shape(self) -> tuple[int, ...] | dict[str, tuple[int, ...]]:
         """`build_model`'s `input_shape`: a tuple, or a dict of Input name to tuple."""
         if self.inputs is None:
             return self.feature_shape
@@ -87,7 +86,7 @@ class DatasetSpec:
         """Both splits in memory."""
         return (self.train_examples + self.eval_examples) * self.example_bytes
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {
             "name": self.name,
             "feature": {"key": self.feature_key, "shape": list(self.feature_shape), "dtype": self.feature_dtype},
@@ -130,7 +129,7 @@ def _count(builder, split: str) -> int:
         raise damaged(builder, error) from None
 
 
-def _feature_keys(builder, settings: Settings, preprocessed: bool = False) -> tuple[str, str | None]:
+def _feature_keys(builder, settings: DataSettings, preprocessed: bool = False) -> tuple[str, str | None]:
     """(FEATURE_KEY, LABEL_KEY), given or from the dataset's supervised keys. `preprocessed`: MODEL's preprocess
     makes the inputs from whatever features it reads, so a default FEATURE_KEY need not name one."""
     supervised = builder.info.supervised_keys
@@ -174,14 +173,14 @@ def _fixed_tensor(feature, setting: str, key: str, dataset: str) -> tuple[tuple[
     return tuple(int(dim) for dim in shape), dtype.name
 
 
-def _label(builder, settings: Settings, label_key: str | None) -> tuple[tuple[int, ...], str, int | None]:
+def _label(builder, dataset: str, label_key: str | None) -> tuple[tuple[int, ...], str, int | None]:
     """The label's stored shape, dtype and `num_classes` (no_label's, for LABEL_KEY=none). Raises SettingsError."""
     import tensorflow_datasets as tfds
 
     if label_key is None:
         return (), "uint8", None
     label = builder.info.features[label_key]
-    label_shape, label_dtype = _fixed_tensor(label, "LABEL_KEY", label_key, settings.dataset)
+    label_shape, label_dtype = _fixed_tensor(label, "LABEL_KEY", label_key, dataset)
     if isinstance(label, tfds.features.ClassLabel):
         return label_shape, label_dtype, int(label.num_classes)
     if len(label_shape) == 1:
@@ -189,12 +188,14 @@ def _label(builder, settings: Settings, label_key: str | None) -> tuple[tuple[in
     if label_shape == ():
         return label_shape, label_dtype, None  # a value: regression
     raise SettingsError(
-        f"LABEL_KEY={label_key!r} of {settings.dataset} has shape {label_shape}: use a class label, a scalar "
+        f"LABEL_KEY={label_key!r} of {dataset} has shape {label_shape}: use a class label, a scalar "
         "value or a (k,) multi-hot vector"
     )
 
 
-def _general_path(builder, settings: Settings, feature_key: str, label_key: str | None, preprocess) -> Examples | None:
+def _general_path(
+    builder, settings: DataSettings, feature_key: str, label_key: str | None, preprocess
+) -> Examples | None:
     """The general path's Examples where MODEL defines `preprocess` or FEATURE_KEY is a dict of columns."""
     import tensorflow_datasets as tfds
 
@@ -238,7 +239,7 @@ def _record_bytes(builder, split: str) -> int:
     return max(1, int(info.num_bytes) // int(info.num_examples))
 
 
-def inspect(builder, settings: Settings, count: bool = True, preprocess=None) -> DatasetSpec:
+def inspect(builder, settings: DataSettings, count: bool = True, preprocess=None) -> DatasetSpec:
     """The spec of TRAIN_SPLIT and EVAL_SPLIT: keys, shapes, dtypes, label kind, counts, and with MODEL's
     `preprocess` (or a dict of columns) what the model gets, found by running it on one example. Raises
     SettingsError.
@@ -251,7 +252,7 @@ def inspect(builder, settings: Settings, count: bool = True, preprocess=None) ->
     feature_key, label_key = _feature_keys(builder, settings, preprocessed=preprocess is not None)
     features = builder.info.features
     examples = _general_path(builder, settings, feature_key, label_key, preprocess)
-    label_shape, label_dtype, num_classes = _label(builder, settings, label_key)
+    label_shape, label_dtype, num_classes = _label(builder, settings.dataset, label_key)
     inputs = None
     if examples is not None:
         feature_shape, feature_dtype = (), "string"  # stored records
@@ -283,7 +284,7 @@ def inspect(builder, settings: Settings, count: bool = True, preprocess=None) ->
     )
 
 
-def features_record(builder, settings: Settings) -> dict[str, Any]:
+def features_record(builder, settings: DataSettings) -> dict[str, object]:
     """What `predict` on files needs of the data, recorded in run.json (its "features") so that it needs neither the
     source nor its written copy: which stored features are images (an image file is read as one), whether the label
     is one class or value (else a multi-hot vector), and a class label's names."""

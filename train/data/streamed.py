@@ -8,12 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
 
 from train.data.spec import DatasetSpec, damaged
+
+if TYPE_CHECKING:
+    import tensorflow_datasets as tfds
 
 SHUFFLE_BUFFER_BYTES = 256 << 20  # streamed splits: the shuffle buffer holds about this many bytes of examples
 SHUFFLE_BUFFER_EXAMPLES = (1024, 65536)  # ... but at least and at most this many examples
@@ -24,7 +27,7 @@ RECORD_CHUNK = 256  # streamed splits: serialized examples read (and shared betw
 class StreamedSplit:
     """A split read from the prepared TFDS files as it is needed."""
 
-    builder: Any = field(repr=False)
+    builder: tfds.core.DatasetBuilder = field(repr=False)
     split: str
     spec: DatasetSpec
     examples: int

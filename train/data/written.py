@@ -24,17 +24,19 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
-from train.data import local
+import train.data.local as local
+from train import dataset_path
+from train.data.data_settings import DataSettings
 from train.data.image_size import image_size
 from train.errors import SettingsError, Stopped
-from train.rundir import stop_heard
+from train.signals import stop_heard
 
 VERSION = "1.0.0"
 SHARD_BYTES = 64 << 20  # a TFRecord file's bytes, about: several files let workers stream disjoint shares
@@ -48,30 +50,47 @@ NAMED = 10  # broken files named in a refusal, and left out files in summary.jso
 LOCK_POLL_SECONDS = 0.2  # how often a process waiting for the lock looks whether it was told to stop
 
 
+class Identity(TypedDict, total=False):
+    """The data's identity, run.json's "data": a path's (kind images, table or tfds folder; its written copy's name,
+    the files' fingerprint and count) or a TFDS name's (kind tfds; name, config, version, each split's shard
+    lengths; a tfds.ImageFolder's also "written", its copy's name, with the fingerprint). What workers compare and a
+    restart must match (train.data.opening)."""
+
+    kind: str
+    name: str
+    fingerprint: str
+    files: int
+    written: str
+    config: str | None
+    version: str
+    shard_lengths: dict[str, list[int]]
+
+
+class LeftOut(TypedDict, total=False):
+    """summary.json's "left_out": how many files of the source are not in the data, and the first NAMED (empty:
+    none, a TFDS name's)."""
+
+    count: int
+    files: list[str]
+
+
 @dataclass(frozen=True)
 class Written:
     """A path DATASET ready to open: where the TFDS dataset is, and the data's identity for run.json."""
 
     directory: Path
-    identity: dict[str, Any]
+    identity: Identity
     notes: tuple[str, ...] = ()
     skipped: list[str] = field(default_factory=list)  # files left out, not images
     broken: list[tuple[str, str]] = field(default_factory=list)  # (path, what is wrong): left out, BAD_FILES=skip
     missing: dict[str, int] = field(default_factory=dict)  # a table's numeric column -> its empty cells
 
     @property
-    def left_out(self) -> dict[str, Any]:
+    def left_out(self) -> LeftOut:
         """summary.json's "left_out": how many files of the source are not in the data (broken ones first, then
         those that are not images), and the first NAMED."""
         files = [path for path, _ in self.broken] + self.skipped
         return {"count": len(files), "files": files[:NAMED]}
-
-
-def data_dir(settings) -> Path:
-    """TFDS_DATA_DIR, or TFDS's own default."""
-    if settings.tfds_data_dir:
-        return Path(settings.tfds_data_dir).expanduser()
-    return Path(os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets").expanduser()  # empty: unset
 
 
 @contextlib.contextmanager
@@ -120,12 +139,12 @@ def remove_incomplete(dataset_folder: Path) -> list[str]:
     return removed
 
 
-def _index_path(root: Path, survey: local.Survey, label_key: str, label_kind: str | None) -> Path:
+def _index_path(root: Path, survey: dataset_path.Survey, label_key: str, label_kind: str | None) -> Path:
     key = json.dumps([str(survey.root.resolve()), label_key, label_kind])
     return root / INDEX / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
-def _reused(root: Path, index: Path, survey: local.Survey) -> Written | None:
+def _reused(root: Path, index: Path, survey: dataset_path.Survey) -> Written | None:
     """The dataset written from the same files (same paths, sizes, mtimes), if it is still there."""
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         recorded = json.loads(index.read_text(encoding="utf-8"))
@@ -139,7 +158,7 @@ def _reused(root: Path, index: Path, survey: local.Survey) -> Written | None:
     return None
 
 
-def _name(survey: local.Survey, fingerprint: str, label_key: str, label_kind: str | None) -> str:
+def _name(survey: dataset_path.Survey, fingerprint: str, label_key: str, label_kind: str | None) -> str:
     stem = re.sub(r"[^a-z0-9]+", "_", survey.root.resolve().stem.lower()).strip("_") or "data"
     if not stem[0].isalpha():
         stem = "d_" + stem
@@ -147,15 +166,15 @@ def _name(survey: local.Survey, fingerprint: str, label_key: str, label_kind: st
     return f"{stem[:40]}_{key}"
 
 
-def prepare_path(settings, say) -> Written:
+def prepare_path(settings: DataSettings, say: Callable[[str], None]) -> Written:
     """The TFDS dataset of the path DATASET names: reused, or written once now. Raises SettingsError."""
-    survey = local.checked(settings.dataset)
+    survey = dataset_path.checked(settings.dataset)
     if survey.kind == "tfds":
         return _prepared_folder(settings, survey)
     label_key = settings.label_key or "label"
     if survey.kind == "images":
         _check_classes(settings, survey)
-    root = data_dir(settings)
+    root = dataset_path.data_dir(settings.tfds_data_dir)
     index = _index_path(root, survey, label_key, settings.label_kind)
     reused = _reused(root, index, survey)
     if reused is not None:
@@ -178,7 +197,7 @@ def prepare_path(settings, say) -> Written:
         return written
 
 
-def _check_classes(settings, survey: local.Survey) -> None:
+def _check_classes(settings, survey: dataset_path.Survey) -> None:
     """A folder of images with one class folder cannot train a classifier (it would learn the one answer, with loss
     0): refused before anything is written, unless LABEL_KEY=none (the images without labels). Raises
     SettingsError."""
@@ -204,10 +223,10 @@ def _check_broken(settings, broken: list[tuple[str, str]]) -> None:
     )
 
 
-def _prepared_folder(settings, survey: local.Survey) -> Written:
+def _prepared_folder(settings, survey: dataset_path.Survey) -> Written:
     """A prepared TFDS folder, read in place: its identity covers dataset_info.json and the prepared files (hashed
     once for the same sizes and mtimes, then kept in TFDS_DATA_DIR's index where it is writable)."""
-    index = _index_path(data_dir(settings), survey, "", None)
+    index = _index_path(dataset_path.data_dir(settings.tfds_data_dir), survey, "", None)
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         recorded = json.loads(index.read_text(encoding="utf-8"))
         if recorded["listing"] == survey.listing:
@@ -236,7 +255,7 @@ def _write_index(index: Path, record: dict[str, Any]) -> None:
     os.replace(temporary, index)
 
 
-def _write(settings, survey: local.Survey, temporary: Path, root: Path, label_key: str, say) -> Written:
+def _write(settings, survey: dataset_path.Survey, temporary: Path, root: Path, label_key: str, say) -> Written:
     """Read every file once and write the records to `temporary`; then rename into `root/<name>/1.0.0`."""
     import tensorflow as tf
 
@@ -268,12 +287,12 @@ def _left_out(skipped: list[str], broken: list[tuple[str, str]]) -> tuple[str, .
     """What the start says of the files left out: broken ones (BAD_FILES=skip), and those that are not images."""
     notes = []
     if broken:
-        named = "; ".join(f"{path} ({why})" for path, why in broken[: local.SHOWN])
+        named = "; ".join(f"{path} ({why})" for path, why in broken[: dataset_path.SHOWN])
         notes.append(f"{len(broken)} broken image file(s) left out (BAD_FILES=skip): {named}"
-                     + ("; ..." if len(broken) > local.SHOWN else ""))  # fmt: skip
+                     + ("; ..." if len(broken) > dataset_path.SHOWN else ""))  # fmt: skip
     if skipped:
         notes.append(f"{len(skipped)} file(s) left out, not a JPEG, PNG, GIF or BMP: "
-                     f"{', '.join(skipped[: local.SHOWN])}")  # fmt: skip
+                     f"{', '.join(skipped[: dataset_path.SHOWN])}")  # fmt: skip
     return tuple(notes)
 
 
@@ -345,7 +364,7 @@ def _write_records(temporary: Path, split: str, items: list, total_bytes: int, m
     return lengths, written
 
 
-def _write_images(settings, survey: local.Survey, temporary: Path, read: local.Read, say, tf):
+def _write_images(settings, survey: dataset_path.Survey, temporary: Path, read: local.Read, say, tf):
     import tensorflow_datasets as tfds
 
     index = {name: number for number, name in enumerate(survey.classes)}
@@ -396,7 +415,7 @@ def _one(sizes: set) -> tuple[int | None, int | None]:
     return next(iter(sizes)) if len(sizes) == 1 and None not in sizes else (None, None)
 
 
-def _write_table(settings, survey: local.Survey, temporary: Path, read: local.Read, label_key: str, tf):
+def _write_table(settings, survey: dataset_path.Survey, temporary: Path, read: local.Read, label_key: str, tf):
     import tensorflow_datasets as tfds
 
     table = local.read_table(survey, label_key if settings.labeled else None, settings.label_kind, read)

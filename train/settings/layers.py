@@ -14,7 +14,6 @@ import importlib.util
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 # python-dotenv's own parser: its public API only warns about a malformed line and carries on,
 # and a typo that silently drops a setting is what this template refuses to do.
@@ -22,6 +21,7 @@ from dotenv.parser import parse_stream
 
 from train import hparams
 from train.cluster.tf_config import parse_tf_config
+from train.dataset_path import DEFAULT_DATA_DIR, is_table
 from train.errors import SettingsError
 from train.model_file import model_for_data, model_hyperparameters
 from train.settings.run import MACHINE, RUN_LAYER_OF_FIT, RUN_SETTINGS, run_layer
@@ -85,7 +85,7 @@ def _typo_warnings(names: Iterable[str], where: str, cutoff: float = 0.8) -> lis
     ]
 
 
-def _value(field: Field, text: str) -> Any:
+def _value(field: Field, text: str) -> object:
     try:
         return field.parse(field.env, text)
     except SettingsError as error:
@@ -103,6 +103,17 @@ def project_defaults_path() -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations))) / "defaults.env"
+
+
+def data_dir(flag: Path | None) -> Path:
+    """TFDS_DATA_DIR as fit reads it, for the data commands (`data list|prune`, which resolve no other setting):
+    the flag, the environment, .env, project/defaults.env; an empty value is unset; TFDS's own default last."""
+    defaults = project_defaults_path()
+    layers = [os.environ, read_dotenv(Path(".env")), read_dotenv(defaults) if defaults else {}]
+    for value in [str(flag) if flag else "", *(layer.get("TFDS_DATA_DIR", "") for layer in layers)]:
+        if value.strip():
+            return Path(value.strip()).expanduser()
+    return Path(DEFAULT_DATA_DIR).expanduser()
 
 
 def load_settings(
@@ -165,10 +176,8 @@ def load_settings(
 
 
 def _is_table(dataset: str) -> bool:
-    """Whether DATASET names a CSV or JSON Lines path (told as its validation told it: train.data.local)."""
-    from train.data import local  # (train.data's package imports train.settings)
-
-    return local.is_table(dataset)
+    """Whether DATASET names a CSV or JSON Lines path (told as its validation told it: train.dataset_path)."""
+    return is_table(dataset)
 
 
 def _read_files(
@@ -227,7 +236,7 @@ def _overridden_by_run(layers: list[Mapping[str, str]], places: list[str]) -> li
 
 
 def _batch_sizes(
-    values: dict[str, Any], layers: Iterable[Mapping[str, str]], places: Iterable[str]
+    values: dict[str, object], layers: Iterable[Mapping[str, str]], places: Iterable[str]
 ) -> tuple[tuple[str, str], ...]:
     """BATCH_SIZE and GLOBAL_BATCH_SIZE, each from the highest layer that sets it (they may come from different
     ones: a fork's project/defaults.env BATCH_SIZE, what fits its GPU, under a flag's GLOBAL_BATCH_SIZE, what the
@@ -267,7 +276,7 @@ def peek_hyperparameters(
         return {}
 
 
-def _hyperparameter_hints(declared: Mapping[str, Any] | None, files: Mapping[str, Mapping[str, str]]) -> list[str]:
+def _hyperparameter_hints(declared: Mapping[str, object] | None, files: Mapping[str, Mapping[str, str]]) -> list[str]:
     """`WIDTH=128` in .env or project/defaults.env, where build_model declares `width`: said, not ignored."""
     return [
         f"{where}: {name} is not a setting; did you mean {hparams.env_name(name)} (build_model's {name.lower()})?"

@@ -2,7 +2,7 @@
 
 A parser raises SettingsError with one line that names the setting, the value and what is allowed, whatever layer
 the text came from (a flag, the environment, `.env`). Each carries `metavar`, the form --help shows (N, PATH, ...).
-Nothing here imports TensorFlow: a path DATASET is checked by train.data.local, MODEL by train.model_file.
+Nothing here imports TensorFlow: a path DATASET is checked by train.dataset_path, MODEL by train.model_file.
 """
 
 from __future__ import annotations
@@ -10,13 +10,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from train import hparams
+from train import dataset_path, hparams
 from train.errors import SettingsError
 from train.model_file import DEFAULT_MODEL, is_model_path, model_fingerprint, model_source
 
-Parser = Callable[[str, str], Any]
+Parser = Callable[[str, str], object]  # a setting's value: int, float, bool, str, Path, tuple or None
 
 
 def positive_int(name: str, text: str) -> int:
@@ -94,12 +93,10 @@ def optional_text(name: str, text: str) -> str | None:
 
 
 def dataset(name: str, text: str) -> str:
-    # A path (train.data.local: a folder of images, a CSV or JSON Lines file, a prepared TFDS folder), checked for
+    # A path (train.dataset_path: a folder of images, a CSV or JSON Lines file, a prepared TFDS folder), checked for
     # what `stat` tells before TensorFlow loads; else a TFDS name: `name`, `name/config`, `name:1.2.3`, ...
-    from train.data import local
-
-    if local.is_path(text):
-        local.survey(text)
+    if dataset_path.is_path(text):
+        dataset_path.survey(text)
         return text
     if not re.fullmatch(r"[a-z][a-z0-9_]*(/[A-Za-z0-9_.\-]+)?(:[0-9]+\.[0-9]+\.[0-9]+)?", text):
         raise SettingsError(

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from train import hparams
+from train.dataset_path import is_path
 from train.errors import first_line
 from train.settings.table import FIELDS, FIELDS_BY_ENV, Settings
 
@@ -63,8 +64,6 @@ WORKERS_AGREE = tuple(field.env for field in FIELDS if field.workers_agree)
 
 def agreed_settings(settings: Settings) -> dict[str, str]:
     """The settings every worker must have alike, as text: WORKERS_AGREE's and build_model's hyperparameters."""
-    from train.data.local import is_path
-
     text = settings.to_json()
     if is_path(settings.dataset):  # a path can differ between hosts: the workers compare the data's fingerprint
         text["DATASET"] = "(a path: its data's fingerprint is compared)"

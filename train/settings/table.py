@@ -13,16 +13,15 @@ between settings valid alone. Nothing here imports TensorFlow.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import train.settings.parse as parse
 from train import hparams
 from train.cluster.tf_config import EXAMPLE, Cluster
 from train.errors import SettingsError
 from train.model_file import DEFAULT_MODEL
-from train.settings import parse
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
 SINGLE_HOST = ("one_device", "mirrored")
@@ -47,7 +46,7 @@ class Field:
 
     env: str
     default: str
-    parse: Callable[[str, str], Any]
+    parse: parse.Parser
     help: str
     defines_run: bool = False
     workers_agree: bool = False
@@ -129,7 +128,7 @@ class Settings:
     # Not a setting: the cluster TF_CONFIG names (from the process environment only, as TensorFlow reads it).
     cluster: Cluster | None = None
     # build_model's hyperparameters, (parameter name, value) in its order: the settings HP_<NAME> (train.hparams).
-    hyperparameters: tuple[tuple[str, Any], ...] = ()
+    hyperparameters: tuple[tuple[str, bool | int | float | str], ...] = ()
     # Not a setting: where BATCH_SIZE and GLOBAL_BATCH_SIZE came from ((name, place), ...), for the start line.
     batch_from: tuple[tuple[str, str], ...] = dataclasses.field(default=(), compare=False)
 
@@ -146,11 +145,11 @@ class Settings:
             return True
         return self.strategy == "auto" and self.cluster is not None and self.cluster.num_workers > 1
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, str]:
         """The resolved settings as environment-style text, ready to paste into a `.env`."""
         values = dataclasses.asdict(self)
 
-        def text(value: Any, separator: str) -> str:
+        def text(value: object, separator: str) -> str:
             if value is None:
                 return ""
             if isinstance(value, bool):
@@ -163,7 +162,7 @@ class Settings:
         fixed = {field.env: text(values[field.attr], "-" if field.attr == "profile_steps" else ",") for field in FIELDS}
         return fixed | {hparams.env_name(name): hparams.text(value) for name, value in self.hyperparameters}
 
-    def typed(self) -> dict[str, Any]:
+    def typed(self) -> dict[str, bool | int | float | str]:
         """Every setting by name with its value as a number, bool or text (TensorBoard's HParams take those)."""
         values = {}
         for name, text in self.to_json().items():
@@ -172,7 +171,7 @@ class Settings:
         values.update({hparams.env_name(name): value for name, value in self.hyperparameters})
         return values
 
-    def replace(self, **changes: Any) -> Settings:
+    def replace(self, **changes: object) -> Settings:
         return dataclasses.replace(self, **changes)
 
 

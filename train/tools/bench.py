@@ -42,7 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from train.data.local import is_path
+from train.dataset_path import is_path
 from train.errors import SettingsError, TrainingError
 from train.settings import FIELDS, Settings
 

@@ -3,7 +3,7 @@
 Each is a TFDS builder that needs no network: a subclass of `SyntheticBuilder` names its features, its
 supervised keys and its two splits' sizes, and generates `count` examples from `seed` (1 for train, 2 for
 test), deterministically, so the prepared files are the same on every machine. Its module's docstring is
-its description. Importing a subclass's module registers it (train.data.opening imports them all).
+its description. Importing a subclass's module registers it (train.datasets.registered imports them all).
 """
 
 from __future__ import annotations

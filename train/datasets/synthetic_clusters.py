@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow_datasets as tfds
 
-from train.data.synthetic import SyntheticBuilder
+from train.datasets.synthetic import SyntheticBuilder
 
 NUM_FEATURES = 32  # the documented model's input width
 NUM_CLASSES = 10

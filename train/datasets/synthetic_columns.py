@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow_datasets as tfds
 
-from train.data.synthetic import SyntheticBuilder
+from train.datasets.synthetic import SyntheticBuilder
 
 CLASS_SHARE = (0.25, 0.25, 0.5)  # first, second and third class passengers
 CLASS_FARE = (90.0, 25.0, 10.0)  # the median fare of each class

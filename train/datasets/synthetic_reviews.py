@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow_datasets as tfds
 
-from train.data.synthetic import SyntheticBuilder
+from train.datasets.synthetic import SyntheticBuilder
 
 NEUTRAL = (
     "the", "a", "this", "film", "movie", "story", "plot", "actor", "actress", "scene", "music", "it", "was", "is",

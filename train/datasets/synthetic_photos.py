@@ -19,7 +19,7 @@ import colorsys
 import numpy as np
 import tensorflow_datasets as tfds
 
-from train.data.synthetic import SyntheticBuilder
+from train.datasets.synthetic import SyntheticBuilder
 
 NUM_CLASSES = 10
 SIDES = (40, 120)  # pixels: height and width drawn apart, so the aspect ratio runs from 1:3 to 3:1

@@ -1,0 +1,47 @@
+"""The settings the data reads, declared where they are read: `DataSettings`, which the run's Settings
+(train.settings) has, so that data/ takes them without importing the settings package (which sits above it).
+
+A function of data/ that needs one or two of them takes those values; what opens DATASET and reads its spec takes
+this whole group. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, Self, runtime_checkable
+
+
+@runtime_checkable
+class DataSettings(Protocol):
+    """DATASET and how it is read: its splits, keys, label kind, broken files, memory; MODEL and SEED for the
+    general path's examples; OUTPUT_DIR for a refusal's words. `replace` gives a copy with some of them changed (a
+    one-split dataset's slices), of the caller's own type."""
+
+    @property
+    def dataset(self) -> str: ...
+    @property
+    def tfds_data_dir(self) -> Path | None: ...
+    @property
+    def data_in_memory(self) -> str: ...
+    @property
+    def train_split(self) -> str: ...
+    @property
+    def eval_split(self) -> str: ...
+    @property
+    def feature_key(self) -> str | None: ...
+    @property
+    def label_key(self) -> str | None: ...
+    @property
+    def label_kind(self) -> str | None: ...
+    @property
+    def labeled(self) -> bool: ...
+    @property
+    def bad_files(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def output_dir(self) -> Path: ...
+
+    def replace(self, **changes: str) -> Self: ...
