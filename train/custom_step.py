@@ -127,9 +127,14 @@ def _check_logs(model_setting: str, logs: object) -> None:
         )
 
 
-def prepare_custom_step(model_setting: str, network: keras.Model, strategy: tf.distribute.Strategy,
-                        batch: tuple[InputsSpec, tf.TensorSpec], model_input: Callable[[Inputs], Inputs],
-                        labeled: bool = True) -> OwnStep:  # fmt: skip
+def prepare_custom_step(
+    model_setting: str,
+    network: keras.Model,
+    strategy: tf.distribute.Strategy,
+    batch: tuple[InputsSpec, tf.TensorSpec],
+    model_input: Callable[[Inputs], Inputs],
+    labeled: bool = True,
+) -> OwnStep:
     """Trace `network.train_step` once on `batch` (tf.TensorSpecs of the inputs and labels as stored) under
     `strategy.run`, without running it, and build every optimizer it applies on the variables it applies it to,
     so a checkpoint restores into them. Raises SettingsError for a step that fails, returns other than a dict of
@@ -148,9 +153,14 @@ def prepare_custom_step(model_setting: str, network: keras.Model, strategy: tf.d
     return OwnStep(tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), logs), evaluates, own_test_step)
 
 
-def _trace(model_setting: str, network: keras.Model, strategy: tf.distribute.Strategy,
-           model_input: Callable[[Inputs], Inputs], batch: tuple[InputsSpec, tf.TensorSpec], labeled: bool
-           ) -> tuple[Logs, dict[int, tuple[keras.optimizers.Optimizer, list[keras.Variable]]]]:  # fmt: skip
+def _trace(
+    model_setting: str,
+    network: keras.Model,
+    strategy: tf.distribute.Strategy,
+    model_input: Callable[[Inputs], Inputs],
+    batch: tuple[InputsSpec, tf.TensorSpec],
+    labeled: bool,
+) -> tuple[Logs, dict[int, tuple[keras.optimizers.Optimizer, list[keras.Variable]]]]:
     """What train_step returns, traced (not run) on `batch`, and each optimizer the model holds with the variables
     the step applies it to (by id). Their `apply` is stood in for while tracing: an optimizer built inside a
     replica's context would take the first replica's initial value, unliftable from the trace."""
@@ -212,8 +222,14 @@ def _refuse_unbuilt(model_setting: str, network: keras.Model) -> None:
             )
 
 
-def make_custom_train_calls(built: BuiltModel, strategy: tf.distribute.Strategy, feed: Feed, global_batch: int,
-                            jit_compile: bool, logs_spec: LogsSpec) -> TrainCalls:  # fmt: skip
+def make_custom_train_calls(
+    built: BuiltModel,
+    strategy: tf.distribute.Strategy,
+    feed: Feed,
+    global_batch: int,
+    jit_compile: bool,
+    logs_spec: LogsSpec,
+) -> TrainCalls:
     """A tf.function running `steps` calls of the model's `train_step` under `strategy.run`, returning the
     last step's logs (of `logs_spec`'s structure), reduced over the replicas as `model.fit` reduces them and
     flattened as it flattens them (and no skips: a model's own step applies its optimizers as it likes).
@@ -313,8 +329,15 @@ class EngineStep:
     accumulates: ClassVar[bool] = True
     evaluates: ClassVar[bool] = True
 
-    def calls(self, built: BuiltModel, strategy: tf.distribute.Strategy, feed: Feed, global_batch: int,
-              jit_compile: bool, accumulation: int = 1) -> TrainCalls:  # fmt: skip
+    def calls(
+        self,
+        built: BuiltModel,
+        strategy: tf.distribute.Strategy,
+        feed: Feed,
+        global_batch: int,
+        jit_compile: bool,
+        accumulation: int = 1,
+    ) -> TrainCalls:
         return make_train_calls(built, strategy, feed, global_batch, jit_compile, accumulation)
 
     def evaluator(self, built: BuiltModel, strategy: tf.distribute.Strategy, predict: keras.Model | None) -> Evaluate:
@@ -335,8 +358,15 @@ class OwnStep:
     own: ClassVar[bool] = True
     accumulates: ClassVar[bool] = False
 
-    def calls(self, built: BuiltModel, strategy: tf.distribute.Strategy, feed: Feed, global_batch: int,
-              jit_compile: bool, accumulation: int = 1) -> TrainCalls:  # fmt: skip
+    def calls(
+        self,
+        built: BuiltModel,
+        strategy: tf.distribute.Strategy,
+        feed: Feed,
+        global_batch: int,
+        jit_compile: bool,
+        accumulation: int = 1,
+    ) -> TrainCalls:
         return make_custom_train_calls(built, strategy, feed, global_batch, jit_compile, self.logs_spec)
 
     def evaluator(self, built: BuiltModel, strategy: tf.distribute.Strategy, predict: keras.Model | None) -> Evaluate:
@@ -350,9 +380,14 @@ class OwnStep:
 Step = EngineStep | OwnStep
 
 
-def choose_step(experiment: Experiment, network: keras.Model, strategy: tf.distribute.Strategy,
-                batch: tuple[InputsSpec, tf.TensorSpec], model_input: Callable[[Inputs], Inputs], labeled: bool
-                ) -> Step:  # fmt: skip
+def choose_step(
+    experiment: Experiment,
+    network: keras.Model,
+    strategy: tf.distribute.Strategy,
+    batch: tuple[InputsSpec, tf.TensorSpec],
+    model_input: Callable[[Inputs], Inputs],
+    labeled: bool,
+) -> Step:
     """The step, chosen once (train.model.build, inside the strategy's scope): the model's own train_step where it
     has one, traced on `batch` (`prepare_custom_step`), else the engine's; every optimizer built either way, so a
     checkpoint restores into it. Raises SettingsError as `prepare_custom_step` does."""
@@ -374,8 +409,14 @@ class StepOwner(BuiltModel, Protocol):
     def step(self) -> Step: ...
 
 
-def make_calls(built: StepOwner, strategy: tf.distribute.Strategy, feed: Feed, global_batch: int, jit_compile: bool,
-               accumulation: int = 1) -> TrainCalls:  # fmt: skip
+def make_calls(
+    built: StepOwner,
+    strategy: tf.distribute.Strategy,
+    feed: Feed,
+    global_batch: int,
+    jit_compile: bool,
+    accumulation: int = 1,
+) -> TrainCalls:
     """The training calls of `built`'s step (`choose_step` chose it once): the model's own `train_step` where it has
     one, else the engine's step (accumulating `accumulation` micro-batches a step: train.accumulation refuses it for
     a model's own step). Every caller that trains goes through here, so an overridden train_step is never bypassed."""

@@ -15,6 +15,7 @@ by the step's modules (train.custom_step.choose_step) and kept in `Built.step`: 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import inspect
 import os
 import shutil
@@ -218,8 +219,14 @@ def _serving_model(settings: Settings, network: keras.Model, spec: DatasetSpec) 
     return keras.Model(inputs, outputs, name=f"{network.name}_serving")
 
 
-def build(settings: Settings, spec: DatasetSpec, strategy: tf.distribute.Strategy, context: Context | None = None,
-          say: Callable[[str], None] | None = None, experiment: Experiment | None = None) -> Built:  # fmt: skip
+def build(
+    settings: Settings,
+    spec: DatasetSpec,
+    strategy: tf.distribute.Strategy,
+    context: Context | None = None,
+    say: Callable[[str], None] | None = None,
+    experiment: Experiment | None = None,
+) -> Built:
     """MODEL's model for this dataset, made inside the strategy's scope, checked, its step chosen (train.custom_step)
     and its optimizers built. `context`: the run's facts, for a build_model that declares it
     (train.context.run_context). `say`: where SYNC_BATCH_NORM's warnings go (None: nowhere, for the commands that
@@ -241,8 +248,8 @@ def build(settings: Settings, spec: DatasetSpec, strategy: tf.distribute.Strateg
             _build_compiled(settings, network, spec)
         else:
             _check_engine_step_model(settings, network, serving, spec)
-        step = choose_step(experiment, network, strategy, _stored_batch(spec), _model_input(serving, spec),
-                           spec.labeled)  # fmt: skip
+        batch, model_input = _stored_batch(spec), _model_input(serving, spec)
+        step = choose_step(experiment, network, strategy, batch, model_input, spec.labeled)
     weights = {id(variable) for variable in serving.weights}
     seeds = tuple(variable.value for variable in serving.variables if id(variable) not in weights)
     statistics = ReplicaStatistics(replica_state(serving), strategy)
@@ -321,19 +328,12 @@ def _check_output(settings: Settings, network: keras.Model, output: SymbolicInpu
         )
 
 
-def _output(model: keras.Model) -> keras.KerasTensor | list[keras.KerasTensor] | None:
-    """The model's output (a list of several): `model.outputs`, since a Sequential model, what the general path
-    trains as it is, has no `.output` of its own ("never been called"). None for a model without Inputs."""
-    try:
-        outputs = model.outputs
-    except (AttributeError, ValueError):  # a subclassed model
-        return None
-    return outputs[0] if outputs and len(outputs) == 1 else outputs
-
-
 def _output_shape(network: keras.Model) -> str:
-    with contextlib.suppress(Exception):
-        return str(tuple(_output(network).shape))
+    """The model's one output's shape in words: `model.outputs`, since a Sequential model, what the general path
+    trains as it is, has no `.output` of its own ("never been called")."""
+    with contextlib.suppress(Exception):  # a subclassed model (no Inputs), several outputs
+        (output,) = network.outputs
+        return str(tuple(output.shape))
     return "(unknown shape)"
 
 
@@ -491,8 +491,6 @@ def preprocess_resources(built: Built) -> list[keras.layers.Layer | tf.saved_mod
 
 def weights_fingerprint(built: Built) -> str:
     """sha256 of every weight, in order: equal on every worker of a multi-worker run."""
-    import hashlib
-
     digest = hashlib.sha256()
     for weight in built.serving.weights:
         digest.update(np.asarray(weight.numpy()).tobytes())
