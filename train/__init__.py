@@ -12,9 +12,10 @@ Model, data, devices and loop are the rows in capitals.
 | settings/       | each setting declared once (table), parsed (parse), layered:   | import TensorFlow; write a file   |
 |                 | flag > environment > the run's settings.json > .env > default  |                                   |
 |                 | (layers; run); checked before TF loads                         |                                   |
-| model_file      | MODEL's file: found, parsed, hashed, imported once; its seams  | import train.settings, or TF at   |
-|                 | (build_model, preprocess, adapt, build_callbacks,              | import time                       |
-|                 | export_model); whether a model has its own train_step          |                                   |
+| model_file      | MODEL's file: found, parsed, hashed, imported once: the        | import train.settings, or TF at   |
+|                 | Experiment, passed down, with its seams (build_model,          | import time                       |
+|                 | preprocess, adapt, build_callbacks, export_model) and whether  |                                   |
+|                 | a model has its own train_step                                 |                                   |
 | hparams         | build_model's keyword defaults as HP_<NAME> settings           | import train.settings             |
 | devices/        | DEVICES: visible GPUs and memory growth, then the strategy, in | be called after other TF work;    |
 |                 | that order, and the global batch, once (runtime); the one seam | call TF's device API outside      |
@@ -37,8 +38,9 @@ Model, data, devices and loop are the rows in capitals.
 | exportable,     | the export tried before the first step; its outputs named as   | write into OUTPUT_DIR             |
 | outputs         | TF Serving names them                                          |                                   |
 | step,           | THE STEP: a call of STEPS_PER_CALL steps under strategy.run    | know files, epochs or which       |
-| custom_step,    | (the engine's step, a model's own train_step, or accumulated   | worker it is on                   |
-| accumulation    | micro-batches), and evaluation                                 |                                   |
+| custom_step,    | (the engine's step, a model's own train_step, or accumulated   | worker it is on; import model     |
+| accumulation    | micro-batches), chosen once as the model is built              | (they read it as BuiltModel)      |
+|                 | (custom_step.choose_step), and evaluation                      |                                   |
 | keras_seams     | the few places below Keras's public API, each guarded by a     | grow without a test naming it     |
 |                 | test                                                           |                                   |
 | fit             | THE RUN: fit and evaluate, the chapters below called in order  | write a file itself; ask which    |

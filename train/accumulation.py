@@ -17,20 +17,21 @@ updated for every micro-batch; a skipped step's updates are undone (the metrics'
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import keras
 import tensorflow as tf
 
 from train.errors import SettingsError
 from train.keras_seams import all_layers
-from train.model_file import overrides_train_step
+from train.model_file import Experiment
+
+Batch = tuple[tf.Tensor | dict[str, tf.Tensor], tf.Tensor]  # (inputs, labels): the stored feature or preprocess's
 
 
 def refuse_custom_train_step(model: str, network: keras.Model, accumulation: int) -> None:
     """Raises SettingsError where a step would accumulate but the model overrides `train_step` (the engine's step,
     not the fork's, is the one that accumulates)."""
-    if accumulation > 1 and overrides_train_step(network):
+    if accumulation > 1 and Experiment.own_train_step(network):
         raise SettingsError(
             f"MODEL={model!r} overrides train_step, and GLOBAL_BATCH_SIZE with BATCH_SIZE asks each step to "
             f"accumulate {accumulation} micro-batches, which only the engine's own step does: raise BATCH_SIZE to "
@@ -38,7 +39,7 @@ def refuse_custom_train_step(model: str, network: keras.Model, accumulation: int
         )
 
 
-def _micro_batches(tensors: Any, accumulation: int) -> Any:
+def _micro_batches(tensors: Batch, accumulation: int) -> Batch:
     """[share, ...] -> [accumulation, share / accumulation, ...]: micro-batch j, the share's j-th run of examples."""
 
     def split(tensor):

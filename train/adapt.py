@@ -20,16 +20,28 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from train.errors import SettingsError, first_line
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import keras
+    import tensorflow as tf
+
+    Resource = keras.layers.Layer | tf.saved_model.experimental.TrackableResource  # a layer, or a tf.lookup table
+
+Json = dict[str, object]
+Fingerprint = dict[str, Json]  # by resource: {"layer": class, "vocabulary"/"bins": {size, sha256}, "mean", ...}
 
 EXAMPLES_BATCH = 256  # examples per batch of `examples`: as `context.sample` batches (train.context.SAMPLE_BATCH)
 FLOAT_RTOL = 1e-6  # a Normalization's statistics: their last bits differ between CPUs and GPUs
 STATISTICS = ("mean", "variance")
 
-_adapted: dict[tuple[str, str, str], dict[str, Any]] = {}  # (MODEL, dataset, split) -> fingerprint: once a process
+_adapted: dict[tuple[str, str, str], Fingerprint] = {}  # (MODEL, dataset, split) -> fingerprint: once a process
 
 
 @dataclass(frozen=True)
@@ -38,7 +50,7 @@ class AdaptContext:
     The topology is not decided yet when it runs (it runs before the data is read)."""
 
     seed: int
-    _examples: Any = field(default=None, repr=False, compare=False)
+    _examples: Callable[[int], tf.data.Dataset] | None = field(default=None, repr=False, compare=False)
     label_key: str = "label"
 
     def examples(self, n: int):
@@ -64,7 +76,7 @@ def stored_examples(builder, split: str):
     return examples
 
 
-def run_adapt(settings, builder) -> dict[str, Any]:
+def run_adapt(settings, builder) -> Fingerprint:
     """Call MODEL's `adapt` (once a process for this dataset and split) and return the fingerprint of what the
     layers `preprocess` uses hold. Raises SettingsError for an `adapt` that fails."""
     from train.data.examples import float32_policy
@@ -97,7 +109,7 @@ def label_key(settings, builder) -> str:
     return settings.label_key or default
 
 
-def resources(module) -> dict[str, Any]:
+def resources(module: ModuleType | None) -> dict[str, Resource]:
     """The Keras layers and `tf.lookup` tables among `module`'s globals (and in a list, tuple or dict global),
     by where they are found ("VOCAB", "LOOKUPS[0]"): what the fingerprint reads and (built) the export tracks."""
     import keras
@@ -106,7 +118,7 @@ def resources(module) -> dict[str, Any]:
     def wanted(value) -> bool:
         return isinstance(value, (keras.layers.Layer, tf.saved_model.experimental.TrackableResource))  # a table
 
-    found: dict[str, Any] = {}
+    found: dict[str, Resource] = {}
     for name, value in sorted(vars(module).items()) if module is not None else ():
         if name.startswith("__") or isinstance(value, type):
             continue
@@ -119,18 +131,18 @@ def resources(module) -> dict[str, Any]:
     return found
 
 
-def fingerprint(found: dict[str, Any]) -> dict[str, Any]:
+def fingerprint(found: dict[str, Resource]) -> Fingerprint:
     """What each adapted layer holds: {name: {"layer": class, "vocabulary"/"bins": {size, sha256}, "mean": [...],
     "variance": [...]}}; layers without such state are left out."""
     import numpy as np
 
-    def digest(values) -> dict[str, Any]:
+    def digest(values) -> Json:
         text = "\n".join(v.decode() if isinstance(v, bytes) else str(v) for v in values)
         return {"size": len(values), "sha256": hashlib.sha256(text.encode()).hexdigest()}
 
-    state: dict[str, Any] = {}
+    state: Fingerprint = {}
     for name, layer in found.items():
-        entry: dict[str, Any] = {}
+        entry: Json = {}
         if callable(getattr(layer, "get_vocabulary", None)):  # TextVectorization, StringLookup, IntegerLookup
             entry["vocabulary"] = digest(list(layer.get_vocabulary()))
         if getattr(layer, "bin_boundaries", None) is not None:  # Discretization
@@ -144,7 +156,7 @@ def fingerprint(found: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-def difference(recorded: dict[str, Any], now: dict[str, Any]) -> str | None:
+def difference(recorded: Fingerprint, now: Fingerprint) -> str | None:
     """What differs between two fingerprints, in words (the first difference), or None: vocabularies and bins
     exactly, statistics within FLOAT_RTOL."""
     for name in sorted(set(recorded) | set(now)):
@@ -162,11 +174,16 @@ def difference(recorded: dict[str, Any], now: dict[str, Any]) -> str | None:
     return None
 
 
-def _sized(state: dict[str, Any] | None) -> str:
-    return "none" if not state else f"{state['size']} entries, sha256 {state['sha256'][:12]}"
+def _sized(state: object) -> str:
+    """A vocabulary's or bins' digest in words (`state`: what a fingerprint records, or nothing)."""
+    return (
+        "none"
+        if not isinstance(state, dict) or not state
+        else f"{state['size']} entries, sha256 {state['sha256'][:12]}"
+    )
 
 
-def check_recorded(settings, recorded: dict[str, Any], now: dict[str, Any]) -> None:
+def check_recorded(settings, recorded: Json, now: Fingerprint) -> None:
     """This start's adapted state against the one run.json records. Raises SettingsError where they differ."""
     if "adapted" not in recorded:
         return

@@ -1,4 +1,5 @@
-"""A fork's own `train_step` and `test_step`, run as Keras's TensorFlow trainer runs them, on any strategy.
+"""A fork's own `train_step` and `test_step`, run as Keras's TensorFlow trainer runs them, on any strategy; and the
+step chosen once: the engine's (train.step) or the model's own, behind `TrainCalls`.
 
 Keras's `make_train_function` calls `model.train_step(data)` on every replica under `strategy.run` and reduces
 the dict it returns with `reduce_per_replica(..., "auto")`: the mean over the replicas. This does the same, up
@@ -11,28 +12,35 @@ The optimizers such a step applies sum the replicas' gradients themselves, insid
 engine turns that sum off only for its own step (train.keras_seams.gradients_come_summed), never here. So
 their options act as Keras applies them: clipping clips each replica's gradients before the sum.
 
-| concern                           | where                                                            |
-|-----------------------------------|------------------------------------------------------------------|
-| is the step the model's own       | `overrides_train_step`, `overrides_test_step` (train.model_file) |
-| what the engine cannot run        | `refuse_unrunnable`                                              |
-| optimizers built before a restore | `prepare_custom_step` (traces train_step)                        |
-| the training call                 | `make_custom_train_calls`, `make_calls`                          |
-| evaluation                        | `CustomEvaluator`, `make_evaluator`                              |
+| concern                             | where                                                              |
+|-------------------------------------|--------------------------------------------------------------------|
+| is the step the model's own         | `Experiment.own_train_step`, `own_test_step` (train.model_file)    |
+| what no step can run                | `refuse_step`, `refuse_unrunnable`                                 |
+| the step, chosen once (train.model) | `choose_step`: an `EngineStep` or an `OwnStep` (its step traced,   |
+|                                     | its optimizers built before a restore: `prepare_custom_step`)      |
+| the training call                   | `make_calls` (the chosen step's `calls`), `make_custom_train_calls`|
+| evaluation                          | `make_evaluator` (the chosen step's `evaluator`), `CustomEvaluator`|
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar, Protocol
 
 import keras
 import tensorflow as tf
 
 from train.data import Feed, TrainSplit
 from train.errors import SettingsError, first_line
-from train.model_file import overrides, overrides_test_step
-from train.step import Evaluator, TrainCalls, make_train_calls
+from train.keras_seams import gradients_come_summed
+from train.model_file import Experiment, overrides
+from train.step import BuiltModel, Evaluator, Inputs, Metrics, MetricValues, TrainCalls, make_train_calls
+
+Logs = dict[str, "tf.Tensor | Logs"]  # what a train_step or test_step returns: nested dicts of tensors
+LogsSpec = dict[str, "tf.TensorSpec | LogsSpec"]  # ... their structure
+InputsSpec = tf.TensorSpec | dict[str, tf.TensorSpec]
+StepData = Inputs | tuple[Inputs, tf.Tensor]  # what train_step(data) gets: (inputs, labels), or the inputs alone
 
 # What the engine's loop replaces: a model that overrides one of these would not run as written.
 UNRUNNABLE = ("fit", "train_on_batch", "make_train_function")
@@ -49,14 +57,36 @@ def refuse_unrunnable(model_setting: str, model: keras.Model) -> None:
             )
 
 
-def step_data(inputs: Any, labels: Any, labeled: bool) -> Any:
+def refuse_step(experiment: Experiment, network: keras.Model, mixed_precision: str, labeled: bool) -> None:
+    """What neither step can run, refused as soon as build_model returns. Raises SettingsError for a model that
+    overrides what the engine's loop replaces; for one with its own train_step, mixed_float16 set by hand (its loss
+    scale would judge each replica's gradients alone: MIXED_PRECISION=auto passes, train.start builds it again in
+    float32); for one without it, LABEL_KEY=none (the engine's step fits the output to labels)."""
+    model = experiment.text
+    refuse_unrunnable(model, network)
+    if not experiment.own_train_step(network):
+        if not labeled:
+            raise SettingsError(
+                f"LABEL_KEY=none gives MODEL={model!r} its inputs alone, but the model has no train_step of its own "
+                "and the engine's step fits the output to labels: override train_step(self, data) "
+                "(examples/dcgan.py), or set LABEL_KEY to the label"
+            )
+    elif keras.mixed_precision.global_policy().name == "mixed_float16" and mixed_precision != "auto":
+        raise SettingsError(
+            f"MIXED_PRECISION=mixed_float16 is not allowed with MODEL={model!r}'s own train_step: its loss "
+            "scale would judge each replica's gradients alone; use MIXED_PRECISION=mixed_bfloat16 (compute "
+            "capability 8.0+) or off"
+        )
+
+
+def step_data(inputs: Inputs, labels: tf.Tensor, labeled: bool) -> StepData:
     """What train_step and test_step get: (inputs, labels), or the inputs alone (LABEL_KEY=none)."""
     return (inputs, labels) if labeled else inputs
 
 
-def flatten_logs(logs: dict[str, Any]) -> dict[str, Any]:
+def flatten_logs(logs: Logs) -> Metrics:
     """A step's logs as `model.fit` reports them: a nested dict's entries in place of it, under their own names."""
-    flat: dict[str, Any] = {}
+    flat: Metrics = {}
     for name, value in sorted(logs.items()):
         if isinstance(value, dict):
             flat.update(flatten_logs(value))
@@ -65,7 +95,7 @@ def flatten_logs(logs: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def _mean_over_replicas(strategy, logs: Any) -> Any:
+def _mean_over_replicas(strategy: tf.distribute.Strategy, logs: Logs) -> Logs:
     """`reduce_per_replica(..., "auto")`: the mean over every replica of every worker (a number that is not a
     float: the first replica's)."""
 
@@ -78,16 +108,7 @@ def _mean_over_replicas(strategy, logs: Any) -> Any:
     return tf.nest.map_structure(reduce, logs)
 
 
-@dataclass(frozen=True)
-class CustomStep:
-    """What the engine knows of a model's own train_step: the logs it returns (`logs_spec`, their structure), and
-    whether evaluation has a step to run (its own test_step, or a loss it compiled)."""
-
-    logs_spec: Any
-    evaluates: bool
-
-
-def _check_logs(model_setting: str, logs: Any) -> None:
+def _check_logs(model_setting: str, logs: object) -> None:
     """The step's return: a dict (nested dicts allowed) of numbers of a fixed shape. Raises SettingsError."""
     problem = None
     if not isinstance(logs, dict):
@@ -106,32 +127,44 @@ def _check_logs(model_setting: str, logs: Any) -> None:
         )
 
 
-def prepare_custom_step(model_setting: str, network: keras.Model, strategy, features: Any, labels: Any,
-                        model_input: Callable[[Any], Any], labeled: bool = True) -> CustomStep:  # fmt: skip
-    """Trace `network.train_step` once on the batch's spec (`features`, `labels`: tf.TensorSpecs as stored) under
+def prepare_custom_step(
+    model_setting: str,
+    network: keras.Model,
+    strategy: tf.distribute.Strategy,
+    batch: tuple[InputsSpec, tf.TensorSpec],
+    model_input: Callable[[Inputs], Inputs],
+    labeled: bool = True,
+) -> OwnStep:
+    """Trace `network.train_step` once on `batch` (tf.TensorSpecs of the inputs and labels as stored) under
     `strategy.run`, without running it, and build every optimizer it applies on the variables it applies it to,
     so a checkpoint restores into them. Raises SettingsError for a step that fails, returns other than a dict of
     scalars, or leaves an optimizer the model holds unbuilt. A model without call() is built by that trace."""
-    applied = _trace(model_setting, network, strategy, model_input, (features, labels), labeled)
+    logs, applied = _trace(model_setting, network, strategy, model_input, batch, labeled)
     if not network.built:  # a subclass without call(), never called: its variables are its layers', now made
         network.built = True
-    logs = applied.pop(None)
     with strategy.scope():  # eagerly, in cross-replica context: a replica's variable could not be lifted out
         for optimizer, variables in applied.values():
             if not optimizer.built:
                 optimizer.build(variables)
     _check_logs(model_setting, logs)
     _refuse_unbuilt(model_setting, network)
-    evaluates = overrides_test_step(network) or network.loss is not None
-    return CustomStep(tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), logs), evaluates)
+    own_test_step = Experiment.own_test_step(network)
+    evaluates = own_test_step or network.loss is not None
+    return OwnStep(tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), logs), evaluates, own_test_step)
 
 
-def _trace(model_setting: str, network: keras.Model, strategy, model_input: Callable[[Any], Any], spec: Any,
-           labeled: bool) -> dict:  # fmt: skip
-    """What train_step returns (under the key None), traced (not run) on `spec`, and each optimizer the model holds
-    with the variables the step applies it to (by id). Their `apply` is stood in for while tracing: an optimizer
-    built inside a replica's context would take the first replica's initial value, unliftable from the trace."""
-    applied: dict[Any, Any] = {}
+def _trace(
+    model_setting: str,
+    network: keras.Model,
+    strategy: tf.distribute.Strategy,
+    model_input: Callable[[Inputs], Inputs],
+    batch: tuple[InputsSpec, tf.TensorSpec],
+    labeled: bool,
+) -> tuple[Logs, dict[int, tuple[keras.optimizers.Optimizer, list[keras.Variable]]]]:
+    """What train_step returns, traced (not run) on `batch`, and each optimizer the model holds with the variables
+    the step applies it to (by id). Their `apply` is stood in for while tracing: an optimizer built inside a
+    replica's context would take the first replica's initial value, unliftable from the trace."""
+    applied: dict[int, tuple[keras.optimizers.Optimizer, list[keras.Variable]]] = {}
     optimizers = list(held_optimizers(network).values())
 
     def recorder(optimizer):
@@ -150,7 +183,7 @@ def _trace(model_setting: str, network: keras.Model, strategy, model_input: Call
     for optimizer in optimizers:
         optimizer.apply = recorder(optimizer)  # an instance attribute: apply_gradients calls it too
     try:
-        applied[None] = one_step.get_concrete_function(spec).structured_outputs
+        logs = one_step.get_concrete_function(batch).structured_outputs
     except Exception as error:
         given = "inputs and labels as the model gets them" if labeled else "the inputs alone: LABEL_KEY=none"
         hint = "; for a step that takes the inputs alone (a GAN's), set LABEL_KEY=none" if labeled else ""
@@ -161,7 +194,7 @@ def _trace(model_setting: str, network: keras.Model, strategy, model_input: Call
     finally:
         for optimizer in optimizers:
             del optimizer.apply
-    return applied
+    return logs, applied
 
 
 def held_optimizers(network: keras.Model) -> dict[str, keras.optimizers.Optimizer]:
@@ -189,13 +222,20 @@ def _refuse_unbuilt(model_setting: str, network: keras.Model) -> None:
             )
 
 
-def make_custom_train_calls(built, strategy, feed: Feed, global_batch: int, jit_compile: bool) -> TrainCalls:
+def make_custom_train_calls(
+    built: BuiltModel,
+    strategy: tf.distribute.Strategy,
+    feed: Feed,
+    global_batch: int,
+    jit_compile: bool,
+    logs_spec: LogsSpec,
+) -> TrainCalls:
     """A tf.function running `steps` calls of the model's `train_step` under `strategy.run`, returning the
-    last step's logs, reduced over the replicas as `model.fit` reduces them and flattened as it flattens them
-    (and no skips: a model's own step applies its optimizers as it likes).
+    last step's logs (of `logs_spec`'s structure), reduced over the replicas as `model.fit` reduces them and
+    flattened as it flattens them (and no skips: a model's own step applies its optimizers as it likes).
 
     `jit_compile`: XLA compiles the whole call where the feed allows it, else the replica step alone."""
-    network, custom, model_input, labeled = built.network, built.custom_step, built.model_input, built.spec.labeled
+    network, model_input, labeled = built.network, built.model_input, built.spec.labeled
 
     def replica_step(*args):
         features, labels = feed.replica_batch(*args)
@@ -205,7 +245,7 @@ def make_custom_train_calls(built, strategy, feed: Feed, global_batch: int, jit_
     step_fn = (
         tf.function(replica_step, jit_compile=True, autograph=False) if jit_compile and not whole_call else replica_step
     )
-    empty = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), custom.logs_spec)
+    empty = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), logs_spec)
 
     @tf.function(jit_compile=whole_call, autograph=False)
     def training_call(call_args, steps):
@@ -219,23 +259,13 @@ def make_custom_train_calls(built, strategy, feed: Feed, global_batch: int, jit_
     return TrainCalls(training_call, feed, global_batch)
 
 
-def make_calls(built, strategy, feed: Feed, global_batch: int, jit_compile: bool, accumulation: int = 1) -> TrainCalls:
-    """The training calls for `built`: the model's own `train_step` where it has one, else the engine's step
-    (accumulating `accumulation` micro-batches a step: train.accumulation refuses it for a model's own step).
-
-    Every caller that trains goes through here, so an overridden train_step is never bypassed."""
-    if built.custom_step is not None:
-        return make_custom_train_calls(built, strategy, feed, global_batch, jit_compile)
-    return make_train_calls(built, strategy, feed, global_batch, jit_compile, accumulation)
-
-
 class CustomEvaluator(Evaluator):
     """A model's own `test_step` over a split (whatever its train_step), on every replica of every worker, as
     `model.evaluate` runs it: the last step's logs, reduced over the replicas; a value named as one of the
     model's metrics is the metric's result over the whole split (every replica's share summed, as the engine's
     own evaluation reads it)."""
 
-    def __init__(self, built, strategy) -> None:
+    def __init__(self, built: BuiltModel, strategy: tf.distribute.Strategy) -> None:
         self.built, self.strategy = built, strategy
         network, model_input, labeled = built.network, built.model_input, built.spec.labeled
 
@@ -261,27 +291,18 @@ class NoEvaluation:
     """A model with its own train_step, no test_step and no loss it compiled: nothing to score, so nothing is evaluated
     (summary.json's "eval" is {}). The metrics it shares with training still restart at each epoch."""
 
-    def __init__(self, built, strategy) -> None:
+    def __init__(self, built: BuiltModel) -> None:
         self.built = built
 
-    def __call__(self, split: TrainSplit, global_batch: int) -> dict[str, float | list]:
+    def __call__(self, split: TrainSplit, global_batch: int) -> MetricValues:
         self.built.network.reset_metrics()
         return {}
 
 
-def refuse_unevaluated_monitor(monitor: str | None, model_setting: str, built) -> None:
-    """MONITOR on an evaluation metric (val_...) of a model that is not evaluated. Raises SettingsError."""
-    custom = built.custom_step
-    if not monitor or not monitor.startswith("val_") or custom is None or custom.evaluates:
-        return
-    names = ", ".join(sorted(flatten_logs(custom.logs_spec)))
-    raise SettingsError(
-        f"MONITOR={monitor!r} names an evaluation metric, but MODEL={model_setting!r} is not evaluated (its own "
-        f"train_step has no test_step beside it): monitor one of its training logs ({names}), or define test_step"
-    )
+Evaluate = Evaluator | NoEvaluation  # each called as evaluate(split, global_batch) -> the metrics' values
 
 
-def _take_weights(built, exported: keras.Model) -> None:
+def _take_weights(built: BuiltModel, exported: keras.Model) -> None:
     """The exported model's weights into the model that trained. Raises SettingsError where they do not fit."""
     try:
         built.serving.set_weights(exported.get_weights())
@@ -292,14 +313,129 @@ def _take_weights(built, exported: keras.Model) -> None:
         ) from None
 
 
-def make_evaluator(built, strategy, predict=None):
+def _own_test_evaluator(built: BuiltModel, strategy: tf.distribute.Strategy, predict: keras.Model | None) -> Evaluate:
+    if predict is not None:  # evaluate --exported: the export's weights, scored by the model's own test_step
+        _take_weights(built, predict)
+    return CustomEvaluator(built, strategy)
+
+
+@dataclass(frozen=True)
+class EngineStep:
+    """The engine's own step (train.step): it accumulates micro-batches, sums the global gradient itself, and
+    evaluates with the compiled loss and metrics, or with the model's own test_step where it has one."""
+
+    own_test_step: bool
+    own: ClassVar[bool] = False  # the model's own train_step is not the step
+    accumulates: ClassVar[bool] = True
+    evaluates: ClassVar[bool] = True
+
+    def calls(
+        self,
+        built: BuiltModel,
+        strategy: tf.distribute.Strategy,
+        feed: Feed,
+        global_batch: int,
+        jit_compile: bool,
+        accumulation: int = 1,
+    ) -> TrainCalls:
+        return make_train_calls(built, strategy, feed, global_batch, jit_compile, accumulation)
+
+    def evaluator(self, built: BuiltModel, strategy: tf.distribute.Strategy, predict: keras.Model | None) -> Evaluate:
+        if self.own_test_step:
+            return _own_test_evaluator(built, strategy, predict)
+        return Evaluator(built, strategy, predict)
+
+
+@dataclass(frozen=True)
+class OwnStep:
+    """The model's own train_step, traced once (`prepare_custom_step`): the logs it returns (`logs_spec`, their
+    structure), and whether evaluation has a step to run (its own test_step, or a loss it compiled). It cannot
+    accumulate micro-batches (train.accumulation refuses it)."""
+
+    logs_spec: LogsSpec
+    evaluates: bool
+    own_test_step: bool = False
+    own: ClassVar[bool] = True
+    accumulates: ClassVar[bool] = False
+
+    def calls(
+        self,
+        built: BuiltModel,
+        strategy: tf.distribute.Strategy,
+        feed: Feed,
+        global_batch: int,
+        jit_compile: bool,
+        accumulation: int = 1,
+    ) -> TrainCalls:
+        return make_custom_train_calls(built, strategy, feed, global_batch, jit_compile, self.logs_spec)
+
+    def evaluator(self, built: BuiltModel, strategy: tf.distribute.Strategy, predict: keras.Model | None) -> Evaluate:
+        if self.own_test_step:
+            return _own_test_evaluator(built, strategy, predict)
+        if not self.evaluates:
+            return NoEvaluation(built)
+        return Evaluator(built, strategy, predict)
+
+
+Step = EngineStep | OwnStep
+
+
+def choose_step(
+    experiment: Experiment,
+    network: keras.Model,
+    strategy: tf.distribute.Strategy,
+    batch: tuple[InputsSpec, tf.TensorSpec],
+    model_input: Callable[[Inputs], Inputs],
+    labeled: bool,
+) -> Step:
+    """The step, chosen once (train.model.build, inside the strategy's scope): the model's own train_step where it
+    has one, traced on `batch` (`prepare_custom_step`), else the engine's; every optimizer built either way, so a
+    checkpoint restores into it. Raises SettingsError as `prepare_custom_step` does."""
+    if experiment.own_train_step(network):
+        step: Step = prepare_custom_step(experiment.text, network, strategy, batch, model_input, labeled)
+    else:
+        step = EngineStep(experiment.own_test_step(network))
+    if not network.optimizer.built:  # (the symbolic build builds it too) now, so a checkpoint restores into it
+        network.optimizer.build(network.trainable_variables)
+    if not step.own:  # a model's own step applies optimizers that sum the replicas' gradients themselves
+        gradients_come_summed(network.optimizer)
+    return step
+
+
+class StepOwner(BuiltModel, Protocol):
+    """A built model with its step chosen (train.model.Built)."""
+
+    @property
+    def step(self) -> Step: ...
+
+
+def make_calls(
+    built: StepOwner,
+    strategy: tf.distribute.Strategy,
+    feed: Feed,
+    global_batch: int,
+    jit_compile: bool,
+    accumulation: int = 1,
+) -> TrainCalls:
+    """The training calls of `built`'s step (`choose_step` chose it once): the model's own `train_step` where it has
+    one, else the engine's step (accumulating `accumulation` micro-batches a step: train.accumulation refuses it for
+    a model's own step). Every caller that trains goes through here, so an overridden train_step is never bypassed."""
+    return built.step.calls(built, strategy, feed, global_batch, jit_compile, accumulation)
+
+
+def make_evaluator(built: StepOwner, strategy: tf.distribute.Strategy, predict: keras.Model | None = None) -> Evaluate:
     """Evaluation's step for `built`: its own test_step, none (no loss, no test_step), or the engine's; `predict`:
     a loaded export to score instead of `built`'s weights. Raises SettingsError for an export it cannot score."""
-    custom = built.custom_step
-    if overrides_test_step(built.network):  # with the engine's own train_step too
-        if predict is not None:  # evaluate --exported: the export's weights, scored by the model's own test_step
-            _take_weights(built, predict)
-        return CustomEvaluator(built, strategy)
-    if custom is not None and not custom.evaluates:
-        return NoEvaluation(built, strategy)
-    return Evaluator(built, strategy, predict)
+    return built.step.evaluator(built, strategy, predict)
+
+
+def refuse_unevaluated_monitor(monitor: str | None, model_setting: str, built: StepOwner) -> None:
+    """MONITOR on an evaluation metric (val_...) of a model that is not evaluated. Raises SettingsError."""
+    step = built.step
+    if not monitor or not monitor.startswith("val_") or step.evaluates:
+        return
+    names = ", ".join(sorted(flatten_logs(step.logs_spec)))
+    raise SettingsError(
+        f"MONITOR={monitor!r} names an evaluation metric, but MODEL={model_setting!r} is not evaluated (its own "
+        f"train_step has no test_step beside it): monitor one of its training logs ({names}), or define test_step"
+    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from train.errors import SettingsError, TrainingError, first_line
 
@@ -27,20 +28,25 @@ EXPORT_MODEL_FIX = (
     "define export_model(model) in the MODEL file, returning the keras.Model to export in its place (a GAN: "
     "return model.generator; see examples/dcgan.py)"
 )
+if TYPE_CHECKING:
+    import keras
+
+    from train.model import Built
+
 TRACK_FIX = (
     "keep every layer or tf.lookup table that preprocess uses in a global of the MODEL file (made at module level "
     "or assigned in adapt), not in a local variable or a closure"
 )
 
 
-def check_exportable(built, settings) -> None:
+def check_exportable(built: Built, settings) -> None:
     """Export `built` (or what MODEL's `export_model` returns in its place) to a temporary directory and load its
     model.keras back with safe_mode. Raises SettingsError naming the fix for a model that cannot be saved,
     loaded or served; an engine fault propagates as it is."""
     import keras
 
     from train.model import export, model_to_export
-    from train.model_file import overrides, overrides_train_step
+    from train.model_file import overrides
 
     model = settings.model
     try:
@@ -48,7 +54,7 @@ def check_exportable(built, settings) -> None:
     except TrainingError as error:  # said for the end of a run: here nothing is trained yet
         said = str(error).replace("; fix it and run again to export (the checkpoint is kept)", "")
         raise SettingsError(f"{said}: fix it (the export is tried before the first step)") from None
-    own_step = own is None and overrides_train_step(built.network)
+    own_step = own is None and built.step.own  # the model's own train_step is the step (train.custom_step)
     if own_step and not overrides(built.network, "call"):
         raise SettingsError(
             f"MODEL={model!r}: {type(built.network).__name__} trains with its own train_step and defines no call(), "
@@ -81,7 +87,7 @@ def check_exportable(built, settings) -> None:
             ) from None
 
 
-def _may_hold_untracked(built, own) -> bool:
+def _may_hold_untracked(built: Built, own: keras.Model | None) -> bool:
     """Whether the SavedModel could meet a resource nothing tracks: `preprocess` runs in it, or a layer (or the
     model) is the fork's own class. Keras's own layers track their state, so the SavedModel write (about half
     a second) is skipped for a model of them alone."""

@@ -16,7 +16,7 @@ from train.data.images import DECODE_ERROR, undecodable
 from train.data.shapes import odd_shape
 from train.devices.runtime import Runtime
 from train.errors import TrainingError, first_line
-from train.model_file import RESNET_EXAMPLE, overrides_train_step
+from train.model_file import RESNET_EXAMPLE
 from train.resume import rebase
 from train.run_state import Position, Start
 from train.writer import Writer
@@ -74,7 +74,7 @@ def _smaller(start: Start, runtime: Runtime) -> tuple[int | None, bool]:
     """The batch AUTO_BATCH would go on with (None: none is smaller), and whether the model's own train_step keeps
     it from accumulating micro-batches under GLOBAL_BATCH_SIZE."""
     settings = start.settings
-    own_step = bool(settings.global_batch_size) and overrides_train_step(start.built.network)  # cannot accumulate
+    own_step = bool(settings.global_batch_size) and not start.built.step.accumulates  # the model's own train_step
     if settings.global_batch_size:
         return (None if own_step else smaller_micro_batch(runtime)), own_step
     return runtime.per_replica_batch // 2 or None, own_step

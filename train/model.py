@@ -7,18 +7,21 @@ the engine puts what the data needs and the export must carry: an `Input` of the
 dtype, named after the feature, then, for a TFDS image, the scaling of uint8 to [0, 1]. That composed model
 (`Built.serving`) is what trains, what evaluates and what `model.keras` and `saved_model/` hold, so the export
 serves exactly what was evaluated.
+
+The MODEL file is loaded once (train.model_file.Experiment) and kept in `Built.experiment`; the step is chosen once
+by the step's modules (train.custom_step.choose_step) and kept in `Built.step`: this module traces no step.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import inspect
 import os
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import keras
 import numpy as np
@@ -26,14 +29,19 @@ import tensorflow as tf
 
 from train.adapt import resources
 from train.context import Context
+from train.custom_step import InputsSpec, OwnStep, Step, choose_step, refuse_step
 from train.data.spec import DatasetSpec
 from train.errors import SettingsError, TrainingError, first_line
 from train.hparams import CONTEXT
-from train.keras_seams import all_layers, build_metrics_and_loss, compiled, gradients_come_summed, inner_optimizers
-from train.model_file import load_model_file, overrides, overrides_train_step
+from train.keras_seams import all_layers, build_metrics_and_loss, compiled, inner_optimizers
+from train.model_file import Experiment, load_model_file, overrides
 from train.outputs import name_outputs
 from train.replica_statistics import ReplicaStatistics, replica_state, synchronize_batch_norm
 from train.settings import Settings
+from train.step import Inputs
+
+SymbolicInputs = keras.KerasTensor | dict[str, keras.KerasTensor]
+Endpoint = tuple[str, Callable[..., dict[str, tf.Tensor]], list[tf.TensorSpec]]  # name, function, input signature
 
 # A replica's random stream is the seed's, moved by this much per replica id: replicas and workers draw
 # different numbers (Dropout masks, augmentations), each reproducible from SEED.
@@ -55,8 +63,14 @@ class Built:
     serving: keras.Model
     spec: DatasetSpec
     seeds: tuple[tf.Variable, ...]
-    custom_step: Any = None  # train.custom_step.CustomStep where the model brings its own train_step: it is the step
+    experiment: Experiment  # MODEL's file, loaded once: export_model and the layers preprocess uses
+    step: Step  # the engine's or the model's own, chosen once (train.custom_step.choose_step)
     statistics: ReplicaStatistics | None = None
+
+    @property
+    def custom_step(self) -> OwnStep | None:
+        """The model's own train_step where it is the step, else None."""
+        return self.step if isinstance(self.step, OwnStep) else None
 
     def average_statistics(self) -> None:
         """Every replica's and worker's copy of the replica state made their mean (a collective across workers):
@@ -65,7 +79,7 @@ class Built:
             self.statistics.average()
 
     @property
-    def model_input(self) -> Any:
+    def model_input(self) -> Callable[[Inputs], Inputs]:
         """The stored feature as `network` gets it (an image scaled to [0, 1]): what a model's own step is given."""
         return _model_input(self.serving, self.spec)
 
@@ -110,9 +124,11 @@ def wants_context(settings: Settings, build) -> bool:
     return True
 
 
-def _call_build_model(settings: Settings, spec: DatasetSpec, context: Context | None) -> keras.Model:
-    build = load_model_file(settings.model).build_model
-    keywords: dict[str, Any] = dict(settings.hyperparameters)
+def _call_build_model(
+    settings: Settings, experiment: Experiment, spec: DatasetSpec, context: Context | None
+) -> keras.Model:
+    build = experiment.build_model
+    keywords: dict[str, object] = dict(settings.hyperparameters)
     given = "".join(f", {name}={value!r}" for name, value in keywords.items())
     arguments = f"({spec.input_shape}, {spec.num_classes}, {settings.learning_rate}{given})"
     if wants_context(settings, build):
@@ -176,7 +192,7 @@ def _check_optimizer(settings: Settings, optimizer: keras.optimizers.Optimizer) 
             )
 
 
-def _spec_batch(spec: DatasetSpec, model_input: bool) -> tuple[Any, Any]:
+def _spec_batch(spec: DatasetSpec, model_input: bool) -> tuple[SymbolicInputs, keras.KerasTensor]:
     """A symbolic batch of the dataset: as stored, or (`model_input`) as the network gets it, after scaling."""
     labels = keras.KerasTensor((None, *spec.label_shape), spec.label_dtype)
     if spec.inputs is not None:  # the general path: what preprocess (or the columns) gives
@@ -203,42 +219,41 @@ def _serving_model(settings: Settings, network: keras.Model, spec: DatasetSpec) 
     return keras.Model(inputs, outputs, name=f"{network.name}_serving")
 
 
-def build(settings: Settings, spec: DatasetSpec, strategy, context: Context | None = None, say=None) -> Built:
-    """MODEL's model for this dataset, made inside the strategy's scope, checked, with its optimizer built.
-    `context`: the run's facts, for a build_model that declares it (train.context.run_context). `say`: where
-    SYNC_BATCH_NORM's warnings go (None: nowhere, for the commands that do not train).
+def build(
+    settings: Settings,
+    spec: DatasetSpec,
+    strategy: tf.distribute.Strategy,
+    context: Context | None = None,
+    say: Callable[[str], None] | None = None,
+    experiment: Experiment | None = None,
+) -> Built:
+    """MODEL's model for this dataset, made inside the strategy's scope, checked, its step chosen (train.custom_step)
+    and its optimizers built. `context`: the run's facts, for a build_model that declares it
+    (train.context.run_context). `say`: where SYNC_BATCH_NORM's warnings go (None: nowhere, for the commands that
+    do not train). `experiment`: MODEL's file as the caller loaded it (None: loaded here).
 
     Raises SettingsError for a model that breaks the contract, before anything is written."""
-    # train.custom_step imports train.step, which imports this module: imported here, once a model is built
-    from train.custom_step import refuse_unrunnable
-
+    experiment = experiment or load_model_file(settings.model)
     keras.utils.set_random_seed(settings.seed)
     with strategy.scope():
-        network = _call_build_model(settings, spec, context)
+        network = _call_build_model(settings, experiment, spec, context)
         if settings.sync_batch_norm:
             synchronize_batch_norm(network, say or (lambda line: None))
-        refuse_unrunnable(settings.model, network)
-        custom = overrides_train_step(network)
-        if custom:
-            _refuse_float16(settings)
-        elif not spec.labeled:
-            _refuse_unlabeled(settings)
+        refuse_step(experiment, network, settings.mixed_precision, spec.labeled)
+        own = experiment.own_train_step(network)
         _check_optimizer(settings, network.optimizer)
         # a model that is its own step needs no call(): built by tracing that step, exported by export_model
-        serving = network if custom and not overrides(network, "call") else _serving_model(settings, network, spec)
-        if custom:
-            custom_step = _prepare_custom_step(settings, network, serving, spec, strategy)
+        serving = network if own and not overrides(network, "call") else _serving_model(settings, network, spec)
+        if own:  # no label check (a GAN's step need not use the labels, nor a loss)
+            _build_compiled(settings, network, spec)
         else:
-            custom_step = None
             _check_engine_step_model(settings, network, serving, spec)
-        if not network.optimizer.built:  # (the symbolic build builds it too) now, so a checkpoint restores into it
-            network.optimizer.build(network.trainable_variables)
-        if not custom:  # a model's own step applies optimizers that sum the replicas' gradients themselves
-            gradients_come_summed(network.optimizer)
+        batch, model_input = _stored_batch(spec), _model_input(serving, spec)
+        step = choose_step(experiment, network, strategy, batch, model_input, spec.labeled)
     weights = {id(variable) for variable in serving.weights}
     seeds = tuple(variable.value for variable in serving.variables if id(variable) not in weights)
     statistics = ReplicaStatistics(replica_state(serving), strategy)
-    built = Built(network, serving, spec, seeds, custom_step, statistics)
+    built = Built(network, serving, spec, seeds, experiment, step, statistics)
     spread_seeds(built, strategy)
     return built
 
@@ -263,48 +278,25 @@ def _check_engine_step_model(settings: Settings, network: keras.Model, serving: 
     _check_output(settings, network, output, spec)
 
 
-def _refuse_unlabeled(settings: Settings) -> None:
-    """LABEL_KEY=none with the engine's own step, which fits the model's output to labels. Raises SettingsError."""
-    raise SettingsError(
-        f"LABEL_KEY=none gives MODEL={settings.model!r} its inputs alone, but the model has no train_step of its own "
-        "and the engine's step fits the output to labels: override train_step(self, data) (examples/dcgan.py), "
-        "or set LABEL_KEY to the label"
-    )
-
-
-def _refuse_float16(settings: Settings) -> None:
-    """float16 loss scaling judges "finite" per replica inside a model's own step (Keras's LossScaleOptimizer on
-    each replica's local gradients): an overflow on one replica would be applied by the others. MIXED_PRECISION=auto
-    passes: train.start builds the model again in float32 and says so. Raises SettingsError."""
-    if keras.mixed_precision.global_policy().name == "mixed_float16" and settings.mixed_precision != "auto":
-        raise SettingsError(
-            f"MIXED_PRECISION=mixed_float16 is not allowed with MODEL={settings.model!r}'s own train_step: its loss "
-            "scale would judge each replica's gradients alone; use MIXED_PRECISION=mixed_bfloat16 (compute "
-            "capability 8.0+) or off"
-        )
-
-
-def _prepare_custom_step(settings: Settings, network: keras.Model, serving: keras.Model, spec: DatasetSpec,
-                         strategy) -> Any:  # fmt: skip
-    """A model with its own train_step: no label check (a GAN's step need not use the labels, nor a loss), but
-    what it compiled (a loss, metrics) built as `model.fit` builds them, and its step traced once
-    (train.custom_step). Raises SettingsError."""
-    from train.custom_step import prepare_custom_step
-
+def _build_compiled(settings: Settings, network: keras.Model, spec: DatasetSpec) -> None:
+    """A model with its own train_step: what it compiled (a loss, metrics) built as `model.fit` builds them.
+    Raises SettingsError."""
     what = " and ".join(compiled(network))
     if what:  # a GAN compiles neither: nothing to build, and nothing to say of a compiled loss
         _build_on_spec(network, spec, lambda: (
             f"MODEL={settings.model!r}: its compiled {what} cannot be built on the data's spec (as model.fit "
             "builds them)"
         ))  # fmt: skip
+
+
+def _stored_batch(spec: DatasetSpec) -> tuple[InputsSpec, tf.TensorSpec]:
+    """A batch of the dataset as stored, as tf.TensorSpecs: what a model's own step is traced on."""
     features, labels = _spec_batch(spec, model_input=False)
     tensors = [tf.TensorSpec(tensor.shape, tensor.dtype) for tensor in tf.nest.flatten((features, labels))]
-    features, labels = tf.nest.pack_sequence_as((features, labels), tensors)
-    return prepare_custom_step(settings.model, network, strategy, features, labels, _model_input(serving, spec),
-                               labeled=spec.labeled)  # fmt: skip
+    return tf.nest.pack_sequence_as((features, labels), tensors)
 
 
-def _model_input(serving: keras.Model, spec: DatasetSpec) -> Any:
+def _model_input(serving: keras.Model, spec: DatasetSpec) -> Callable[[Inputs], Inputs]:
     if spec.is_image and not spec.records:
         if any(layer.name == "scale_to_unit_range" for layer in serving.layers):
             return serving.get_layer("scale_to_unit_range")
@@ -312,7 +304,7 @@ def _model_input(serving: keras.Model, spec: DatasetSpec) -> Any:
     return lambda inputs: inputs  # as stored, or what preprocess returns
 
 
-def _check_output(settings: Settings, network: keras.Model, output: Any, spec: DatasetSpec) -> None:
+def _check_output(settings: Settings, network: keras.Model, output: SymbolicInputs, spec: DatasetSpec) -> None:
     """What Keras builds without a word but cannot train as meant: an output no gradient flows through (an integer
     one), and under sparse categorical cross-entropy one whose last axis is not one score per class (wider trains
     a classifier of classes the data lacks; 1 trains to NaN). Raises SettingsError."""
@@ -336,19 +328,12 @@ def _check_output(settings: Settings, network: keras.Model, output: Any, spec: D
         )
 
 
-def _output(model: keras.Model) -> Any:
-    """The model's output (a list of several): `model.outputs`, since a Sequential model, what the general path
-    trains as it is, has no `.output` of its own ("never been called"). None for a model without Inputs."""
-    try:
-        outputs = model.outputs
-    except (AttributeError, ValueError):  # a subclassed model
-        return None
-    return outputs[0] if outputs and len(outputs) == 1 else outputs
-
-
 def _output_shape(network: keras.Model) -> str:
-    with contextlib.suppress(Exception):
-        return str(tuple(_output(network).shape))
+    """The model's one output's shape in words: `model.outputs`, since a Sequential model, what the general path
+    trains as it is, has no `.output` of its own ("never been called")."""
+    with contextlib.suppress(Exception):  # a subclassed model (no Inputs), several outputs
+        (output,) = network.outputs
+        return str(tuple(output.shape))
     return "(unknown shape)"
 
 
@@ -406,7 +391,7 @@ def use_averaged_weights(built: Built) -> None:
             each.finalize_variable_values(built.network.trainable_variables)
 
 
-def serving_endpoints(built: Built) -> list[tuple[str, Any, list[tf.TensorSpec]]]:
+def serving_endpoints(built: Built) -> list[Endpoint]:
     """(name, function, input signature) of each SavedModel endpoint, the default one first.
 
     `serve` takes what clients have, each feature under its own name: the stored feature (a batch of it); on the
@@ -450,7 +435,7 @@ def export(built: Built, output_dir: Path, model: keras.Model | None = None) -> 
     shutil.rmtree(staging, ignore_errors=True)
     archive = keras.export.ExportArchive()
     archive.track(serving)
-    for resource in preprocess_resources(built.spec) if model is None else ():  # the vocabularies and tables
+    for resource in preprocess_resources(built) if model is None else ():  # the vocabularies and tables
         archive.track(resource)
     endpoints = serving_endpoints(built) if model is None else [_own_endpoint(model, built.spec)]
     for name, function, signature in endpoints:  # the first added is serving_default
@@ -461,7 +446,7 @@ def export(built: Built, output_dir: Path, model: keras.Model | None = None) -> 
     return {"keras": str(keras_path), "saved_model": str(saved_model)}
 
 
-def _own_endpoint(model: keras.Model, spec: DatasetSpec) -> tuple[str, Any, list[tf.TensorSpec]]:
+def _own_endpoint(model: keras.Model, spec: DatasetSpec) -> Endpoint:
     """`serve` for a model exported in the trained one's place: its own Inputs, by name; its outputs named as
     train.outputs has them (a generator's images under its own output name, not `output_0`)."""
     inputs = model.inputs
@@ -475,7 +460,7 @@ def _own_endpoint(model: keras.Model, spec: DatasetSpec) -> tuple[str, Any, list
 def model_to_export(settings: Settings, built: Built) -> keras.Model | None:
     """What MODEL's `export_model(model)` returns (None where it defines none). Raises TrainingError for what is
     not a keras.Model with Inputs (the run's checkpoint stays: fix it and run again to export)."""
-    export_model = load_model_file(settings.model).export_model
+    export_model = built.experiment.export_model
     if export_model is None:
         return None
     try:
@@ -494,19 +479,18 @@ def model_to_export(settings: Settings, built: Built) -> keras.Model | None:
     return model
 
 
-def preprocess_resources(spec: DatasetSpec) -> list[Any]:
+def preprocess_resources(built: Built) -> list[keras.layers.Layer | tf.saved_model.experimental.TrackableResource]:
     """The layers and tables of the MODEL file that `preprocess` may use (train.adapt.resources): what the
     export's default signature runs besides the model, so the SavedModel must carry them."""
+    spec = built.spec
     if not spec.records or spec.examples.preprocess is None:
         return []
-    found = resources(load_model_file(spec.examples.model).module).values()
+    found = resources(built.experiment.module).values()
     return [each for each in found if getattr(each, "built", True)]  # a layer never called is not in the graph
 
 
 def weights_fingerprint(built: Built) -> str:
     """sha256 of every weight, in order: equal on every worker of a multi-worker run."""
-    import hashlib
-
     digest = hashlib.sha256()
     for weight in built.serving.weights:
         digest.update(np.asarray(weight.numpy()).tobytes())

@@ -17,8 +17,8 @@ tf.data, in training, evaluation and the export; `build_callbacks` gives the cal
 | the documented model on a table             | `model_for_data` (TABLE_MODEL: examples/mlp_table.py)      |
 | its syntax tree and hash (nothing imported) | `model_tree`, `model_fingerprint`                          |
 | build_model's hyperparameters (the same)    | `model_hyperparameters` (train.hparams reads the tree)     |
-| its functions, imported once per version    | `load_model_file`, `ModelFile`, `OPTIONAL_SEAMS`           |
-| whether a built model brings its own step   | `overrides_train_step`, `overrides_test_step`, `overrides` |
+| its functions, imported once per version    | `load_model_file`, `Experiment`, `OPTIONAL_SEAMS`          |
+| whether a built model brings its own step   | `Experiment.own_train_step`, `overrides_train_step`, ...   |
 
 Nothing here imports TensorFlow (Keras is imported by `overrides`, called on a built model), nor train.settings:
 the settings' validation reads MODEL's file through this module before TensorFlow loads.
@@ -35,7 +35,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from train import hparams
 from train.errors import SettingsError, first_line
@@ -128,14 +129,38 @@ def _parsed(path: str, digest: str, data: bytes) -> ast.Module:
 
 
 @dataclass(frozen=True)
-class ModelFile:
+class Experiment:
+    """MODEL's file, loaded once (`load_model_file`) and passed down: the model (`build_model`), `preprocess`,
+    `adapt`, the callbacks (`build_callbacks`), `export_model`, and whether the model brings its own step
+    (`own_train_step`, `own_test_step`: the step's modules choose the step once, train.custom_step)."""
+
     text: str  # MODEL as given
     build_model: Callable
     preprocess: Callable | None = None
     build_callbacks: Callable | None = None
     export_model: Callable | None = None  # a GAN's: its generator (examples/gan.py)
     adapt: Callable | None = None
-    module: Any = None  # the imported file: its globals hold the layers `preprocess` uses (train.adapt)
+    module: ModuleType | None = None  # the imported file: its globals hold the layers `preprocess` uses (train.adapt)
+
+    @staticmethod
+    def own_train_step(network: keras.Model) -> bool:
+        """Whether the model built from this file brings its own `train_step` (`overrides_train_step`)."""
+        return overrides_train_step(network)
+
+    @staticmethod
+    def own_test_step(network: keras.Model) -> bool:
+        """Whether the model built from this file brings its own `test_step` (`overrides_test_step`)."""
+        return overrides_test_step(network)
+
+    def declares_own_train_step(self) -> bool:
+        """Whether the file holds a keras.Model class with its own train_step: what `own_train_step` finds on the
+        model `fit` builds, told without building it (the doctor)."""
+        import keras
+
+        return any(
+            isinstance(value, type) and issubclass(value, keras.Model) and class_overrides(value, "train_step")
+            for value in vars(self.module).values()
+        )
 
 
 # The MODEL file's optional functions: what each must be, and the example that shows it.
@@ -150,11 +175,12 @@ OPTIONAL_SEAMS = {
 # The imported MODEL files, by (resolved path, sha256 of its bytes), or by the module's name: a file changed or
 # replaced at the same path within one process (the fuzz driver's cases, a notebook) is imported again, and the
 # same file is imported once, so the layers `adapt` fits stay those `preprocess` reads.
-_MODULES: dict[tuple[str, str], Any] = {}
+_MODULES: dict[tuple[str, str], ModuleType] = {}
 
 
-def load_model_file(text: str) -> ModelFile:
-    """MODEL's functions, its module imported once a process per version of the file. Raises SettingsError."""
+def load_model_file(text: str) -> Experiment:
+    """MODEL's file as an Experiment, its module imported once a process per version of the file (so the layers
+    `adapt` fits are those `preprocess` reads, wherever it is loaded). Raises SettingsError."""
     try:
         module = _import(text)
     except SettingsError:
@@ -177,7 +203,7 @@ def load_model_file(text: str) -> ModelFile:
                 f"MODEL={text!r}: {name} is a {type(seams[name]).__name__}, not a function: define {signature} "
                 f"(see {example})"
             )
-    return ModelFile(text, build, module=module, **seams)
+    return Experiment(text, build, module=module, **seams)
 
 
 # What MIXED_PRECISION=auto gives a model's own train_step where it would be mixed_float16 (train.start, the doctor)
@@ -187,7 +213,7 @@ OWN_STEP_PRECISION = (
 )
 
 
-def _import(text: str) -> Any:
+def _import(text: str) -> ModuleType:
     if not is_model_path(text):
         key = ("module", text)
         if key not in _MODULES:
@@ -238,15 +264,9 @@ def overrides_test_step(model: keras.Model) -> bool:
 
 
 def declares_own_train_step(text: str) -> bool:
-    """Whether MODEL's file holds a keras.Model class with its own train_step: what `fit` finds on the model it
-    builds, told without building it (the doctor). False where the file cannot be imported (fit will say why)."""
-    import keras
-
+    """Whether MODEL's file holds a keras.Model class with its own train_step (`Experiment.declares_own_train_step`).
+    False where the file cannot be imported (fit will say why)."""
     try:
-        module = load_model_file(text).module
+        return load_model_file(text).declares_own_train_step()
     except SettingsError:
         return False
-    return any(
-        isinstance(value, type) and issubclass(value, keras.Model) and class_overrides(value, "train_step")
-        for value in vars(module).values()
-    )

@@ -9,21 +9,51 @@ scaling judges "finite" on the global gradient, identical everywhere, so a step 
 overflowed is skipped by all of them (Keras would judge each replica's local gradients: train.keras_seams).
 Every compiled metric is updated as `model.fit` updates it and read under the names `model.evaluate(...,
 return_dict=True)` gives.
+
+The step's modules read the built model through `BuiltModel` (train.model.Built keeps it) and never import
+train.model: train.model asks train.custom_step to choose the step once, so the import runs one way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
+import keras
 import numpy as np
 import tensorflow as tf
 
 from train.accumulation import accumulating_replica_step
 from train.data import Feed, TrainSplit, eval_dataset
+from train.data.spec import DatasetSpec
 from train.keras_seams import loss_tracker
-from train.model import Built
+
+Inputs = tf.Tensor | dict[str, tf.Tensor]  # what the model gets of a batch: the stored feature, or preprocess's dict
+Metrics = dict[str, tf.Tensor]  # compiled metrics (or a model's own step's logs) by name, as tensors
+MetricValues = dict[str, float | list]  # ... as JSON-ready numbers
+
+
+class BuiltModel(Protocol):
+    """What a step reads of the built model (train.model.Built)."""
+
+    @property
+    def network(self) -> keras.Model: ...
+
+    @property
+    def serving(self) -> keras.Model: ...
+
+    @property
+    def spec(self) -> DatasetSpec: ...
+
+    @property
+    def optimizer(self) -> keras.optimizers.Optimizer: ...
+
+    @property
+    def loss_scaled(self) -> bool: ...
+
+    @property
+    def model_input(self) -> Callable[[Inputs], Inputs]: ...
 
 
 def _all_reduce(gradients: list) -> list:
@@ -40,15 +70,15 @@ def _all_finite(gradients: list) -> tf.Tensor:
     return tf.reduce_all([tf.reduce_all(tf.math.is_finite(value)) for value in values])
 
 
-def _track_loss(built: Built, loss: tf.Tensor, labels: tf.Tensor) -> None:
+def _track_loss(built: BuiltModel, loss: tf.Tensor, labels: tf.Tensor) -> None:
     """The "loss" metric: this replica's mean (Keras's loss is it divided by the replicas), by its batch size."""
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
     loss_tracker(built.network).update_state(loss * replicas, sample_weight=tf.shape(labels)[0])
 
 
-def metric_values(results: dict[str, Any]) -> dict[str, float | list]:
+def metric_values(results: Metrics) -> MetricValues:
     """Metric tensors as JSON-ready numbers: a scalar as a float, anything else as a (nested) list."""
-    values: dict[str, float | list] = {}
+    values: MetricValues = {}
     for name, value in results.items():
         array = np.asarray(value.numpy() if hasattr(value, "numpy") else value, dtype=np.float64)
         values[name] = float(array) if array.ndim == 0 else array.tolist()
@@ -60,7 +90,7 @@ class CallResult:
     """What a training call reports: the metrics since their last reset (the epoch's start) and how many of its
     steps float16 loss scaling skipped because the gradients overflowed."""
 
-    metrics: dict[str, float | list]
+    metrics: MetricValues
     skipped: int
 
     @property
@@ -79,7 +109,7 @@ class TrainCalls:
 
     The one place where running out of device memory surfaces, for `fit` and `check` alike."""
 
-    function: Callable[..., Any]
+    function: Callable[[tuple[tf.Tensor, ...], tf.Tensor], tuple[Metrics, tf.Tensor]]  # (call args, steps)
     feed: Feed
     global_batch: int
     accumulation: int = 1  # micro-batches a step accumulates: each replica takes global / replicas / this at once
@@ -90,7 +120,12 @@ class TrainCalls:
 
 
 def make_train_calls(
-    built: Built, strategy, feed: Feed, global_batch: int, jit_compile: bool, accumulation: int = 1
+    built: BuiltModel,
+    strategy: tf.distribute.Strategy,
+    feed: Feed,
+    global_batch: int,
+    jit_compile: bool,
+    accumulation: int = 1,
 ) -> TrainCalls:
     """A tf.function running `steps` training steps under `strategy.run`, for any batch size, returning the
     metrics and the skips. The metrics are read inside the call: reading them eagerly after it cost more than
@@ -155,7 +190,7 @@ class Evaluator:
     each a share of every batch (see `eval_dataset`). It resets the metrics it shares with training.
     """
 
-    def __init__(self, built: Built, strategy, predict=None) -> None:
+    def __init__(self, built: BuiltModel, strategy: tf.distribute.Strategy, predict: keras.Model | None = None) -> None:
         self.built, self.strategy = built, strategy
         network, predict = built.network, predict or built.serving
 
@@ -176,7 +211,7 @@ class Evaluator:
 
         self._evaluate_steps = evaluate_steps
 
-    def __call__(self, split: TrainSplit, global_batch: int) -> dict[str, float | list]:
+    def __call__(self, split: TrainSplit, global_batch: int) -> MetricValues:
         self.built.network.reset_metrics()
         dataset, steps = eval_dataset(self.strategy, split, global_batch)
         results = metric_values(self._evaluate_steps(iter(dataset), tf.constant(steps)))
