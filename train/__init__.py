@@ -9,9 +9,13 @@ Model, data, devices and loop are the rows in capitals.
 | cli, __main__   | the commands: resolve the settings, call the library, map      | compute what a library call       |
 |                 | errors to exit codes (errors)                                  | could; import TF before a command |
 |                 |                                                                | needs it                          |
-| settings/       | each setting declared once (table), parsed (parse), layered:   | import TensorFlow; write a file   |
-|                 | flag > environment > the run's settings.json > .env > default  |                                   |
+| settings/       | each setting declared once (table), parsed (parse), layered:   | import TensorFlow or train.data;  |
+|                 | flag > environment > the run's settings.json > .env > default  | write a file                      |
 |                 | (layers; run); checked before TF loads                         |                                   |
+| dataset_path,   | DATASET a path or a TFDS name, and a folder's stat survey      | import settings, data or TF at    |
+| datasets/       | (dataset_path); the template's offline TFDS builders, with the | import time                       |
+|                 | fork's registered (datasets)                                   |                                   |
+| signals         | SIGTERM and Ctrl-C heard once (StopRequest, stop_heard)        | import TensorFlow                 |
 | model_file      | MODEL's file: found, parsed, hashed, imported once: the        | import train.settings, or TF at   |
 |                 | Experiment, passed down, with its seams (build_model,          | import time                       |
 |                 | preprocess, adapt, build_callbacks, export_model) and whether  |                                   |
@@ -21,9 +25,11 @@ Model, data, devices and loop are the rows in capitals.
 |                 | that order, and the global batch, once (runtime); the one seam | call TF's device API outside      |
 |                 | for GPU-only calls, which tests fake (backend)                 | backend                           |
 | batches         | what a step's batch is: global, per replica, accumulated       | import TensorFlow                 |
-| cluster/        | SEVERAL MACHINES: TF_CONFIG (tf_config); what workers agree on | be asked which it is: the loop    |
-|                 | (agreement); the one seam where multi-worker differs,          | calls `peers` alike               |
-|                 | SingleHost or Workers (workers); local workers (launch)        |                                   |
+| cluster/        | SEVERAL MACHINES: TF_CONFIG (tf_config); what workers agree on | be asked which it is: the engine  |
+|                 | (agreement); the one seam where multi-worker differs,          | asks the Role to act, and calls   |
+|                 | SingleHost or Workers (workers); the Role, decided once: the   | `peers` alike                     |
+|                 | peers, the writer and what only the chief does (role); local   |                                   |
+|                 | workers (launch)                                               |                                   |
 | data/           | DATA: DATASET opened, or written once (opening, local,         | import the model, the step or the |
 |                 | written), each image's structure checked (intact); the copies  | run directory                     |
 |                 | in TFDS_DATA_DIR listed and pruned (prepared); what it holds   |                                   |
@@ -65,6 +71,9 @@ Model, data, devices and loop are the rows in capitals.
 | predict_inputs  | Lines                                                          |                                   |
 | errors          | the one-line failures, and every exit code                     | import TensorFlow                 |
 | tools/          | the doctor, check and its probe, the benchmark                 | be imported by the engine         |
+
+The "must not" column that imports can show is enforced by import-linter (pyproject.toml's [tool.importlinter],
+`make lint`); what they cannot show, and issue 44's counts, by tests/test_layout.py.
 """
 
 __version__ = "0.1.0"
