@@ -29,7 +29,7 @@ import traceback
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 from typer.core import TyperCommand
@@ -167,7 +167,7 @@ class SettingsCommand(TyperCommand):
             self.params.append(option)
         return super().parse_args(ctx, args)
 
-    def invoke(self, ctx: typer.Context) -> Any:
+    def invoke(self, ctx: typer.Context) -> None:
         found = [name for name in ctx.params if name.startswith(hparams.PREFIX.lower())]
         token = _HYPERPARAMETER_FLAGS.set({name.upper(): ctx.params.pop(name) for name in found})
         try:
@@ -176,8 +176,14 @@ class SettingsCommand(TyperCommand):
             _HYPERPARAMETER_FLAGS.reset(token)
 
 
-def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool | str = False,
-                  data: Callable[..., bool] | None = None) -> Any:  # fmt: skip
+# A command's function: typer calls it with its parameters' values (settings commands: the Settings first); it
+# prints its result, or exits, and returns nothing.
+Command = Callable[..., None]
+
+
+def with_settings(
+    command: Command, *, from_run: bool | str = False, data: Callable[..., bool] | None = None
+) -> Command:
     """Give a command one flag per setting, and hand it the resolved, validated `Settings`.
 
     Flags are declared as text and parsed by `train.settings`, so a bad value reads the same
@@ -187,8 +193,6 @@ def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool |
     where not, its path is not surveyed (predict on files). `settings_command`
     registers the command with `cls=SettingsCommand`, which adds build_model's hyperparameters' flags.
     """
-    if command is None:
-        return functools.partial(with_settings, from_run=from_run, data=data)
     hints = typing.get_type_hints(command, include_extras=True)  # real objects, not `from __future__` strings
     own = [
         p.replace(annotation=hints[p.name])
@@ -215,7 +219,7 @@ def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool |
     ]
 
     @functools.wraps(command)
-    def run(**kwargs: Any) -> Any:
+    def run(**kwargs: object) -> None:
         flags = {field.env: kwargs.pop(field.attr) for field in FIELDS}
         flags |= _HYPERPARAMETER_FLAGS.get() or {}
         settings = None
@@ -243,11 +247,11 @@ def with_settings(command: Callable[..., Any] | None = None, *, from_run: bool |
 
 
 def settings_command(short_help: str, *, from_run: bool | str = False, data: Callable[..., bool] | None = None
-                     ) -> Callable[[Callable[..., Any]], Any]:  # fmt: skip
+                     ) -> Callable[[Command], Command]:  # fmt: skip
     """Register a command of `app` that takes the settings: `with_settings` gives it one flag per setting and the
     resolved `Settings`, and `SettingsCommand` build_model's hyperparameters' flags."""
 
-    def register(command: Callable[..., Any]) -> Any:
+    def register(command: Command) -> Command:
         command = with_settings(command, from_run=from_run, data=data)
         return app.command(short_help=short_help, cls=SettingsCommand)(command)
 
@@ -258,7 +262,7 @@ def settings_command(short_help: str, *, from_run: bool | str = False, data: Cal
 JsonPath = Annotated[Optional[Path], typer.Option("--json", help="Also write the result as JSON here.")]  # noqa: UP045
 
 
-def _print_json(payload: Any) -> None:
+def _print_json(payload: object) -> None:
     typer.echo(json.dumps(payload, indent=2))
 
 
@@ -279,7 +283,7 @@ def _check_json_path(path: Path | None, flag: str = "--json") -> None:
         raise SettingsError(f"{flag} {path}: the directory {folder} is not writable; write elsewhere")
 
 
-def _write_json(path: Path | None, payload: Any) -> None:
+def _write_json(path: Path | None, payload: object) -> None:
     """`--json PATH`: the result for scripts, beside what was printed."""
     if path is None:
         return

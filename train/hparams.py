@@ -17,7 +17,6 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from train.errors import SettingsError
 
@@ -25,6 +24,7 @@ PREFIX = "HP_"
 CONTEXT = "context"  # build_model's keyword-only parameter that receives the run's facts
 TRUE = ("true", "1", "yes", "on")  # what a true/false setting takes, in any case: every bool setting, HP_ ones too
 FALSE = ("false", "0", "no", "off")
+Value = bool | int | float | str  # a hyperparameter's, typed by its default
 _KINDS = {bool: ("bool", "true|false"), int: ("int", "INT"), float: ("float", "X"), str: ("str", "TEXT")}
 
 
@@ -52,7 +52,7 @@ class HyperParameter:
     """One of build_model's keyword-only parameters with a default: its name, and the default that types it."""
 
     name: str
-    default: bool | int | float | str
+    default: Value
 
     @property
     def env(self) -> str:
@@ -78,7 +78,7 @@ class HyperParameter:
     def help(self) -> str:
         return f"build_model's {self.name}, {self.a_kind} (env: {self.env}; default: {text(self.default)})."
 
-    def parse(self, value: str) -> bool | int | float | str:
+    def parse(self, value: str) -> Value:
         """The value of `HP_<NAME>=value`, of the default's type. Raises SettingsError naming the setting and type."""
         kind = type(self.default)
         if kind is str:
@@ -105,7 +105,7 @@ class HyperParameter:
         )
 
 
-def text(value: bool | int | float | str) -> str:
+def text(value: Value) -> str:
     """A hyperparameter's value as a setting writes it: true/false for a bool, else as Python prints it."""
     return str(value).lower() if isinstance(value, bool) else str(value)
 
@@ -119,9 +119,10 @@ def _build_model(tree: ast.Module) -> ast.FunctionDef | None:
     return found
 
 
-def _constants(tree: ast.Module) -> dict[str, Any]:
-    """The module's top-level `NAME = literal` assignments: a default may name one (`width=WIDTH`)."""
-    constants = {}
+def _constants(tree: ast.Module) -> dict[str, object]:
+    """The module's top-level `NAME = literal` assignments (any literal: `declared` checks the one a default names,
+    `width=WIDTH`)."""
+    constants: dict[str, object] = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             try:
@@ -182,7 +183,7 @@ def resolve(
     hyperparameters: Mapping[str, HyperParameter] | None,
     layers: Iterable[tuple[str, Mapping[str, str]]],
     model: str,
-) -> tuple[tuple[str, Any], ...]:
+) -> tuple[tuple[str, Value], ...]:
     """(parameter name, value) of each hyperparameter: the first layer that sets HP_<NAME> (flags, environment,
     ...), else its default. `layers`: (where, its values) from the highest precedence down.
 

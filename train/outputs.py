@@ -14,12 +14,16 @@ Class names are the TFDS ClassLabel's; where the dataset has none, the class ind
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # importing this module loads no TensorFlow: `predict` reads these names before it loads
     import keras
+    import tensorflow as tf
 
     from train.data.spec import DatasetSpec
+
+    # What a model returns for a batch: one tensor, or one per output (a dict by name, or a list or tuple)
+    ModelOutput = tf.Tensor | dict[str, tf.Tensor] | list[tf.Tensor] | tuple[tf.Tensor, ...]
 
 SCORES = "scores"  # tf.saved_model.CLASSIFY_OUTPUT_SCORES
 CLASSES = "classes"  # tf.saved_model.CLASSIFY_OUTPUT_CLASSES
@@ -52,7 +56,7 @@ def gives_logits(network: keras.Model) -> bool:
     return bool(config.get("from_logits", False))
 
 
-def _own_names(network: keras.Model, output: Any) -> dict[str, Any]:
+def _own_names(network: keras.Model, output: ModelOutput) -> dict[str, tf.Tensor]:
     """Outputs under the model's own names: a dict's keys, a functional model's output names (its output layers'),
     a Sequential's last layer's name, else output_<i>."""
     import keras
@@ -68,7 +72,7 @@ def _own_names(network: keras.Model, output: Any) -> dict[str, Any]:
     return dict(zip(names, values, strict=True))
 
 
-def name_outputs(network: keras.Model, spec: DatasetSpec) -> Callable[[Any], dict[str, Any]]:
+def name_outputs(network: keras.Model, spec: DatasetSpec) -> Callable[[ModelOutput], dict[str, tf.Tensor]]:
     """A function of the model's output (a batch) to the signature's named outputs (the module's table)."""
     import tensorflow as tf
 
@@ -76,7 +80,7 @@ def name_outputs(network: keras.Model, spec: DatasetSpec) -> Callable[[Any], dic
     logits = gives_logits(network)
     names = class_names(spec) if kind in ("class", "multi_hot") else ()
 
-    def named(output: Any) -> dict[str, tf.Tensor]:
+    def named(output: ModelOutput) -> dict[str, tf.Tensor]:
         if kind == "none":  # no label to name them after: the model's own names
             return _own_names(network, output)
         if isinstance(output, dict | list | tuple) and len(output) != 1:

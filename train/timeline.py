@@ -19,7 +19,8 @@ first reads the rest of that pass, every example its old workers had not read, o
 from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, replace
-from typing import Any
+
+Json = dict[str, object]  # run.json's, read back: each value checked where it is read
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class Segment:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Segment:
+    def from_json(cls, data: Json) -> Segment:
         fields = cls.__dataclass_fields__
         return cls(**{name: int(data[name]) for name in fields if name in data or fields[name].default is MISSING})
 
@@ -133,7 +134,7 @@ def with_remainder(segment: Segment, previous: Segment, unread: tuple[int, int],
     )  # fmt: skip
 
 
-def segment_at(starts: list[dict[str, Any]], step: int) -> Segment | None:
+def segment_at(starts: list[Json], step: int) -> Segment | None:
     """The segment of the latest start recorded in run.json that began at or before `step` (a restore may go
     back before the last start, to an older checkpoint)."""
     for start in reversed(starts):

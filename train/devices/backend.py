@@ -12,7 +12,10 @@ import ctypes
 import re
 import sys
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict, TypeVar
+
+if TYPE_CHECKING:  # importing this module loads no TensorFlow: TensorFlowDevices loads it when it is made
+    import tensorflow as tf
 
 # library: (its file name, the pip wheel's directory under site-packages/nvidia, the call that says its version)
 CUDA_LIBRARIES = {
@@ -22,16 +25,36 @@ CUDA_LIBRARIES = {
 }
 
 
-class DeviceBackend(Protocol):
-    def physical_gpus(self) -> list[Any]: ...
-    def gpu_details(self, gpu: Any) -> dict[str, Any]: ...
-    def set_visible_gpus(self, gpus: list[Any]) -> None: ...
-    def set_memory_growth(self, gpu: Any, enabled: bool) -> None: ...
-    def set_memory_limit(self, gpu: Any, megabytes: int) -> None: ...
+# The backend's handle of one GPU, handed back to it as it was given: TensorFlow's tf.config.PhysicalDevice, a
+# test's name for a GPU.
+Gpu = TypeVar("Gpu")
+
+
+class GpuDetails(TypedDict, total=False):
+    """What tf.config.experimental.get_device_details says of a GPU (either key may be missing)."""
+
+    device_name: str
+    compute_capability: tuple[int, int]
+
+
+class BuildInfo(TypedDict, total=False):
+    """What tf.sysconfig.get_build_info says of CUDA (a CPU build names no versions)."""
+
+    is_cuda_build: bool
+    cuda_version: str
+    cudnn_version: str
+
+
+class DeviceBackend(Protocol[Gpu]):
+    def physical_gpus(self) -> list[Gpu]: ...
+    def gpu_details(self, gpu: Gpu) -> GpuDetails: ...
+    def set_visible_gpus(self, gpus: list[Gpu]) -> None: ...
+    def set_memory_growth(self, gpu: Gpu, enabled: bool) -> None: ...
+    def set_memory_limit(self, gpu: Gpu, megabytes: int) -> None: ...
     def split_cpu(self, count: int) -> None: ...
     def memory_info(self, device: str) -> dict[str, int]: ...
     def reset_memory_stats(self, device: str) -> None: ...
-    def build_info(self) -> dict[str, Any]: ...
+    def build_info(self) -> BuildInfo: ...
     def device_names(self) -> dict[str, list[str]]: ...
     def loaded_cuda_versions(self) -> dict[str, str | None]: ...
 
@@ -44,19 +67,19 @@ class TensorFlowDevices:
 
         self._tf = tf
 
-    def physical_gpus(self) -> list[Any]:
+    def physical_gpus(self) -> list[tf.config.PhysicalDevice]:
         return self._tf.config.list_physical_devices("GPU")
 
-    def gpu_details(self, gpu: Any) -> dict[str, Any]:
+    def gpu_details(self, gpu: tf.config.PhysicalDevice) -> GpuDetails:
         return self._tf.config.experimental.get_device_details(gpu)
 
-    def set_visible_gpus(self, gpus: list[Any]) -> None:
+    def set_visible_gpus(self, gpus: list[tf.config.PhysicalDevice]) -> None:
         self._tf.config.set_visible_devices(gpus, "GPU")
 
-    def set_memory_growth(self, gpu: Any, enabled: bool) -> None:
+    def set_memory_growth(self, gpu: tf.config.PhysicalDevice, enabled: bool) -> None:
         self._tf.config.experimental.set_memory_growth(gpu, enabled)
 
-    def set_memory_limit(self, gpu: Any, megabytes: int) -> None:
+    def set_memory_limit(self, gpu: tf.config.PhysicalDevice, megabytes: int) -> None:
         config = self._tf.config.LogicalDeviceConfiguration(memory_limit=megabytes)
         self._tf.config.set_logical_device_configuration(gpu, [config])
 
@@ -71,8 +94,9 @@ class TensorFlowDevices:
     def reset_memory_stats(self, device: str) -> None:
         self._tf.config.experimental.reset_memory_stats(device)
 
-    def build_info(self) -> dict[str, Any]:
-        return dict(self._tf.sysconfig.get_build_info())
+    def build_info(self) -> BuildInfo:
+        info = self._tf.sysconfig.get_build_info()
+        return BuildInfo(**{key: value for key, value in info.items() if key in BuildInfo.__optional_keys__})
 
     def device_names(self) -> dict[str, list[str]]:
         return {

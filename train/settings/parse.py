@@ -52,7 +52,7 @@ def true_or_false(name: str, text: str) -> bool:
     return value
 
 
-def choice(allowed: tuple[str, ...]) -> Parser:
+def choice(allowed: tuple[str, ...]) -> Callable[[str, str], str]:
     """A parser taking one of `allowed`, as written."""
 
     def parse(name: str, text: str) -> str:

@@ -13,9 +13,10 @@ between settings valid alone. Nothing here imports TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import train.settings.parse as parse
 from train import hparams
@@ -65,11 +66,21 @@ class Field:
         return hparams.flag_name(self.env)
 
 
+Parsed = TypeVar("Parsed")  # what a setting's parser makes of its text: the field's type
+
+
 def setting(
-    default: str, parser: parse.Parser, help: str, *, defines_run: bool = False, workers_agree: bool = False
-) -> Any:
+    default: str,
+    parser: Callable[[str, str], Parsed],
+    help: str,
+    *,
+    defines_run: bool = False,
+    workers_agree: bool = False,
+) -> Parsed:
     """One line of the table: a required field of `Settings` that FIELDS reads back as a `Field` (its default is
-    text, parsed as any layer's text is: load_settings resolves it, the dataclass holds no default of its own)."""
+    text, parsed as any layer's text is: load_settings resolves it, the dataclass holds no default of its own).
+    Typed as the value its parser makes, which load_settings puts in the field (as `dataclasses.field` is typed as
+    its default): what it returns is the dataclass's field marker."""
     marks = {"defines_run": defines_run, "workers_agree": workers_agree}
     return dataclasses.field(metadata={"setting": {"default": default, "parse": parser, "help": help, **marks}})
 
@@ -128,7 +139,7 @@ class Settings:
     # Not a setting: the cluster TF_CONFIG names (from the process environment only, as TensorFlow reads it).
     cluster: Cluster | None = None
     # build_model's hyperparameters, (parameter name, value) in its order: the settings HP_<NAME> (train.hparams).
-    hyperparameters: tuple[tuple[str, bool | int | float | str], ...] = ()
+    hyperparameters: tuple[tuple[str, hparams.Value], ...] = ()
     # Not a setting: where BATCH_SIZE and GLOBAL_BATCH_SIZE came from ((name, place), ...), for the start line.
     batch_from: tuple[tuple[str, str], ...] = dataclasses.field(default=(), compare=False)
 
