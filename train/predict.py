@@ -17,13 +17,25 @@ import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from train.errors import SettingsError, first_line
 from train.outputs import CLASSES, OUTPUTS, SCORES
 from train.predict_inputs import Example, Reader, Source
 from train.rundir import check_same_model
 from train.settings import Settings
+
+if TYPE_CHECKING:  # importing this module loads no TensorFlow: the command line checks the run before it loads
+    import numpy as np
+    import tensorflow as tf
+
+    from train.data import Dataset
+    from train.data.opening import Opened
+
+    Batch = dict[str, tf.Tensor | np.ndarray]  # the signature's inputs for a batch, by name
+    Outputs = dict[str, np.ndarray]  # what the signature returns for a batch, by name
+
+Json = dict[str, object]  # run.json's, read back and checked; a line of predictions, written
 
 SAVED_MODEL = "saved_model"
 THRESHOLD = 0.5  # a multi-hot class is one of the "labels" above this probability
@@ -45,9 +57,9 @@ def check_run(settings: Settings, checkpoint: bool) -> None:
 class Predictor:
     """The signature's inputs (name -> tf.TensorSpec) and a function of a batch of them to the outputs (NumPy)."""
 
-    inputs: dict[str, Any]
-    call: Callable[[dict[str, Any]], dict[str, Any]]
-    keep: Any = None  # what the function needs alive (the loaded SavedModel)
+    inputs: dict[str, tf.TensorSpec]
+    call: Callable[[Batch], Outputs]
+    keep: object = None  # what the function needs alive (the loaded SavedModel, or the model built)
 
 
 def _exported(settings: Settings) -> Predictor:
@@ -88,13 +100,13 @@ def _from_checkpoint(settings: Settings, runtime, dataset, say: Callable[[str], 
     serve = tf.function(function, input_signature=signature)
     names = [spec.name for spec in signature]
 
-    def call(batch: dict[str, Any]) -> dict[str, Any]:
+    def call(batch: Batch) -> Outputs:
         return {k: v.numpy() for k, v in serve(*[batch[name] for name in names]).items()}
 
     return Predictor({spec.name: spec for spec in signature}, call, built)
 
 
-def _opened(settings: Settings, recorded: dict[str, Any], whole: bool, say: Callable[[str], None]) -> Any:
+def _opened(settings: Settings, recorded: Json, whole: bool, say: Callable[[str], None]) -> Dataset | Opened:
     """The run's DATASET opened as fit opens it (train.data.opening), refused where its source changed since the
     run was trained on it: a train.data.Dataset (`whole`: its spec too, for the checkpoint's model) or an Opened
     (its builder, for a split). Raises SettingsError."""
@@ -134,14 +146,15 @@ def _stored(element_spec: dict, name: str) -> bool:
     return name in element_spec or any(isinstance(s, dict) and name in s for s in element_spec.values())
 
 
-def _column(stored: dict, name: str) -> Any:
-    """A stored feature by name, or a column of a dict feature by its own name."""
+def _column(stored: dict, name: str) -> np.ndarray | np.generic | bytes:
+    """A stored feature by name, or a column of a dict feature by its own name: as tfds.as_numpy gives it (an
+    array, a NumPy scalar, or the bytes of a string)."""
     if name in stored:
         return stored[name]
     return next(value[name] for value in stored.values() if isinstance(value, dict) and name in value)
 
 
-def _batch(examples: list[Example], inputs: dict[str, Any]) -> dict[str, Any]:
+def _batch(examples: list[Example], inputs: dict[str, tf.TensorSpec]) -> Batch:
     import numpy as np
     import tensorflow as tf
 
@@ -152,7 +165,7 @@ def _batch(examples: list[Example], inputs: dict[str, Any]) -> dict[str, Any]:
     return batch
 
 
-def describe(outputs: dict[str, Any], row: int, is_class: bool) -> dict[str, Any]:
+def describe(outputs: Outputs, row: int, is_class: bool) -> Json:
     """One example's outputs as its JSON line has them (the module's docstring)."""
     if SCORES in outputs and CLASSES in outputs:
         names = [name.decode() for name in outputs[CLASSES][row]]
@@ -167,7 +180,7 @@ def describe(outputs: dict[str, Any], row: int, is_class: bool) -> dict[str, Any
     return {name: _plain(value[row]) for name, value in outputs.items()}
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: np.ndarray | np.generic) -> object:
     listed = value.tolist()
     if isinstance(listed, bytes):
         return listed.decode(errors="replace")
