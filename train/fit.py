@@ -51,7 +51,7 @@ from train.run_state import Position, Start
 from train.rundir import RunLock, check_same_model, read_run
 from train.settings import Settings
 from train.signals import StopRequest
-from train.start import start_run, steps_per_epoch
+from train.start import batch_of, cadence_of, start_run, steps_per_epoch
 from train.writer import Json, SummaryWriters, Writer, Writers
 
 Say = Callable[[str], None]
@@ -105,7 +105,7 @@ def _train(
     role.peers.watch_stops(lambda step: checkpoint.save(step, checkpoint.skipped))
     while True:
         runtime, segment = position.runtime, position.segment
-        schedule, first = Schedule(settings, segment), checkpoint.step
+        schedule, first = Schedule(cadence_of(settings), segment), checkpoint.step
         feed = _feed(start, position, schedule, first)
         say(_describe(start, runtime, schedule, first))
         calls = make_calls(start.built, runtime.strategy, feed, runtime.global_batch, start.jit_compile,
@@ -150,7 +150,7 @@ def _feed(start: Start, position: Position, schedule: Schedule, first: int):
         remainder = Remainder(segment.remainder_pass, position.marks, length, done)
     return make_feed(runtime.strategy, start.data.train, runtime.global_batch, settings.seed,
                      segment.data_step(max(first, segment.remainder_end) if remainder else first),
-                     longest_call(settings, schedule.steps_per_epoch), settings.device_prefetch,
+                     longest_call(schedule.cadence, schedule.steps_per_epoch), settings.device_prefetch,
                      remainder)  # fmt: skip
 
 
@@ -177,7 +177,7 @@ def _describe(start: Start, runtime: Runtime, schedule: Schedule, first: int) ->
     return (
         f"Training {data.name} on {runtime.replicas} replica(s){workers} ({runtime.strategy_name}: "
         f"{', '.join(runtime.devices)}{' on each worker' if workers else ''}), "
-        f"{describe_batch(start.settings, runtime)}, {per_epoch}, {span}; {runtime.precision}; "
+        f"{describe_batch(batch_of(start.settings), runtime)}, {per_epoch}, {span}; {runtime.precision}; "
         f"data {where}, batches {how}, XLA {'on' if start.jit_compile else 'off'} ({start.jit_why})."
     )
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from train.accumulation import refuse_custom_train_step
 from train.adapt import check_recorded
+from train.batches import Batch
 from train.callbacks import build_callbacks
 from train.cluster.agreement import Decision, reconcile, report
 from train.cluster.role import Peers, Role
@@ -19,6 +20,7 @@ from train.data.opening import check_same_data, data_identity_text
 from train.data.spec import features_record
 from train.devices.runtime import Runtime, auto_precision, choose_xla
 from train.errors import SettingsError
+from train.loop import Cadence
 from train.model import Built, build
 from train.model_file import OWN_STEP_PRECISION, model_fingerprint
 from train.run_state import Start
@@ -27,6 +29,17 @@ from train.settings import Settings, agreed_settings
 from train.writer import Json, Writer
 
 Say = Callable[[str], None]
+
+
+def batch_of(settings: Settings) -> Batch:
+    """GLOBAL_BATCH_SIZE and BATCH_SIZE as train.batches takes them, with the layer each came from."""
+    return Batch(settings.global_batch_size, settings.batch_size, settings.batch_from)
+
+
+def cadence_of(settings: Settings) -> Cadence:
+    """When the loop's calls end and it logs and saves, as train.loop takes it."""
+    return Cadence(settings.steps_per_call, settings.log_every, settings.checkpoint_every, settings.profile_steps,
+                   settings.epochs)  # fmt: skip
 
 
 def steps_per_epoch(settings: Settings, data: Data, runtime: Runtime) -> int:

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from train.batches import batch_plan
+from train.batches import Batch, batch_plan
 from train.cluster.tf_config import Cluster, StartupDeadline
 from train.devices.backend import DeviceBackend
 from train.errors import SettingsError, TrainingError, first_line
@@ -254,7 +254,7 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
     if name == "multi_worker":
         # MultiWorkerMirroredStrategy runs one replica per visible GPU, or one on the CPU: a split CPU does not count.
         devices = plan.training_devices if plan.visible_gpus else plan.training_devices[:1]
-        batch, accumulation = batch_plan(settings, len(devices) * workers)
+        batch, accumulation = batch_plan(Batch(settings.global_batch_size, settings.batch_size), len(devices) * workers)
         if not plan.visible_gpus and plan.cpu_devices > 1:
             notes += (
                 f"CPU_DEVICES={plan.cpu_devices} does not apply to multi_worker: a worker without GPUs is one replica.",
@@ -275,7 +275,7 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
     devices = plan.training_devices if name == "mirrored" else plan.training_devices[:1]
     cross_device_ops, ops_notes = choose_cross_device_ops(settings.cross_device_ops, name, plan)
     notes += precision_notes + ops_notes
-    batch, accumulation = batch_plan(settings, len(devices))
+    batch, accumulation = batch_plan(Batch(settings.global_batch_size, settings.batch_size), len(devices))
     return Resolution(
         name, devices, batch, plan, plan.notes + notes, None,
         precision=precision, precision_why=why, cross_device_ops=cross_device_ops,
