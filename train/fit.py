@@ -33,7 +33,6 @@ from train.batches import describe_batch
 from train.callbacks import Callbacks
 from train.checkpoints import RunCheckpoint, make_checkpoint, restore_newest
 from train.cluster.role import Role, take_role
-from train.context import run_context
 from train.custom_step import make_calls, make_evaluator
 from train.data import Remainder, gathers_in_step, make_feed, open_dataset
 from train.data.opening import check_same_data
@@ -51,7 +50,7 @@ from train.run_state import Position, Start
 from train.rundir import RunLock, check_same_model, read_run
 from train.settings import Settings
 from train.signals import StopRequest
-from train.start import batch_of, cadence_of, start_run, steps_per_epoch
+from train.start import batch_of, cadence_of, run_context, start_run, steps_per_epoch
 from train.writer import Json, SummaryWriters, Writer, Writers
 
 Say = Callable[[str], None]
@@ -80,8 +79,9 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> Json:
             scalars = writer.scalars()
             writer.hparams(hparams(start, runtime))
             evaluate = make_evaluator(start.built, runtime.strategy)
-            callbacks = Callbacks(list(start.callbacks), start.settings, start.built.network,
-                                  start.context.steps_per_epoch, role, checkpoint, say)  # fmt: skip
+            callbacks = Callbacks(list(start.callbacks), start.built.network, start.settings.epochs,
+                                  start.context.steps_per_epoch, start.settings.monitor, start.settings.monitor_mode,
+                                  role, checkpoint, say)  # fmt: skip
             callbacks.begin(checkpoint.step, position.segment)  # on_train_begin, the recorded epochs replayed
         with peers.guard("training", start.checkpoint_dir):
             outcome = _train(start, position, checkpoint, callbacks, role, scalars, evaluate)

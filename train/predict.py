@@ -68,10 +68,9 @@ def _from_checkpoint(settings: Settings, runtime, dataset, say: Callable[[str], 
     import tensorflow as tf
 
     from train.checkpoints import make_checkpoint, restore_newest
-    from train.context import run_context
     from train.model import build, serving_endpoints, use_averaged_weights
     from train.rundir import read_run
-    from train.start import steps_per_epoch
+    from train.start import run_context, steps_per_epoch
 
     precision = read_run(settings.output_dir).get("precision")  # the run's, as evaluate builds it
     if settings.mixed_precision == "auto" and precision:

@@ -20,14 +20,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from train.context import Context, run_context
+from train.context import Context
 from train.data import BlocksFeed, Data, PipelineFeed, Split, distribute, gathers_in_step, make_feed
 from train.devices.runtime import Runtime, choose_xla
 from train.errors import TrainingError, first_line
 from train.loop import call_steps, longest_call
 from train.model import build
 from train.settings import Settings
-from train.start import cadence_of, steps_per_epoch
+from train.start import cadence_of, run_context, steps_per_epoch
 from train.step import make_train_calls
 
 TUTORIAL_BATCH = 32  # Keras fit's default batch_size
