@@ -64,7 +64,7 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> Json:
     """Train (or resume) to EPOCHS x steps per epoch; returns the summary also written to summary.json.
 
     `stop` is the SIGTERM/Ctrl-C flag (the CLI installs it before TensorFlow loads). The caller has run
-    `train.rundir.preflight(settings)` (the CLI does, before TensorFlow loads); a lock taken since is found
+    `train.rundir.preflight` (the CLI does, before TensorFlow loads); a lock taken since is found
     when the run directory is opened. Multi-worker (TF_CONFIG): every worker calls this; the chief writes the
     run directory, the others only train.
     """
@@ -186,7 +186,7 @@ def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> Jso
     """Every compiled metric on EVAL_SPLIT, of the latest checkpoint or of the exported `model.keras`.
 
     `settings` are the run's (the CLI reads its settings.json under the flags and environment)."""
-    check_same_model(settings)
+    check_same_model(settings.output_dir, settings.model)
     runtime = setup_runtime(settings, local_only=True)  # on this host, even where TF_CONFIG names a cluster
     recorded = read_run(settings.output_dir)
     precision = recorded.get("precision")

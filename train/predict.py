@@ -32,7 +32,9 @@ THRESHOLD = 0.5  # a multi-hot class is one of the "labels" above this probabili
 def check_run(settings: Settings, checkpoint: bool) -> None:
     """What the run directory must hold for `predict`, found before TensorFlow loads. Raises SettingsError."""
     if checkpoint:
-        check_same_model(settings)  # the checkpoint's weights fit the MODEL file that made them
+        check_same_model(
+            settings.output_dir, settings.model
+        )  # the checkpoint's weights fit the MODEL file that made them
         return
     if not (settings.output_dir / SAVED_MODEL / "saved_model.pb").is_file():
         raise SettingsError(
