@@ -16,7 +16,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from train.errors import BusyError, SettingsError, first_line
 from train.model_file import model_fingerprint
@@ -209,7 +209,7 @@ RUN_VALUES = {
 }
 
 
-def read_run(output_dir: Path) -> dict[str, Any]:
+def read_run(output_dir: Path) -> dict[str, object]:
     """What the run's first start resolved (empty for a new run). Raises SettingsError for a run.json that cannot
     be read or is damaged: it says which model the checkpoints are of, so it is never guessed or rewritten."""
     path = output_dir / RUN
@@ -238,7 +238,7 @@ def read_run(output_dir: Path) -> dict[str, Any]:
     raise SettingsError(f"{path} {problem}; {fix}")
 
 
-def read_epochs(output_dir: Path) -> tuple[list[dict[str, Any]] | None, str | None]:
+def read_epochs(output_dir: Path) -> tuple[list[dict[str, object]] | None, str | None]:
     """epochs.json: [{"epoch": 1, "step": S, "logs": {name: value}}, ...] (None where there is no file), and what
     is wrong with it ("is damaged (...)", "cannot be read (...)"), None where nothing is. Raises nothing."""
     path = output_dir / EPOCHS
