@@ -12,10 +12,16 @@ import pytest
 
 from tests.conftest import HARNESS_CWD, REPO, clean_env, kill_mid_run, read_summary, run_python, run_train, start_train
 from tests.test_elastic import relative_difference
-from train.batches import accumulation_changed, batch_plan, describe_batch
+from train.batches import Batch, accumulation_changed, batch_plan, describe_batch
 from train.errors import SettingsError
 from train.model_file import DEFAULT_MODEL
 from train.settings import load_settings
+
+
+def batch_of(settings) -> Batch:
+    """The settings' batch as train.start.batch_of makes it (without importing TensorFlow)."""
+    return Batch(settings.global_batch_size, settings.batch_size, settings.batch_from)
+
 
 # 600 steps of 256 (the issue's measure); no checkpoint or log cuts a call short
 ACCUMULATE = {"GLOBAL_BATCH_SIZE": 256, "STEPS_PER_EPOCH": 200, "EPOCHS": 3, "CHECKPOINT_EVERY": 1000,
@@ -24,7 +30,9 @@ ACCUMULATE = {"GLOBAL_BATCH_SIZE": 256, "STEPS_PER_EPOCH": 200, "EPOCHS": 3, "CH
 
 def plan(global_batch: int | None, batch: int | None, replicas: int) -> tuple[int, int]:
     flags = {"GLOBAL_BATCH_SIZE": str(global_batch or ""), "BATCH_SIZE": str(batch or "")}
-    return batch_plan(load_settings(flags, environ={}, dotenv_path="/nonexistent", defaults_path=None), replicas)
+    return batch_plan(
+        batch_of(load_settings(flags, environ={}, dotenv_path="/nonexistent", defaults_path=None)), replicas
+    )
 
 
 def test_the_micro_batch_is_the_largest_divisor_of_a_replicas_share_within_batch_size():
@@ -50,12 +58,12 @@ def test_the_start_line_names_the_micro_batch_the_accumulation_and_where_each_se
     dotenv = tmp_path / ".env"
     dotenv.write_text((REPO / ".env.example").read_text().replace("GLOBAL_BATCH_SIZE=\n", "GLOBAL_BATCH_SIZE=256\n"))
     settings, eight = on_gpus(8, dotenv)  # .env.example's BATCH_SIZE=128 with GLOBAL_BATCH_SIZE=256 on 8 GPUs
-    assert describe_batch(settings, eight) == (
+    assert describe_batch(batch_of(settings), eight) == (
         f"global batch 256 = 32 per replica x 8 (GLOBAL_BATCH_SIZE=256 from {dotenv}, BATCH_SIZE=128 from {dotenv}: "
         "32 a replica, no accumulation)"
     )
     settings, two = on_gpus(2, dotenv, BATCH_SIZE="32")  # resumed on 2 GPUs, BATCH_SIZE=32 as a flag
-    assert describe_batch(settings, two) == (
+    assert describe_batch(batch_of(settings), two) == (
         f"global batch 256 = micro-batch 32 x 4 accumulated x 2 (GLOBAL_BATCH_SIZE=256 from {dotenv}, BATCH_SIZE=32 "
         "from a flag: 128 a replica, at most 32 at once)"
     )
@@ -64,7 +72,7 @@ def test_the_start_line_names_the_micro_batch_the_accumulation_and_where_each_se
         "accumulating 4 micro-batch(es) of 32 a step; the data order and EPOCHS are kept."
     )
     settings, alone = on_gpus(2, tmp_path / "none", GLOBAL_BATCH_SIZE="256")
-    assert describe_batch(settings, alone) == "global batch 256 = 128 per replica x 2"  # as before
+    assert describe_batch(batch_of(settings), alone) == "global batch 256 = 128 per replica x 2"  # as before
 
 
 @pytest.fixture(scope="module")

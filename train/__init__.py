@@ -16,6 +16,7 @@ Model, data, devices and loop are the rows in capitals.
 | datasets/       | (dataset_path); the template's offline TFDS builders, with the | import time                       |
 |                 | fork's registered (datasets)                                   |                                   |
 | signals         | SIGTERM and Ctrl-C heard once (StopRequest, stop_heard)        | import TensorFlow                 |
+| run_files       | settings.json's name, which settings/ and rundir both read     | import anything                   |
 | model_file      | MODEL's file: found, parsed, hashed, imported once: the        | import train.settings, or TF at   |
 |                 | Experiment, passed down, with its seams (build_model,          | import time                       |
 |                 | preprocess, adapt, build_callbacks, export_model) and whether  |                                   |

@@ -47,7 +47,6 @@ from train.hooks import Hook, Metrics
 from train.keras_seams import monitor_direction
 from train.model_file import CALLBACKS_EXAMPLE, load_model_file
 from train.rundir import EPOCHS
-from train.settings import Settings
 from train.step import CallResult
 from train.timeline import Segment
 from train.writer import Writer
@@ -64,17 +63,17 @@ class Epoch(TypedDict):
     logs: Logs
 
 
-def build_callbacks(settings: Settings, context: Context) -> list[keras.callbacks.Callback]:
-    """MODEL's `build_callbacks(context)`, checked: a list of Keras callbacks ([] without one). Raises SettingsError."""
-    function = load_model_file(settings.model).build_callbacks
+def build_callbacks(model: str, context: Context) -> list[keras.callbacks.Callback]:
+    """MODEL's (`model`'s) `build_callbacks(context)`, checked: a list of Keras callbacks ([] without one). Raises
+    SettingsError."""
+    function = load_model_file(model).build_callbacks
     if function is None:
         return []
     try:
         callbacks = function(context)
     except Exception as error:
         raise SettingsError(
-            f"MODEL={settings.model!r}: build_callbacks(context) raised {type(error).__name__}: "
-            f"{first_line(error, 240)}"
+            f"MODEL={model!r}: build_callbacks(context) raised {type(error).__name__}: {first_line(error, 240)}"
         ) from None
     if not isinstance(callbacks, list | tuple) or not all(isinstance(c, keras.callbacks.Callback) for c in callbacks):
         got = (
@@ -84,7 +83,7 @@ def build_callbacks(settings: Settings, context: Context) -> list[keras.callback
             + ", ".join(sorted({type(c).__name__ for c in callbacks if not isinstance(c, keras.callbacks.Callback)}))
         )
         raise SettingsError(
-            f"MODEL={settings.model!r}: build_callbacks returned {got}: return a list of keras.callbacks.Callback "
+            f"MODEL={model!r}: build_callbacks returned {got}: return a list of keras.callbacks.Callback "
             f"(see {CALLBACKS_EXAMPLE})"
         )
     return list(callbacks)
@@ -264,12 +263,12 @@ class Callbacks(Hook):
     save_on_stop = True
 
     def __init__(
-        self, callbacks: list[keras.callbacks.Callback], settings: Settings, network: keras.Model,
-        steps_per_epoch: int, role: Role[Writer], checkpoint: RunCheckpoint, say: Say,
+        self, callbacks: list[keras.callbacks.Callback], network: keras.Model, epochs: int, steps_per_epoch: int,
+        monitor: str | None, monitor_mode: str, role: Role[Writer], checkpoint: RunCheckpoint, say: Say,
     ) -> None:  # fmt: skip
-        self.fork = ForkCallbacks(callbacks, network, settings.epochs, steps_per_epoch, role.peers)
+        self.fork = ForkCallbacks(callbacks, network, epochs, steps_per_epoch, role.peers)
         self.logs = EpochLogs(role, say)
-        self.best = BestEpoch(settings.monitor, settings.monitor_mode, network, role, checkpoint, say)
+        self.best = BestEpoch(monitor, monitor_mode, network, role, checkpoint, say)
         self.checkpoint, self.say = checkpoint, say
         self.metrics: Metrics = {}  # the last call's training metrics
         # The epoch under way (from 0, as Keras counts) and the step it began at: from the loop's epoch ends (and

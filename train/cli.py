@@ -37,7 +37,7 @@ from typer.core import TyperCommand
 from train import hparams
 from train.errors import EXIT_FAILED, EXIT_PREEMPTED, BusyError, SettingsError, Stopped, TrainingError, first_line
 from train.rundir import CRASH_LOG, check_same_model, preflight, write_json
-from train.settings import FIELDS, FIELDS_BY_ENV, Settings, load_settings, peek_hyperparameters
+from train.settings import FIELDS, FIELDS_BY_ENV, Settings, check_run_settings, load_settings, peek_hyperparameters
 from train.signals import StopRequest
 
 app = typer.Typer(
@@ -296,7 +296,10 @@ def _write_json(path: Path | None, payload: object) -> None:
 @settings_command("Train; resume from OUTPUT_DIR's latest checkpoint.", from_run="defining")
 def fit(settings: Settings) -> None:
     """Train, checkpointing as it goes; resumes from OUTPUT_DIR's latest checkpoint."""
-    preflight(settings, _warn)  # the run directory's problems in the first second, before TensorFlow loads
+    # the run directory's problems in the first second, before TensorFlow loads
+    preflight(settings.output_dir, settings.model, settings.sync_batch_norm, settings.resume, settings.multi_worker,
+              settings.cluster is not None and settings.cluster.is_chief, _warn)  # fmt: skip
+    check_run_settings(settings.output_dir, _warn)
     with StopRequest() as stop:  # from now on, SIGTERM means "save and exit 42", even while TF loads
         _load_tensorflow()
         from train.fit import fit as run_fit
@@ -314,7 +317,9 @@ def evaluate(
     ] = False,
 ) -> None:
     """Every compiled metric on EVAL_SPLIT, printed as JSON; the run's settings.json fills in the settings."""
-    check_same_model(settings)  # another model, or a damaged run.json: before TensorFlow loads
+    check_same_model(
+        settings.output_dir, settings.model
+    )  # another model, or a damaged run.json: before TensorFlow loads
     _load_tensorflow()
     from train.fit import evaluate as run_evaluate
 

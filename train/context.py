@@ -18,16 +18,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import tensorflow as tf
 
 from train.data.examples import EVAL_PASS
-from train.data.source import Data, TrainSplit
+from train.data.source import TrainSplit
 from train.data.spec import DatasetSpec
 from train.data.streamed import StreamedSplit
-from train.devices.runtime import Runtime
-from train.settings import Settings
 
 SAMPLE_BATCH = 256  # examples per batch of `sample`: fixed, so its batches are alike on every topology
 
@@ -59,25 +56,6 @@ class Context:
         if self._sample is None:
             raise ValueError("context.sample is not available here: this context has no training split")
         return self._sample(n)
-
-
-class Place(Protocol):
-    """Where this process stands among the workers: its role's (train.cluster.role.Role)."""
-
-    def facts(self) -> dict[str, bool]: ...
-
-
-def run_context(
-    settings: Settings, runtime: Runtime, data: Data, steps_per_epoch: int, role: Place | None = None
-) -> Context:
-    """The facts of a run on this runtime (its topology and precision) and data (`sample` reads its train split);
-    what it says of this worker, its `role`'s (None: the only process, as `evaluate` runs)."""
-    return Context(
-        global_batch=runtime.global_batch, replicas=runtime.replicas, workers=runtime.workers,
-        steps_per_epoch=steps_per_epoch, epochs=settings.epochs, seed=settings.seed, precision=runtime.precision,
-        output_dir=settings.output_dir, _sample=sample_function(data.train, data.spec),
-        **(role.facts() if role else {}),
-    )  # fmt: skip
 
 
 def sample_function(split: TrainSplit, spec: DatasetSpec) -> Callable[[int], tf.data.Dataset]:

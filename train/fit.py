@@ -33,7 +33,6 @@ from train.batches import describe_batch
 from train.callbacks import Callbacks
 from train.checkpoints import RunCheckpoint, make_checkpoint, restore_newest
 from train.cluster.role import Role, take_role
-from train.context import run_context
 from train.custom_step import make_calls, make_evaluator
 from train.data import Remainder, gathers_in_step, make_feed, open_dataset
 from train.data.opening import check_same_data
@@ -51,7 +50,7 @@ from train.run_state import Position, Start
 from train.rundir import RunLock, check_same_model, read_run
 from train.settings import Settings
 from train.signals import StopRequest
-from train.start import start_run, steps_per_epoch
+from train.start import batch_of, cadence_of, run_context, start_run, steps_per_epoch
 from train.writer import Json, SummaryWriters, Writer, Writers
 
 Say = Callable[[str], None]
@@ -65,7 +64,7 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> Json:
     """Train (or resume) to EPOCHS x steps per epoch; returns the summary also written to summary.json.
 
     `stop` is the SIGTERM/Ctrl-C flag (the CLI installs it before TensorFlow loads). The caller has run
-    `train.rundir.preflight(settings)` (the CLI does, before TensorFlow loads); a lock taken since is found
+    `train.rundir.preflight` (the CLI does, before TensorFlow loads); a lock taken since is found
     when the run directory is opened. Multi-worker (TF_CONFIG): every worker calls this; the chief writes the
     run directory, the others only train.
     """
@@ -80,8 +79,9 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> Json:
             scalars = writer.scalars()
             writer.hparams(hparams(start, runtime))
             evaluate = make_evaluator(start.built, runtime.strategy)
-            callbacks = Callbacks(list(start.callbacks), start.settings, start.built.network,
-                                  start.context.steps_per_epoch, role, checkpoint, say)  # fmt: skip
+            callbacks = Callbacks(list(start.callbacks), start.built.network, start.settings.epochs,
+                                  start.context.steps_per_epoch, start.settings.monitor, start.settings.monitor_mode,
+                                  role, checkpoint, say)  # fmt: skip
             callbacks.begin(checkpoint.step, position.segment)  # on_train_begin, the recorded epochs replayed
         with peers.guard("training", start.checkpoint_dir):
             outcome = _train(start, position, checkpoint, callbacks, role, scalars, evaluate)
@@ -105,7 +105,7 @@ def _train(
     role.peers.watch_stops(lambda step: checkpoint.save(step, checkpoint.skipped))
     while True:
         runtime, segment = position.runtime, position.segment
-        schedule, first = Schedule(settings, segment), checkpoint.step
+        schedule, first = Schedule(cadence_of(settings), segment), checkpoint.step
         feed = _feed(start, position, schedule, first)
         say(_describe(start, runtime, schedule, first))
         calls = make_calls(start.built, runtime.strategy, feed, runtime.global_batch, start.jit_compile,
@@ -150,7 +150,7 @@ def _feed(start: Start, position: Position, schedule: Schedule, first: int):
         remainder = Remainder(segment.remainder_pass, position.marks, length, done)
     return make_feed(runtime.strategy, start.data.train, runtime.global_batch, settings.seed,
                      segment.data_step(max(first, segment.remainder_end) if remainder else first),
-                     longest_call(settings, schedule.steps_per_epoch), settings.device_prefetch,
+                     longest_call(schedule.cadence, schedule.steps_per_epoch), settings.device_prefetch,
                      remainder)  # fmt: skip
 
 
@@ -177,7 +177,7 @@ def _describe(start: Start, runtime: Runtime, schedule: Schedule, first: int) ->
     return (
         f"Training {data.name} on {runtime.replicas} replica(s){workers} ({runtime.strategy_name}: "
         f"{', '.join(runtime.devices)}{' on each worker' if workers else ''}), "
-        f"{describe_batch(start.settings, runtime)}, {per_epoch}, {span}; {runtime.precision}; "
+        f"{describe_batch(batch_of(start.settings), runtime)}, {per_epoch}, {span}; {runtime.precision}; "
         f"data {where}, batches {how}, XLA {'on' if start.jit_compile else 'off'} ({start.jit_why})."
     )
 
@@ -186,7 +186,7 @@ def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> Jso
     """Every compiled metric on EVAL_SPLIT, of the latest checkpoint or of the exported `model.keras`.
 
     `settings` are the run's (the CLI reads its settings.json under the flags and environment)."""
-    check_same_model(settings)
+    check_same_model(settings.output_dir, settings.model)
     runtime = setup_runtime(settings, local_only=True)  # on this host, even where TF_CONFIG names a cluster
     recorded = read_run(settings.output_dir)
     precision = recorded.get("precision")

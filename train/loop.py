@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from train.hooks import Hook
-from train.settings import Settings
 from train.step import TrainCalls
 from train.timeline import Segment
 
@@ -23,28 +22,40 @@ def _next_multiple(step: int, every: int) -> int:
     return (step // every + 1) * every
 
 
-def call_steps(settings: Settings, step: int, steps_per_epoch: int, total_steps: int, epoch_origin: int = 0) -> int:
+@dataclass(frozen=True)
+class Cadence:
+    """When calls end and the loop logs and saves (STEPS_PER_CALL, LOG_EVERY, CHECKPOINT_EVERY, PROFILE_STEPS,
+    EPOCHS), as the top of the run hands them (train.start.cadence_of): the loop does not import the settings."""
+
+    steps_per_call: int
+    log_every: int
+    checkpoint_every: int
+    profile_steps: tuple[int, int] | None
+    epochs: int
+
+
+def call_steps(cadence: Cadence, step: int, steps_per_epoch: int, total_steps: int, epoch_origin: int = 0) -> int:
     """The length of the call that starts at `step`: STEPS_PER_CALL, cut at the next epoch end, checkpoint,
     log step, the ends of PROFILE_STEPS or the end of training (so those happen between calls, on time).
     `epoch_origin`: a step at which an epoch ends (train.timeline: 0 unless a start re-based the epochs)."""
     boundaries = [
         total_steps,
         epoch_origin + _next_multiple(step - epoch_origin, steps_per_epoch),
-        _next_multiple(step, settings.checkpoint_every),
-        _next_multiple(step, settings.log_every),
+        _next_multiple(step, cadence.checkpoint_every),
+        _next_multiple(step, cadence.log_every),
     ]
-    if settings.profile_steps:  # the trace starts before step START and ends after step END (counted from 1)
-        boundaries += [edge for edge in (settings.profile_steps[0] - 1, settings.profile_steps[1]) if edge > step]
-    return min(settings.steps_per_call, min(boundaries) - step)
+    if cadence.profile_steps:  # the trace starts before step START and ends after step END (counted from 1)
+        boundaries += [edge for edge in (cadence.profile_steps[0] - 1, cadence.profile_steps[1]) if edge > step]
+    return min(cadence.steps_per_call, min(boundaries) - step)
 
 
-def longest_call(settings: Settings, steps_per_epoch: int) -> int:
+def longest_call(cadence: Cadence, steps_per_epoch: int) -> int:
     """The most steps `call_steps` ever gives: what a feed plans ahead for (not a huge STEPS_PER_CALL).
 
     The first call: from step 0 every boundary is a whole period away, from any later step at most that
     (PROFILE_STEPS's two cuts only ever shorten a call).
     """
-    return call_steps(settings.replace(profile_steps=None), 0, steps_per_epoch, total_steps=steps_per_epoch)
+    return call_steps(replace(cadence, profile_steps=None), 0, steps_per_epoch, total_steps=steps_per_epoch)
 
 
 @dataclass
@@ -52,7 +63,7 @@ class Schedule:
     """When things happen: the epochs (as the run's segment maps them to steps: train.timeline), and the steps at
     which the loop logs, evaluates and saves."""
 
-    settings: Settings
+    cadence: Cadence
     segment: Segment
 
     @property
@@ -61,16 +72,16 @@ class Schedule:
 
     @property
     def total_steps(self) -> int:
-        return self.segment.total_steps(self.settings.epochs)
+        return self.segment.total_steps(self.cadence.epochs)
 
     def epoch_end(self, step: int) -> bool:
         return self.segment.ends_epoch(step)
 
     def logs(self, step: int) -> bool:
-        return step % self.settings.log_every == 0 or self.epoch_end(step) or step == self.total_steps
+        return step % self.cadence.log_every == 0 or self.epoch_end(step) or step == self.total_steps
 
     def saves(self, step: int) -> bool:
-        return step % self.settings.checkpoint_every == 0 or self.epoch_end(step) or step == self.total_steps
+        return step % self.cadence.checkpoint_every == 0 or self.epoch_end(step) or step == self.total_steps
 
 
 @dataclass
@@ -128,7 +139,7 @@ def run_loop(
                     _saved_by_every_hook(hooks, step, skipped)
                 return Outcome(step, throughput.per_sec, True, skipped)
             steps = call_steps(
-                schedule.settings, step, schedule.steps_per_epoch, schedule.total_steps, schedule.segment.origin_step
+                schedule.cadence, step, schedule.steps_per_epoch, schedule.total_steps, schedule.segment.origin_step
             )
             for hook in hooks:
                 hook.before_call(step)

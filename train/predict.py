@@ -44,7 +44,9 @@ THRESHOLD = 0.5  # a multi-hot class is one of the "labels" above this probabili
 def check_run(settings: Settings, checkpoint: bool) -> None:
     """What the run directory must hold for `predict`, found before TensorFlow loads. Raises SettingsError."""
     if checkpoint:
-        check_same_model(settings)  # the checkpoint's weights fit the MODEL file that made them
+        check_same_model(
+            settings.output_dir, settings.model
+        )  # the checkpoint's weights fit the MODEL file that made them
         return
     if not (settings.output_dir / SAVED_MODEL / "saved_model.pb").is_file():
         raise SettingsError(
@@ -80,10 +82,9 @@ def _from_checkpoint(settings: Settings, runtime, dataset, say: Callable[[str], 
     import tensorflow as tf
 
     from train.checkpoints import make_checkpoint, restore_newest
-    from train.context import run_context
     from train.model import build, serving_endpoints, use_averaged_weights
     from train.rundir import read_run
-    from train.start import steps_per_epoch
+    from train.start import run_context, steps_per_epoch
 
     precision = read_run(settings.output_dir).get("precision")  # the run's, as evaluate builds it
     if settings.mixed_precision == "auto" and precision:

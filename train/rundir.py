@@ -16,11 +16,11 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from train.errors import BusyError, SettingsError, first_line
 from train.model_file import model_fingerprint
-from train.settings import RUN_SETTINGS, Settings, read_run_settings
+from train.run_files import RUN_SETTINGS
 
 PROBE_BYTES = 1 << 20  # a write of this size must succeed: a nearly full disk fails here, not at step 10,000
 MIN_FREE_BYTES = 64 << 20  # room for a few checkpoints of a small model, the export and the logs
@@ -209,7 +209,7 @@ RUN_VALUES = {
 }
 
 
-def read_run(output_dir: Path) -> dict[str, Any]:
+def read_run(output_dir: Path) -> dict[str, object]:
     """What the run's first start resolved (empty for a new run). Raises SettingsError for a run.json that cannot
     be read or is damaged: it says which model the checkpoints are of, so it is never guessed or rewritten."""
     path = output_dir / RUN
@@ -238,7 +238,7 @@ def read_run(output_dir: Path) -> dict[str, Any]:
     raise SettingsError(f"{path} {problem}; {fix}")
 
 
-def read_epochs(output_dir: Path) -> tuple[list[dict[str, Any]] | None, str | None]:
+def read_epochs(output_dir: Path) -> tuple[list[dict[str, object]] | None, str | None]:
     """epochs.json: [{"epoch": 1, "step": S, "logs": {name: value}}, ...] (None where there is no file), and what
     is wrong with it ("is damaged (...)", "cannot be read (...)"), None where nothing is. Raises nothing."""
     path = output_dir / EPOCHS
@@ -260,30 +260,30 @@ def read_epochs(output_dir: Path) -> tuple[list[dict[str, Any]] | None, str | No
     return recorded, None
 
 
-def check_same_model(settings: Settings) -> None:
-    """A run directory holding checkpoints of another model is refused in one line (they would not load), as is
-    one whose run.json is damaged."""
-    recorded = read_run(settings.output_dir).get("model_sha256")
-    if not recorded or not checkpoints_newest_first(settings.output_dir / "checkpoints"):
+def check_same_model(output_dir: Path, model: str) -> None:
+    """A run directory (OUTPUT_DIR) holding checkpoints of another model than MODEL is refused in one line (they
+    would not load), as is one whose run.json is damaged."""
+    recorded = read_run(output_dir).get("model_sha256")
+    if not recorded or not checkpoints_newest_first(output_dir / "checkpoints"):
         return
-    now = model_fingerprint(settings.model)
+    now = model_fingerprint(model)
     if now != recorded:
         raise SettingsError(
-            f"MODEL={settings.model!r} is not the model OUTPUT_DIR={settings.output_dir} was trained with: its code "
+            f"MODEL={model!r} is not the model OUTPUT_DIR={output_dir} was trained with: its code "
             f"differs (sha256 {now[:12]}, the run's {recorded[:12]}), so the run's checkpoints would not load into "
             "it. Use another OUTPUT_DIR for this model, or put the run's model back"
         )
 
 
-def check_same_sync_batch_norm(settings: Settings) -> None:
+def check_same_sync_batch_norm(output_dir: Path, sync_batch_norm: bool) -> None:
     """SYNC_BATCH_NORM defines what every step of the run computed: a run directory trained with the other value is
     refused in one line (run.json records it)."""
-    recorded = read_run(settings.output_dir).get("sync_batch_norm")
-    if recorded is None or recorded == settings.sync_batch_norm:
+    recorded = read_run(output_dir).get("sync_batch_norm")
+    if recorded is None or recorded == sync_batch_norm:
         return
-    was, now = str(recorded).lower(), str(settings.sync_batch_norm).lower()
+    was, now = str(recorded).lower(), str(sync_batch_norm).lower()
     raise SettingsError(
-        f"SYNC_BATCH_NORM={now}, but OUTPUT_DIR={settings.output_dir} was trained with SYNC_BATCH_NORM={was}: it "
+        f"SYNC_BATCH_NORM={now}, but OUTPUT_DIR={output_dir} was trained with SYNC_BATCH_NORM={was}: it "
         f"defines the run. Set SYNC_BATCH_NORM={was} to go on with it, or use another OUTPUT_DIR"
     )
 
@@ -413,26 +413,30 @@ def remove_leftovers(output_dir: Path) -> list[str]:
     return removed
 
 
-def preflight(settings: Settings, warn: Callable[[str], None] = lambda message: None) -> None:
-    """Everything about the run directory that can be known before TensorFlow loads. Raises SettingsError or
-    BusyError; `warn` hears what is repaired (a killed save's leftovers) or cannot be (a damaged settings.json)."""
-    output_dir = settings.output_dir
-    if not settings.multi_worker or (settings.cluster is not None and settings.cluster.is_chief):
+def preflight(
+    output_dir: Path, model: str, sync_batch_norm: bool, resume: str, multi_worker: bool, chief: bool,
+    warn: Callable[[str], None] = lambda message: None,
+) -> None:  # fmt: skip
+    """Everything about the run directory (OUTPUT_DIR) that can be known before TensorFlow loads, for MODEL,
+    SYNC_BATCH_NORM and RESUME; `multi_worker`: one of a cluster's workers, `chief`: its chief. Raises SettingsError
+    or BusyError; `warn` hears what is repaired (a killed save's leftovers). A damaged settings.json is said by
+    train.settings.check_run_settings."""
+    if not multi_worker or chief:
         removed = remove_leftovers(output_dir)  # first, so that the free space counted next is the true one
         if removed:
             warn(f"removed what a killed save or export left (or damaged) in {output_dir}: {', '.join(removed)}")
     check_output_dir(output_dir)
     check_run_files(output_dir)
-    check_same_model(settings)  # reads run.json: a damaged one is refused
-    check_same_sync_batch_norm(settings)
+    check_same_model(output_dir, model)  # reads run.json: a damaged one is refused
+    check_same_sync_batch_norm(output_dir, sync_batch_norm)
     # Across workers the chief says it once they have joined (train.cluster.workers), so that every worker ends
     # with the same exit code: a worker that stopped here would leave the others waiting for it.
-    if not settings.multi_worker and holder(settings.output_dir) is not None:
-        raise busy(settings.output_dir)
-    existing = checkpoints_newest_first(settings.output_dir / "checkpoints")
-    if existing and settings.resume == "never":
+    if not multi_worker and holder(output_dir) is not None:
+        raise busy(output_dir)
+    existing = checkpoints_newest_first(output_dir / "checkpoints")
+    if existing and resume == "never":
         raise SettingsError(
-            f"RESUME=never but OUTPUT_DIR={settings.output_dir} already holds checkpoints ({existing[0].name}): "
+            f"RESUME=never but OUTPUT_DIR={output_dir} already holds checkpoints ({existing[0].name}): "
             "use another OUTPUT_DIR, delete that one, or RESUME=auto"
         )
     _, problem = read_epochs(output_dir)
@@ -440,12 +444,6 @@ def preflight(settings: Settings, warn: Callable[[str], None] = lambda message: 
         raise SettingsError(
             f"{output_dir / EPOCHS} {problem}; it records each epoch's metrics, which the callbacks and MONITOR's best "
             "epoch resume from: put back a good copy, or delete it to have them start afresh from the next epoch"
-        )
-    _, problem = read_run_settings(output_dir / RUN_SETTINGS)
-    if problem:
-        warn(
-            f"{output_dir / RUN_SETTINGS} {problem}: which settings changed since the run's last start cannot be "
-            "said; this start writes it anew"
         )
 
 

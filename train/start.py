@@ -6,19 +6,22 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
+from typing import Protocol
 
 from train.accumulation import refuse_custom_train_step
 from train.adapt import check_recorded
+from train.batches import Batch
 from train.callbacks import build_callbacks
 from train.cluster.agreement import Decision, reconcile, report
 from train.cluster.role import Peers, Role
-from train.context import Context, run_context
+from train.context import Context, sample_function
 from train.custom_step import refuse_unevaluated_monitor
 from train.data import Data, Dataset, batches_per_pass, gathers_in_step, input_pipelines, open_dataset
 from train.data.opening import check_same_data, data_identity_text
 from train.data.spec import features_record
 from train.devices.runtime import Runtime, auto_precision, choose_xla
 from train.errors import SettingsError
+from train.loop import Cadence
 from train.model import Built, build
 from train.model_file import OWN_STEP_PRECISION, model_fingerprint
 from train.run_state import Start
@@ -27,6 +30,36 @@ from train.settings import Settings, agreed_settings
 from train.writer import Json, Writer
 
 Say = Callable[[str], None]
+
+
+class Place(Protocol):
+    """Where this process stands among the workers: its role's (train.cluster.role.Role)."""
+
+    def facts(self) -> dict[str, bool]: ...
+
+
+def run_context(
+    settings: Settings, runtime: Runtime, data: Data, steps_per_epoch: int, role: Place | None = None
+) -> Context:
+    """The facts of a run on this runtime (its topology and precision) and data (`sample` reads its train split);
+    what it says of this worker, its `role`'s (None: the only process, as `evaluate` runs)."""
+    return Context(
+        global_batch=runtime.global_batch, replicas=runtime.replicas, workers=runtime.workers,
+        steps_per_epoch=steps_per_epoch, epochs=settings.epochs, seed=settings.seed, precision=runtime.precision,
+        output_dir=settings.output_dir, _sample=sample_function(data.train, data.spec),
+        **(role.facts() if role else {}),
+    )  # fmt: skip
+
+
+def batch_of(settings: Settings) -> Batch:
+    """GLOBAL_BATCH_SIZE and BATCH_SIZE as train.batches takes them, with the layer each came from."""
+    return Batch(settings.global_batch_size, settings.batch_size, settings.batch_from)
+
+
+def cadence_of(settings: Settings) -> Cadence:
+    """When the loop's calls end and it logs and saves, as train.loop takes it."""
+    return Cadence(settings.steps_per_call, settings.log_every, settings.checkpoint_every, settings.profile_steps,
+                   settings.epochs)  # fmt: skip
 
 
 def steps_per_epoch(settings: Settings, data: Data, runtime: Runtime) -> int:
@@ -139,7 +172,7 @@ def start_run(settings: Settings, runtime: Runtime, role: Role[Writer], say: Say
     if jit and decision.jit_compile == "auto" and built.custom_step is not None and not built.network.jit_compile:
         # as model.fit runs it: a step of the fork's own may hold what XLA cannot compile (a tf.print)
         jit, why = False, "auto: off, as model.fit runs this model's own train_step (its jit_compile is False)"
-    callbacks = tuple(build_callbacks(settings, context))  # bad callbacks: before writing
+    callbacks = tuple(build_callbacks(settings.model, context))  # bad callbacks: before writing
     start = Start(settings, peers, data, built, context, callbacks, jit, why, dataset.identity, dataset.adapted,
                   recorded, say, dataset.left_out, features_record(dataset.builder, settings))  # fmt: skip
     return start, runtime

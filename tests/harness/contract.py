@@ -76,7 +76,7 @@ def main(output_dir: Path) -> dict:
                       seed=settings.seed, precision="float32", output_dir=output_dir,
                       _sample=sample_function(split, spec))  # fmt: skip
     built = build(settings, spec, strategy, context)
-    callbacks = build_callbacks(settings, context)
+    callbacks = build_callbacks(settings.model, context)
     feed = make_feed(strategy, split, BATCH, settings.seed, 0, 1)
     result = make_train_calls(built, strategy, feed, BATCH, jit_compile=False)(1)
     output_dir.mkdir(parents=True, exist_ok=True)

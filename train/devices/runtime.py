@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
-from train.batches import batch_plan
+from train.batches import Batch, batch_plan
 from train.cluster.tf_config import Cluster, StartupDeadline
 from train.devices.backend import DeviceBackend
 from train.errors import SettingsError, TrainingError, first_line
 from train.settings import Settings
+
+if TYPE_CHECKING:  # TensorFlow loads inside setup_runtime: the settings are checked without it
+    import tensorflow as tf
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,7 @@ class Resolution:
         assert share % micro_batch == 0, (share, micro_batch)
         return replace(self, per_replica_batch=micro_batch, accumulation=share // micro_batch)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {
             "physical_gpus": self.plan.physical_gpus,
             "visible_gpus": list(self.plan.visible_gpus),
@@ -254,7 +257,7 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
     if name == "multi_worker":
         # MultiWorkerMirroredStrategy runs one replica per visible GPU, or one on the CPU: a split CPU does not count.
         devices = plan.training_devices if plan.visible_gpus else plan.training_devices[:1]
-        batch, accumulation = batch_plan(settings, len(devices) * workers)
+        batch, accumulation = batch_plan(Batch(settings.global_batch_size, settings.batch_size), len(devices) * workers)
         if not plan.visible_gpus and plan.cpu_devices > 1:
             notes += (
                 f"CPU_DEVICES={plan.cpu_devices} does not apply to multi_worker: a worker without GPUs is one replica.",
@@ -275,7 +278,7 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
     devices = plan.training_devices if name == "mirrored" else plan.training_devices[:1]
     cross_device_ops, ops_notes = choose_cross_device_ops(settings.cross_device_ops, name, plan)
     notes += precision_notes + ops_notes
-    batch, accumulation = batch_plan(settings, len(devices))
+    batch, accumulation = batch_plan(Batch(settings.global_batch_size, settings.batch_size), len(devices))
     return Resolution(
         name, devices, batch, plan, plan.notes + notes, None,
         precision=precision, precision_why=why, cross_device_ops=cross_device_ops,
@@ -340,7 +343,7 @@ def choose_xla(
 class Runtime(Resolution):
     """The resolution with its strategy built: what every other part of a run is made under."""
 
-    strategy: Any = None  # tf.distribute.Strategy
+    strategy: tf.distribute.Strategy | None = None
 
     @property
     def on_gpus(self) -> bool:
@@ -370,7 +373,7 @@ def setup_runtime(settings: Settings, backend: DeviceBackend | None = None, loca
     if settings.deterministic:  # before any op runs: every kernel from here on is a deterministic one
         tf.config.experimental.enable_op_determinism()
     if resolution.strategy_name == "multi_worker":
-        strategy = _multi_worker_strategy(settings, resolution)
+        strategy = _multi_worker_strategy(settings.worker_start_timeout, resolution)
     elif resolution.strategy_name == "mirrored":
         all_reduce = {
             None: None,
@@ -388,8 +391,9 @@ def setup_runtime(settings: Settings, backend: DeviceBackend | None = None, loca
     return runtime.with_precision(resolution.precision)  # what this host resolves; a cluster may settle otherwise
 
 
-def _multi_worker_strategy(settings: Settings, resolution: Resolution) -> Any:
-    """MultiWorkerMirroredStrategy from TF_CONFIG (TensorFlow reads it from the environment itself)."""
+def _multi_worker_strategy(start_timeout: int, resolution: Resolution) -> tf.distribute.Strategy:
+    """MultiWorkerMirroredStrategy from TF_CONFIG (TensorFlow reads it from the environment itself), its workers
+    joined within WORKER_START_TIMEOUT (`start_timeout`, seconds)."""
     import tensorflow as tf
 
     cluster = resolution.cluster
@@ -397,7 +401,7 @@ def _multi_worker_strategy(settings: Settings, resolution: Resolution) -> Any:
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.AUTO  # NCCL on GPUs, gRPC rings on CPUs
     )
-    with StartupDeadline(cluster, settings.worker_start_timeout):
+    with StartupDeadline(cluster, start_timeout):
         try:
             return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         except tf.errors.OpError as error:  # a peer's registration deadline, a refused connection, ...

@@ -14,9 +14,8 @@ from pathlib import Path
 from train import hparams
 from train.dataset_path import is_path
 from train.errors import first_line
+from train.run_files import RUN_SETTINGS
 from train.settings.table import FIELDS, FIELDS_BY_ENV, Settings
-
-RUN_SETTINGS = "settings.json"  # in OUTPUT_DIR: the settings a run was started with
 
 
 def read_run_settings(path: Path) -> tuple[dict[str, str], str | None]:
@@ -39,6 +38,17 @@ def read_run_settings(path: Path) -> tuple[dict[str, str], str | None]:
     if wrong:
         return {}, f"is damaged ({wrong[0]}: {settings[wrong[0]]!r} is not text)"
     return settings, None
+
+
+def check_run_settings(output_dir: Path, warn: Callable[[str], None]) -> None:
+    """A damaged settings.json is said to `warn`, not refused: which settings changed since the run's last start
+    cannot be said, and this start writes it anew (before TensorFlow loads, after train.rundir.preflight)."""
+    _, problem = read_run_settings(output_dir / RUN_SETTINGS)
+    if problem:
+        warn(
+            f"{output_dir / RUN_SETTINGS} {problem}: which settings changed since the run's last start cannot be "
+            "said; this start writes it anew"
+        )
 
 
 def run_layer(path: Path, warn: Callable[[str], None] | None) -> dict[str, str]:

@@ -16,7 +16,6 @@ from typing import Any
 
 import tensorflow as tf
 
-from train.context import run_context
 from train.custom_step import make_calls
 from train.data import gathers_in_step, load_data, make_feed
 from train.devices.backend import TensorFlowDevices
@@ -24,7 +23,7 @@ from train.devices.runtime import choose_xla, setup_runtime
 from train.errors import SettingsError, first_line
 from train.model import build
 from train.settings import Settings
-from train.start import steps_per_epoch
+from train.start import run_context, steps_per_epoch
 from train.tools.probe import Trial, format_probe, probe_batch_sizes
 
 Say = Callable[[str], None]

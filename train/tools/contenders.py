@@ -20,14 +20,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from train.context import Context, run_context
+from train.context import Context
 from train.data import BlocksFeed, Data, PipelineFeed, Split, distribute, gathers_in_step, make_feed
 from train.devices.runtime import Runtime, choose_xla
 from train.errors import TrainingError, first_line
 from train.loop import call_steps, longest_call
 from train.model import build
 from train.settings import Settings
-from train.start import steps_per_epoch
+from train.start import cadence_of, run_context, steps_per_epoch
 from train.step import make_train_calls
 
 TUTORIAL_BATCH = 32  # Keras fit's default batch_size
@@ -59,7 +59,8 @@ def loop_contender(name: str, settings: Settings, runtime: Runtime, data: Data, 
     per_epoch, global_batch = steps_per_epoch(settings, data, runtime), runtime.global_batch
     built = build(settings, data.spec, runtime.strategy, run_context(settings, runtime, data, per_epoch))
     jit, _ = template_xla(settings, runtime, built)
-    longest = longest_call(settings, per_epoch)
+    cadence = cadence_of(settings)
+    longest = longest_call(cadence, per_epoch)
     feed = (feed_for or (lambda: make_feed(runtime.strategy, data.train, global_batch, settings.seed, 0, longest,
                                            settings.device_prefetch)))()  # fmt: skip
     jit = jit and (feed.compilable or not gathers_in_step(runtime.strategy, data.spec.records))
@@ -70,7 +71,7 @@ def loop_contender(name: str, settings: Settings, runtime: Runtime, data: Data, 
         nonlocal step
         examples, started = 0, time.perf_counter()
         while True:
-            steps = call_steps(settings, step, per_epoch, sys.maxsize)
+            steps = call_steps(cadence, step, per_epoch, sys.maxsize)
             calls(steps)
             examples, step = examples + steps * global_batch, step + steps
             elapsed = time.perf_counter() - started
@@ -356,7 +357,7 @@ def input_contender(name: str, settings: Settings, runtime: Runtime, data: Data,
     tf.data pipeline of the same files. Where the step dominates, rows 5 and 6 tie whatever the input does;
     these two compare the pipelines themselves."""
     global_batch = runtime.global_batch
-    longest = longest_call(settings, steps_per_epoch(settings, data, runtime))  # the blocks fit makes
+    longest = longest_call(cadence_of(settings), steps_per_epoch(settings, data, runtime))  # the blocks fit makes
     if tuned:
         feed = tuned_tfdata_feed(runtime, data, settings.seed)
     else:
