@@ -39,14 +39,16 @@ Model, data, devices and loop are the rows in capitals.
 |                 | (feeds)                                                        |                                   |
 | adapt, context  | MODEL's adapt(context), once a process; the run's facts handed | train; write                      |
 |                 | to build_model and build_callbacks                             |                                   |
-| model           | MODEL: the fork's compiled model checked against the data,     | run a training step               |
-|                 | wrapped in its input and scaling; seeds, averages, export      |                                   |
+| model           | MODEL: the fork's compiled model checked against the data,     | run a training step, or import    |
+|                 | wrapped in its input and scaling; seeds, averages, export      | the step's modules                |
+| built           | the model made (model.make), then its step chosen: the Built   | restore or train                  |
+|                 | every command gets, its step traced before any restore         |                                   |
 | exportable,     | the export tried before the first step; its outputs named as   | write into OUTPUT_DIR             |
 | outputs         | TF Serving names them                                          |                                   |
 | step,           | THE STEP: a call of STEPS_PER_CALL steps under strategy.run    | know files, epochs or which       |
 | custom_step,    | (the engine's step, a model's own train_step, or accumulated   | worker it is on; import model     |
-| accumulation    | micro-batches), chosen once as the model is built              | (they read it as BuiltModel)      |
-|                 | (custom_step.choose_step), and evaluation                      |                                   |
+| accumulation    | micro-batches), chosen once right after the model is built     | (they read it as BuiltModel)      |
+|                 | (custom_step.choose_step, from built), and evaluation          |                                   |
 | keras_seams     | the few places below Keras's public API, each guarded by a     | grow without a test naming it     |
 |                 | test                                                           |                                   |
 | fit             | THE RUN: fit and evaluate, the chapters below called in order  | write a file itself; ask which    |

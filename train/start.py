@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from train.accumulation import refuse_custom_train_step
 from train.adapt import check_recorded
+from train.built import build
 from train.callbacks import build_callbacks
 from train.cluster.agreement import Decision, reconcile, report
 from train.cluster.role import Peers, Role
@@ -19,7 +20,7 @@ from train.data.opening import check_same_data, data_identity_text
 from train.data.spec import features_record
 from train.devices.runtime import Runtime, auto_precision, choose_xla
 from train.errors import SettingsError
-from train.model import Built, build
+from train.model import Built
 from train.model_file import OWN_STEP_PRECISION, model_fingerprint
 from train.run_state import Start
 from train.rundir import checkpoints_newest_first
