@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from train.adapt import resources
 from train.context import Context
-from train.data.examples import Inputs
+from train.data.examples import Inputs, InputSpec
 from train.data.spec import DatasetSpec
 from train.errors import SettingsError, TrainingError, first_line
 from train.hparams import CONTEXT
@@ -43,7 +43,6 @@ from train.replica_statistics import ReplicaStatistics, replica_state, synchroni
 from train.settings import Settings
 
 SymbolicInputs = keras.KerasTensor | dict[str, keras.KerasTensor]
-InputsSpec = tf.TensorSpec | dict[str, tf.TensorSpec]  # a batch of the stored feature, as specs (`Made.batch`)
 Endpoint = tuple[str, Callable[..., dict[str, tf.Tensor]], list[tf.TensorSpec]]  # name, function, input signature
 
 # A replica's random stream is the seed's, moved by this much per replica id: replicas and workers draw
@@ -77,7 +76,7 @@ class Made:
     experiment: Experiment
 
     @property
-    def batch(self) -> tuple[InputsSpec, tf.TensorSpec]:
+    def batch(self) -> tuple[InputSpec, tf.TensorSpec]:
         return _stored_batch(self.spec)
 
     @property
@@ -324,7 +323,7 @@ def _build_compiled(settings: Settings, network: keras.Model, spec: DatasetSpec)
         ))  # fmt: skip
 
 
-def _stored_batch(spec: DatasetSpec) -> tuple[InputsSpec, tf.TensorSpec]:
+def _stored_batch(spec: DatasetSpec) -> tuple[InputSpec, tf.TensorSpec]:
     """A batch of the dataset as stored, as tf.TensorSpecs: what a model's own step is traced on."""
     features, labels = _spec_batch(spec, model_input=False)
     tensors = [tf.TensorSpec(tensor.shape, tensor.dtype) for tensor in tf.nest.flatten((features, labels))]
