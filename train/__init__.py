@@ -23,7 +23,8 @@ Model, data, devices and loop are the rows in capitals.
 | hparams         | build_model's keyword defaults as HP_<NAME> settings           | import train.settings             |
 | devices/        | DEVICES: visible GPUs and memory growth, then the strategy, in | be called after other TF work;    |
 |                 | that order, and the global batch, once (runtime); the one seam | call TF's device API outside      |
-|                 | for GPU-only calls, which tests fake (backend)                 | backend                           |
+|                 | for GPU-only calls, which tests fake (backend); the start-up   | backend; import cluster/ (they    |
+|                 | deadline on the workers' wait (deadline)                       | read it as WorkerPlace)           |
 | batches         | what a step's batch is: global, per replica, accumulated       | import TensorFlow                 |
 | cluster/        | SEVERAL MACHINES: TF_CONFIG (tf_config); what workers agree on | be asked which it is: the engine  |
 |                 | (agreement); the one seam where multi-worker differs,          | asks the Role to act, and calls   |
