@@ -281,7 +281,7 @@ import json, sys
 import tensorflow as tf
 from train.data import PipelineFeed, load_data, train_dataset
 from train.devices.runtime import setup_runtime
-from train.model import build
+from train.built import build
 from train.settings import load_settings
 from train.step import make_train_calls
 

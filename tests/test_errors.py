@@ -24,7 +24,8 @@ from tests.conftest import REPO, clean_env, engine_defaults, run_python, run_tra
 from tests.harness.caps import UNPRIVILEGED_TRAIN, can_drop_file_override
 from train import cli as cli_module
 from train.cli import app
-from train.cluster.tf_config import Cluster, StartupDeadline
+from train.cluster.tf_config import Cluster
+from train.devices.deadline import StartupDeadline
 from train.errors import EXIT_BAD_INPUT, EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, first_line, storage_fix
 from train.model_file import model_fingerprint
 from train.rundir import RUN, RunLock, owner, write_json

@@ -105,7 +105,8 @@ from pathlib import Path
 from train.checkpoints import make_checkpoint, restore_newest
 from train.data import load_data
 from train.devices.runtime import setup_runtime
-from train.model import build, use_averaged_weights
+from train.built import build
+from train.model import use_averaged_weights
 from train.settings import load_settings
 settings = load_settings(from_run=True)
 runtime, data = setup_runtime(settings), load_data(settings)

@@ -24,7 +24,8 @@ Model, data, devices and loop are the rows in capitals.
 | hparams         | build_model's keyword defaults as HP_<NAME> settings           | import train.settings             |
 | devices/        | DEVICES: visible GPUs and memory growth, then the strategy, in | be called after other TF work;    |
 |                 | that order, and the global batch, once (runtime); the one seam | call TF's device API outside      |
-|                 | for GPU-only calls, which tests fake (backend)                 | backend                           |
+|                 | for GPU-only calls, which tests fake (backend); the start-up   | backend; import cluster/ (they    |
+|                 | deadline on the workers' wait (deadline)                       | read it as WorkerPlace)           |
 | batches         | what a step's batch is: global, per replica, accumulated       | import TensorFlow                 |
 | cluster/        | SEVERAL MACHINES: TF_CONFIG (tf_config); what workers agree on | be asked which it is: the engine  |
 |                 | (agreement); the one seam where multi-worker differs,          | asks the Role to act, and calls   |
@@ -40,14 +41,16 @@ Model, data, devices and loop are the rows in capitals.
 |                 | (feeds)                                                        |                                   |
 | adapt, context  | MODEL's adapt(context), once a process; the run's facts handed | train; write                      |
 |                 | to build_model and build_callbacks                             |                                   |
-| model           | MODEL: the fork's compiled model checked against the data,     | run a training step               |
-|                 | wrapped in its input and scaling; seeds, averages, export      |                                   |
+| model           | MODEL: the fork's compiled model checked against the data,     | run a training step, or import    |
+|                 | wrapped in its input and scaling; seeds, averages, export      | the step's modules                |
+| built           | the model made (model.make), then its step chosen: the Built   | restore or train                  |
+|                 | every command gets, its step traced before any restore         |                                   |
 | exportable,     | the export tried before the first step; its outputs named as   | write into OUTPUT_DIR             |
 | outputs         | TF Serving names them                                          |                                   |
 | step,           | THE STEP: a call of STEPS_PER_CALL steps under strategy.run    | know files, epochs or which       |
 | custom_step,    | (the engine's step, a model's own train_step, or accumulated   | worker it is on; import model     |
-| accumulation    | micro-batches), chosen once as the model is built              | (they read it as BuiltModel)      |
-|                 | (custom_step.choose_step), and evaluation                      |                                   |
+| accumulation    | micro-batches), chosen once right after the model is built     | (they read it as BuiltModel)      |
+|                 | (custom_step.choose_step, from built), and evaluation          |                                   |
 | keras_seams     | the few places below Keras's public API, each guarded by a     | grow without a test naming it     |
 |                 | test                                                           |                                   |
 | fit             | THE RUN: fit and evaluate, the chapters below called in order  | write a file itself; ask which    |

@@ -15,8 +15,8 @@ their options act as Keras applies them: clipping clips each replica's gradients
 | concern                             | where                                                              |
 |-------------------------------------|--------------------------------------------------------------------|
 | is the step the model's own         | `Experiment.own_train_step`, `own_test_step` (train.model_file)    |
-| what no step can run                | `refuse_step`, `refuse_unrunnable`                                 |
-| the step, chosen once (train.model) | `choose_step`: an `EngineStep` or an `OwnStep` (its step traced,   |
+| what no step can run                | `refuse_step`, `refuse_unrunnable` (train.model_file)              |
+| the step, chosen once (train.built) | `choose_step`: an `EngineStep` or an `OwnStep` (its step traced,   |
 |                                     | its optimizers built before a restore: `prepare_custom_step`)      |
 | the training call                   | `make_calls` (the chosen step's `calls`), `make_custom_train_calls`|
 | evaluation                          | `make_evaluator` (the chosen step's `evaluator`), `CustomEvaluator`|
@@ -34,49 +34,13 @@ import tensorflow as tf
 from train.data import Feed, TrainSplit
 from train.errors import SettingsError, first_line
 from train.keras_seams import gradients_come_summed
-from train.model_file import Experiment, overrides
+from train.model_file import Experiment
 from train.step import BuiltModel, Evaluator, Inputs, Metrics, MetricValues, TrainCalls, make_train_calls
 
 Logs = dict[str, "tf.Tensor | Logs"]  # what a train_step or test_step returns: nested dicts of tensors
 LogsSpec = dict[str, "tf.TensorSpec | LogsSpec"]  # ... their structure
 InputsSpec = tf.TensorSpec | dict[str, tf.TensorSpec]
 StepData = Inputs | tuple[Inputs, tf.Tensor]  # what train_step(data) gets: (inputs, labels), or the inputs alone
-
-# What the engine's loop replaces: a model that overrides one of these would not run as written.
-UNRUNNABLE = ("fit", "train_on_batch", "make_train_function")
-
-
-def refuse_unrunnable(model_setting: str, model: keras.Model) -> None:
-    """Raises SettingsError for a model overriding what the engine's loop replaces (`UNRUNNABLE`)."""
-    for name in UNRUNNABLE:
-        if overrides(model, name):
-            raise SettingsError(
-                f"MODEL={model_setting!r}: {type(model).__name__} overrides {name}, which the engine does not call "
-                "(it runs its own loop of train_step calls on every replica): override train_step (and test_step) "
-                "instead"
-            )
-
-
-def refuse_step(experiment: Experiment, network: keras.Model, mixed_precision: str, labeled: bool) -> None:
-    """What neither step can run, refused as soon as build_model returns. Raises SettingsError for a model that
-    overrides what the engine's loop replaces; for one with its own train_step, mixed_float16 set by hand (its loss
-    scale would judge each replica's gradients alone: MIXED_PRECISION=auto passes, train.start builds it again in
-    float32); for one without it, LABEL_KEY=none (the engine's step fits the output to labels)."""
-    model = experiment.text
-    refuse_unrunnable(model, network)
-    if not experiment.own_train_step(network):
-        if not labeled:
-            raise SettingsError(
-                f"LABEL_KEY=none gives MODEL={model!r} its inputs alone, but the model has no train_step of its own "
-                "and the engine's step fits the output to labels: override train_step(self, data) "
-                "(examples/dcgan.py), or set LABEL_KEY to the label"
-            )
-    elif keras.mixed_precision.global_policy().name == "mixed_float16" and mixed_precision != "auto":
-        raise SettingsError(
-            f"MIXED_PRECISION=mixed_float16 is not allowed with MODEL={model!r}'s own train_step: its loss "
-            "scale would judge each replica's gradients alone; use MIXED_PRECISION=mixed_bfloat16 (compute "
-            "capability 8.0+) or off"
-        )
 
 
 def step_data(inputs: Inputs, labels: tf.Tensor, labeled: bool) -> StepData:
@@ -388,7 +352,7 @@ def choose_step(
     model_input: Callable[[Inputs], Inputs],
     labeled: bool,
 ) -> Step:
-    """The step, chosen once (train.model.build, inside the strategy's scope): the model's own train_step where it
+    """The step, chosen once (train.built.build, inside the strategy's scope): the model's own train_step where it
     has one, traced on `batch` (`prepare_custom_step`), else the engine's; every optimizer built either way, so a
     checkpoint restores into it. Raises SettingsError as `prepare_custom_step` does."""
     if experiment.own_train_step(network):
@@ -403,7 +367,7 @@ def choose_step(
 
 
 class StepOwner(BuiltModel, Protocol):
-    """A built model with its step chosen (train.model.Built)."""
+    """A built model with its step chosen (train.model.Built, as train.built.build returns it)."""
 
     @property
     def step(self) -> Step: ...

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from train.adapt import check_recorded
 from train.batches import describe_batch
+from train.built import build
 from train.callbacks import Callbacks
 from train.checkpoints import RunCheckpoint, make_checkpoint, restore_newest
 from train.cluster.role import Role, take_role
@@ -43,7 +44,7 @@ from train.failures import halve_batch, preprocess_shapes_hold, streamed_files_i
 from train.finish import Evaluate, Metrics, finish
 from train.hooks import Checkpoints, FiniteLoss, Hook, Profiler, Progress, Scalars, StopRequests, between_calls
 from train.loop import Outcome, Schedule, longest_call, run_loop
-from train.model import averaged_weights, build, use_averaged_weights
+from train.model import averaged_weights, use_averaged_weights
 from train.progress import Lines
 from train.resume import hparams, open_run_dir
 from train.run_state import Position, Start

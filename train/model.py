@@ -8,8 +8,10 @@ dtype, named after the feature, then, for a TFDS image, the scaling of uint8 to 
 (`Built.serving`) is what trains, what evaluates and what `model.keras` and `saved_model/` hold, so the export
 serves exactly what was evaluated.
 
-The MODEL file is loaded once (train.model_file.Experiment) and kept in `Built.experiment`; the step is chosen once
-by the step's modules (train.custom_step.choose_step) and kept in `Built.step`: this module traces no step.
+The MODEL file is loaded once (train.model_file.Experiment) and kept in `Built.experiment`. This module traces no
+step and imports none: `make` returns the model made and checked (`Made`), the step's modules choose its step
+(train.custom_step.choose_step) and `Made.with_step` completes it into a `Built` that keeps it. train.built.build
+does the three in that order, so that every caller has the step traced before a checkpoint restores into it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import keras
 import numpy as np
@@ -29,16 +32,15 @@ import tensorflow as tf
 
 from train.adapt import resources
 from train.context import Context
-from train.custom_step import InputsSpec, OwnStep, Step, choose_step, refuse_step
+from train.data.examples import Inputs, InputSpec
 from train.data.spec import DatasetSpec
 from train.errors import SettingsError, TrainingError, first_line
 from train.hparams import CONTEXT
 from train.keras_seams import all_layers, build_metrics_and_loss, compiled, inner_optimizers
-from train.model_file import Experiment, load_model_file, overrides
+from train.model_file import Experiment, load_model_file, overrides, refuse_step
 from train.outputs import name_outputs
 from train.replica_statistics import ReplicaStatistics, replica_state, synchronize_batch_norm
 from train.settings import Settings
-from train.step import Inputs
 
 SymbolicInputs = keras.KerasTensor | dict[str, keras.KerasTensor]
 Endpoint = tuple[str, Callable[..., dict[str, tf.Tensor]], list[tf.TensorSpec]]  # name, function, input signature
@@ -53,6 +55,45 @@ CONVOLUTIONS = (
 )  # fmt: skip
 
 
+class ChosenStep(Protocol):
+    """What `Built` keeps of its step (train.custom_step's EngineStep or OwnStep, chosen by train.built.build)."""
+
+    @property
+    def own(self) -> bool: ...  # the model's own train_step is the step
+
+    @property
+    def accumulates(self) -> bool: ...  # the step can accumulate micro-batches
+
+
+@dataclass(frozen=True)
+class Made:
+    """MODEL's model made inside the strategy's scope and checked (`make`), its step not chosen yet: `network`,
+    `serving` as `Built` holds them; `batch` and `model_input`: what a model's own step is traced on."""
+
+    network: keras.Model
+    serving: keras.Model
+    spec: DatasetSpec
+    experiment: Experiment
+
+    @property
+    def batch(self) -> tuple[InputSpec, tf.TensorSpec]:
+        return _stored_batch(self.spec)
+
+    @property
+    def model_input(self) -> Callable[[Inputs], Inputs]:
+        return _model_input(self.serving, self.spec)
+
+    def with_step(self, step: ChosenStep, strategy: tf.distribute.Strategy) -> Built:
+        """The built model, keeping `step` (chosen on `network`): its random layers' state (`seeds`, taken after
+        the step's trace, which may make layers) given each replica its own stream, its replica state gathered."""
+        weights = {id(variable) for variable in self.serving.weights}
+        seeds = tuple(variable.value for variable in self.serving.variables if id(variable) not in weights)
+        statistics = ReplicaStatistics(replica_state(self.serving), strategy)
+        built = Built(self.network, self.serving, self.spec, seeds, self.experiment, step, statistics)
+        spread_seeds(built, strategy)
+        return built
+
+
 @dataclass(frozen=True)
 class Built:
     """The fork's compiled model (`network`: its loss, metrics, optimizer) and the model that trains and is
@@ -64,13 +105,13 @@ class Built:
     spec: DatasetSpec
     seeds: tuple[tf.Variable, ...]
     experiment: Experiment  # MODEL's file, loaded once: export_model and the layers preprocess uses
-    step: Step  # the engine's or the model's own, chosen once (train.custom_step.choose_step)
+    step: ChosenStep  # the engine's or the model's own, chosen once (train.custom_step.choose_step)
     statistics: ReplicaStatistics | None = None
 
     @property
-    def custom_step(self) -> OwnStep | None:
+    def custom_step(self) -> ChosenStep | None:
         """The model's own train_step where it is the step, else None."""
-        return self.step if isinstance(self.step, OwnStep) else None
+        return self.step if self.step.own else None
 
     def average_statistics(self) -> None:
         """Every replica's and worker's copy of the replica state made their mean (a collective across workers):
@@ -219,18 +260,18 @@ def _serving_model(settings: Settings, network: keras.Model, spec: DatasetSpec) 
     return keras.Model(inputs, outputs, name=f"{network.name}_serving")
 
 
-def build(
+def make(
     settings: Settings,
     spec: DatasetSpec,
     strategy: tf.distribute.Strategy,
     context: Context | None = None,
     say: Callable[[str], None] | None = None,
     experiment: Experiment | None = None,
-) -> Built:
-    """MODEL's model for this dataset, made inside the strategy's scope, checked, its step chosen (train.custom_step)
-    and its optimizers built. `context`: the run's facts, for a build_model that declares it
-    (train.context.run_context). `say`: where SYNC_BATCH_NORM's warnings go (None: nowhere, for the commands that
-    do not train). `experiment`: MODEL's file as the caller loaded it (None: loaded here).
+) -> Made:
+    """MODEL's model for this dataset, made inside the strategy's scope and checked; its step is chosen next
+    (train.built.build). `context`: the run's facts, for a build_model that declares it (train.context.run_context).
+    `say`: where SYNC_BATCH_NORM's warnings go (None: nowhere, for the commands that do not train). `experiment`:
+    MODEL's file as the caller loaded it (None: loaded here).
 
     Raises SettingsError for a model that breaks the contract, before anything is written."""
     experiment = experiment or load_model_file(settings.model)
@@ -248,14 +289,7 @@ def build(
             _build_compiled(settings, network, spec)
         else:
             _check_engine_step_model(settings, network, serving, spec)
-        batch, model_input = _stored_batch(spec), _model_input(serving, spec)
-        step = choose_step(experiment, network, strategy, batch, model_input, spec.labeled)
-    weights = {id(variable) for variable in serving.weights}
-    seeds = tuple(variable.value for variable in serving.variables if id(variable) not in weights)
-    statistics = ReplicaStatistics(replica_state(serving), strategy)
-    built = Built(network, serving, spec, seeds, experiment, step, statistics)
-    spread_seeds(built, strategy)
-    return built
+    return Made(network, serving, spec, experiment)
 
 
 def _build_on_spec(network: keras.Model, spec: DatasetSpec, refusal: Callable[[], str]) -> None:
@@ -289,7 +323,7 @@ def _build_compiled(settings: Settings, network: keras.Model, spec: DatasetSpec)
         ))  # fmt: skip
 
 
-def _stored_batch(spec: DatasetSpec) -> tuple[InputsSpec, tf.TensorSpec]:
+def _stored_batch(spec: DatasetSpec) -> tuple[InputSpec, tf.TensorSpec]:
     """A batch of the dataset as stored, as tf.TensorSpecs: what a model's own step is traced on."""
     features, labels = _spec_batch(spec, model_input=False)
     tensors = [tf.TensorSpec(tensor.shape, tensor.dtype) for tensor in tf.nest.flatten((features, labels))]

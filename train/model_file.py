@@ -235,6 +235,45 @@ def _import(text: str) -> ModuleType:
     return _MODULES[key]
 
 
+# What the engine's loop replaces: a model that overrides one of these would not run as written.
+UNRUNNABLE = ("fit", "train_on_batch", "make_train_function")
+
+
+def refuse_unrunnable(model_setting: str, model: keras.Model) -> None:
+    """Raises SettingsError for a model overriding what the engine's loop replaces (`UNRUNNABLE`)."""
+    for name in UNRUNNABLE:
+        if overrides(model, name):
+            raise SettingsError(
+                f"MODEL={model_setting!r}: {type(model).__name__} overrides {name}, which the engine does not call "
+                "(it runs its own loop of train_step calls on every replica): override train_step (and test_step) "
+                "instead"
+            )
+
+
+def refuse_step(experiment: Experiment, network: keras.Model, mixed_precision: str, labeled: bool) -> None:
+    """What neither step can run, refused as soon as build_model returns. Raises SettingsError for a model that
+    overrides what the engine's loop replaces; for one with its own train_step, mixed_float16 set by hand (its loss
+    scale would judge each replica's gradients alone: MIXED_PRECISION=auto passes, train.start builds it again in
+    float32); for one without it, LABEL_KEY=none (the engine's step fits the output to labels)."""
+    import keras
+
+    model = experiment.text
+    refuse_unrunnable(model, network)
+    if not experiment.own_train_step(network):
+        if not labeled:
+            raise SettingsError(
+                f"LABEL_KEY=none gives MODEL={model!r} its inputs alone, but the model has no train_step of its own "
+                "and the engine's step fits the output to labels: override train_step(self, data) "
+                "(examples/dcgan.py), or set LABEL_KEY to the label"
+            )
+    elif keras.mixed_precision.global_policy().name == "mixed_float16" and mixed_precision != "auto":
+        raise SettingsError(
+            f"MIXED_PRECISION=mixed_float16 is not allowed with MODEL={model!r}'s own train_step: its loss "
+            "scale would judge each replica's gradients alone; use MIXED_PRECISION=mixed_bfloat16 (compute "
+            "capability 8.0+) or off"
+        )
+
+
 def overrides(model: keras.Model, name: str) -> bool:
     """Whether `model`'s class, or a base class below keras.Model, defines `name` itself."""
     return class_overrides(type(model), name)

@@ -81,8 +81,9 @@ def _from_checkpoint(settings: Settings, runtime, dataset, say: Callable[[str], 
     """The latest checkpoint's weights in the model fit builds, through the export's default function."""
     import tensorflow as tf
 
+    from train.built import build
     from train.checkpoints import make_checkpoint, restore_newest
-    from train.model import build, serving_endpoints, use_averaged_weights
+    from train.model import serving_endpoints, use_averaged_weights
     from train.rundir import read_run
     from train.start import run_context, steps_per_epoch
 

@@ -11,6 +11,7 @@ from typing import Protocol
 from train.accumulation import refuse_custom_train_step
 from train.adapt import check_recorded
 from train.batches import Batch
+from train.built import build
 from train.callbacks import build_callbacks
 from train.cluster.agreement import Decision, reconcile, report
 from train.cluster.role import Peers, Role
@@ -22,7 +23,7 @@ from train.data.spec import features_record
 from train.devices.runtime import Runtime, auto_precision, choose_xla
 from train.errors import SettingsError
 from train.loop import Cadence
-from train.model import Built, build
+from train.model import Built
 from train.model_file import OWN_STEP_PRECISION, model_fingerprint
 from train.run_state import Start
 from train.rundir import checkpoints_newest_first

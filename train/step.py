@@ -11,7 +11,7 @@ Every compiled metric is updated as `model.fit` updates it and read under the na
 return_dict=True)` gives.
 
 The step's modules read the built model through `BuiltModel` (train.model.Built keeps it) and never import
-train.model: train.model asks train.custom_step to choose the step once, so the import runs one way.
+train.model, nor it them: train.built makes the model, then asks train.custom_step to choose the step once.
 """
 
 from __future__ import annotations

@@ -17,10 +17,10 @@ import numpy as np
 import tensorflow as tf
 
 from tests.harness.replicas import MODEL, SPEC, arrays, weights
+from train.built import build
 from train.data import make_feed
 from train.data.feeds import RowsFeed
 from train.keras_seams import loss_tracker
-from train.model import build
 from train.settings import load_settings
 from train.step import make_train_calls
 

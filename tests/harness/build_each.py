@@ -6,7 +6,7 @@ import json, sys
 from train.data import load_data
 from train.devices.runtime import setup_runtime
 from train.errors import SettingsError
-from train.model import build
+from train.built import build
 from train.settings import load_settings
 settings = load_settings()
 runtime, data, said = setup_runtime(settings), load_data(settings), {}

@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from train.adapt import AdaptContext
+from train.built import build
 from train.callbacks import build_callbacks
 from train.context import Context, sample_function
 from train.data import SerializedSplit, Split, make_feed
@@ -33,7 +34,7 @@ from train.data.opening import open_builder, open_source
 from train.data.spec import inspect
 from train.dataset_path import is_path
 from train.errors import SettingsError, TrainingError, first_line
-from train.model import build, export
+from train.model import export
 from train.model_file import load_model_file
 from train.settings import load_settings
 from train.step import make_train_calls

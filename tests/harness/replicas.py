@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from train.built import build
 from train.context import Context
 from train.data import DatasetSpec, Split, make_feed
 from train.data.feeds import RowsFeed
 from train.devices.runtime import setup_runtime
-from train.model import build
 from train.settings import load_settings
 from train.step import make_train_calls
 

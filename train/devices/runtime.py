@@ -13,8 +13,8 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from train.batches import Batch, batch_plan
-from train.cluster.tf_config import Cluster, StartupDeadline
 from train.devices.backend import DeviceBackend
+from train.devices.deadline import StartupDeadline, WorkerPlace
 from train.errors import SettingsError, TrainingError, first_line
 from train.settings import Settings
 
@@ -179,7 +179,7 @@ class Resolution:
     per_replica_batch: int  # what one replica takes at once: the micro-batch where a step accumulates
     plan: DevicePlan
     notes: tuple[str, ...]
-    cluster: Cluster | None = None  # set for multi_worker only
+    cluster: WorkerPlace | None = None  # set for multi_worker only
     precision: str = "float32"  # the Keras dtype policy
     precision_why: str = ""
     deterministic: bool = False  # DETERMINISTIC: TensorFlow's op determinism is on

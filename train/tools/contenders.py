@@ -1,6 +1,6 @@
 """The ways of training that `bench` measures against each other, each built from the engine's public parts.
 
-A contender trains a fresh copy of the same model (`train.model.build`) on the same data and measures how many
+A contender trains a fresh copy of the same model (`train.built.build`) on the same data and measures how many
 examples a second it takes. The template's own contender is what `fit` runs: its feed (`make_feed`), its
 training calls (`make_train_calls`) in the lengths `fit` cuts them (`call_steps`), XLA as `fit` decides it. The
 ceilings feed the same training calls batches that cost nothing to make (through the engine's `Feed` seam), so
@@ -20,12 +20,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from train.built import build
 from train.context import Context
 from train.data import BlocksFeed, Data, PipelineFeed, Split, distribute, gathers_in_step, make_feed
 from train.devices.runtime import Runtime, choose_xla
 from train.errors import TrainingError, first_line
 from train.loop import call_steps, longest_call
-from train.model import build
 from train.settings import Settings
 from train.start import cadence_of, run_context, steps_per_epoch
 from train.step import make_train_calls
