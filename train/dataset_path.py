@@ -20,6 +20,7 @@ import io
 import json
 import os
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -78,15 +79,15 @@ class ImageFolder:
         return writing.images()
 
 
-class TableReader:
+class TableReader(ABC):
     """A file of rows (one a split in a folder, <split><suffix>): a reader of tables answers `rows`."""
 
     kind = "table"
     suffixes: tuple[str, ...] = ()
 
+    @abstractmethod
     def rows(self, name: str, data: bytes) -> Iterator[tuple[int, Row]]:
         """A file's rows, each with its line number. Raises SettingsError naming `name` and the line."""
-        raise NotImplementedError
 
     def write(self, writing: Writing[W]) -> W:
         return writing.table()
