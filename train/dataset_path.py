@@ -1,5 +1,11 @@
 """DATASET told and surveyed before TensorFlow loads: whether it names a path or a TFDS name (`is_path`), and what
-a path holds, from `stat` alone (`survey`): the layout (classes, splits), every file's size and mtime.
+a path holds, from `stat` alone (`survey`): its reader, the layout (classes, splits), every file's size and mtime.
+
+The readers: one object per kind of data a path holds (a folder of images, a CSV file, a JSON Lines file, a prepared
+TFDS folder), registered once in READERS, by kind and by the file suffixes each claims. The survey, the writing of
+the records (train.data.written, through `Reader.write`), the reading of the files (train.data.local) and predict's
+INPUT (train.predict_inputs) all ask READERS; none tests a kind's name. Adding a kind (Parquet) is one subclass of
+`TableReader` and one entry in READERS. A TFDS name is no path: TFDS's builder reads it (train.data.opening).
 
 Below the settings (DATASET's parser, the workers' agreed settings) and the data (train.data.local reads the files
 `survey` lists; train.data.written writes them once), which both ask it; it imports neither. A bare name that
@@ -8,20 +14,175 @@ names a folder here too is TFDS's where TFDS has a builder of that name (train.d
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
+import json
 import os
 import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from train.datasets import registered
 from train.errors import SettingsError
 
-TABLE_SUFFIXES = (".csv", ".jsonl")
 SHOWN = 3  # files named in a refusal
 SPLIT_NAME = re.compile(r"[A-Za-z0-9_]+")  # what TFDS takes as a split's name
 DEFAULT_DATA_DIR = "~/tensorflow_datasets"  # TFDS's own, where TFDS_DATA_DIR is unset or empty
+
+
+W = TypeVar("W")
+Row = dict[str, object]  # a table's row: column -> its value as written (CSV: text; JSON: any JSON value)
+MAGIC = (
+    (b"\xff\xd8\xff", "jpeg"),
+    (b"\x89PNG\r\n\x1a\n", "png"),
+    (b"GIF87a", "gif"),
+    (b"GIF89a", "gif"),
+    (b"BM", "bmp"),
+)
+
+
+class Writing(Protocol[W]):
+    """How a reader's data becomes TFDS records (train.data.written's): each reader says which of these it takes."""
+
+    def images(self) -> W: ...  # one record per image file, labelled by its class folder
+
+    def table(self) -> W: ...  # one record per row, the rows read by the survey's TableReader
+
+    def in_place(self) -> W: ...  # records already: read where they are
+
+
+class Reader(Protocol):
+    """What every reader answers: its kind, the file suffixes it claims, and how its data is written as records."""
+
+    kind: str  # run.json's "data" kind: images, table or tfds (runs and tests read it: never renamed)
+    suffixes: tuple[str, ...]  # the file names it claims (lower case); () for a folder's kind
+
+    def write(self, writing: Writing[W]) -> W: ...
+
+
+class ImageFolder:
+    """Image files in class folders (<class>/<file>, or <split>/<class>/<file>); as predict's INPUT, image files."""
+
+    kind = "images"
+    suffixes = (".jpg", ".jpeg", ".jpe", ".png", ".gif", ".bmp")  # a file named so must be one (else refused)
+
+    def image(self, head: bytes) -> str | None:
+        """jpeg, png, gif or bmp, told from a file's first bytes; None for anything else."""
+        return next((kind for magic, kind in MAGIC if head.startswith(magic)), None)
+
+    def write(self, writing: Writing[W]) -> W:
+        return writing.images()
+
+
+class TableReader(ABC):
+    """A file of rows (one a split in a folder, <split><suffix>): a reader of tables answers `rows`."""
+
+    kind = "table"
+    suffixes: tuple[str, ...] = ()
+
+    @abstractmethod
+    def rows(self, name: str, data: bytes) -> Iterator[tuple[int, Row]]:
+        """A file's rows, each with its line number. Raises SettingsError naming `name` and the line."""
+
+    def write(self, writing: Writing[W]) -> W:
+        return writing.table()
+
+
+class Csv(TableReader):
+    """A header row, then one value per column: every value text."""
+
+    suffixes = (".csv",)
+
+    def rows(self, name: str, data: bytes) -> Iterator[tuple[int, Row]]:
+        reader = csv.reader(io.StringIO(decoded(name, data), newline=""))
+        try:
+            header = next(reader, None)
+            if not header or not all(column.strip() for column in header) or number(header[0]) is not None:
+                raise SettingsError(f"{name} has no header row: its first line must name the columns, like "
+                                    "age,fare,label")  # fmt: skip
+            for row in reader:
+                if not row:
+                    continue
+                if len(row) != len(header):
+                    raise SettingsError(f"{name} line {reader.line_num} has {len(row)} values, the header "
+                                        f"{len(header)} columns ({','.join(header)}): every row needs one value "
+                                        "per column")  # fmt: skip
+                yield reader.line_num, dict(zip(header, row, strict=True))
+        except csv.Error as error:  # a NUL byte, a cell over csv's field size limit, ...
+            raise SettingsError(f"{name} line {reader.line_num} is not CSV ({error})") from None
+
+
+class JsonLines(TableReader):
+    """One JSON object a line: its values any JSON value."""
+
+    suffixes = (".jsonl",)
+
+    def rows(self, name: str, data: bytes) -> Iterator[tuple[int, Row]]:
+        for line_number, line in enumerate(decoded(name, data).splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as error:
+                raise SettingsError(f"{name} line {line_number} is not JSON ({error.msg}): one JSON object per "
+                                    "line") from None  # fmt: skip
+            if not isinstance(row, dict):
+                raise SettingsError(f"{name} line {line_number} is a JSON {type(row).__name__}, not an object: "
+                                    "one object a line")  # fmt: skip
+            yield line_number, row
+
+
+class PreparedFolder:
+    """A folder TFDS prepared (its dataset_info.json beside the record files): read in place, never written."""
+
+    kind = "tfds"
+    suffixes = ()
+    marker = "dataset_info.json"
+
+    def write(self, writing: Writing[W]) -> W:
+        return writing.in_place()
+
+
+IMAGES, PREPARED = ImageFolder(), PreparedFolder()
+READERS: tuple[Reader, ...] = (IMAGES, PREPARED, Csv(), JsonLines())  # the one registration of every kind
+TABLES: dict[str, TableReader] = {suffix: r for r in READERS if isinstance(r, TableReader) for suffix in r.suffixes}
+TABLE_SUFFIXES = tuple(TABLES)
+WRITTEN = frozenset(reader.kind for reader in READERS if reader is not PREPARED)  # kinds written into TFDS_DATA_DIR
+
+
+def reader_of(path: str | Path) -> Reader | None:
+    """The reader that claims a file by its suffix, None for a suffix no reader claims."""
+    suffix = Path(path).suffix.lower()
+    return next((reader for reader in READERS if suffix in reader.suffixes), None)
+
+
+def decoded(name: str, data: bytes) -> str:
+    """A table file's bytes as text: UTF-8, a byte-order mark dropped (a spreadsheet's export). Raises
+    SettingsError naming `name` and the line."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise SettingsError(f"{name} is not UTF-8 text (line {line}): save it as UTF-8") from None
+
+
+def number(text: object) -> int | float | None:
+    """An int or float of a cell's text (or a JSON number), None for anything else."""
+    if isinstance(text, bool):
+        return None
+    if isinstance(text, int | float):
+        return text
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except (TypeError, ValueError):
+            continue
+    return None
 
 
 def data_dir(tfds_data_dir: str | Path | None) -> Path:
@@ -64,14 +225,19 @@ class Entry:
 class Survey:
     """What a path holds, from `stat` alone.
 
-    kind: "images", "table" or "tfds". splits: split name -> the entries of that split (images: (entry, class
-    name); a table: its one file). classes: the sorted class folders (images)."""
+    reader: the reader of what it holds (READERS). splits: split name -> the entries of that split (images:
+    (entry, class name); a table: its one file). classes: the sorted class folders (images)."""
 
     root: Path
-    kind: str
+    reader: Reader
     splits: dict[str, list[tuple[Entry, str | None]]]
     classes: tuple[str, ...] = ()
     entries: tuple[Entry, ...] = field(default=(), repr=False)  # every file under the root (the stat listing)
+
+    @property
+    def kind(self) -> str:
+        """run.json's "data" kind: images, table or tfds."""
+        return self.reader.kind
 
     def file(self, entry: Entry) -> Path:
         return self.root if self.root.is_file() else self.root / entry.path
@@ -116,7 +282,7 @@ def is_table(text: str) -> bool:
     `survey` does."""
     if not is_path(text):
         return False
-    return (_CHECKED.get((os.getcwd(), text)) or survey(text)).kind == "table"
+    return isinstance((_CHECKED.get((os.getcwd(), text)) or survey(text)).reader, TableReader)
 
 
 def survey(text: str) -> Survey:
@@ -135,12 +301,13 @@ def _survey(text: str) -> Survey:
     except OSError as error:
         raise SettingsError(f"DATASET={text!r} cannot be read ({error.strerror}: {error.filename})") from None
     if root.is_file():
-        if root.suffix.lower() not in TABLE_SUFFIXES:
+        table = TABLES.get(root.suffix.lower())
+        if table is None:
             raise SettingsError(f"DATASET={text!r} is a file that is neither .csv nor .jsonl: name a CSV or JSON "
                                 "Lines file, or a folder of images")  # fmt: skip
-        return Survey(root, "table", {"train": [(entries[0], None)]}, entries=tuple(entries))
-    if (root / "dataset_info.json").is_file():
-        return Survey(root, "tfds", {}, entries=tuple(entries))
+        return Survey(root, table, {"train": [(entries[0], None)]}, entries=tuple(entries))
+    if (root / PREPARED.marker).is_file():
+        return Survey(root, PREPARED, {}, entries=tuple(entries))
     if not entries:
         raise SettingsError(f"DATASET={text!r} is an empty folder: put images in class folders, or CSV files in it")
     top = [entry for entry in entries if "/" not in entry.path]
@@ -157,7 +324,8 @@ def _survey(text: str) -> Survey:
         if wrong:
             raise SettingsError(f"DATASET={text!r}: {wrong[0]} does not name a split: use <split>.csv or "
                                 "<split>.jsonl, the split in letters, digits and _ (train.csv, test.csv)")  # fmt: skip
-        return Survey(root, "table", {Path(e.path).stem: [(e, None)] for e in tables}, entries=tuple(entries))
+        table = TABLES[kinds.pop()]
+        return Survey(root, table, {Path(e.path).stem: [(e, None)] for e in tables}, entries=tuple(entries))
     return _image_layout(text, root, entries, empty)
 
 
@@ -195,4 +363,4 @@ def _image_layout(text: str, root: Path, entries: list[Entry], empty: list[str])
         if not SPLIT_NAME.fullmatch(split):
             raise SettingsError(f"DATASET={text!r}: the split folder {split!r} is not a split name: use letters, "
                                 "digits and _ (train, test, validation)")  # fmt: skip
-    return Survey(root, "images", splits, tuple(classes), tuple(entries))
+    return Survey(root, IMAGES, splits, tuple(classes), tuple(entries))

@@ -3,6 +3,8 @@
 Every input is read and checked before the first prediction is written: a file the model cannot take, a row
 missing a column the signature takes, a value of the wrong type or shape is one line (SettingsError, exit 2)
 naming the file and line. `gather` needs no TensorFlow (it runs before it loads); `Reader` knows the signature.
+Which files are taken, and how a table's rows are read, is DATASET's readers' (train.dataset_path's READERS): an
+INPUT file is read as the DATASET of its kind is.
 """
 
 from __future__ import annotations
@@ -12,44 +14,45 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from train.dataset_path import IMAGES, Row, TableReader, reader_of
+from train.dataset_path import Reader as DataReader
 from train.errors import SettingsError, first_line
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")  # what tf.io.decode_image reads
-IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"BM")
-CSV_SUFFIXES = (".csv",)
-JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+if TYPE_CHECKING:
+    import tensorflow as tf
+
 TAKEN = "image files (JPEG, PNG, GIF, BMP) or folders of them, CSV (.csv) or JSON Lines (.jsonl) files"
+Value = bytes | np.ndarray  # an input's value: an image's stored bytes, or an array of the spec's dtype and shape
 
 
 @dataclass(frozen=True)
 class Source:
-    """One INPUT file, of a kind: "image", "csv" or "jsonl"."""
+    """One INPUT file and the reader of its kind: an image file (IMAGES) or a table's (a TableReader)."""
 
     path: Path
-    kind: str
+    reader: DataReader
 
 
 def _is_image(path: Path) -> bool:
-    if path.suffix.lower() in IMAGE_SUFFIXES:
+    """Named as an image, or one by its first bytes (an image without a suffix)."""
+    if reader_of(path) is IMAGES:
         return True
     try:
         with open(path, "rb") as stream:
-            return stream.read(4).startswith(IMAGE_MAGIC)
+            return IMAGES.image(stream.read(8)) is not None
     except OSError:
         return False
 
 
-def _kind(path: Path) -> str | None:
-    suffix = path.suffix.lower()
-    if suffix in CSV_SUFFIXES:
-        return "csv"
-    if suffix in JSONL_SUFFIXES:
-        return "jsonl"
-    return "image" if _is_image(path) else None
+def _reader(path: Path) -> DataReader | None:
+    reader = reader_of(path)
+    if isinstance(reader, TableReader) or reader is IMAGES:
+        return reader
+    return IMAGES if _is_image(path) else None
 
 
 def gather(paths: list[Path], warn=lambda message: None) -> list[Source]:
@@ -67,14 +70,14 @@ def gather(paths: list[Path], warn=lambda message: None) -> list[Source]:
             if len(images) < len(files):
                 other = next(p for p in files if p not in set(images))
                 warn(f"INPUT {path}: {len(files) - len(images)} files that are not images left out (like {other})")
-            sources.extend(Source(p, "image") for p in images)
+            sources.extend(Source(p, IMAGES) for p in images)
             continue
         if not os.access(path, os.R_OK):
             raise SettingsError(f"INPUT {path} is not readable")
-        kind = _kind(path)
-        if kind is None:
+        reader = _reader(path)
+        if reader is None:
             raise SettingsError(f"INPUT {path} is none of what predict takes: {TAKEN}")
-        sources.append(Source(path, kind))
+        sources.append(Source(path, reader))
     return sources
 
 
@@ -83,25 +86,25 @@ class Example:
     """One example: where it came from ("file", "file:line", "split[index]") and a value per signature input."""
 
     input: str
-    values: dict[str, Any]
+    values: dict[str, Value]
 
 
 class Reader:
     """Sources read into examples for one signature: `inputs` is its name -> tf.TensorSpec (batch axis first);
     `images` names the inputs that take an image (stored bytes as a string, or decoded uint8 pixels)."""
 
-    def __init__(self, inputs: dict[str, Any], images: set[str]) -> None:
+    def __init__(self, inputs: dict[str, tf.TensorSpec], images: set[str]) -> None:
         self.inputs, self.images = inputs, images
 
     def read(self, sources: list[Source]) -> list[Example]:
         """Every source's examples, in order, each checked. Raises SettingsError naming the file (and line)."""
         examples: list[Example] = []
         for source in sources:
-            if source.kind == "image":
-                examples.append(self._image_file(source.path))
-            else:
-                rows = _rows(source.path, jsonl=source.kind == "jsonl")
+            if isinstance(source.reader, TableReader):
+                rows = _rows(source.path, source.reader)
                 examples.extend(self._row(source.path, where, row) for where, row in rows)
+            else:
+                examples.append(self._image_file(source.path))
         return examples
 
     def _image_file(self, path: Path) -> Example:
@@ -115,7 +118,7 @@ class Reader:
         (name,) = self.images
         return Example(str(path), {name: self._image(path, name, str(path))})
 
-    def _image(self, path: Path, name: str, where: str) -> Any:
+    def _image(self, path: Path, name: str, where: str) -> Value:
         """An image file as the signature takes it: its bytes (checked to decode), or its uint8 pixels."""
         import tensorflow as tf
 
@@ -141,7 +144,7 @@ class Reader:
             )
         return pixels.numpy()
 
-    def _row(self, path: Path, where: str, row: dict[str, Any]) -> Example:
+    def _row(self, path: Path, where: str, row: Row) -> Example:
         lacking = [repr(name) for name in sorted(self.inputs) if name not in row]
         if lacking:
             columns = f"column {lacking[0]}" if len(lacking) == 1 else f"columns {', '.join(lacking)}"
@@ -162,19 +165,17 @@ class Reader:
         return Example(where, values)
 
 
-def _rows(path: Path, jsonl: bool) -> Iterator[tuple[str, dict[str, Any]]]:
-    """A CSV or JSON Lines file's rows as DATASET's are read (train.data.local), each with "file:line"."""
-    from train.data import local
-
+def _rows(path: Path, reader: TableReader) -> Iterator[tuple[str, Row]]:
+    """A table file's rows as DATASET's are read (the same TableReader), each with "file:line"."""
     try:
         data = path.read_bytes()
     except OSError as error:
         raise SettingsError(f"INPUT {path} cannot be read ({error.strerror})") from None
-    for number, row in local.table_rows(f"INPUT {path}", local.decoded(f"INPUT {path}", data), jsonl):
+    for number, row in reader.rows(f"INPUT {path}", data):
         yield f"{path}:{number}", row
 
 
-def _value(given: Any, spec: Any, where: str) -> Any:
+def _value(given: object, spec: tf.TensorSpec, where: str) -> Value:
     """A CSV cell (text; a vector as a JSON list) or a JSON value as the spec's dtype and shape. An empty cell (or
     null) is "" as text, NaN as a float: missing, as an empty cell of DATASET is (train.data.local)."""
     import tensorflow as tf

@@ -2,7 +2,8 @@
 folder), read without TensorFlow, so that a bad file is refused before it loads.
 
 What the path holds is its survey (train.dataset_path: `stat` only, made when the settings were validated).
-`read_image` and `read_table` read each file once: its bytes, its kind told from its first bytes, its sha256
+`read_image` and `read_table` read each file once, as the survey's reader (train.dataset_path's READERS) reads
+it: its bytes, its kind told from its first bytes (an image) or its rows (a table), its sha256
 (an image's structure checked too, train.data.intact).
 The fingerprint is the files' relative paths, sizes and sha256 (`fingerprint`): the data's identity, whatever the
 path is called on this host. Modification times only decide whether to read again (train.data.written).
@@ -10,35 +11,18 @@ path is called on this host. Modification times only decide whether to read agai
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
-import json
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 
+from train.data.data_settings import DataSettings
 from train.data.intact import damage
-from train.dataset_path import SHOWN, Entry, Survey
+from train.dataset_path import IMAGES, SHOWN, Entry, Survey, TableReader, number, reader_of
 from train.errors import SettingsError
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".jpe", ".png", ".gif", ".bmp"}  # a file named so must be one (else refused)
-MAGIC = (
-    (b"\xff\xd8\xff", "jpeg"),
-    (b"\x89PNG\r\n\x1a\n", "png"),
-    (b"GIF87a", "gif"),
-    (b"GIF89a", "gif"),
-    (b"BM", "bmp"),
-)
 INT64 = (-(2**63), 2**63 - 1)  # a whole-number column beyond this range is float32
 MAX_INTEGER_CLASSES = 1000  # whole-number labels from 0 with at most this many values are classes
-
-
-def image_kind(head: bytes) -> str | None:
-    """jpeg, png, gif or bmp, told from a file's first bytes; None for anything else."""
-    return next((kind for magic, kind in MAGIC if head.startswith(magic)), None)
 
 
 @dataclass
@@ -47,6 +31,7 @@ class Read:
 
     files: dict[str, tuple[int, str]] = field(default_factory=dict)  # relative path -> (size, sha256)
     skipped: list[str] = field(default_factory=list)  # not images, left out
+    beside: list[str] = field(default_factory=list)  # files beside the class folders, left out
     broken: list[tuple[str, str]] = field(default_factory=list)  # (path, what is wrong): BAD_FILES decides
     missing: dict[str, int] = field(default_factory=dict)  # a table's numeric column -> its empty (or NaN) cells
 
@@ -73,9 +58,9 @@ def read_image(survey: Survey, entry: Entry, read: Read) -> tuple[bytes, str] | 
         data = path.read_bytes()
     except OSError as error:
         raise SettingsError(f"DATASET={survey.root}: {entry.path} cannot be read ({error.strerror})") from None
-    kind = image_kind(data[:8])
+    kind = IMAGES.image(data[:8])
     if kind is None:
-        if Path(entry.path).suffix.lower() in IMAGE_SUFFIXES:
+        if reader_of(entry.path) is IMAGES:
             read.broken.append((entry.path, "named as an image but not a JPEG, PNG, GIF or BMP"))
         else:
             read.skipped.append(entry.path)
@@ -88,76 +73,7 @@ def read_image(survey: Survey, entry: Entry, read: Read) -> tuple[bytes, str] | 
     return data, kind
 
 
-# ---- tables: CSV and JSON Lines --------------------------------------------------------------------------------
-
-
-def _text_of(survey: Survey, entry: Entry, read: Read) -> str:
-    data = survey.file(entry).read_bytes()
-    read.files[entry.path] = (len(data), hashlib.sha256(data).hexdigest())
-    return decoded(f"DATASET={survey.root}: {entry.path}", data)
-
-
-def decoded(name: str, data: bytes) -> str:
-    """A table file's bytes as text: UTF-8, a byte-order mark dropped (a spreadsheet's export). Raises
-    SettingsError naming `name` and the line."""
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        line = data[: error.start].count(b"\n") + 1
-        raise SettingsError(f"{name} is not UTF-8 text (line {line}): save it as UTF-8") from None
-
-
-def table_rows(name: str, text: str, jsonl: bool) -> Iterator[tuple[int, dict]]:
-    """The rows of a CSV (a header row, then one value per column) or JSON Lines text (one object a line), each
-    with its line number: the one reader of tables, for DATASET and for predict's INPUT. A row's values are as
-    written (CSV: text; JSON: any JSON value). Raises SettingsError naming `name` and the line."""
-    return _jsonl_rows(name, text) if jsonl else _csv_rows(name, text)
-
-
-def _csv_rows(name: str, text: str) -> Iterator[tuple[int, dict[str, str]]]:
-    reader = csv.reader(io.StringIO(text, newline=""))
-    try:
-        header = next(reader, None)
-        if not header or not all(column.strip() for column in header) or _number(header[0]) is not None:
-            raise SettingsError(f"{name} has no header row: its first line must name the columns, like age,fare,label")
-        for row in reader:
-            if not row:
-                continue
-            if len(row) != len(header):
-                raise SettingsError(f"{name} line {reader.line_num} has {len(row)} values, the header {len(header)} "
-                                    f"columns ({','.join(header)}): every row needs one value per column")  # fmt: skip
-            yield reader.line_num, dict(zip(header, row, strict=True))
-    except csv.Error as error:  # a NUL byte, a cell over csv's field size limit, ...
-        raise SettingsError(f"{name} line {reader.line_num} is not CSV ({error})") from None
-
-
-def _jsonl_rows(name: str, text: str) -> Iterator[tuple[int, dict]]:
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as error:
-            raise SettingsError(f"{name} line {number} is not JSON ({error.msg}): one JSON object per line") from None
-        if not isinstance(row, dict):
-            raise SettingsError(
-                f"{name} line {number} is a JSON {type(row).__name__}, not an object: one object a line"
-            )
-        yield number, row
-
-
-def _number(text) -> int | float | None:
-    """An int or float of a cell's text (or a JSON number), None for anything else."""
-    if isinstance(text, bool):
-        return None
-    if isinstance(text, int | float):
-        return text
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except (TypeError, ValueError):
-            continue
-    return None
+# ---- tables: the rows of each split's file, read by the survey's Table reader (train.dataset_path) ----------------
 
 
 @dataclass(frozen=True)
@@ -186,12 +102,16 @@ def read_table(survey: Survey, label_key: str | None, label_kind: str | None, re
     (`label_kind` overrides the guess: class or value; `label_key` None: LABEL_KEY=none, no label). An empty cell
     of a numeric column is missing (NaN, its column float32, counted in `read.missing`); of a text column, "".
     Raises SettingsError."""
+    reader = survey.reader
+    if not isinstance(reader, TableReader):
+        raise TypeError(f"{survey.root} is no table: its reader is {type(reader).__name__}")  # our fault, not data's
     rows: dict[str, list[tuple[int, dict]]] = {}
     names: list[str] = []
     for split, [(entry, _)] in sorted(survey.splits.items()):
         name = str(survey.file(entry))
-        text = _text_of(survey, entry, read)
-        rows[split] = list(table_rows(name, text, jsonl=not entry.path.lower().endswith(".csv")))
+        data = survey.file(entry).read_bytes()
+        read.files[entry.path] = (len(data), hashlib.sha256(data).hexdigest())
+        rows[split] = list(reader.rows(name, data))
         if not rows[split]:
             raise SettingsError(f"{name} has no rows")
         for _, row in rows[split]:
@@ -212,6 +132,24 @@ def read_table(survey: Survey, label_key: str | None, label_kind: str | None, re
     return Table(columns, typed_rows, label_key)
 
 
+def check_label_values(settings: DataSettings, table: Table, label_key: str) -> None:
+    """A class label with one value in every split cannot train a classifier: refused, unless LABEL_KEY=none.
+    Raises SettingsError."""
+    label = next((column for column in table.columns if column.name == label_key), None)
+    if not settings.labeled or label is None or (label.classes is None and label.num_classes is None):
+        return
+    values = {row[label_key] for rows in table.rows.values() for row in rows}
+    if len(values) >= 2:
+        return
+    [value] = values
+    shown = label.classes[value] if label.classes is not None else value
+    raise SettingsError(
+        f"DATASET={settings.dataset!r}: the label column {label_key!r} holds one value, {shown!r}: classification "
+        "needs two classes at least: add rows of another class, set LABEL_KIND=value if it is a number to predict, "
+        "or LABEL_KEY=none to train without labels"
+    )
+
+
 def is_empty(value) -> bool:
     """An empty cell: nothing or only spaces (CSV), null or no such key (JSON Lines)."""
     return value is None or (isinstance(value, str) and not value.strip())
@@ -220,7 +158,7 @@ def is_empty(value) -> bool:
 def _typed(survey: Survey, name: str, every: list, is_label: bool, label_kind: str | None) -> Column:
     values = [(split, number, row.get(name)) for split, number, row in every]
     present = [value for _, _, value in values if not is_empty(value)]
-    numbers = [_number(value) for value in present]
+    numbers = [number(value) for value in present]
     numeric = bool(present) and all(number is not None for number in numbers)
     if is_label and len(present) < len(values):
         empty = [f"row {number} of {split}" for split, number, value in values if is_empty(value)]
@@ -252,7 +190,7 @@ def _value(column: Column, value):
     if column.classes is not None:
         return column.index[str(value)]
     if column.dtype == "int64":
-        return int(_number(value))
+        return int(number(value))
     if column.dtype == "float32":
-        return math.nan if is_empty(value) else float(_number(value))
+        return math.nan if is_empty(value) else float(number(value))
     return "" if value is None else str(value)

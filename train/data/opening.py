@@ -22,7 +22,7 @@ import tensorflow as tf
 import train.data.written as written
 from train.data.data_settings import DataSettings
 from train.data.written import Identity, LeftOut
-from train.dataset_path import SHOWN, data_dir, is_path
+from train.dataset_path import SHOWN, TableReader, data_dir, is_path
 from train.datasets import registered
 from train.errors import SettingsError, first_line
 from train.model_file import TABLE_MODEL, TABULAR_TEXT_EXAMPLE
@@ -47,7 +47,7 @@ class Opened:
     def columns(self, settings: DataSettings):
         """A table's (CSV, JSON Lines) `preprocess` where MODEL has none and FEATURE_KEY is unset: every column but
         the label, as a dict by name. None for other data. Raises SettingsError for a text column."""
-        if self.identity.get("kind") != "table" or settings.feature_key:
+        if self.identity.get("kind") != TableReader.kind or settings.feature_key:  # any table reader's rows
             return None
         import tensorflow_datasets as tfds
 

@@ -17,12 +17,13 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import train.data.written as written
+from train import dataset_path
 from train.data.written import Identity
 
 RUN = "run.json"  # in a run directory: what it trained on ("data")
+Json = dict[str, object]  # a JSON document's object: run.json, a source's record, `data list --json`'s entries
 
 
 @dataclass
@@ -38,7 +39,7 @@ class Prepared:
     date: float
     runs: list[Path] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> Json:
         return {"name": self.key, "directory": str(self.directory), "source": self.source, "written": self.written,
                 "bytes": self.size, "date": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.date)),
                 "runs": [str(run) for run in self.runs]}  # fmt: skip
@@ -91,7 +92,7 @@ def _index_sources(root: Path) -> dict[str, str]:
     return sources
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def _read_json(path: Path) -> Json | None:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -126,7 +127,7 @@ def runs_using(runs: Path, warn) -> dict[str, list[Path]]:
 def _key(identity: Identity) -> str | None:
     """Where the data a run recorded is under TFDS_DATA_DIR: a written copy's `name/1.0.0`, a TFDS name's
     `name[/config]/version`; None for a prepared folder read in place (it is not in TFDS_DATA_DIR)."""
-    if identity.get("kind") in ("images", "table") and identity.get("name"):
+    if identity.get("kind") in dataset_path.WRITTEN and identity.get("name"):
         return f"{identity['name']}/{written.VERSION}"
     if identity.get("written"):  # a tfds.ImageFolder's folder, written once as a folder path is
         return f"{identity['written']}/{written.VERSION}"

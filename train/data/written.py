@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypedDict
 
 import numpy as np
@@ -46,6 +47,8 @@ WRITING = ".train-writing-"  # in TFDS_DATA_DIR: a folder being written (a lefto
 INDEX = ".train-sources"  # in TFDS_DATA_DIR: path + stat listing -> dataset written from them
 SOURCE = "source.json"  # in the written dataset: its fingerprint and files, for a refusal to name what changed
 PROGRESS_SECONDS = 5.0  # lines while writing, off a terminal
+# a reader's records written into the temporary folder: (features, each split's (shard lengths, bytes), supervised)
+Records = Callable[[Path, "local.Read", ModuleType], tuple[object, dict[str, tuple[list[int], int]], tuple | None]]
 NAMED = 10  # broken files named in a refusal, and left out files in summary.json's "left_out"
 LOCK_POLL_SECONDS = 0.2  # how often a process waiting for the lock looks whether it was told to stop
 
@@ -167,34 +170,58 @@ def _name(survey: dataset_path.Survey, fingerprint: str, label_key: str, label_k
 
 
 def prepare_path(settings: DataSettings, say: Callable[[str], None]) -> Written:
-    """The TFDS dataset of the path DATASET names: reused, or written once now. Raises SettingsError."""
+    """The TFDS dataset of the path DATASET names, as its reader says (train.dataset_path's READERS): read in place,
+    reused, or written once now. Raises SettingsError."""
     survey = dataset_path.checked(settings.dataset)
-    if survey.kind == "tfds":
-        return _prepared_folder(settings, survey)
-    label_key = settings.label_key or "label"
-    if survey.kind == "images":
-        _check_classes(settings, survey)
-    root = dataset_path.data_dir(settings.tfds_data_dir)
-    index = _index_path(root, survey, label_key, settings.label_kind)
-    reused = _reused(root, index, survey)
-    if reused is not None:
-        _check_broken(settings, reused.broken)  # written with BAD_FILES=skip, started now with refuse
-        return reused
-    with locked(root, f"DATASET={settings.dataset!r}"):
-        reused = _reused(root, index, survey)  # another process wrote it while this one waited
+    return survey.reader.write(_Writing(settings, survey, say))
+
+
+@dataclass(frozen=True)
+class _Writing:
+    """dataset_path.Writing: a prepared folder read in place; images and tables written once into TFDS_DATA_DIR,
+    reused while their files keep their sizes and mtimes."""
+
+    settings: DataSettings
+    survey: dataset_path.Survey
+    say: Callable[[str], None]
+
+    def in_place(self) -> Written:
+        return _prepared_folder(self.settings, self.survey)
+
+    def images(self) -> Written:
+        _check_classes(self.settings, self.survey)
+        return self._written(lambda temporary, read, tf: _write_images(self.settings, self.survey, temporary, read,
+                                                                       self.say, tf))  # fmt: skip
+
+    def table(self) -> Written:
+        label_key = self.settings.label_key or "label"
+        return self._written(lambda temporary, read, tf: _write_table(self.settings, self.survey, temporary, read,
+                                                                      label_key, tf))  # fmt: skip
+
+    def _written(self, records: Records) -> Written:
+        settings, survey = self.settings, self.survey
+        label_key = settings.label_key or "label"
+        root = dataset_path.data_dir(settings.tfds_data_dir)
+        index = _index_path(root, survey, label_key, settings.label_kind)
+        reused = _reused(root, index, survey)
         if reused is not None:
-            _check_broken(settings, reused.broken)
+            _check_broken(settings, reused.broken)  # written with BAD_FILES=skip, started now with refuse
             return reused
-        temporary = root / f"{WRITING}{os.getpid()}"
-        try:
-            written = _write(settings, survey, temporary, root, label_key, say)
-        finally:
-            shutil.rmtree(temporary, ignore_errors=True)
-        record = {"name": written.directory.parent.name, "listing": survey.listing, "identity": written.identity,
-                  "skipped": written.skipped, "broken": written.broken, "missing": written.missing,
-                  "source": str(survey.root.resolve())}  # fmt: skip
-        _write_index(index, record)
-        return written
+        with locked(root, f"DATASET={settings.dataset!r}"):
+            reused = _reused(root, index, survey)  # another process wrote it while this one waited
+            if reused is not None:
+                _check_broken(settings, reused.broken)
+                return reused
+            temporary = root / f"{WRITING}{os.getpid()}"
+            try:
+                written = _write(settings, survey, temporary, root, label_key, records)
+            finally:
+                shutil.rmtree(temporary, ignore_errors=True)
+            record = {"name": written.directory.parent.name, "listing": survey.listing, "identity": written.identity,
+                      "skipped": written.skipped, "broken": written.broken, "missing": written.missing,
+                      "source": str(survey.root.resolve())}  # fmt: skip
+            _write_index(index, record)
+            return written
 
 
 def _check_classes(settings, survey: dataset_path.Survey) -> None:
@@ -255,16 +282,14 @@ def _write_index(index: Path, record: dict[str, Any]) -> None:
     os.replace(temporary, index)
 
 
-def _write(settings, survey: dataset_path.Survey, temporary: Path, root: Path, label_key: str, say) -> Written:
+def _write(settings, survey: dataset_path.Survey, temporary: Path, root: Path, label_key: str, records: Records
+           ) -> Written:  # fmt: skip
     """Read every file once and write the records to `temporary`; then rename into `root/<name>/1.0.0`."""
     import tensorflow as tf
 
     temporary.mkdir(parents=True)
     read = local.Read()
-    if survey.kind == "images":
-        features, splits, supervised = _write_images(settings, survey, temporary, read, say, tf)
-    else:
-        features, splits, supervised = _write_table(settings, survey, temporary, read, label_key, tf)
+    features, splits, supervised = records(temporary, read, tf)
     fingerprint = read.fingerprint
     name = _name(survey, fingerprint, label_key, settings.label_kind)
     identity = {"kind": survey.kind, "fingerprint": fingerprint, "files": len(read.files), "name": name}
@@ -276,8 +301,7 @@ def _write(settings, survey: dataset_path.Survey, temporary: Path, root: Path, l
         final.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(final, ignore_errors=True)  # a folder without dataset_info.json: not a dataset
         os.rename(temporary, final)
-    skipped = [entry.path for entry in survey.entries if survey.kind == "images" and "/" not in entry.path]
-    skipped += sorted(read.skipped)  # beside the class folders, or in them but not an image
+    skipped = read.beside + sorted(read.skipped)  # beside the class folders, or in them but not an image
     broken = sorted(read.broken)
     notes = (*_left_out(skipped, broken), *_missing(read.missing))
     return Written(final, identity, notes, skipped, broken, read.missing)
@@ -368,6 +392,7 @@ def _write_images(settings, survey: dataset_path.Survey, temporary: Path, read: 
     import tensorflow_datasets as tfds
 
     index = {name: number for number, name in enumerate(survey.classes)}
+    read.beside.extend(entry.path for entry in survey.entries if "/" not in entry.path)  # not in a class folder
     splits, counts, sizes = {}, {}, set()
     progress = _Progress(f"Writing {survey.root}", sum(map(len, survey.splits.values())), say)
 
@@ -419,7 +444,7 @@ def _write_table(settings, survey: dataset_path.Survey, temporary: Path, read: l
     import tensorflow_datasets as tfds
 
     table = local.read_table(survey, label_key if settings.labeled else None, settings.label_kind, read)
-    _check_label_values(settings, table, label_key)
+    local.check_label_values(settings, table, label_key)
     splits = {}
     for split, rows in table.rows.items():
         ordered = [rows[i] for i in _order(len(rows))]
@@ -437,24 +462,6 @@ def _write_table(settings, survey: dataset_path.Survey, temporary: Path, read: l
         else:
             features[column.name] = tfds.features.Scalar(dtype=np.dtype(column.dtype))
     return tfds.features.FeaturesDict(features), splits, None
-
-
-def _check_label_values(settings, table: local.Table, label_key: str) -> None:
-    """A class label with one value in every split cannot train a classifier: refused, unless LABEL_KEY=none.
-    Raises SettingsError."""
-    label = next((column for column in table.columns if column.name == label_key), None)
-    if not settings.labeled or label is None or (label.classes is None and label.num_classes is None):
-        return
-    values = {row[label_key] for rows in table.rows.values() for row in rows}
-    if len(values) >= 2:
-        return
-    [value] = values
-    shown = label.classes[value] if label.classes is not None else value
-    raise SettingsError(
-        f"DATASET={settings.dataset!r}: the label column {label_key!r} holds one value, {shown!r}: classification "
-        "needs two classes at least: add rows of another class, set LABEL_KIND=value if it is a number to predict, "
-        "or LABEL_KEY=none to train without labels"
-    )
 
 
 def _table_example(table: local.Table, row: dict, tf):
