@@ -20,6 +20,7 @@ from tests.conftest import (
     start_python,
     start_train,
     tensorboard_events,
+    wait_for,
 )
 from tests.harness.build_each import BUILD_EACH
 from train.cluster.launch import free_ports, tf_configs
@@ -191,6 +192,8 @@ def test_the_gan_trains_both_optimizers_checkpoints_them_and_resumes_exactly_aft
     output_dir = tmp_path / "killed"
     process = start_train("fit", cwd=tmp_path, OUTPUT_DIR=output_dir, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL, **settings)  # fmt: skip
+    state = output_dir / "checkpoints" / "checkpoint"  # names a checkpoint once its save is complete, not its .index
+    wait_for(lambda: state.is_file() and '"ckpt-8"' in state.read_text(), process, f"ckpt-8 named in {state}")
     kill_mid_run(process, output_dir, pattern="checkpoints/ckpt-8.index")
     rerun = run_train("fit", cwd=tmp_path, OUTPUT_DIR=output_dir, **settings)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
