@@ -18,11 +18,12 @@ import numpy as np
 import tensorflow as tf
 from train.data import Split, load_data, make_feed, train_dataset
 from train.devices.runtime import setup_runtime
+from train.model_file import load_model_file
 from train.settings import load_settings
 
 settings = load_settings()
 runtime = setup_runtime(settings)
-data = load_data(settings)
+data = load_data(settings, load_model_file(settings.model))
 batch = runtime.global_batch
 if isinstance(data.train, Split):
     rows = data.train.features
@@ -141,8 +142,10 @@ def test_streamed_fit_learns_and_resumes_mid_pass_to_the_same_weights(tmp_path, 
 LOAD = """
 import sys
 from train.data import load_data
+from train.model_file import load_model_file
 from train.settings import load_settings
-data = load_data(load_settings())
+settings = load_settings()
+data = load_data(settings, load_model_file(settings.model))
 print(len(data.train), len(data.eval), float(data.train.features.sum()), int(data.eval.labels.sum()))
 """
 
@@ -232,13 +235,15 @@ UINT8 = """
 import collections, hashlib, json
 import numpy as np
 from train.data import load_data, open_dataset
+from train.model_file import load_model_file
 from train.settings import load_settings
 settings = load_settings()
-data = load_data(settings)
+experiment = load_model_file(settings.model)
+data = load_data(settings, experiment)
 features, tensor = data.train.features, data.train.tensors[0]
 def examples(images, labels):
     return collections.Counter(hashlib.sha1(i.tobytes() + l.tobytes()).digest() for i, l in zip(images, labels))
-streamed = open_dataset(settings).load(settings, in_memory=False).train  # the PNGs decoded chunk by chunk
+streamed = open_dataset(settings, experiment).load(settings, in_memory=False).train  # the PNGs decoded chunk by chunk
 read = list(streamed.batches(0, 1, settings.seed, 0, 128).as_numpy_iterator())
 same = examples(features, data.train.labels) == examples(*(np.concatenate([b[k] for b in read]) for k in (0, 1)))
 before = int(tensor[0, 0, 0, 0])
@@ -282,16 +287,17 @@ import tensorflow as tf
 from train.data import PipelineFeed, load_data, train_dataset
 from train.devices.runtime import setup_runtime
 from train.built import build
+from train.model_file import load_model_file
 from train.settings import load_settings
 from train.step import make_train_calls
 
 settings = load_settings()
 runtime = setup_runtime(settings)
-data = load_data(settings)
+data = load_data(settings, load_model_file(settings.model))
 found = {}
 for jit in (True, False):
     with runtime.strategy.scope():
-        built = build(settings, data.spec, runtime.strategy)
+        built = build(settings, load_model_file(settings.model), data.spec, runtime.strategy)
     feed = PipelineFeed(train_dataset(runtime.strategy, data.train, runtime.global_batch, settings.seed, 0))
     calls = make_train_calls(built, runtime.strategy, feed, runtime.global_batch, jit_compile=jit)
     for _ in range(3):

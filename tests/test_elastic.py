@@ -17,11 +17,12 @@ import json, sys
 import numpy as np
 from train.data import Split, load_data, train_dataset
 from train.devices.runtime import setup_runtime
+from train.model_file import load_model_file
 from train.settings import load_settings
 
 settings = load_settings()
 runtime = setup_runtime(settings)
-data = load_data(settings)
+data = load_data(settings, load_model_file(settings.model))
 if isinstance(data.train, Split):
     rows = data.train.features
 else:
@@ -175,11 +176,12 @@ import numpy as np
 import tensorflow as tf
 from train.data import Remainder, load_data, train_dataset
 from train.devices.runtime import setup_runtime
+from train.model_file import load_model_file
 from train.settings import load_settings
 
 settings = load_settings()
 runtime = setup_runtime(settings)
-data = load_data(settings)
+data = load_data(settings, load_model_file(settings.model))
 split, batch, seed = data.train, runtime.global_batch, settings.seed
 rows = np.concatenate([features.numpy() for features, _ in split.read(shuffle_files=False).batch(4096)])
 index = {row.tobytes(): i for i, row in enumerate(rows)}

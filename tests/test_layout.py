@@ -306,6 +306,40 @@ def test_no_tool_function_is_longer_than_its_bound():
     assert long == []
 
 
+# Where MODEL's file is loaded (train.model_file.load_model_file): once by each command that builds a run, then
+# passed down as the Experiment; never looked up again below (issue 44: data, adapt, callbacks, model, built).
+EXPERIMENT_LOADERS = {
+    "train/start.py": "fit",
+    "train/fit.py": "evaluate",
+    "train/predict.py": "predict",
+    "train/tools/check.py": "check",
+    "train/tools/bench.py": "bench",
+    "train/tools/doctor.py": "the doctor",
+}
+
+
+def load_model_file_calls(path: Path) -> int:
+    return sum(
+        1
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) == "load_model_file"
+    )
+
+
+def test_the_experiment_is_loaded_once_by_each_command_and_passed_down():
+    """MODEL's file is made into the Experiment in one place per command, outside train/model_file.py."""
+    calls = {
+        relative(path): count
+        for path in TRAIN.rglob("*.py")
+        if path != TRAIN / "model_file.py" and (count := load_model_file_calls(path))
+    }
+    elsewhere = sorted(set(calls) - set(EXPERIMENT_LOADERS))
+    assert elsewhere == [], f"looked up again, not passed down: {elsewhere}"
+    assert all(count == 1 for count in calls.values()), calls
+    assert sum(calls.values()) <= len(EXPERIMENT_LOADERS), calls
+
+
 def test_the_import_contracts_are_kept():
     """The map's "must not" column, as lint-imports contracts (make lint runs them too): all kept, at least five."""
     import subprocess

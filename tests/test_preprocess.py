@@ -36,11 +36,12 @@ ORDER = """
 import json, sys
 from train.data import load_data, train_dataset
 from train.devices.runtime import setup_runtime
+from train.model_file import load_model_file
 from train.settings import load_settings
 
 settings = load_settings()
 runtime = setup_runtime(settings)
-data = load_data(settings)
+data = load_data(settings, load_model_file(settings.model))
 batch = runtime.global_batch
 
 def pipeline(start, stop):
@@ -244,7 +245,8 @@ def test_a_mixed_precision_policy_never_changes_what_preprocess_returns(tmp_path
     assert "768" in layer  # 16 x 16 x 3 float32 values reached the model
     describe = run_python(["-c", "from train.data import load_data\nfrom train.devices.runtime import setup_runtime\n"
                                  "from train.settings import load_settings\ns = load_settings()\nsetup_runtime(s)\n"
-                                 "print(load_data(s).spec.describe_inputs())"], cwd=tmp_path,
+                                 "from train.model_file import load_model_file\n"
+                                 "print(load_data(s, load_model_file(s.model)).spec.describe_inputs())"], cwd=tmp_path,
                           env=clean_env(MODEL=model, DATASET="synthetic_images", TFDS_DATA_DIR=examples_data_dir,
                                         MIXED_PRECISION="mixed_bfloat16"))  # fmt: skip
     assert describe.returncode == 0, describe.stderr[-3000:]

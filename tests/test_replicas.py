@@ -107,10 +107,11 @@ from train.data import load_data
 from train.devices.runtime import setup_runtime
 from train.built import build
 from train.model import use_averaged_weights
+from train.model_file import load_model_file
 from train.settings import load_settings
 settings = load_settings(from_run=True)
-runtime, data = setup_runtime(settings), load_data(settings)
-built = build(settings, data.spec, runtime.strategy)
+runtime, data = setup_runtime(settings), load_data(settings, load_model_file(settings.model))
+built = build(settings, load_model_file(settings.model), data.spec, runtime.strategy)
 restore_newest(make_checkpoint(built), settings.output_dir / "checkpoints", print)
 raw = [w.numpy() for w in built.network.trainable_weights]
 use_averaged_weights(built)

@@ -18,9 +18,10 @@ Model, data, devices and loop are the rows in capitals.
 | signals         | SIGTERM and Ctrl-C heard once (StopRequest, stop_heard)        | import TensorFlow                 |
 | run_files       | settings.json's name, which settings/ and rundir both read     | import anything                   |
 | model_file      | MODEL's file: found, parsed, hashed, imported once: the        | import train.settings, or TF at   |
-|                 | Experiment, passed down, with its seams (build_model,          | import time                       |
-|                 | preprocess, adapt, build_callbacks, export_model) and whether  |                                   |
-|                 | a model has its own train_step                                 |                                   |
+|                 | Experiment, loaded once a command (load_model_file) and passed | import time; be loaded again      |
+|                 | down, with its seams (build_model, preprocess, adapt,          | below a command                   |
+|                 | build_callbacks, export_model) and whether a model has its own |                                   |
+|                 | train_step                                                     |                                   |
 | hparams         | build_model's keyword defaults as HP_<NAME> settings           | import train.settings             |
 | devices/        | DEVICES: visible GPUs and memory growth, then the strategy, in | be called after other TF work;    |
 |                 | that order, and the global batch, once (runtime); the one seam | call TF's device API outside      |

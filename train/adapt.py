@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
+    from train.model_file import Experiment
+
     Resource = keras.layers.Layer | tf.saved_model.experimental.TrackableResource  # a layer, or a tf.lookup table
 
 Json = dict[str, object]
@@ -76,29 +78,27 @@ def stored_examples(builder, split: str):
     return examples
 
 
-def run_adapt(settings, builder) -> Fingerprint:
-    """Call MODEL's `adapt` (once a process for this dataset and split) and return the fingerprint of what the
-    layers `preprocess` uses hold. Raises SettingsError for an `adapt` that fails."""
+def run_adapt(settings, builder, experiment: Experiment) -> Fingerprint:
+    """Call the `experiment`'s `adapt` (MODEL's, once a process for this dataset and split) and return the
+    fingerprint of what the layers `preprocess` uses hold. Raises SettingsError for an `adapt` that fails."""
     from train.data.examples import float32_policy
-    from train.model_file import load_model_file
 
     key = (settings.model, str(getattr(builder, "data_dir", "")), f"{builder.info.full_name}:{settings.train_split}")
     # Layers made at import or in adapt compute in float32, as those made while preprocess is traced: a
     # mixed-precision policy (set before this on a resume or in evaluate) changes the model, not its inputs
     with float32_policy():
-        model_file = load_model_file(settings.model)
-        if key not in _adapted and model_file.adapt is not None:
+        if key not in _adapted and experiment.adapt is not None:
             context = AdaptContext(
                 settings.seed, stored_examples(builder, settings.train_split), label_key(settings, builder)
             )
             try:
-                model_file.adapt(context)
+                experiment.adapt(context)
             except Exception as error:
                 raise SettingsError(
-                    f"MODEL={settings.model!r}: adapt(context) raised {type(error).__name__}: {first_line(error, 240)}"
+                    f"MODEL={experiment.text!r}: adapt(context) raised {type(error).__name__}: {first_line(error, 240)}"
                 ) from None
     if key not in _adapted:
-        _adapted[key] = fingerprint(resources(model_file.module))
+        _adapted[key] = fingerprint(resources(experiment.module))
     return _adapted[key]
 
 

@@ -21,16 +21,16 @@ from train.model_file import Experiment
 
 def build(
     settings,  # train.settings.Settings, passed to make as it is
+    experiment: Experiment,
     spec: DatasetSpec,
     strategy: tf.distribute.Strategy,
     context: Context | None = None,
     say: Callable[[str], None] | None = None,
-    experiment: Experiment | None = None,
 ) -> Built:
     """MODEL's model for this dataset, made and checked (train.model.make), then its step chosen inside the
     strategy's scope (train.custom_step.choose_step). The arguments are `make`'s. Raises SettingsError for a model
     that breaks the contract or a step that cannot run, before anything is written."""
-    made = make(settings, spec, strategy, context, say, experiment)
+    made = make(settings, experiment, spec, strategy, context, say)
     with strategy.scope():
         step = choose_step(made.experiment, made.network, strategy, made.batch, made.model_input, spec.labeled)
     return made.with_step(step, strategy)

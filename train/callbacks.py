@@ -45,7 +45,7 @@ from train.context import Context
 from train.errors import SettingsError, TrainingError, first_line
 from train.hooks import Hook, Metrics
 from train.keras_seams import monitor_direction
-from train.model_file import CALLBACKS_EXAMPLE, load_model_file
+from train.model_file import CALLBACKS_EXAMPLE, Experiment
 from train.rundir import EPOCHS
 from train.step import CallResult
 from train.timeline import Segment
@@ -63,10 +63,10 @@ class Epoch(TypedDict):
     logs: Logs
 
 
-def build_callbacks(model: str, context: Context) -> list[keras.callbacks.Callback]:
-    """MODEL's (`model`'s) `build_callbacks(context)`, checked: a list of Keras callbacks ([] without one). Raises
-    SettingsError."""
-    function = load_model_file(model).build_callbacks
+def build_callbacks(experiment: Experiment, context: Context) -> list[keras.callbacks.Callback]:
+    """The `experiment`'s (MODEL's file's) `build_callbacks(context)`, checked: a list of Keras callbacks ([]
+    without one). Raises SettingsError."""
+    model, function = experiment.text, experiment.build_callbacks
     if function is None:
         return []
     try:

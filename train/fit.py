@@ -45,6 +45,7 @@ from train.finish import Evaluate, Metrics, finish
 from train.hooks import Checkpoints, FiniteLoss, Hook, Profiler, Progress, Scalars, StopRequests, between_calls
 from train.loop import Outcome, Schedule, longest_call, run_loop
 from train.model import averaged_weights, use_averaged_weights
+from train.model_file import load_model_file
 from train.progress import Lines
 from train.resume import hparams, open_run_dir
 from train.run_state import Position, Start
@@ -193,13 +194,16 @@ def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> Jso
     precision = recorded.get("precision")
     if settings.mixed_precision == "auto" and precision:
         runtime = runtime.with_precision(precision)
-    dataset = open_dataset(settings)
+    experiment = load_model_file(settings.model)  # MODEL's file, loaded once for this command and passed down
+    dataset = open_dataset(settings, experiment)
     check_same_data(dataset.settings, recorded.get("data"), dataset.identity, "evaluated")  # changed files: refused
     check_recorded(settings, recorded, dataset.adapted)  # the vocabularies it trained with
     in_memory = settings.data_in_memory == "true" or (settings.data_in_memory == "auto" and dataset.fits_in_memory())
     data = dataset.load(settings, in_memory)
     context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))  # this host's facts
-    built = build(settings, data.spec, runtime.strategy, context)  # its compiled loss and metrics score either source
+    built = build(
+        settings, experiment, data.spec, runtime.strategy, context
+    )  # its compiled loss and metrics score either source
     if exported:
         path = settings.output_dir / "model.keras"
         if not path.is_file():

@@ -37,7 +37,7 @@ from train.data.spec import DatasetSpec
 from train.errors import SettingsError, TrainingError, first_line
 from train.hparams import CONTEXT
 from train.keras_seams import all_layers, build_metrics_and_loss, compiled, inner_optimizers
-from train.model_file import Experiment, load_model_file, overrides, refuse_step
+from train.model_file import Experiment, overrides, refuse_step
 from train.outputs import name_outputs
 from train.replica_statistics import ReplicaStatistics, replica_state, synchronize_batch_norm
 from train.settings import Settings
@@ -262,19 +262,18 @@ def _serving_model(settings: Settings, network: keras.Model, spec: DatasetSpec) 
 
 def make(
     settings: Settings,
+    experiment: Experiment,
     spec: DatasetSpec,
     strategy: tf.distribute.Strategy,
     context: Context | None = None,
     say: Callable[[str], None] | None = None,
-    experiment: Experiment | None = None,
 ) -> Made:
     """MODEL's model for this dataset, made inside the strategy's scope and checked; its step is chosen next
     (train.built.build). `context`: the run's facts, for a build_model that declares it (train.context.run_context).
     `say`: where SYNC_BATCH_NORM's warnings go (None: nowhere, for the commands that do not train). `experiment`:
-    MODEL's file as the caller loaded it (None: loaded here).
+    MODEL's file, loaded once by the command and passed down.
 
     Raises SettingsError for a model that breaks the contract, before anything is written."""
-    experiment = experiment or load_model_file(settings.model)
     keras.utils.set_random_seed(settings.seed)
     with strategy.scope():
         network = _call_build_model(settings, experiment, spec, context)

@@ -300,12 +300,3 @@ def overrides_train_step(model: keras.Model) -> bool:
 def overrides_test_step(model: keras.Model) -> bool:
     """Whether the model brings its own `test_step`: it is then evaluation's step."""
     return overrides(model, "test_step")
-
-
-def declares_own_train_step(text: str) -> bool:
-    """Whether MODEL's file holds a keras.Model class with its own train_step (`Experiment.declares_own_train_step`).
-    False where the file cannot be imported (fit will say why)."""
-    try:
-        return load_model_file(text).declares_own_train_step()
-    except SettingsError:
-        return False

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # importing this module loads no TensorFlow: the command line
 
     from train.data import Dataset
     from train.data.opening import Opened
+    from train.model_file import Experiment
 
     Batch = dict[str, tf.Tensor | np.ndarray]  # the signature's inputs for a batch, by name
     Outputs = dict[str, np.ndarray]  # what the signature returns for a batch, by name
@@ -77,8 +78,10 @@ def _exported(settings: Settings) -> Predictor:
     return Predictor(inputs, lambda batch: {k: v.numpy() for k, v in signature(**batch).items()}, loaded)
 
 
-def _from_checkpoint(settings: Settings, runtime, dataset, say: Callable[[str], None]) -> Predictor:
-    """The latest checkpoint's weights in the model fit builds, through the export's default function."""
+def _from_checkpoint(settings: Settings, experiment: Experiment, runtime, dataset, say: Callable[[str], None]
+                     ) -> Predictor:  # fmt: skip
+    """The latest checkpoint's weights in the model fit builds from the `experiment` (MODEL's file, loaded once),
+    through the export's default function."""
     import tensorflow as tf
 
     from train.built import build
@@ -94,7 +97,7 @@ def _from_checkpoint(settings: Settings, runtime, dataset, say: Callable[[str], 
     in_memory = settings.data_in_memory == "true" or (settings.data_in_memory == "auto" and dataset.fits_in_memory())
     data = dataset.load(settings, in_memory)
     context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))
-    built = build(settings, data.spec, runtime.strategy, context)
+    built = build(settings, experiment, data.spec, runtime.strategy, context)
     if not restore_newest(make_checkpoint(built), settings.output_dir / "checkpoints", say):
         raise SettingsError(f"OUTPUT_DIR={settings.output_dir} has no checkpoint: run fit first")
     use_averaged_weights(built)
@@ -108,14 +111,15 @@ def _from_checkpoint(settings: Settings, runtime, dataset, say: Callable[[str], 
     return Predictor({spec.name: spec for spec in signature}, call, built)
 
 
-def _opened(settings: Settings, recorded: Json, whole: bool, say: Callable[[str], None]) -> Dataset | Opened:
+def _opened(settings: Settings, recorded: Json, experiment: Experiment | None, say: Callable[[str], None]
+            ) -> Dataset | Opened:  # fmt: skip
     """The run's DATASET opened as fit opens it (train.data.opening), refused where its source changed since the
-    run was trained on it: a train.data.Dataset (`whole`: its spec too, for the checkpoint's model) or an Opened
-    (its builder, for a split). Raises SettingsError."""
+    run was trained on it: a train.data.Dataset (given the `experiment`: its spec too, for the checkpoint's model)
+    or an Opened (its builder, for a split). Raises SettingsError."""
     from train.data import open_dataset
     from train.data.opening import check_same_data, open_source
 
-    opened = open_dataset(settings, say) if whole else open_source(settings, say)
+    opened = open_dataset(settings, experiment, say) if experiment is not None else open_source(settings, say)
     check_same_data(opened.settings, recorded.get("data"), opened.identity, "predicted")
     return opened
 
@@ -207,17 +211,19 @@ def predict(settings: Settings, sources: list[Source], split: str | None, batch:
 
     from train.data.spec import features_record
     from train.devices.runtime import setup_runtime
+    from train.model_file import load_model_file
     from train.rundir import read_run
 
     runtime = setup_runtime(settings, local_only=True)
     recorded = read_run(settings.output_dir)
     # The data is opened only for what needs it: a split, or the checkpoint's model. Files through the export need
     # the run's records alone (a run from before they were kept: the data's own description, opened).
-    opened = _opened(settings, recorded, checkpoint, say) if checkpoint or split is not None else None
+    experiment = load_model_file(settings.model) if checkpoint else None  # once, for the checkpoint's model
+    opened = _opened(settings, recorded, experiment, say) if checkpoint or split is not None else None
     if opened is None and not isinstance(recorded.get("features"), dict):
-        opened = _opened(settings, recorded, False, say)
+        opened = _opened(settings, recorded, None, say)
     features = features_record(opened.builder, opened.settings) if opened is not None else recorded["features"]
-    predictor = _from_checkpoint(settings, runtime, opened, say) if checkpoint else _exported(settings)
+    predictor = _from_checkpoint(settings, experiment, runtime, opened, say) if checkpoint else _exported(settings)
     images = {name for name in predictor.inputs if name in features["images"]}
     examples: Iterable[Example] = Reader(predictor.inputs, images).read(sources)
     total = len(examples)

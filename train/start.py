@@ -24,7 +24,7 @@ from train.devices.runtime import Runtime, auto_precision, choose_xla
 from train.errors import SettingsError
 from train.loop import Cadence
 from train.model import Built
-from train.model_file import OWN_STEP_PRECISION, model_fingerprint
+from train.model_file import OWN_STEP_PRECISION, Experiment, load_model_file, model_fingerprint
 from train.run_state import Start
 from train.rundir import checkpoints_newest_first
 from train.settings import Settings, agreed_settings
@@ -129,16 +129,17 @@ def _decide_xla(
     return role.decided("jit", on, why)
 
 
-def _build(settings: Settings, runtime: Runtime, data: Data, role: Role[Writer], say: Say
+def _build(settings: Settings, experiment: Experiment, runtime: Runtime, data: Data, role: Role[Writer], say: Say
            ) -> tuple[Runtime, Context, Built]:  # fmt: skip
     """The context and the model; MIXED_PRECISION=auto gives a model's own train_step float32 (train.model)."""
     context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime), role)  # a split under one
-    built = build(settings, data.spec, runtime.strategy, context, say)  # global batch, a bad model: before writing
+    # the global batch, a bad model: before writing
+    built = build(settings, experiment, data.spec, runtime.strategy, context, say)
     if built.custom_step is not None and runtime.precision == "mixed_float16":
         say(f"MIXED_PRECISION=auto: {OWN_STEP_PRECISION}.")
         runtime = runtime.with_precision("float32")
         context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime), role)
-        built = build(settings, data.spec, runtime.strategy, context)
+        built = build(settings, experiment, data.spec, runtime.strategy, context)
     return runtime, context, built
 
 
@@ -150,7 +151,8 @@ def start_run(settings: Settings, runtime: Runtime, role: Role[Writer], say: Say
         say(note)
     if runtime.cluster is not None:
         say(role.joined(runtime.cluster.address))
-    dataset = open_dataset(settings, say)
+    experiment = load_model_file(settings.model)  # MODEL's file, loaded once for the run and passed down
+    dataset = open_dataset(settings, experiment, say)
     settings = dataset.settings  # a dataset with one split: TRAIN_SPLIT and EVAL_SPLIT slice it
     recorded = writer.recorded()  # run.json, read once: the chief's ({} on the others, which have nothing to check)
     # another DATASET, or changed files: refused before anything is built; a run that trained no step yet takes
@@ -164,7 +166,7 @@ def start_run(settings: Settings, runtime: Runtime, role: Role[Writer], say: Say
     data = dataset.load(settings, decision.data_in_memory, workers_here(runtime))
     for line in (*decision.notes, *data.notes):
         say(line)
-    runtime, context, built = _build(settings, runtime, data, role, say)
+    runtime, context, built = _build(settings, experiment, runtime, data, role, say)
     refuse_unevaluated_monitor(settings.monitor, settings.model, built)
     refuse_custom_train_step(settings.model, built.network, runtime.accumulation)
     writer.check_export(built, settings)  # the chief's: a model it could not export is refused before the first step
@@ -173,7 +175,7 @@ def start_run(settings: Settings, runtime: Runtime, role: Role[Writer], say: Say
     if jit and decision.jit_compile == "auto" and built.custom_step is not None and not built.network.jit_compile:
         # as model.fit runs it: a step of the fork's own may hold what XLA cannot compile (a tf.print)
         jit, why = False, "auto: off, as model.fit runs this model's own train_step (its jit_compile is False)"
-    callbacks = tuple(build_callbacks(settings.model, context))  # bad callbacks: before writing
+    callbacks = tuple(build_callbacks(experiment, context))  # bad callbacks: before writing
     start = Start(settings, peers, data, built, context, callbacks, jit, why, dataset.identity, dataset.adapted,
                   recorded, say, dataset.left_out, features_record(dataset.builder, settings))  # fmt: skip
     return start, runtime

@@ -21,6 +21,7 @@ from train.built import build
 from train.data import make_feed
 from train.data.feeds import RowsFeed
 from train.keras_seams import loss_tracker
+from train.model_file import load_model_file
 from train.settings import load_settings
 from train.step import make_train_calls
 
@@ -28,7 +29,7 @@ GLOBAL_BATCH, STEPS = 64, 12
 
 
 def train(strategy, settings, accumulation: int):
-    built = build(settings, SPEC, strategy)
+    built = build(settings, load_model_file(settings.model), SPEC, strategy)
     feed = make_feed(strategy, arrays(), GLOBAL_BATCH, settings.seed, 0, STEPS)
     calls = make_train_calls(built, strategy, feed, GLOBAL_BATCH, jit_compile=False, accumulation=accumulation)
     return built, calls(STEPS)
@@ -78,7 +79,7 @@ def overflow() -> dict:
     runtime = setup_runtime(settings).with_precision("mixed_float16")
     strategy, accumulation = runtime.strategy, runtime.accumulation
     os.environ["TEST_OPTIMIZER"] = "{}"
-    built = build(settings, SPEC, strategy)
+    built = build(settings, load_model_file(settings.model), SPEC, strategy)
     before, scale_before = weights(built), built.loss_scale
     split = arrays()
     scaled = OneMicroBatchScaled(split, runtime.replicas, runtime.global_batch, settings.seed, 0, 1)

@@ -7,12 +7,13 @@ from train.data import load_data
 from train.devices.runtime import setup_runtime
 from train.errors import SettingsError
 from train.built import build
+from train.model_file import load_model_file
 from train.settings import load_settings
 settings = load_settings()
-runtime, data, said = setup_runtime(settings), load_data(settings), {}
+runtime, data, said = setup_runtime(settings), load_data(settings, load_model_file(settings.model)), {}
 for path in sys.argv[1:]:
     try:
-        build(settings.replace(model=path), data.spec, runtime.strategy)
+        build(settings.replace(model=path), load_model_file(path), data.spec, runtime.strategy)
         said[path] = None
     except SettingsError as error:
         said[path] = str(error)

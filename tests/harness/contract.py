@@ -76,8 +76,9 @@ def main(output_dir: Path) -> dict:
     context = Context(global_batch=BATCH, replicas=1, workers=1, steps_per_epoch=1, epochs=settings.epochs,
                       seed=settings.seed, precision="float32", output_dir=output_dir,
                       _sample=sample_function(split, spec))  # fmt: skip
-    built = build(settings, spec, strategy, context)
-    callbacks = build_callbacks(settings.model, context)
+    experiment = load_model_file(settings.model)
+    built = build(settings, experiment, spec, strategy, context)
+    callbacks = build_callbacks(experiment, context)
     feed = make_feed(strategy, split, BATCH, settings.seed, 0, 1)
     result = make_train_calls(built, strategy, feed, BATCH, jit_compile=False)(1)
     output_dir.mkdir(parents=True, exist_ok=True)

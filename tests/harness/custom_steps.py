@@ -24,6 +24,7 @@ from train.built import build
 from train.custom_step import make_calls
 from train.data import DatasetSpec, Split, make_feed, pass_order
 from train.devices.runtime import setup_runtime
+from train.model_file import load_model_file
 from train.settings import load_settings
 
 # by its path from the repository, wherever this runs (the tests run it in an empty folder: no .env there)
@@ -45,7 +46,7 @@ def weights(model) -> list[np.ndarray]:
 
 def engine(strategy, settings, xla: bool = False) -> tuple[list[np.ndarray], dict]:
     """STEPS steps in calls of 4 (STEPS_PER_CALL), XLA compiling each whole call or not."""
-    built = build(settings, SPEC, strategy)
+    built = build(settings, load_model_file(settings.model), SPEC, strategy)
     feed = make_feed(strategy, arrays(), GLOBAL_BATCH, settings.seed, 0, 4)
     calls = make_calls(built, strategy, feed, GLOBAL_BATCH, jit_compile=xla)
     result = [calls(4) for _ in range(STEPS // 4)][-1]

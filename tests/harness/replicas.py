@@ -24,6 +24,7 @@ from train.context import Context
 from train.data import DatasetSpec, Split, make_feed
 from train.data.feeds import RowsFeed
 from train.devices.runtime import setup_runtime
+from train.model_file import load_model_file
 from train.settings import load_settings
 from train.step import make_train_calls
 
@@ -43,7 +44,7 @@ def weights(built) -> list[np.ndarray]:
 
 
 def train(strategy, settings, steps: int, global_batch: int):
-    built = build(settings, SPEC, strategy)
+    built = build(settings, load_model_file(settings.model), SPEC, strategy)
     feed = make_feed(strategy, arrays(), global_batch, settings.seed, 0, steps)
     result = make_train_calls(built, strategy, feed, global_batch, jit_compile=False)(steps)
     return built, result
@@ -85,7 +86,7 @@ def overflow() -> dict:
     runtime = setup_runtime(settings).with_precision("mixed_float16")
     strategy = runtime.strategy
     os.environ["TEST_OPTIMIZER"] = "{}"
-    built = build(settings, SPEC, strategy)
+    built = build(settings, load_model_file(settings.model), SPEC, strategy)
     before, scale_before = weights(built), built.loss_scale
     split = arrays()
     scaled = ScaledFeed(split, runtime.replicas, runtime.global_batch, settings.seed, 0, 1)
@@ -121,7 +122,7 @@ def random_draws() -> dict:
     # the facts its learning-rate schedule reads (no sample: it adapts nothing)
     context = Context(global_batch=64, replicas=2, workers=1, steps_per_epoch=1, epochs=1, seed=settings.seed,
                       precision="float32")  # fmt: skip
-    built = build(settings, spec, strategy, context)
+    built = build(settings, load_model_file(settings.model), spec, strategy, context)
     images = tf.constant(np.random.default_rng(0).integers(0, 256, size=(4, 32, 32, 3)), tf.uint8)
 
     def outputs(training: bool) -> list[np.ndarray]:

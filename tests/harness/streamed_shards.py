@@ -16,11 +16,12 @@ import numpy as np
 
 from train.data import load_data, train_dataset
 from train.devices.runtime import setup_runtime
+from train.model_file import load_model_file
 from train.settings import load_settings
 
 settings = load_settings({"BATCH_SIZE": "512", "DATA_IN_MEMORY": "false"})
 runtime = setup_runtime(settings)
-data = load_data(settings)
+data = load_data(settings, load_model_file(settings.model))
 split = data.train
 rows = np.concatenate([f.numpy() for f, _ in split.read(shuffle_files=False).batch(4096)])
 ids = {row.tobytes(): i for i, row in enumerate(rows)}

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from train.data.source import Data
     from train.data.spec import DatasetSpec
     from train.data.written import Identity, LeftOut
+    from train.model_file import Experiment
 
 __all__ = [
     "BlocksFeed", "Data", "Dataset", "DatasetSpec", "Feed", "PipelineFeed", "Remainder", "RowsFeed", "SerializedSplit",
@@ -79,25 +80,25 @@ class Dataset:
         return load(self.builder, self.spec, settings.dataset, splits, in_memory, notes)
 
 
-def open_dataset(settings: DataSettings, say=print) -> Dataset:
-    """Open DATASET, prepare (or, a path, write) it if needed, run MODEL's `adapt` on it (train.adapt) and read
-    its spec, with MODEL's `preprocess` where it defines one. `say` hears a path's writing progress. Raises
-    SettingsError."""
+def open_dataset(settings: DataSettings, experiment: Experiment, say=print) -> Dataset:
+    """Open DATASET, prepare (or, a path, write) it if needed, run the `experiment`'s `adapt` on it (train.adapt)
+    and read its spec, with its `preprocess` where MODEL's file defines one. `say` hears a path's writing progress.
+    Raises SettingsError."""
     from train.adapt import run_adapt
     from train.data.opening import open_source
     from train.data.spec import inspect
-    from train.model_file import load_model_file
 
     opened = open_source(settings, say)
-    adapted = run_adapt(opened.settings, opened.builder)  # before preprocess is first traced (inspect runs it)
-    preprocess = load_model_file(settings.model).preprocess or opened.columns(settings)
+    adapted = run_adapt(opened.settings, opened.builder, experiment)  # before preprocess is first traced (inspect)
+    preprocess = experiment.preprocess or opened.columns(settings)
     spec = inspect(opened.builder, opened.settings, preprocess=preprocess)
     return Dataset(opened.builder, spec, opened.identity, opened.settings, opened.notes, adapted, opened.left_out)
 
 
-def load_data(settings: DataSettings, say=print) -> Data:
-    """One host: open DATASET and hold its splits in memory (DATA_IN_MEMORY, or auto: if they fit) or stream them."""
-    dataset = open_dataset(settings, say)
+def load_data(settings: DataSettings, experiment: Experiment, say=print) -> Data:
+    """One host: open DATASET (for the `experiment`, MODEL's file loaded) and hold its splits in memory
+    (DATA_IN_MEMORY, or auto: if they fit) or stream them."""
+    dataset = open_dataset(settings, experiment, say)
     settings = dataset.settings
     in_memory = settings.data_in_memory == "true" or (settings.data_in_memory == "auto" and dataset.fits_in_memory())
     return dataset.load(settings, in_memory)

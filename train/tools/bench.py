@@ -363,10 +363,10 @@ def _goal(name: str, value: float | None, target: float, at_least: bool = True) 
 
 
 def build_contenders(
-    settings: Settings, runtime, data, streamed, names: tuple[str, ...], trial_seconds: float, say: Say
+    settings: Settings, experiment, runtime, data, streamed, names: tuple[str, ...], trial_seconds: float, say: Say
 ) -> list:
-    """Each contender named, made and warmed up (tracing and first calls, not counted). `streamed`: the same
-    splits streamed (the data of 5 and 6), or None."""
+    """Each contender named, made and warmed up (tracing and first calls, not counted), each model from the
+    `experiment` (MODEL's file, loaded once). `streamed`: the same splits streamed (the data of 5 and 6), or None."""
     from train.data import Split
     from train.loop import longest_call
     from train.start import cadence_of, steps_per_epoch
@@ -382,29 +382,33 @@ def build_contenders(
             continue
         say(f"Building and warming up {name} ...")
         if name == "template":
-            contender = c.loop_contender(name, settings, runtime, data)
+            contender = c.loop_contender(name, settings, experiment, runtime, data)
             say(f"  the template: {contender.note}")
         elif name == "accumulated":
-            contender = c.loop_contender(name, settings, c.accumulating(runtime, ACCUMULATION), data)
+            contender = c.loop_contender(name, settings, experiment, c.accumulating(runtime, ACCUMULATION), data)
         elif name == "in_memory":
-            contender = c.loop_contender(name, settings, runtime, data, lambda: c.SameBatchFeed(runtime, data))
+            contender = c.loop_contender(
+                name, settings, experiment, runtime, data, lambda: c.SameBatchFeed(runtime, data)
+            )
         elif name == "in_memory_batches":
             if c.laid_out_bytes(runtime, data, longest) > LAID_OUT_BYTES:
                 say(f"  left out: one call's batches take more than {LAID_OUT_BYTES >> 20} MiB laid out")
                 continue
             contender = c.loop_contender(
-                name, settings, runtime, data, lambda: c.LaidOutBatchesFeed(runtime, data, longest)
+                name, settings, experiment, runtime, data, lambda: c.LaidOutBatchesFeed(runtime, data, longest)
             )
         elif name == "in_memory_dataset":
             contender = c.loop_contender(
-                name, settings, runtime, data, lambda: c.same_batch_dataset_feed(runtime, data)
+                name, settings, experiment, runtime, data, lambda: c.same_batch_dataset_feed(runtime, data)
             )
         elif name in ("streamed", "tuned_tfdata"):
             if streamed is None:
                 say(f"  left out: {name} needs the splits streamed, and they could not be")
                 continue
             tuned = (lambda: c.tuned_tfdata_feed(runtime, streamed, settings.seed)) if name == "tuned_tfdata" else None
-            contender = c.loop_contender(name, settings.replace(data_in_memory="false"), runtime, streamed, tuned)
+            contender = c.loop_contender(
+                name, settings.replace(data_in_memory="false"), experiment, runtime, streamed, tuned
+            )
         elif name in ("streamed_input", "tuned_tfdata_input"):
             if streamed is None:
                 say(f"  left out: {name} needs the splits streamed, and they could not be")
@@ -414,11 +418,11 @@ def build_contenders(
             say(f"  left out: the splits are streamed, and {name} takes them from memory")
             continue
         elif name == "keras_fit":
-            contender = c.best_keras_fit(settings, runtime, data, trial_seconds, say)
+            contender = c.best_keras_fit(settings, experiment, runtime, data, trial_seconds, say)
         else:
             context = c.run_context(settings, runtime, data, c.steps_per_epoch(settings, data, runtime))
-            contender = c.keras_contender(name, settings, runtime.strategy, runtime.strategy_name, data, True, 0,
-                                          context=context)  # fmt: skip
+            contender = c.keras_contender(name, settings, experiment, runtime.strategy, runtime.strategy_name, data,
+                                          True, 0, context=context)  # fmt: skip
         contender.measure(min(0.5, trial_seconds))
         made.append(contender)
     return made
@@ -476,9 +480,11 @@ def run_benchmark(
 
     from train.data import load_data
     from train.devices.runtime import setup_runtime
+    from train.model_file import load_model_file
 
     runtime = setup_runtime(settings)
-    data = load_data(settings)
+    experiment = load_model_file(settings.model)  # MODEL's file, loaded once for every contender and passed down
+    data = load_data(settings, experiment)
     for note in (*runtime.notes, *data.notes):
         say(note)
     if runtime.accumulation > 1:  # the rows compare ways of taking one batch at once: row 1a is the accumulating one
@@ -497,9 +503,9 @@ def run_benchmark(
     if {"streamed", "tuned_tfdata", "streamed_input", "tuned_tfdata_input"} & set(contenders):
         from train.tools.contenders import streamed as streamed_splits
 
-        streamed = data if not data.in_memory else streamed_splits(settings)
+        streamed = data if not data.in_memory else streamed_splits(settings, experiment)
     trial = min(KERAS_TRIAL_SECONDS, seconds_per_measurement)
-    made = build_contenders(settings, runtime, data, streamed, contenders, trial, say)
+    made = build_contenders(settings, experiment, runtime, data, streamed, contenders, trial, say)
     results = measure_rounds(made, repetitions, seconds_per_measurement, say)
     made.clear()  # their tf.data pipelines' threads, which would compete with the subprocesses' measurements
     gc.collect()

@@ -22,6 +22,7 @@ from train.data import gathers_in_step, load_data, make_feed
 from train.devices.backend import TensorFlowDevices
 from train.devices.runtime import choose_xla, setup_runtime
 from train.errors import SettingsError, first_line
+from train.model_file import load_model_file
 from train.settings import Settings
 from train.start import run_context, steps_per_epoch
 from train.tools.probe import Trial, format_probe, probe_batch_sizes
@@ -92,11 +93,12 @@ def check(
 ) -> dict[str, Any]:
     """Trial-run real training steps at a small batch, then probe upward for the largest batch that fits."""
     runtime = setup_runtime(settings, local_only=True)  # on this host, even where TF_CONFIG names a cluster
-    data = load_data(settings)
+    experiment = load_model_file(settings.model)  # MODEL's file, loaded once for the trials and passed down
+    data = load_data(settings, experiment)
     for note in (*runtime.notes, *data.notes):
         say(note)
     context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))
-    built = build(settings, data.spec, runtime.strategy, context)
+    built = build(settings, experiment, data.spec, runtime.strategy, context)
     whole_call = gathers_in_step(runtime.strategy, data.spec.records)
     jit, why = choose_xla(settings.jit_compile, runtime, whole_call, built.convolutional, built.layer_without_xla())
     try:  # where XLA can compile the step, both are timed

@@ -26,6 +26,7 @@ from train.data import BlocksFeed, Data, PipelineFeed, Split, distribute, gather
 from train.devices.runtime import Runtime, choose_xla
 from train.errors import TrainingError, first_line
 from train.loop import call_steps, longest_call
+from train.model_file import Experiment
 from train.settings import Settings
 from train.start import cadence_of, run_context, steps_per_epoch
 from train.step import make_train_calls
@@ -52,12 +53,13 @@ def template_xla(settings: Settings, runtime: Runtime, built) -> tuple[bool, str
     return choose_xla(settings.jit_compile, runtime, whole_call, built.convolutional, built.layer_without_xla())
 
 
-def loop_contender(name: str, settings: Settings, runtime: Runtime, data: Data, feed_for=None) -> Contender:
+def loop_contender(name: str, settings: Settings, experiment: Experiment, runtime: Runtime, data: Data,
+                   feed_for=None) -> Contender:  # fmt: skip
     """The training loop as `fit` runs it: calls as long as `fit` makes them (STEPS_PER_CALL, cut at epoch ends,
     CHECKPOINT_EVERY and LOG_EVERY), each returning the metrics (which waits for the call). `feed_for(built,
     longest)` gives another feed than the template's own (a ceiling)."""
     per_epoch, global_batch = steps_per_epoch(settings, data, runtime), runtime.global_batch
-    built = build(settings, data.spec, runtime.strategy, run_context(settings, runtime, data, per_epoch))
+    built = build(settings, experiment, data.spec, runtime.strategy, run_context(settings, runtime, data, per_epoch))
     jit, _ = template_xla(settings, runtime, built)
     cadence = cadence_of(settings)
     longest = longest_call(cadence, per_epoch)
@@ -207,12 +209,13 @@ def _clock(seconds: float) -> keras.callbacks.Callback:
 
 
 def keras_contender(
-    name: str, settings: Settings, strategy: Any, strategy_name: str, data: Data, tutorial: bool, global_batch: int,
-    steps_per_execution: int = 1, jit_compile: bool | None = None, context: Context | None = None,
+    name: str, settings: Settings, experiment: Experiment, strategy: Any, strategy_name: str, data: Data,
+    tutorial: bool, global_batch: int, steps_per_execution: int = 1, jit_compile: bool | None = None,
+    context: Context | None = None,
 ) -> Contender:  # fmt: skip
     """The same model (as exported: input, scaling, the fork's model) trained by `model.fit`, compiled as
     build_model compiled it; `tutorial`: numpy arrays at fit's default batch, else with these settings."""
-    built = build(settings, data.spec, strategy, context)
+    built = build(settings, experiment, data.spec, strategy, context)
     model = built.serving
     with strategy.scope():
         config = built.network.get_compile_config()
@@ -237,7 +240,8 @@ def keras_contender(
     return Contender(name, measure, batch, strategy_name, note)
 
 
-def best_keras_fit(settings: Settings, runtime: Runtime, data: Data, trial_seconds: float, say: Say) -> Contender:
+def best_keras_fit(settings: Settings, experiment: Experiment, runtime: Runtime, data: Data, trial_seconds: float,
+                   say: Say) -> Contender:  # fmt: skip
     """Keras fit at its best here: the largest steps_per_execution that runs, XLA on or off, whichever is faster.
 
     A setting that crashes under the runtime's strategy is said and skipped; one device only if none runs.
@@ -253,7 +257,7 @@ def best_keras_fit(settings: Settings, runtime: Runtime, data: Data, trial_secon
             for jit in (True, False):
                 tried = f"{strategy_name}, steps_per_execution={steps_per_execution}, jit_compile={jit}"
                 try:
-                    contender = keras_contender("keras_fit", settings, strategy, strategy_name, data, False,
+                    contender = keras_contender("keras_fit", settings, experiment, strategy, strategy_name, data, False,
                                                 runtime.global_batch, steps_per_execution, jit, context)  # fmt: skip
                     contender.measure(min(0.2, trial_seconds))  # traces
                     examples, seconds = contender.measure(trial_seconds)
@@ -273,11 +277,11 @@ def best_keras_fit(settings: Settings, runtime: Runtime, data: Data, trial_secon
 # --- streamed splits -------------------------------------------------------------------------------------------
 
 
-def streamed(settings: Settings) -> Data:
+def streamed(settings: Settings, experiment: Experiment) -> Data:
     """The same splits, streamed from the prepared TFDS files as DATA_IN_MEMORY=false reads them."""
     from train.data import open_dataset
 
-    return open_dataset(settings).load(settings, in_memory=False)
+    return open_dataset(settings, experiment).load(settings, in_memory=False)
 
 
 def _tuned_read(split, seed: int, decoders=None) -> tf.data.Dataset:

@@ -18,7 +18,7 @@ from typing import Any
 from train.devices.backend import DeviceBackend
 from train.devices.runtime import configure_devices, resolve
 from train.errors import SettingsError
-from train.model_file import OWN_STEP_PRECISION, declares_own_train_step
+from train.model_file import OWN_STEP_PRECISION, load_model_file
 from train.settings import Settings
 from train.tools import cuda_versions
 
@@ -78,7 +78,11 @@ def _own_step_precision(settings: Settings, resolution):
     falls back (train.start)."""
     if settings.mixed_precision != "auto" or resolution.precision != "mixed_float16":
         return resolution
-    if not declares_own_train_step(settings.model):
+    try:  # MODEL's file, loaded once here: only the doctor's question of it, told without building the model
+        own = load_model_file(settings.model).declares_own_train_step()
+    except SettingsError:  # a file that cannot be imported: fit will say why
+        own = False
+    if not own:
         return resolution
     return replace(resolution, precision="float32", precision_why=f"MIXED_PRECISION=auto: {OWN_STEP_PRECISION}")
 
