@@ -16,7 +16,9 @@ ORDER = """
 import json, sys
 import numpy as np
 import tensorflow as tf
-from train.data import Split, load_data, make_feed, train_dataset
+from train.data import load_data
+from train.data.feeds import make_feed, train_dataset
+from train.data.in_memory import Split
 from train.devices.runtime import setup_runtime
 from train.model_file import load_model_file
 from train.settings import load_settings
@@ -284,7 +286,8 @@ def test_xla_compiles_a_streamed_call_and_learns_the_same(tmp_path, tfds_data_di
 REPLICA_STEP = """
 import json, sys
 import tensorflow as tf
-from train.data import PipelineFeed, load_data, train_dataset
+from train.data import load_data
+from train.data.feeds import train_dataset, PipelineFeed
 from train.devices.runtime import setup_runtime
 from train.built import build
 from train.model_file import load_model_file

@@ -15,7 +15,9 @@ from tests.conftest import clean_env, read_summary, run_python, run_train
 ORDER = """
 import json, sys
 import numpy as np
-from train.data import Split, load_data, train_dataset
+from train.data import load_data
+from train.data.feeds import train_dataset
+from train.data.in_memory import Split
 from train.devices.runtime import setup_runtime
 from train.model_file import load_model_file
 from train.settings import load_settings
@@ -174,7 +176,8 @@ REMAINDER = """
 import json, sys
 import numpy as np
 import tensorflow as tf
-from train.data import Remainder, load_data, train_dataset
+from train.data import load_data
+from train.data.feeds import train_dataset, Remainder
 from train.devices.runtime import setup_runtime
 from train.model_file import load_model_file
 from train.settings import load_settings

@@ -327,7 +327,8 @@ def test_a_worker_whose_peer_never_starts_gives_up_after_worker_start_timeout(tm
 SHARDS = """
 import json, sys
 import numpy as np
-from train.data import Split, batches_per_pass, train_dataset
+from train.data.feeds import batches_per_pass, train_dataset
+from train.data.in_memory import Split
 from train.devices.runtime import setup_runtime
 from train.settings import load_settings
 

@@ -34,7 +34,8 @@ def build_model(input_shape, num_classes, learning_rate):
 
 ORDER = """
 import json, sys
-from train.data import load_data, train_dataset
+from train.data import load_data
+from train.data.feeds import train_dataset
 from train.devices.runtime import setup_runtime
 from train.model_file import load_model_file
 from train.settings import load_settings

@@ -31,7 +31,8 @@ from typing import ClassVar, Protocol
 import keras
 import tensorflow as tf
 
-from train.data import Feed, TrainSplit
+from train.data.feeds import Feed
+from train.data.source import TrainSplit
 from train.errors import SettingsError, first_line
 from train.keras_seams import gradients_come_summed
 from train.model_file import Experiment

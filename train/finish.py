@@ -10,7 +10,7 @@ from train.callbacks import Callbacks
 from train.checkpoints import RunCheckpoint
 from train.cluster.role import Role
 from train.cluster.workers import WeightsDiffer
-from train.data import TrainSplit
+from train.data.source import TrainSplit
 from train.errors import TrainingError
 from train.loop import Outcome
 from train.model import averaged_weights, weights_fingerprint

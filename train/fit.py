@@ -35,7 +35,8 @@ from train.callbacks import Callbacks
 from train.checkpoints import RunCheckpoint, make_checkpoint, restore_newest
 from train.cluster.role import Role, take_role
 from train.custom_step import make_calls, make_evaluator
-from train.data import Remainder, gathers_in_step, make_feed, open_dataset
+from train.data import open_dataset
+from train.data.feeds import Remainder, gathers_in_step, make_feed
 from train.data.opening import check_same_data
 from train.data.raised import preprocess_raised
 from train.devices.runtime import Runtime, setup_runtime

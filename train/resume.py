@@ -15,7 +15,8 @@ import numpy as np
 from train.batches import accumulation_changed
 from train.checkpoints import RunCheckpoint, make_checkpoint
 from train.cluster.role import Role
-from train.data import StreamedSplit, batches_per_pass, input_pipelines
+from train.data.feeds import batches_per_pass, input_pipelines
+from train.data.streamed import StreamedSplit
 from train.devices.runtime import Runtime
 from train.model_file import model_fingerprint
 from train.run_state import Position, Start

@@ -17,7 +17,7 @@ import numpy as np
 
 from train.cluster.workers import SingleHost
 from train.context import Context
-from train.data import Data
+from train.data.source import Data
 from train.devices.runtime import Runtime
 from train.model import Built
 from train.settings import Settings

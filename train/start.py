@@ -17,8 +17,10 @@ from train.cluster.agreement import Decision, reconcile, report
 from train.cluster.role import Peers, Role
 from train.context import Context, sample_function
 from train.custom_step import refuse_unevaluated_monitor
-from train.data import Data, Dataset, batches_per_pass, gathers_in_step, input_pipelines, open_dataset
+from train.data import Dataset, open_dataset
+from train.data.feeds import batches_per_pass, gathers_in_step, input_pipelines
 from train.data.opening import check_same_data, data_identity_text
+from train.data.source import Data
 from train.data.spec import features_record
 from train.devices.runtime import Runtime, auto_precision, choose_xla
 from train.errors import SettingsError

@@ -25,7 +25,8 @@ import numpy as np
 import tensorflow as tf
 
 from train.accumulation import accumulating_replica_step
-from train.data import Feed, TrainSplit, eval_dataset
+from train.data.feeds import Feed, eval_dataset
+from train.data.source import TrainSplit
 from train.data.spec import DatasetSpec
 from train.keras_seams import loss_tracker
 

@@ -18,8 +18,7 @@ import tensorflow as tf
 
 from tests.harness.replicas import MODEL, SPEC, arrays, weights
 from train.built import build
-from train.data import make_feed
-from train.data.feeds import RowsFeed
+from train.data.feeds import RowsFeed, make_feed
 from train.keras_seams import loss_tracker
 from train.model_file import load_model_file
 from train.settings import load_settings

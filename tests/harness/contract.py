@@ -28,8 +28,9 @@ from train.adapt import AdaptContext
 from train.built import build
 from train.callbacks import build_callbacks
 from train.context import Context, sample_function
-from train.data import SerializedSplit, Split, make_feed
 from train.data.examples import BYTES_SUFFIX, random_record
+from train.data.feeds import make_feed
+from train.data.in_memory import SerializedSplit, Split
 from train.data.opening import open_builder, open_source
 from train.data.spec import inspect
 from train.dataset_path import is_path

@@ -22,7 +22,9 @@ import tensorflow as tf
 from examples.custom_step import build_model
 from train.built import build
 from train.custom_step import make_calls
-from train.data import DatasetSpec, Split, make_feed, pass_order
+from train.data.feeds import make_feed, pass_order
+from train.data.in_memory import Split
+from train.data.spec import DatasetSpec
 from train.devices.runtime import setup_runtime
 from train.model_file import load_model_file
 from train.settings import load_settings

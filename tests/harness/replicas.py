@@ -21,8 +21,9 @@ import tensorflow as tf
 
 from train.built import build
 from train.context import Context
-from train.data import DatasetSpec, Split, make_feed
-from train.data.feeds import RowsFeed
+from train.data.feeds import RowsFeed, make_feed
+from train.data.in_memory import Split
+from train.data.spec import DatasetSpec
 from train.devices.runtime import setup_runtime
 from train.model_file import load_model_file
 from train.settings import load_settings

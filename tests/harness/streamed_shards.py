@@ -14,7 +14,8 @@ import sys
 
 import numpy as np
 
-from train.data import load_data, train_dataset
+from train.data import load_data
+from train.data.feeds import train_dataset
 from train.devices.runtime import setup_runtime
 from train.model_file import load_model_file
 from train.settings import load_settings

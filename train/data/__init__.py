@@ -2,13 +2,13 @@
 (`streamed`), both as `Data` (`source`), and the batches the step and evaluation read (`feeds`). `open_dataset`
 and `Dataset.load` are what `fit` calls; `load_data` does both on one host.
 
-Those modules (TensorFlow) load when one of their names is first used, so that the modules without TensorFlow
-(`local`, `written`, `prepared`: `data list|prune`) import without it. What the data reads of the settings is
+Each name is imported from its home module (`from train.data.feeds import make_feed`): this package re-exports
+none, and imports TensorFlow only inside its functions, so that the modules without it (`local`, `written`,
+`prepared`: `data list|prune`) import without it. What the data reads of the settings is
 `data_settings.DataSettings`; train.settings, above, is not imported here."""
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -23,31 +23,7 @@ if TYPE_CHECKING:
     from train.data.written import Identity, LeftOut
     from train.model_file import Experiment
 
-__all__ = [
-    "BlocksFeed", "Data", "Dataset", "DatasetSpec", "Feed", "PipelineFeed", "Remainder", "RowsFeed", "SerializedSplit",
-    "Split",
-    "StreamedSplit", "TrainSplit", "batches_per_pass", "distribute", "eval_dataset", "eval_steps", "gathers_in_step",
-    "general_path", "input_pipelines",
-    "load_data", "make_feed", "open_dataset", "pass_order", "train_dataset",
-]  # fmt: skip
-
-
-_HOMES = {
-    "feeds": ("BlocksFeed", "Feed", "PipelineFeed", "Remainder", "RowsFeed", "batches_per_pass", "distribute",
-              "eval_dataset", "eval_steps", "gathers_in_step", "general_path", "input_pipelines", "make_feed",
-              "pass_order", "train_dataset"),
-    "in_memory": ("SerializedSplit", "Split"),
-    "source": ("Data", "TrainSplit"),
-    "spec": ("DatasetSpec",),
-    "streamed": ("StreamedSplit",),
-}  # fmt: skip
-_HOME = {name: module for module, names in _HOMES.items() for name in names}
-
-
-def __getattr__(name: str) -> object:
-    if name not in _HOME:
-        raise AttributeError(f"module 'train.data' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"train.data.{_HOME[name]}"), name)
+__all__ = ["Dataset", "load_data", "open_dataset"]
 
 
 @dataclass(frozen=True)

@@ -367,7 +367,7 @@ def build_contenders(
 ) -> list:
     """Each contender named, made and warmed up (tracing and first calls, not counted), each model from the
     `experiment` (MODEL's file, loaded once). `streamed`: the same splits streamed (the data of 5 and 6), or None."""
-    from train.data import Split
+    from train.data.in_memory import Split
     from train.loop import longest_call
     from train.start import cadence_of, steps_per_epoch
     from train.tools import contenders as c

@@ -18,7 +18,8 @@ import tensorflow as tf
 
 from train.built import build
 from train.custom_step import make_calls
-from train.data import gathers_in_step, load_data, make_feed
+from train.data import load_data
+from train.data.feeds import gathers_in_step, make_feed
 from train.devices.backend import TensorFlowDevices
 from train.devices.runtime import choose_xla, setup_runtime
 from train.errors import SettingsError, first_line

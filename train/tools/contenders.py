@@ -22,7 +22,9 @@ import tensorflow as tf
 
 from train.built import build
 from train.context import Context
-from train.data import BlocksFeed, Data, PipelineFeed, Split, distribute, gathers_in_step, make_feed
+from train.data.feeds import BlocksFeed, PipelineFeed, distribute, gathers_in_step, make_feed
+from train.data.in_memory import Split
+from train.data.source import Data
 from train.devices.runtime import Runtime, choose_xla
 from train.errors import TrainingError, first_line
 from train.loop import call_steps, longest_call
