@@ -12,9 +12,10 @@ Model, data, devices and loop are the rows in capitals.
 | settings/       | each setting declared once (table), parsed (parse), layered:   | import TensorFlow or train.data;  |
 |                 | flag > environment > the run's settings.json > .env > default  | write a file                      |
 |                 | (layers; run); checked before TF loads                         |                                   |
-| dataset_path,   | DATASET a path or a TFDS name, and a folder's stat survey      | import settings, data or TF at    |
-| datasets/       | (dataset_path); the template's offline TFDS builders, with the | import time                       |
-|                 | fork's registered (datasets)                                   |                                   |
+| dataset_path,   | DATASET's reader, one per kind, chosen once (reader_for): a    | import settings, data or TF at    |
+| datasets/       | TFDS name's, or a path's from its stat survey (dataset_path);  | import time                       |
+|                 | the template's offline TFDS builders, with the fork's          |                                   |
+|                 | registered (datasets)                                          |                                   |
 | signals         | SIGTERM and Ctrl-C heard once (StopRequest, stop_heard)        | import TensorFlow                 |
 | run_files       | settings.json's name, which settings/ and rundir both read     | import anything                   |
 | model_file      | MODEL's file: found, parsed, hashed, imported once: the        | import train.settings, or TF at   |

@@ -1,11 +1,13 @@
 """DATASET told and surveyed before TensorFlow loads: whether it names a path or a TFDS name (`is_path`), and what
 a path holds, from `stat` alone (`survey`): its reader, the layout (classes, splits), every file's size and mtime.
 
-The readers: one object per kind of data a path holds (a folder of images, a CSV file, a JSON Lines file, a prepared
-TFDS folder), registered once in READERS, by kind and by the file suffixes each claims. The survey, the writing of
-the records (train.data.written, through `Reader.write`), the reading of the files (train.data.local) and predict's
+The readers: one object per kind of data (a folder of images, a CSV file, a JSON Lines file, a prepared TFDS
+folder, a TFDS name). A path's are registered once in READERS, by kind and by the file suffixes each claims; a TFDS
+name's is TFDS (`TfdsName`: no file here, TFDS's builder reads it). `reader_for` chooses DATASET's, whatever its
+kind: the one choice fit, evaluate and predict make alike (train.data.opening). The survey, the writing of the
+records (train.data.written, through `Reader.write`), the reading of the files (train.data.local) and predict's
 INPUT (train.predict_inputs) all ask READERS; none tests a kind's name. Adding a kind (Parquet) is one subclass of
-`TableReader` and one entry in READERS. A TFDS name is no path: TFDS's builder reads it (train.data.opening).
+`TableReader` and one entry in READERS.
 
 Below the settings (DATASET's parser, the workers' agreed settings) and the data (train.data.local reads the files
 `survey` lists; train.data.written writes them once), which both ask it; it imports neither. A bare name that
@@ -148,8 +150,19 @@ class PreparedFolder:
         return writing.in_place()
 
 
-IMAGES, PREPARED = ImageFolder(), PreparedFolder()
-READERS: tuple[Reader, ...] = (IMAGES, PREPARED, Csv(), JsonLines())  # the one registration of every kind
+class TfdsName:
+    """A TFDS name (TFDS's own, the template's, the fork's `project.datasets`): no file here; TFDS's builder reads
+    it, prepared once in TFDS_DATA_DIR (train.data.opening), its records read where TFDS keeps them."""
+
+    kind = "tfds"
+    suffixes = ()
+
+    def write(self, writing: Writing[W]) -> W:
+        return writing.in_place()
+
+
+IMAGES, PREPARED, TFDS = ImageFolder(), PreparedFolder(), TfdsName()
+READERS: tuple[Reader, ...] = (IMAGES, PREPARED, Csv(), JsonLines())  # the one registration of a path's kinds
 TABLES: dict[str, TableReader] = {suffix: r for r in READERS if isinstance(r, TableReader) for suffix in r.suffixes}
 TABLE_SUFFIXES = tuple(TABLES)
 WRITTEN = frozenset(reader.kind for reader in READERS if reader is not PREPARED)  # kinds written into TFDS_DATA_DIR
@@ -277,12 +290,18 @@ def checked(text: str) -> Survey:
     return _CHECKED.pop((os.getcwd(), text), None) or survey(text)
 
 
+def reader_for(text: str) -> Reader:
+    """DATASET's reader, whatever it names: TFDS for a TFDS name, else the reader of what the path holds (its
+    survey, the one the settings' check made where there is one). Raises SettingsError as `survey` does."""
+    if not is_path(text):
+        return TFDS
+    return (_CHECKED.get((os.getcwd(), text)) or survey(text)).reader
+
+
 def is_table(text: str) -> bool:
     """Whether DATASET names a table: a CSV or JSON Lines file, or a folder of them. Raises SettingsError as
     `survey` does."""
-    if not is_path(text):
-        return False
-    return isinstance((_CHECKED.get((os.getcwd(), text)) or survey(text)).reader, TableReader)
+    return isinstance(reader_for(text), TableReader)
 
 
 def survey(text: str) -> Survey:
