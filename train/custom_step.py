@@ -31,16 +31,16 @@ from typing import ClassVar, Protocol
 import keras
 import tensorflow as tf
 
+from train.data.examples import Inputs, InputSpec
 from train.data.feeds import Feed
 from train.data.source import TrainSplit
 from train.errors import SettingsError, first_line
 from train.keras_seams import gradients_come_summed
 from train.model_file import Experiment
-from train.step import BuiltModel, Evaluator, Inputs, Metrics, MetricValues, TrainCalls, make_train_calls
+from train.step import BuiltModel, Evaluator, Metrics, MetricValues, TrainCalls, make_train_calls
 
 Logs = dict[str, "tf.Tensor | Logs"]  # what a train_step or test_step returns: nested dicts of tensors
 LogsSpec = dict[str, "tf.TensorSpec | LogsSpec"]  # ... their structure
-InputsSpec = tf.TensorSpec | dict[str, tf.TensorSpec]
 StepData = Inputs | tuple[Inputs, tf.Tensor]  # what train_step(data) gets: (inputs, labels), or the inputs alone
 
 
@@ -96,7 +96,7 @@ def prepare_custom_step(
     model_setting: str,
     network: keras.Model,
     strategy: tf.distribute.Strategy,
-    batch: tuple[InputsSpec, tf.TensorSpec],
+    batch: tuple[InputSpec, tf.TensorSpec],
     model_input: Callable[[Inputs], Inputs],
     labeled: bool = True,
 ) -> OwnStep:
@@ -123,7 +123,7 @@ def _trace(
     network: keras.Model,
     strategy: tf.distribute.Strategy,
     model_input: Callable[[Inputs], Inputs],
-    batch: tuple[InputsSpec, tf.TensorSpec],
+    batch: tuple[InputSpec, tf.TensorSpec],
     labeled: bool,
 ) -> tuple[Logs, dict[int, tuple[keras.optimizers.Optimizer, list[keras.Variable]]]]:
     """What train_step returns, traced (not run) on `batch`, and each optimizer the model holds with the variables
@@ -349,7 +349,7 @@ def choose_step(
     experiment: Experiment,
     network: keras.Model,
     strategy: tf.distribute.Strategy,
-    batch: tuple[InputsSpec, tf.TensorSpec],
+    batch: tuple[InputSpec, tf.TensorSpec],
     model_input: Callable[[Inputs], Inputs],
     labeled: bool,
 ) -> Step:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from train.errors import SettingsError, first_line
 from train.outputs import CLASSES, OUTPUTS, SCORES
-from train.predict_inputs import Example, Reader, Source
+from train.predict_inputs import Example, InputFile, SignatureExamples
 from train.rundir import check_same_model
 from train.settings import Settings
 
@@ -201,7 +201,7 @@ def _chunks(examples: Iterable[Example], size: int) -> Iterator[list[Example]]:
         yield chunk
 
 
-def predict(settings: Settings, sources: list[Source], split: str | None, batch: int, checkpoint: bool,
+def predict(settings: Settings, sources: list[InputFile], split: str | None, batch: int, checkpoint: bool,
             open_output: Callable[[], TextIO], say: Callable[[str], None], bar: bool = False) -> int:  # fmt: skip
     """Predict every example of `sources` (then of `split`), in order, `batch` at a time, on the first device the
     settings choose; each checked before `open_output()` is called and the first line written. `bar`: a progress
@@ -225,7 +225,7 @@ def predict(settings: Settings, sources: list[Source], split: str | None, batch:
     features = features_record(opened.builder, opened.settings) if opened is not None else recorded["features"]
     predictor = _from_checkpoint(settings, experiment, runtime, opened, say) if checkpoint else _exported(settings)
     images = {name for name in predictor.inputs if name in features["images"]}
-    examples: Iterable[Example] = Reader(predictor.inputs, images).read(sources)
+    examples: Iterable[Example] = SignatureExamples(predictor.inputs, images).read(sources)
     total = len(examples)
     if split is not None:
         examples = itertools.chain(examples, _split_examples(opened.builder, split, predictor, images))

@@ -2,9 +2,9 @@
 
 Every input is read and checked before the first prediction is written: a file the model cannot take, a row
 missing a column the signature takes, a value of the wrong type or shape is one line (SettingsError, exit 2)
-naming the file and line. `gather` needs no TensorFlow (it runs before it loads); `Reader` knows the signature.
-Which files are taken, and how a table's rows are read, is DATASET's readers' (train.dataset_path's READERS): an
-INPUT file is read as the DATASET of its kind is.
+naming the file and line. `gather` needs no TensorFlow (it runs before it loads); `SignatureExamples` knows the
+signature. Which files are taken, and how a table's rows are read, is DATASET's readers' (train.dataset_path's
+READERS, each a `Reader`): an INPUT file is read as the DATASET of its kind is.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from train.dataset_path import IMAGES, Row, TableReader, reader_of
-from train.dataset_path import Reader as DataReader
+from train.dataset_path import IMAGES, Reader, Row, TableReader, reader_of
 from train.errors import SettingsError, first_line
 
 if TYPE_CHECKING:
@@ -30,11 +29,11 @@ Value = bytes | np.ndarray  # an input's value: an image's stored bytes, or an a
 
 
 @dataclass(frozen=True)
-class Source:
+class InputFile:
     """One INPUT file and the reader of its kind: an image file (IMAGES) or a table's (a TableReader)."""
 
     path: Path
-    reader: DataReader
+    reader: Reader
 
 
 def _is_image(path: Path) -> bool:
@@ -48,17 +47,17 @@ def _is_image(path: Path) -> bool:
         return False
 
 
-def _reader(path: Path) -> DataReader | None:
+def _reader(path: Path) -> Reader | None:
     reader = reader_of(path)
     if isinstance(reader, TableReader) or reader is IMAGES:
         return reader
     return IMAGES if _is_image(path) else None
 
 
-def gather(paths: list[Path], warn=lambda message: None) -> list[Source]:
+def gather(paths: list[Path], warn=lambda message: None) -> list[InputFile]:
     """INPUT paths as sources, in order: a folder's images searched recursively, in sorted order (what is not an
     image there is left out, and said). Raises SettingsError for a path missing, unreadable or of no kind taken."""
-    sources: list[Source] = []
+    sources: list[InputFile] = []
     for path in paths:
         if not path.exists():
             raise SettingsError(f"INPUT {path} does not exist: give {TAKEN}")
@@ -70,14 +69,14 @@ def gather(paths: list[Path], warn=lambda message: None) -> list[Source]:
             if len(images) < len(files):
                 other = next(p for p in files if p not in set(images))
                 warn(f"INPUT {path}: {len(files) - len(images)} files that are not images left out (like {other})")
-            sources.extend(Source(p, IMAGES) for p in images)
+            sources.extend(InputFile(p, IMAGES) for p in images)
             continue
         if not os.access(path, os.R_OK):
             raise SettingsError(f"INPUT {path} is not readable")
         reader = _reader(path)
         if reader is None:
             raise SettingsError(f"INPUT {path} is none of what predict takes: {TAKEN}")
-        sources.append(Source(path, reader))
+        sources.append(InputFile(path, reader))
     return sources
 
 
@@ -89,14 +88,14 @@ class Example:
     values: dict[str, Value]
 
 
-class Reader:
+class SignatureExamples:
     """Sources read into examples for one signature: `inputs` is its name -> tf.TensorSpec (batch axis first);
     `images` names the inputs that take an image (stored bytes as a string, or decoded uint8 pixels)."""
 
     def __init__(self, inputs: dict[str, tf.TensorSpec], images: set[str]) -> None:
         self.inputs, self.images = inputs, images
 
-    def read(self, sources: list[Source]) -> list[Example]:
+    def read(self, sources: list[InputFile]) -> list[Example]:
         """Every source's examples, in order, each checked. Raises SettingsError naming the file (and line)."""
         examples: list[Example] = []
         for source in sources:

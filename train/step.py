@@ -25,12 +25,12 @@ import numpy as np
 import tensorflow as tf
 
 from train.accumulation import accumulating_replica_step
+from train.data.examples import Inputs
 from train.data.feeds import Feed, eval_dataset
 from train.data.source import TrainSplit
 from train.data.spec import DatasetSpec
 from train.keras_seams import loss_tracker
 
-Inputs = tf.Tensor | dict[str, tf.Tensor]  # what the model gets of a batch: the stored feature, or preprocess's dict
 Metrics = dict[str, tf.Tensor]  # compiled metrics (or a model's own step's logs) by name, as tensors
 MetricValues = dict[str, float | list]  # ... as JSON-ready numbers
 
