@@ -71,7 +71,7 @@ def relative_difference(first: Path, second: Path) -> float:
 
 
 # 3 epochs of 40 steps, a checkpoint at each epoch's end (all kept): a run stopped at step 40, in the middle of a
-# pass (64 batches of 256), is an uninterrupted run's copy taken back to its ckpt-40 (_moved_copy)
+# pass (64 batches of 256), is an uninterrupted run's copy taken back to its ckpt-40 (moved_copy)
 ELASTIC = {"GLOBAL_BATCH_SIZE": 256, "BATCH_SIZE": None, "STEPS_PER_EPOCH": 40, "CHECKPOINT_EVERY": 40,
            "KEEP_CHECKPOINTS": 20, "LEARNING_RATE": 0.003}  # fmt: skip
 
@@ -85,7 +85,7 @@ def _back_to(run: Path, step: int) -> None:
     (run / "summary.json").unlink()
 
 
-def _moved_copy(straight: Path, moved: Path, step: int = 40) -> Path:
+def moved_copy(straight: Path, moved: Path, step: int = 40) -> Path:
     """A copy of the uninterrupted run `straight`, as if it had stopped at `step`: the run to resume elsewhere."""
     shutil.copytree(straight, moved)
     _back_to(moved, step)
@@ -102,7 +102,7 @@ def test_a_run_resumed_on_another_replica_count_ends_where_the_uninterrupted_one
     straight = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "straight", CPU_DEVICES=before, **common)
     assert straight.returncode == 0, straight.stderr[-3000:]
     # Step 40 is in the middle of a pass (64 batches of 256): the resumed run must read on from there.
-    _moved_copy(tmp_path / "straight", tmp_path / "moved")
+    moved_copy(tmp_path / "straight", tmp_path / "moved")
     moved = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "moved", CPU_DEVICES=after, **common)
     assert moved.returncode == 0, moved.stderr[-3000:]
     assert "the global batch is" not in moved.stdout  # kept: nothing to warn of
@@ -127,7 +127,7 @@ def test_two_workers_resumed_on_one_end_where_the_two_do(tmp_path, tfds_data_dir
     common = {**ELASTIC, **WORKERS_MODEL, "EPOCHS": 3, "STEPS_PER_CALL": 8}
     straight = run_workers(tmp_path / "straight", [{}, {}], tfds_data_dir, **common)
     assert [code for code, _ in straight] == [0, 0], straight[0][1][-3000:]
-    _moved_copy(tmp_path / "straight" / "run", tmp_path / "moved" / "run")  # 2 workers stopped at step 40
+    moved_copy(tmp_path / "straight" / "run", tmp_path / "moved" / "run")  # 2 workers stopped at step 40
     moved = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "moved" / "run", TFDS_DATA_DIR=tfds_data_dir,
                       **common)  # fmt: skip
     assert moved.returncode == 0, moved.stderr[-3000:]
@@ -248,7 +248,7 @@ def test_one_worker_resumed_on_two_ends_where_the_one_does(tmp_path, tfds_data_d
     straight = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "straight", TFDS_DATA_DIR=tfds_data_dir,
                          **common)  # fmt: skip
     assert straight.returncode == 0, straight.stderr[-3000:]
-    _moved_copy(tmp_path / "straight", tmp_path / "run")  # 1 worker stopped at step 40
+    moved_copy(tmp_path / "straight", tmp_path / "run")  # 1 worker stopped at step 40
     moved = run_workers(tmp_path, [{}, {}], tfds_data_dir, **common)  # the same OUTPUT_DIR: tmp_path / "run"
     assert [code for code, _ in moved] == [0, 0], moved[0][1][-3000:]
     reference, summary = read_summary(tmp_path / "straight"), read_summary(tmp_path / "run")
