@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import HARNESS_CWD, REPO, clean_env, kill_mid_run, read_summary, run_python, run_train, start_train
-from tests.test_elastic import relative_difference
+from tests.test_elastic import moved_copy, relative_difference
 from train.batches import Batch, accumulation_changed, batch_plan, describe_batch
 from train.errors import SettingsError
 from train.model_file import DEFAULT_MODEL
@@ -86,14 +86,32 @@ def unaccumulated(tmp_path_factory, tfds_data_dir) -> Path:
     return run
 
 
+# The killed run's cadence: a checkpoint to resume from every 40 steps, calls of 4 steps between them
+KILLABLE = {"STEPS_PER_CALL": 4, "CHECKPOINT_EVERY": 40}
+
+
+@pytest.fixture(scope="module")
+def accumulated_on_one_device(tmp_path_factory, tfds_data_dir) -> tuple[subprocess.CompletedProcess, Path]:
+    """600 steps of 256 on one device as 4 micro-batches of 64, uninterrupted, at the killed run's cadence: the
+    1-device case of the comparison with `unaccumulated`, and the reference of the killed run."""
+    run = tmp_path_factory.mktemp("accumulated") / "run"
+    result = run_train("fit", cwd=run.parent, OUTPUT_DIR=run, TFDS_DATA_DIR=tfds_data_dir, CPU_DEVICES=1,
+                       BATCH_SIZE=64, **{**ACCUMULATE, **KILLABLE})  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, run
+
+
 @pytest.mark.parametrize(("devices", "batch"), [(1, 64), (2, 32)], ids=["1 device", "2 replicas"])
 def test_accumulating_4_micro_batches_ends_where_the_unaccumulated_run_does(
-    tmp_path, tfds_data_dir, unaccumulated, devices, batch
+    tmp_path, tfds_data_dir, unaccumulated, accumulated_on_one_device, devices, batch
 ):
-    run = tmp_path / "run"
-    result = run_train("fit", cwd=tmp_path, OUTPUT_DIR=run, TFDS_DATA_DIR=tfds_data_dir, CPU_DEVICES=devices,
-                       BATCH_SIZE=batch, **ACCUMULATE)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    if devices == 1:
+        result, run = accumulated_on_one_device
+    else:
+        run = tmp_path / "run"
+        result = run_train("fit", cwd=tmp_path, OUTPUT_DIR=run, TFDS_DATA_DIR=tfds_data_dir, CPU_DEVICES=devices,
+                           BATCH_SIZE=batch, **ACCUMULATE)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
     assert (
         f"global batch 256 = micro-batch {batch} x 4 accumulated x {devices} (GLOBAL_BATCH_SIZE=256 from the "
         f"environment, BATCH_SIZE={batch} from the environment: {256 // devices} a replica, at most {batch} at once)"
@@ -153,11 +171,11 @@ def test_a_float16_overflow_in_one_micro_batch_skips_the_whole_step_on_every_rep
 
 
 @pytest.mark.slow
-def test_an_accumulating_run_killed_mid_training_resumes_to_the_same_weights(tmp_path, tfds_data_dir):
-    settings = {**ACCUMULATE, "TFDS_DATA_DIR": tfds_data_dir, "BATCH_SIZE": 64, "STEPS_PER_CALL": 4,
-                "CHECKPOINT_EVERY": 40}  # fmt: skip
-    straight = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "straight", **settings)
-    assert straight.returncode == 0, straight.stderr[-3000:]
+def test_an_accumulating_run_killed_mid_training_resumes_to_the_same_weights(
+    tmp_path, tfds_data_dir, accumulated_on_one_device
+):
+    settings = {**ACCUMULATE, **KILLABLE, "TFDS_DATA_DIR": tfds_data_dir, "CPU_DEVICES": 1, "BATCH_SIZE": 64}
+    straight = accumulated_on_one_device[1]  # these settings, uninterrupted
     run = tmp_path / "killed"
     process = start_train("fit", cwd=tmp_path, OUTPUT_DIR=run, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                           **settings)  # fmt: skip
@@ -166,19 +184,19 @@ def test_an_accumulating_run_killed_mid_training_resumes_to_the_same_weights(tmp
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = read_summary(run)
     assert summary["resumed_from_step"] % 40 == 0 and summary["resumed_from_step"] > 0  # saved between steps only
-    assert summary["weights_sha256"] == read_summary(tmp_path / "straight")["weights_sha256"]
+    assert summary["weights_sha256"] == read_summary(straight)["weights_sha256"]
 
 
 @pytest.mark.slow
 def test_two_replicas_resumed_on_one_accumulating_end_where_the_two_do(tmp_path, tfds_data_dir):
     """8 GPUs x 32 resumed on 2 with BATCH_SIZE=32, in small: 2 replicas x 128 resumed on 1 with BATCH_SIZE=64."""
-    common = {**ACCUMULATE, "TFDS_DATA_DIR": tfds_data_dir, "STEPS_PER_EPOCH": 40}
+    # 3 epochs of 40 steps, a checkpoint at each epoch's end: stopped at step 40 is the copy taken back to ckpt-40
+    common = {**ACCUMULATE, "TFDS_DATA_DIR": tfds_data_dir, "STEPS_PER_EPOCH": 40, "CHECKPOINT_EVERY": 40,
+              "KEEP_CHECKPOINTS": 20}  # fmt: skip
     straight = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "straight", CPU_DEVICES=2, BATCH_SIZE=None,
                          **common)  # fmt: skip
     assert straight.returncode == 0, straight.stderr[-3000:]
-    first = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "moved", CPU_DEVICES=2, BATCH_SIZE=None,
-                      **{**common, "EPOCHS": 1})  # fmt: skip
-    assert first.returncode == 0, first.stderr[-3000:]
+    moved_copy(tmp_path / "straight", tmp_path / "moved")
     moved = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "moved", CPU_DEVICES=1, BATCH_SIZE=64, **common)
     assert moved.returncode == 0, moved.stderr[-3000:]
     assert (

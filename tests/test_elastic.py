@@ -4,6 +4,7 @@ the math; without it, EPOCHS still counts passes over the data. TensorFlow runs 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -72,8 +73,27 @@ def relative_difference(first: Path, second: Path) -> float:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-ELASTIC = {"GLOBAL_BATCH_SIZE": 256, "BATCH_SIZE": None, "STEPS_PER_EPOCH": 40, "CHECKPOINT_EVERY": 1000,
-           "LEARNING_RATE": 0.003}  # fmt: skip
+# 3 epochs of 40 steps, a checkpoint at each epoch's end (all kept): a run stopped at step 40, in the middle of a
+# pass (64 batches of 256), is an uninterrupted run's copy taken back to its ckpt-40 (moved_copy)
+ELASTIC = {"GLOBAL_BATCH_SIZE": 256, "BATCH_SIZE": None, "STEPS_PER_EPOCH": 40, "CHECKPOINT_EVERY": 40,
+           "KEEP_CHECKPOINTS": 20, "LEARNING_RATE": 0.003}  # fmt: skip
+
+
+def _back_to(run: Path, step: int) -> None:
+    """The run as if it had stopped at `step`: the checkpoints after it and the summary gone."""
+    for path in (run / "checkpoints").glob("ckpt-*"):
+        if int(path.name.split("-")[1].split(".")[0].split("_")[0]) > step:
+            path.unlink()
+    (run / "checkpoints" / "checkpoint").unlink()
+    (run / "summary.json").unlink()
+
+
+def moved_copy(straight: Path, moved: Path, step: int = 40) -> Path:
+    """A copy of the uninterrupted run `straight`, as if it had stopped at `step`: the run to resume elsewhere."""
+    shutil.copytree(straight, moved)
+    _back_to(moved, step)
+    assert (moved / "checkpoints" / f"ckpt-{step}.index").is_file()
+    return moved
 
 
 @pytest.mark.slow
@@ -81,14 +101,12 @@ ELASTIC = {"GLOBAL_BATCH_SIZE": 256, "BATCH_SIZE": None, "STEPS_PER_EPOCH": 40, 
 def test_a_run_resumed_on_another_replica_count_ends_where_the_uninterrupted_one_does(
     tmp_path, tfds_data_dir, before, after
 ):
-    common = {**ELASTIC, "TFDS_DATA_DIR": tfds_data_dir}
-    straight = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "straight", CPU_DEVICES=before, EPOCHS=3,
-                         **common)  # fmt: skip
+    common = {**ELASTIC, "TFDS_DATA_DIR": tfds_data_dir, "EPOCHS": 3}
+    straight = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "straight", CPU_DEVICES=before, **common)
     assert straight.returncode == 0, straight.stderr[-3000:]
-    first = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "moved", CPU_DEVICES=before, EPOCHS=1, **common)
-    assert first.returncode == 0, first.stderr[-3000:]
     # Step 40 is in the middle of a pass (64 batches of 256): the resumed run must read on from there.
-    moved = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "moved", CPU_DEVICES=after, EPOCHS=3, **common)
+    moved_copy(tmp_path / "straight", tmp_path / "moved")
+    moved = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "moved", CPU_DEVICES=after, **common)
     assert moved.returncode == 0, moved.stderr[-3000:]
     assert "the global batch is" not in moved.stdout  # kept: nothing to warn of
     said = f"This start runs {after} replica(s) on 1 worker(s), the last one {before} on 1: chosen again"
@@ -109,12 +127,10 @@ def test_two_workers_resumed_on_one_end_where_the_two_do(tmp_path, tfds_data_dir
     from tests.test_multi_worker import WORKERS_MODEL, run_workers
 
     (tmp_path / "straight").mkdir()
-    (tmp_path / "moved").mkdir()
     common = {**ELASTIC, **WORKERS_MODEL, "EPOCHS": 3, "STEPS_PER_CALL": 8}
     straight = run_workers(tmp_path / "straight", [{}, {}], tfds_data_dir, **common)
     assert [code for code, _ in straight] == [0, 0], straight[0][1][-3000:]
-    first = run_workers(tmp_path / "moved", [{}, {}], tfds_data_dir, **{**common, "EPOCHS": 1})
-    assert [code for code, _ in first] == [0, 0], first[0][1][-3000:]
+    moved_copy(tmp_path / "straight" / "run", tmp_path / "moved" / "run")  # 2 workers stopped at step 40
     moved = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "moved" / "run", TFDS_DATA_DIR=tfds_data_dir,
                       **common)  # fmt: skip
     assert moved.returncode == 0, moved.stderr[-3000:]
@@ -126,15 +142,6 @@ def test_two_workers_resumed_on_one_end_where_the_two_do(tmp_path, tfds_data_dir
     assert [s["workers"] for s in summary["starts"]] == [2, 1]
 
 
-def _back_to(run: Path, step: int) -> None:
-    """The run as if it had stopped at `step`: the checkpoints after it and the summary gone."""
-    for path in (run / "checkpoints").glob("ckpt-*"):
-        if int(path.name.split("-")[1].split(".")[0].split("_")[0]) > step:
-            path.unlink()
-    (run / "checkpoints" / "checkpoint").unlink()
-    (run / "summary.json").unlink()
-
-
 @pytest.mark.parametrize(("before", "after"), [(1, 2), (2, 1)], ids=["1 -> 2 devices", "2 -> 1 devices"])
 def test_without_global_batch_size_epochs_still_count_passes_and_no_epoch_is_evaluated_twice(
     tmp_path, tfds_data_dir, before, after
@@ -144,7 +151,7 @@ def test_without_global_batch_size_epochs_still_count_passes_and_no_epoch_is_eva
     run = tmp_path / "run"
     common = {"TFDS_DATA_DIR": tfds_data_dir, "OUTPUT_DIR": run, "EPOCHS": 3, "CHECKPOINT_EVERY": 40,
               "KEEP_CHECKPOINTS": 20}  # fmt: skip
-    first = run_train("fit", cwd=tmp_path, CPU_DEVICES=before, **common)
+    first = run_train("fit", cwd=tmp_path, CPU_DEVICES=before, **{**common, "EPOCHS": 1})  # its ckpt-40 is enough
     assert first.returncode == 0, first.stderr[-3000:]
     _back_to(run, 40)  # 40 steps of 128 x `before` examples: in epoch 1
     resumed = run_train("fit", cwd=tmp_path, CPU_DEVICES=after, **common)
@@ -224,7 +231,7 @@ def test_streamed_two_workers_resumed_on_one_mid_pass_finish_that_pass_then_trai
 
     common = {**ELASTIC, **WORKERS_MODEL, "STEPS_PER_EPOCH": None, "EPOCHS": 2, "DATA_IN_MEMORY": "false",
               "CHECKPOINT_EVERY": 20, "KEEP_CHECKPOINTS": 20, "STEPS_PER_CALL": 4}  # fmt: skip
-    first = run_workers(tmp_path, [{}, {}], tfds_data_dir, **common)
+    first = run_workers(tmp_path, [{}, {}], tfds_data_dir, **{**common, "EPOCHS": 1})  # pass 0: its ckpt-20 is enough
     assert [code for code, _ in first] == [0, 0], first[0][1][-3000:]
     run = tmp_path / "run"
     _back_to(run, 20)  # 20 of the pass's 64 global batches of 256
@@ -246,9 +253,7 @@ def test_one_worker_resumed_on_two_ends_where_the_one_does(tmp_path, tfds_data_d
     straight = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "straight", TFDS_DATA_DIR=tfds_data_dir,
                          **common)  # fmt: skip
     assert straight.returncode == 0, straight.stderr[-3000:]
-    first = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "run", TFDS_DATA_DIR=tfds_data_dir,
-                      **{**common, "EPOCHS": 1})  # fmt: skip
-    assert first.returncode == 0, first.stderr[-3000:]
+    moved_copy(tmp_path / "straight", tmp_path / "run")  # 1 worker stopped at step 40
     moved = run_workers(tmp_path, [{}, {}], tfds_data_dir, **common)  # the same OUTPUT_DIR: tmp_path / "run"
     assert [code for code, _ in moved] == [0, 0], moved[0][1][-3000:]
     reference, summary = read_summary(tmp_path / "straight"), read_summary(tmp_path / "run")
