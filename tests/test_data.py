@@ -92,20 +92,21 @@ def test_every_example_once_per_pass_disjoint_replicas_and_a_resume_reads_the_sa
     tmp_path, tfds_data_dir, in_memory, replicas
 ):
     output = tmp_path / "order.json"
+    examples, batch = 4096, 256  # a quarter of the split, read some ten times over (streamed, from its file)
     settings = {"TFDS_DATA_DIR": tfds_data_dir, "DATA_IN_MEMORY": in_memory, "CPU_DEVICES": replicas}
-    env = clean_env(**settings, BATCH_SIZE=1024 // replicas)
+    env = clean_env(**settings, TRAIN_SPLIT=f"train[:{examples}]", BATCH_SIZE=batch // replicas)
     result = run_python(["-c", ORDER, str(output)], cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     order = json.loads(output.read_text())
     assert order["replicas"] == replicas and order["in_memory"] == (in_memory == "true")
     passes = order["passes"]
-    assert passes == 16384 // 1024
+    assert passes == examples // batch == 16
     seen = order["seen"]
     for pass_number in range(2):
         steps = seen[pass_number * passes : (pass_number + 1) * passes]
-        examples = [i for step in steps for part in step for i in part]
-        assert all(len(step) == replicas and all(len(part) == 1024 // replicas for part in step) for step in steps)
-        assert len(set(examples)) == len(examples) == passes * 1024  # once per pass, replicas disjoint
+        read = [i for step in steps for part in step for i in part]
+        assert all(len(step) == replicas and all(len(part) == batch // replicas for part in step) for step in steps)
+        assert len(set(read)) == len(read) == examples  # once per pass, replicas disjoint
     assert seen[:passes] != seen[passes:]  # each pass in a new order
     assert order["resumed"] == seen[passes // 2 :]  # a restart mid-pass reads what the first run would have
     # On CPU devices the step gathers its batch, from the split (in memory) or from blocks of a call's batches
@@ -121,7 +122,7 @@ def test_every_example_once_per_pass_disjoint_replicas_and_a_resume_reads_the_sa
 def test_streamed_fit_learns_and_resumes_mid_pass_to_the_same_weights(tmp_path, tfds_data_dir):
     common = {
         "TFDS_DATA_DIR": tfds_data_dir, "DATA_IN_MEMORY": "false", "STEPS_PER_EPOCH": 30, "BATCH_SIZE": 64,
-        "LEARNING_RATE": 0.01, "CHECKPOINT_EVERY": 1000,
+        "LEARNING_RATE": 0.01, "CHECKPOINT_EVERY": 1000, "TRAIN_SPLIT": "train[:4096]",
     }  # fmt: skip
     straight = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "straight", EPOCHS=2, **common)
     assert straight.returncode == 0, straight.stderr[-3000:]
@@ -133,7 +134,7 @@ def test_streamed_fit_learns_and_resumes_mid_pass_to_the_same_weights(tmp_path, 
 
     first = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "resumed", EPOCHS=1, **common)
     assert first.returncode == 0, first.stderr[-3000:]
-    # 30 of the split's 256 batches: the second run starts mid-pass and must skip what the first one read.
+    # 30 of the split's 64 batches: the second run starts mid-pass and must skip what the first one read.
     second = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "resumed", EPOCHS=2, **common)
     assert second.returncode == 0, second.stderr[-3000:]
     resumed = read_summary(tmp_path / "resumed")
@@ -271,7 +272,9 @@ def test_images_are_held_in_memory_as_stored_one_byte_a_value_shared_with_tensor
 
 def test_xla_compiles_a_streamed_call_and_learns_the_same(tmp_path, tfds_data_dir):
     """Streamed on a CPU device, each call is handed its blocks of batches: XLA compiles the whole call."""
-    quick = {"TFDS_DATA_DIR": tfds_data_dir, "DATA_IN_MEMORY": "false", "EPOCHS": 1, "STEPS_PER_EPOCH": 30}
+    # 30 batches of 128 from a quarter of the split: one pass, and a quarter to evaluate at the end
+    quick = {"TFDS_DATA_DIR": tfds_data_dir, "DATA_IN_MEMORY": "false", "EPOCHS": 1, "STEPS_PER_EPOCH": 30,
+             "TRAIN_SPLIT": "train[:4096]"}  # fmt: skip
     losses, said = {}, {}
     for jit in ("true", "false"):
         result = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / jit, JIT_COMPILE=jit, **quick)

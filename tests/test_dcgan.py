@@ -93,9 +93,9 @@ def test_the_dcgan_trains_on_a_tfds_dataset_without_a_label_on_two_replicas_and_
     run = tmp_path / "run"
     settings = {**SMALL, "DATASET": "synthetic_sketches", "TFDS_DATA_DIR": sketches_data_dir, "OUTPUT_DIR": run,
                 "CPU_DEVICES": 2}  # fmt: skip
-    first = trained(run_train("fit", cwd=tmp_path, fresh=True, **settings), run)
+    first = trained(run_train("fit", cwd=tmp_path, **settings), run)
     assert first["replicas"] == 2 and first["global_batch"] == 16
-    again = trained(run_train("fit", cwd=tmp_path, fresh=True, **{**settings, "EPOCHS": 2}), run)
+    again = trained(run_train("fit", cwd=tmp_path, **{**settings, "EPOCHS": 2}), run)
     assert again["resumed_from_step"] == first["steps"] and again["steps"] == 2 * first["steps"]
     assert exported(run) == ["generator", [None, 8], [None, 8, 8, 1]]  # the images' one channel
 

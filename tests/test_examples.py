@@ -23,7 +23,7 @@ from tests.conftest import (
 
 CNN = {
     "MODEL": str(REPO / "examples" / "cnn.py"),  # the path form, as `make train MODEL=examples/cnn.py` gives it
-    "DATASET": "synthetic_images", "TRAIN_SPLIT": "train[:1024]", "EVAL_SPLIT": "test[:256]", "EPOCHS": 3,
+    "DATASET": "synthetic_images", "TRAIN_SPLIT": "train[:1024]", "EVAL_SPLIT": "test[:256]", "EPOCHS": 2,
     "STEPS_PER_CALL": 4, "CHECKPOINT_EVERY": 8, "LOG_EVERY": 16, "LEARNING_RATE": 0.003,
 }  # fmt: skip
 GLOBAL_BATCH = 32
@@ -62,7 +62,7 @@ def test_the_cnn_trains_on_images_in_their_shape_with_every_compiled_metric(cnn_
     replicas, run, result = cnn_run
     summary = read_summary(run)
     assert (summary["replicas"], summary["global_batch"]) == (replicas, GLOBAL_BATCH)
-    assert summary["steps"] == 3 * 1024 // GLOBAL_BATCH
+    assert summary["steps"] == 2 * 1024 // GLOBAL_BATCH
     assert set(summary["eval"]) == set(summary["train"]) == {"loss", "accuracy", "top3_accuracy"}
     assert summary["eval"]["accuracy"] > 0.3  # 10 classes: chance is 0.1
     assert summary["jit_compile"] is False  # RandomTranslation cannot be compiled by XLA, and says so
@@ -194,9 +194,10 @@ def served_accuracy(data_dir: Path, name: str, split: str, run: Path) -> dict:
 @pytest.mark.slow
 def test_the_resnet_trains_on_photos_of_any_size_and_serves_their_jpeg_bytes(tmp_path, photos_data_dir):
     run = tmp_path / "run"
+    # One epoch of 32 steps: measured at 0.68 accuracy (3 epochs, at 0.75, cost half again as much CPU)
     result = run_train(
         "fit", cwd=tmp_path, MODEL=REPO / "examples" / "resnet.py", DATASET="synthetic_photos",
-        TFDS_DATA_DIR=photos_data_dir, TRAIN_SPLIT="train[:1024]", EVAL_SPLIT="test", OUTPUT_DIR=run, EPOCHS=3,
+        TFDS_DATA_DIR=photos_data_dir, TRAIN_SPLIT="train[:1024]", EVAL_SPLIT="test", OUTPUT_DIR=run, EPOCHS=1,
         BATCH_SIZE=32, LEARNING_RATE=0.003,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]

@@ -131,20 +131,37 @@ def cropping_settings(tmp_path: Path, data_dir: Path, replicas: int, in_memory: 
     model.write_text(CROPPING)
     return {
         "MODEL": model, "DATASET": "synthetic_images", "TFDS_DATA_DIR": data_dir, "TRAIN_SPLIT": "train[:1024]",
-        "EVAL_SPLIT": "test[:256]", "EPOCHS": 3, "BATCH_SIZE": 32 // replicas, "CPU_DEVICES": replicas,
+        "EVAL_SPLIT": "test[:256]", "EPOCHS": 2, "BATCH_SIZE": 32 // replicas, "CPU_DEVICES": replicas,
         "DATA_IN_MEMORY": in_memory, "CHECKPOINT_EVERY": 4, "STEPS_PER_CALL": 4, "LEARNING_RATE": 0.01,
     }  # fmt: skip
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("replicas", "in_memory"), [(1, "true"), (2, "false")])
-def test_random_crops_resume_exactly_after_sigkill(tmp_path, examples_data_dir, replicas, in_memory):
-    settings = cropping_settings(tmp_path, examples_data_dir, replicas, in_memory)
-    straight = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "straight", **settings)
+def train_cropping(tmp_path: Path, data_dir: Path, replicas: int, in_memory: str) -> Path:
+    """The cropping model trained start to end, uninterrupted, in tmp_path / "straight"."""
+    straight = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "straight",
+                         **cropping_settings(tmp_path, data_dir, replicas, in_memory))  # fmt: skip
     assert straight.returncode == 0, straight.stderr[-3000:]
     assert "as the stored records, each preprocessed in tf.data" in straight.stdout
-    reference = read_summary(tmp_path / "straight")
-    assert reference["eval"]["accuracy"] > 0.2  # 10 classes: chance is 0.1
+    assert read_summary(tmp_path / "straight")["eval"]["accuracy"] > 0.2  # 10 classes: chance is 0.1
+    return tmp_path / "straight"
+
+
+@pytest.fixture(scope="module")
+def cropping_on_one_device(tmp_path_factory, examples_data_dir) -> Path:
+    """The cropping model trained on one device, in memory: the reference of the resume on 1 replica and of
+    the 2 workers below (the same settings: CHECKPOINT_EVERY changes what is saved, not what is trained)."""
+    return train_cropping(tmp_path_factory.mktemp("cropping"), examples_data_dir, 1, "true")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("replicas", "in_memory"), [(1, "true"), (2, "false")])
+def test_random_crops_resume_exactly_after_sigkill(request, tmp_path, examples_data_dir, replicas, in_memory):
+    if (replicas, in_memory) == (1, "true"):
+        straight = request.getfixturevalue("cropping_on_one_device")
+    else:
+        straight = train_cropping(tmp_path, examples_data_dir, replicas, in_memory)
+    reference = read_summary(straight)
+    settings = cropping_settings(tmp_path, examples_data_dir, replicas, in_memory)
 
     output_dir = tmp_path / "killed"
     process = start_train("fit", cwd=tmp_path, OUTPUT_DIR=output_dir, stdout=subprocess.DEVNULL,
@@ -155,7 +172,7 @@ def test_random_crops_resume_exactly_after_sigkill(tmp_path, examples_data_dir, 
     summary = read_summary(output_dir)
     assert 0 < summary["resumed_from_step"] < summary["steps"]
     assert summary["weights_sha256"] == reference["weights_sha256"]
-    assert same_weights(output_dir / "model.keras", tmp_path / "straight" / "model.keras")
+    assert same_weights(output_dir / "model.keras", straight / "model.keras")
 
 
 BAD = {
@@ -263,24 +280,25 @@ print(float(np.linalg.norm(x - y) / np.linalg.norm(x)))
 
 
 @pytest.mark.slow
-def test_two_workers_draw_the_crops_one_device_draws_and_end_where_it_does(tmp_path, examples_data_dir):
+def test_two_workers_draw_the_crops_one_device_draws_and_end_where_it_does(
+    tmp_path, examples_data_dir, cropping_on_one_device
+):
     """In memory, 2 workers read the global batches 1 device reads, and each example's seed depends on its
     place in the split alone: the same crops, so the same training up to the all-reduce's summation order."""
     from tests.test_multi_worker import run_workers
 
+    one = cropping_on_one_device
     settings = cropping_settings(tmp_path, examples_data_dir, 1, "true")
-    settings.update(EPOCHS=2, CHECKPOINT_EVERY=1000, STEPS_PER_EPOCH=None)
-    one = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "one", **settings)
-    assert one.returncode == 0, one.stderr[-3000:]
-    settings.update(BATCH_SIZE=16)
+    settings.update(CHECKPOINT_EVERY=1000, STEPS_PER_EPOCH=None, BATCH_SIZE=16)
     del settings["TFDS_DATA_DIR"]  # run_workers sets it
     workers = run_workers(tmp_path, [{}, {}], examples_data_dir, **settings)
     assert [code for code, _ in workers] == [0, 0], workers[0][1][-3000:] + workers[1][1][-3000:]
     assert "on 2 workers" in workers[0][1] and "as the stored records, each preprocessed in tf.data" in workers[0][1]
-    reference, both = read_summary(tmp_path / "one"), read_summary(tmp_path / "run")
+    reference, both = read_summary(one), read_summary(tmp_path / "run")
     assert (both["workers"], both["global_batch"], both["steps"]) == (2, 32, reference["steps"])
     assert abs(both["eval"]["accuracy"] - reference["eval"]["accuracy"]) <= 0.002
-    difference = run_python(["-c", RELATIVE_DIFFERENCE, str(tmp_path / "one" / "model.keras"),
-                             str(tmp_path / "run" / "model.keras")])  # fmt: skip
+    difference = run_python(
+        ["-c", RELATIVE_DIFFERENCE, str(one / "model.keras"), str(tmp_path / "run" / "model.keras")]
+    )
     assert difference.returncode == 0, difference.stderr[-2000:]
     assert float(difference.stdout.strip().splitlines()[-1]) < 1e-3
