@@ -365,15 +365,18 @@ def test_a_folder_of_split_folders_trains_on_train_and_evaluates_on_test_streame
     assert (summary["replicas"], summary["data_in_memory"]) == (2, False)
 
 
-def test_a_run_on_a_folder_resumed_ends_with_the_uninterrupted_runs_weights(tmp_path):
-    photos(tmp_path / "photos")
-    common = dict(cwd=tmp_path, DATASET="./photos", TFDS_DATA_DIR=tmp_path / "tfds", MODEL="examples.resnet",
-                  BATCH_SIZE=8, CHECKPOINT_EVERY=1)  # fmt: skip
-    assert run_train("fit", OUTPUT_DIR=tmp_path / "whole", EPOCHS=2, **common).returncode == 0
-    assert run_train("fit", OUTPUT_DIR=tmp_path / "cut", EPOCHS=1, **common).returncode == 0
-    resumed = run_train("fit", OUTPUT_DIR=tmp_path / "cut", EPOCHS=2, **common)
+def test_a_run_on_a_folder_resumed_ends_with_the_uninterrupted_runs_weights(trained_folder, tmp_path):
+    """The shared run (1 epoch, ended) resumed on a copy to 2 epochs; the uninterrupted run trains 2 at once, on the
+    copy's folder and TFDS_DATA_DIR, with the same settings."""
+    shared, settings, _ = trained_folder
+    for name in ("photos", "tfds", "run"):
+        shutil.copytree(shared / name, tmp_path / name)
+    common = {**settings, "TFDS_DATA_DIR": tmp_path / "tfds", "EPOCHS": 2}
+    whole = run_train("fit", cwd=tmp_path, **{**common, "OUTPUT_DIR": tmp_path / "whole"})
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    resumed = run_train("fit", cwd=tmp_path, **{**common, "OUTPUT_DIR": tmp_path / "run"})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    whole, cut = read_summary(tmp_path / "whole"), read_summary(tmp_path / "cut")
+    whole, cut = read_summary(tmp_path / "whole"), read_summary(tmp_path / "run")
     assert cut["resumed_from_step"] == whole["steps"] // 2
     assert cut["weights_sha256"] == whole["weights_sha256"]
 
