@@ -572,7 +572,8 @@ def test_workers_write_a_shared_folder_once_and_compare_the_datas_fingerprint_no
 def test_the_forks_contract_test_takes_a_folder_as_its_dataset(tmp_path):
     """tests/harness/contract.py (what tests/test_project.py runs on a fork's defaults) with DATASET a folder."""
     photos(tmp_path / "photos", per_class=3)
-    env = clean_env(DATASET=tmp_path / "photos", TFDS_DATA_DIR=tmp_path / "tfds", MODEL="examples.resnet")
+    (tmp_path / "resized.py").write_text(RESIZED)  # any model: the folder as the dataset is what is tested
+    env = clean_env(DATASET=tmp_path / "photos", TFDS_DATA_DIR=tmp_path / "tfds", MODEL=tmp_path / "resized.py")
     result = run_python(["-m", "tests.harness.contract", str(tmp_path / "export")], cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
