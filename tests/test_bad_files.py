@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import clean_env, read_summary, run_train, start_python
-from tests.test_local_data import FAST, photos
+from tests.test_local_data import FAST, RESIZED, photos
 from train.data import written
 from train.data.intact import damage
 
@@ -61,12 +61,14 @@ def _break(path: Path, keep: float = 0.5) -> None:
 
 
 def _settings(tmp_path: Path, **more) -> dict:
+    """A run on ./photos in tmp_path, with a small model (resized.py, written there): the files are what is tested."""
+    (tmp_path / "resized.py").write_text(RESIZED)
     return {
         "cwd": tmp_path,
         "DATASET": "./photos",
         "TFDS_DATA_DIR": tmp_path / "tfds",
         "OUTPUT_DIR": tmp_path / "run",
-        "MODEL": "examples.resnet",
+        "MODEL": "resized.py",
         **FAST,
         **more,
     }

@@ -338,13 +338,16 @@ def test_a_tfds_dataset_prepared_anew_is_not_the_runs_data(tmp_path, tfds_data_d
     assert "now {train: 4 files" in line and "it was prepared anew" in line
 
 
-def test_a_prepared_tfds_folder_is_read_in_place(trained_folder):
+def test_a_prepared_tfds_folder_is_read_in_place(trained_folder, tmp_path_factory):
     tmp_path, settings, _ = trained_folder
+    model = tmp_path_factory.mktemp("model") / "resized.py"  # any model: the reading is what is tested
+    model.write_text(RESIZED)
     name = json.loads((tmp_path / "run" / "run.json").read_text())["data"]["name"]
     directory = tmp_path / "tfds" / name / written.VERSION
     prepared = tmp_path / "prepared"
     shutil.copytree(directory, prepared)
-    result = run_train("fit", cwd=tmp_path, **{**settings, "DATASET": "./prepared", "OUTPUT_DIR": tmp_path / "p"})
+    result = run_train("fit", cwd=tmp_path, **{**settings, "DATASET": "./prepared", "OUTPUT_DIR": tmp_path / "p",
+                                               "MODEL": model})  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert read_summary(tmp_path / "p")["classes"] == ["cat", "dog", "tulip"]
     recorded = json.loads((tmp_path / "p" / "run.json").read_text())["data"]
@@ -354,8 +357,9 @@ def test_a_prepared_tfds_folder_is_read_in_place(trained_folder):
 def test_a_folder_of_split_folders_trains_on_train_and_evaluates_on_test_streamed_on_two_replicas(tmp_path):
     photos(tmp_path / "photos" / "train")
     photos(tmp_path / "photos" / "test", per_class=3, seed=1)
+    (tmp_path / "resized.py").write_text(RESIZED)  # any model: the layout and the streaming are what is tested
     result = run_train("fit", cwd=tmp_path, DATASET="./photos", TFDS_DATA_DIR=tmp_path / "tfds",
-                       OUTPUT_DIR=tmp_path / "run", MODEL="examples.resnet", DATA_IN_MEMORY="false", CPU_DEVICES=2,
+                       OUTPUT_DIR=tmp_path / "run", MODEL="resized.py", DATA_IN_MEMORY="false", CPU_DEVICES=2,
                        **FAST)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "one split" not in result.stdout + result.stderr
@@ -365,15 +369,18 @@ def test_a_folder_of_split_folders_trains_on_train_and_evaluates_on_test_streame
     assert (summary["replicas"], summary["data_in_memory"]) == (2, False)
 
 
-def test_a_run_on_a_folder_resumed_ends_with_the_uninterrupted_runs_weights(tmp_path):
-    photos(tmp_path / "photos")
-    common = dict(cwd=tmp_path, DATASET="./photos", TFDS_DATA_DIR=tmp_path / "tfds", MODEL="examples.resnet",
-                  BATCH_SIZE=8, CHECKPOINT_EVERY=1)  # fmt: skip
-    assert run_train("fit", OUTPUT_DIR=tmp_path / "whole", EPOCHS=2, **common).returncode == 0
-    assert run_train("fit", OUTPUT_DIR=tmp_path / "cut", EPOCHS=1, **common).returncode == 0
-    resumed = run_train("fit", OUTPUT_DIR=tmp_path / "cut", EPOCHS=2, **common)
+def test_a_run_on_a_folder_resumed_ends_with_the_uninterrupted_runs_weights(trained_folder, tmp_path):
+    """The shared run (1 epoch, ended) resumed on a copy to 2 epochs; the uninterrupted run trains 2 at once, on the
+    copy's folder and TFDS_DATA_DIR, with the same settings."""
+    shared, settings, _ = trained_folder
+    for name in ("photos", "tfds", "run"):
+        shutil.copytree(shared / name, tmp_path / name)
+    common = {**settings, "TFDS_DATA_DIR": tmp_path / "tfds", "EPOCHS": 2}
+    whole = run_train("fit", cwd=tmp_path, **{**common, "OUTPUT_DIR": tmp_path / "whole"})
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    resumed = run_train("fit", cwd=tmp_path, **{**common, "OUTPUT_DIR": tmp_path / "run"})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    whole, cut = read_summary(tmp_path / "whole"), read_summary(tmp_path / "cut")
+    whole, cut = read_summary(tmp_path / "whole"), read_summary(tmp_path / "run")
     assert cut["resumed_from_step"] == whole["steps"] // 2
     assert cut["weights_sha256"] == whole["weights_sha256"]
 
@@ -422,8 +429,9 @@ def test_a_killed_writings_leftovers_are_removed_under_the_lock(tmp_path):
     incomplete = data_dir / "synthetic_clusters" / "incomplete.abc123_1.0.0"
     incomplete.mkdir(parents=True)
     (incomplete / "synthetic_clusters-train.tfrecord-00000-of-00001").write_bytes(b"x" * 1000)
+    (tmp_path / "resized.py").write_text(RESIZED)  # any model: the writing is what is tested
     run = run_train("fit", cwd=tmp_path, DATASET="./photos", TFDS_DATA_DIR=data_dir, OUTPUT_DIR=tmp_path / "run",
-                    MODEL="examples.resnet", **FAST)  # fmt: skip
+                    MODEL="resized.py", **FAST)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert not (data_dir / f"{written.WRITING}4242").exists()
     prepared = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=data_dir, OUTPUT_DIR=tmp_path / "clusters",
@@ -564,7 +572,8 @@ def test_workers_write_a_shared_folder_once_and_compare_the_datas_fingerprint_no
 def test_the_forks_contract_test_takes_a_folder_as_its_dataset(tmp_path):
     """tests/harness/contract.py (what tests/test_project.py runs on a fork's defaults) with DATASET a folder."""
     photos(tmp_path / "photos", per_class=3)
-    env = clean_env(DATASET=tmp_path / "photos", TFDS_DATA_DIR=tmp_path / "tfds", MODEL="examples.resnet")
+    (tmp_path / "resized.py").write_text(RESIZED)  # any model: the folder as the dataset is what is tested
+    env = clean_env(DATASET=tmp_path / "photos", TFDS_DATA_DIR=tmp_path / "tfds", MODEL=tmp_path / "resized.py")
     result = run_python(["-m", "tests.harness.contract", str(tmp_path / "export")], cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     outcome = json.loads(result.stdout.strip().splitlines()[-1])

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import clean_env, run_python, run_train
+from tests.conftest import run_python, run_train
 
 # The examples, each trained briefly: the kind of input and of label each covers (`data`: the TFDS data dir's
 # fixture); `INPUTS` says which inputs each is given.
@@ -198,9 +197,10 @@ def test_the_class_names_are_the_datasets_and_the_checkpoint_predicts_as_the_exp
 
 
 def saved_model_cli(saved_model: Path) -> str:
-    tool = Path(sys.executable).parent / "saved_model_cli"
-    result = subprocess.run([str(tool), "show", "--dir", str(saved_model), "--all"], capture_output=True, text=True,
-                            env=clean_env(), timeout=120)  # fmt: skip
+    """`saved_model_cli show --all`: the console script's own module and main, forked from the test server (which
+    has imported TensorFlow already) rather than a new interpreter importing it again."""
+    module = "tensorflow.python.tools.saved_model_cli"
+    result = run_python(["-m", module, "show", "--dir", str(saved_model), "--all"], timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
 

@@ -9,7 +9,6 @@ import csv
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +45,28 @@ def table_settings(tmp: Path, output_dir: Path, **more: object) -> dict[str, obj
 
 def adapted(run: Path) -> dict:
     return json.loads((run / "run.json").read_text())["adapted"]
+
+
+def run_two_workers(cwd: Path, logs: Path, timeout: float = 300, **settings: object) -> list[tuple[int, str]]:
+    """`fit` on 2 workers as scripts/launch-workers.sh starts them (STRATEGY=multi_worker, a TF_CONFIG each, on
+    loopback ports) but forked from the test server, not new interpreters (the launcher's own tests are in
+    tests/test_multi_worker.py): each worker's (exit code, output)."""
+    from tests.conftest import start_python
+    from train.cluster.launch import free_ports, tf_configs
+
+    processes, outputs = [], []
+    for index, config in enumerate(tf_configs(free_ports(2))):
+        env = clean_env(STRATEGY="multi_worker", TF_CONFIG=config, **settings)
+        outputs.append(logs / f"worker-{index}.log")
+        with open(outputs[-1], "wb") as stream:
+            processes.append(start_python(["-m", "train", "fit"], cwd=cwd, env=env, stdout=stream,
+                                          stderr=subprocess.STDOUT))  # fmt: skip
+    try:
+        codes = [process.wait(timeout=timeout) for process in processes]
+    finally:
+        for process in processes:
+            process.kill()
+    return [(code, log.read_text()) for code, log in zip(codes, outputs, strict=True)]
 
 
 def error_line(result: subprocess.CompletedProcess) -> str:
@@ -233,11 +254,7 @@ def test_two_replicas_adapt_the_same_state_and_train_the_table(trained, tmp_path
 def test_two_workers_adapt_the_same_state_as_one_device(trained, tmp_path):
     folder, run, _, _ = trained
     two = tmp_path / "workers"
-    env = clean_env(TMPDIR=tmp_path, **table_settings(folder, two, BATCH_SIZE=8))
-    result = subprocess.run(
-        ["bash", str(REPO / "scripts" / "launch-workers.sh"), "2", "fit"], cwd=folder,
-        env={**env, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-4000:]
+    workers = run_two_workers(folder, tmp_path, TMPDIR=tmp_path, **table_settings(folder, two, BATCH_SIZE=8))
+    assert [code for code, _ in workers] == [0, 0], workers[0][1][-4000:] + workers[1][1][-2000:]
     assert adapted(two) == adapted(run)
     assert read_summary(two)["workers"] == 2

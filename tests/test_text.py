@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, clean_env, kill_mid_run, read_summary, run_python, run_train, same_weights, start_train
+from tests.conftest import REPO, kill_mid_run, read_summary, run_python, run_train, same_weights, start_train
+from tests.test_tables import run_two_workers
 from train.adapt import difference
 from train.cluster.agreement import reconcile, report
 from train.errors import SettingsError
@@ -114,12 +114,8 @@ def test_two_replicas_adapt_the_same_vocabulary(text_one, tmp_path, text_data_di
 def test_two_workers_adapt_the_same_vocabulary_as_one_device(text_one, tmp_path, text_data_dir):
     run = tmp_path / "run"
     settings = text_settings(text_data_dir, run, replicas=2) | {"CPU_DEVICES": None}  # 1 device on each worker
-    env = clean_env(TMPDIR=tmp_path, **settings)
-    result = subprocess.run(
-        ["bash", str(REPO / "scripts" / "launch-workers.sh"), "2", "fit"], cwd=tmp_path,
-        env={**env, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-4000:]
+    workers = run_two_workers(tmp_path, tmp_path, timeout=240, TMPDIR=tmp_path, **settings)
+    assert [code for code, _ in workers] == [0, 0], workers[0][1][-4000:] + workers[1][1][-2000:]
     assert adapted(run) == adapted(text_one)
     assert read_summary(run)["workers"] == 2
 
