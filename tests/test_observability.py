@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pty
 import select
+import shutil
 import time
 
 import pytest
@@ -47,9 +48,19 @@ def test_a_terminal_gets_a_live_bar_with_the_metrics_speed_and_time_left(tmp_pat
     assert "epoch 1 eval: loss" in output  # what matters stays above the bar
 
 
-def test_without_a_terminal_the_lines_keep_their_format(tmp_path, tfds_data_dir):
-    result = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=tmp_path / "run", **QUICK)
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory, tfds_data_dir):
+    """One QUICK fit without a terminal, with PROFILE_STEPS=5-8 and BATCH_SIZE=64, for the tests that only read it
+    (its lines, its trace, its HParams session): (folder, result)."""
+    folder = tmp_path_factory.mktemp("quick")
+    result = run_train("fit", cwd=folder, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=folder / "run", PROFILE_STEPS="5-8",
+                       BATCH_SIZE=64, **QUICK)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    return folder, result
+
+
+def test_without_a_terminal_the_lines_keep_their_format(quick_run):
+    _, result = quick_run
     lines = [line for line in result.stdout.splitlines() if line.startswith("step ")]
     assert [line.split()[1] for line in lines] == ["10/40", "20/40", "30/40", "40/40"]
     assert lines[1].split()[2:8] == ["epoch", "1/2", "loss", lines[1].split()[5], "accuracy", lines[1].split()[7]]
@@ -57,17 +68,16 @@ def test_without_a_terminal_the_lines_keep_their_format(tmp_path, tfds_data_dir)
     assert "\x1b[" not in result.stdout  # no terminal control codes in logs
 
 
-def test_profile_steps_writes_a_tensorboard_trace_of_those_steps(tmp_path, tfds_data_dir):
-    output_dir = tmp_path / "run"
-    result = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=output_dir, PROFILE_STEPS="5-8",
-                       **QUICK)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    traces = list((output_dir / "logs" / "plugins" / "profile").glob("*/*.xplane.pb"))
+def test_profile_steps_writes_a_tensorboard_trace_of_those_steps(tmp_path, tfds_data_dir, quick_run):
+    folder, result = quick_run
+    traces = list((folder / "run" / "logs" / "plugins" / "profile").glob("*/*.xplane.pb"))
     assert len(traces) == 1 and traces[0].stat().st_size > 0
-    assert f"PROFILE_STEPS=5-8: trace written to {output_dir / 'logs' / 'plugins' / 'profile'}" in result.stdout
+    assert f"PROFILE_STEPS=5-8: trace written to {folder / 'run' / 'logs' / 'plugins' / 'profile'}" in result.stdout
 
+    output_dir = tmp_path / "run"  # resumed on a copy: the shared run stays as it ended
+    shutil.copytree(folder / "run", output_dir)
     again = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=output_dir, PROFILE_STEPS="5-8",
-                      **{**QUICK, "EPOCHS": 3})  # fmt: skip
+                      BATCH_SIZE=64, **{**QUICK, "EPOCHS": 3})  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     assert "PROFILE_STEPS=5-8: those steps were trained before this start (at step 40): no trace." in again.stdout
 
@@ -82,11 +92,9 @@ def test_a_malformed_profile_range_is_exit_2_before_tensorflow(tmp_path, text):
     ]
 
 
-def test_every_run_writes_an_hparams_session_of_its_settings_beside_its_metrics(tmp_path, tfds_data_dir):
-
-    output_dir = tmp_path / "run"
-    result = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=output_dir, BATCH_SIZE=64, **QUICK)
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_every_run_writes_an_hparams_session_of_its_settings_beside_its_metrics(quick_run):
+    folder, _ = quick_run
+    output_dir = folder / "run"
     found = tensorboard_events(output_dir / "logs")
     assert found["hparams"]["BATCH_SIZE"] == 64 and found["hparams"]["DATASET"] == "synthetic_clusters"
     assert found["hparams"]["global_batch"] == 64 and found["hparams"]["MODEL"] == "examples.mlp"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -106,9 +107,9 @@ def test_resume_never_refuses_a_directory_with_checkpoints(tmp_path, tfds_data_d
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
 
 
-def test_finished_run_started_again_trains_no_further(tmp_path, tfds_data_dir):
-    _, run = fit(tmp_path, tfds_data_dir, **QUICK)
-    first = read_summary(run)
+def test_finished_run_started_again_trains_no_further(tmp_path, tfds_data_dir, quick_run):
+    shutil.copytree(quick_run[1], tmp_path / "run")  # a copy of the finished QUICK run, started again
+    first = read_summary(tmp_path / "run")
     result, run = fit(tmp_path, tfds_data_dir, **QUICK)
     again = read_summary(run)
     assert again["steps"] == first["steps"] == 80
