@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import HARNESS_CWD, REPO, clean_env, kill_mid_run, read_summary, run_python, run_train, start_train
-from tests.test_elastic import moved_copy, relative_difference
+from tests.harness.runs import moved_copy, relative_difference
 from train.batches import Batch, accumulation_changed, batch_plan, describe_batch
 from train.errors import SettingsError
 from train.model_file import DEFAULT_MODEL

@@ -16,7 +16,8 @@ import pytest
 from PIL import Image
 
 from tests.conftest import clean_env, read_summary, run_train, start_python
-from tests.test_local_data import FAST, RESIZED, photos
+from tests.harness.runs import RESIZED
+from tests.test_local_data import FAST, photos
 from train.data import written
 from train.data.intact import damage
 

@@ -4,12 +4,11 @@ the math; without it, EPOCHS still counts passes over the data. TensorFlow runs 
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import clean_env, read_summary, run_python, run_train
+from tests.harness.runs import back_to, moved_copy, relative_difference
 
 # The global batches a run reads from step START on (each one's examples, by their place in the split, every
 # replica's slice in replica order), as `fit` makes them on these devices.
@@ -59,41 +58,10 @@ def test_with_global_batch_size_one_and_two_devices_read_the_same_global_batches
     assert len({i for batch in read[1]["batches"][:6] for i in batch}) == 6 * 1024
 
 
-RELATIVE_DIFFERENCE = """
-import json, sys, numpy as np, keras
-a, b = (keras.saving.load_model(path) for path in sys.argv[1:3])
-x, y = (np.concatenate([w.ravel() for w in m.get_weights()]) for m in (a, b))
-print(json.dumps(float(np.linalg.norm(x - y) / np.linalg.norm(x))))
-"""
-
-
-def relative_difference(first: Path, second: Path) -> float:
-    result = run_python(["-c", RELATIVE_DIFFERENCE, str(first / "model.keras"), str(second / "model.keras")])
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 # 3 epochs of 40 steps, a checkpoint at each epoch's end (all kept): a run stopped at step 40, in the middle of a
 # pass (64 batches of 256), is an uninterrupted run's copy taken back to its ckpt-40 (moved_copy)
 ELASTIC = {"GLOBAL_BATCH_SIZE": 256, "BATCH_SIZE": None, "STEPS_PER_EPOCH": 40, "CHECKPOINT_EVERY": 40,
            "KEEP_CHECKPOINTS": 20, "LEARNING_RATE": 0.003}  # fmt: skip
-
-
-def _back_to(run: Path, step: int) -> None:
-    """The run as if it had stopped at `step`: the checkpoints after it and the summary gone."""
-    for path in (run / "checkpoints").glob("ckpt-*"):
-        if int(path.name.split("-")[1].split(".")[0].split("_")[0]) > step:
-            path.unlink()
-    (run / "checkpoints" / "checkpoint").unlink()
-    (run / "summary.json").unlink()
-
-
-def moved_copy(straight: Path, moved: Path, step: int = 40) -> Path:
-    """A copy of the uninterrupted run `straight`, as if it had stopped at `step`: the run to resume elsewhere."""
-    shutil.copytree(straight, moved)
-    _back_to(moved, step)
-    assert (moved / "checkpoints" / f"ckpt-{step}.index").is_file()
-    return moved
 
 
 @pytest.mark.slow
@@ -153,7 +121,7 @@ def test_without_global_batch_size_epochs_still_count_passes_and_no_epoch_is_eva
               "KEEP_CHECKPOINTS": 20}  # fmt: skip
     first = run_train("fit", cwd=tmp_path, CPU_DEVICES=before, **{**common, "EPOCHS": 1})  # its ckpt-40 is enough
     assert first.returncode == 0, first.stderr[-3000:]
-    _back_to(run, 40)  # 40 steps of 128 x `before` examples: in epoch 1
+    back_to(run, 40)  # 40 steps of 128 x `before` examples: in epoch 1
     resumed = run_train("fit", cwd=tmp_path, CPU_DEVICES=after, **common)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     old, new = 128 * before, 128 * after
@@ -234,7 +202,7 @@ def test_streamed_two_workers_resumed_on_one_mid_pass_finish_that_pass_then_trai
     first = run_workers(tmp_path, [{}, {}], tfds_data_dir, **{**common, "EPOCHS": 1})  # pass 0: its ckpt-20 is enough
     assert [code for code, _ in first] == [0, 0], first[0][1][-3000:]
     run = tmp_path / "run"
-    _back_to(run, 20)  # 20 of the pass's 64 global batches of 256
+    back_to(run, 20)  # 20 of the pass's 64 global batches of 256
     resumed = run_train("fit", cwd=tmp_path, OUTPUT_DIR=run, TFDS_DATA_DIR=tfds_data_dir, **common)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     said = "The run stopped in pass 0 after 20 of its batches on 2 worker(s); on 1 it reads first the 11,264 "

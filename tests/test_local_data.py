@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import clean_env, read_summary, run_python, run_train
+from tests.harness.runs import RESIZED, run_two_workers
 from train import dataset_path
 from train.data import local, prepared, written
 from train.dataset_path import is_path
@@ -440,15 +441,6 @@ def test_a_killed_writings_leftovers_are_removed_under_the_lock(tmp_path):
     assert not incomplete.exists() and (data_dir / "synthetic_clusters" / "1.0.0" / "dataset_info.json").is_file()
 
 
-RESIZED = """
-import keras, tensorflow as tf
-def preprocess(example, training, seed):
-    return tf.image.resize(example["image"], (8, 8)) / 255, example["label"]
-def build_model(input_shape, num_classes, learning_rate):
-    model = keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(), keras.layers.Dense(num_classes)])
-    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
-"""
 PHOTOS_BUILDER = """from pathlib import Path
 
 import tensorflow_datasets as tfds
@@ -531,26 +523,11 @@ WORKER_SETTINGS = {"MODEL": "resized.py", "STEPS_PER_EPOCH": 2, "EPOCHS": 1, "BA
 def test_workers_write_a_shared_folder_once_and_compare_the_datas_fingerprint_not_its_path(tmp_path):
     """Two workers sharing TFDS_DATA_DIR; then each with its own copy of the folder at its own path and its own
     TFDS_DATA_DIR (nothing shared): the same files agree, a changed copy is refused."""
-    import subprocess
-
-    from tests.conftest import start_python
-    from train.cluster.launch import free_ports, tf_configs
 
     def workers(names: tuple[str, str]) -> list[tuple[int, str]]:
-        processes, logs = [], []
-        for config, name in zip(tf_configs(free_ports(2)), names, strict=True):
-            own = {"DATASET": tmp_path / name / "photos", "TFDS_DATA_DIR": tmp_path / name / "tfds"}
-            env = clean_env(OUTPUT_DIR=tmp_path / f"run-{'-'.join(names)}", TF_CONFIG=config, **own, **WORKER_SETTINGS)
-            logs.append(tmp_path / f"{name}-{time.monotonic_ns()}.log")
-            with open(logs[-1], "wb") as stream:
-                processes.append(start_python(["-m", "train", "fit"], cwd=tmp_path, env=env, stdout=stream,
-                                              stderr=subprocess.STDOUT))  # fmt: skip
-        try:
-            codes = [process.wait(timeout=180) for process in processes]
-        finally:
-            for process in processes:
-                process.kill()
-        return [(code, log.read_text()) for code, log in zip(codes, logs, strict=True)]
+        own = [{"DATASET": tmp_path / name / "photos", "TFDS_DATA_DIR": tmp_path / name / "tfds"} for name in names]
+        return run_two_workers(tmp_path, tmp_path, timeout=180, each=own,
+                               OUTPUT_DIR=tmp_path / f"run-{'-'.join(names)}", **WORKER_SETTINGS)  # fmt: skip
 
     (tmp_path / "resized.py").write_text(RESIZED)  # examples/resnet.py's BatchNormalization: see the report
     for name in ("a", "b", "c"):

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, clean_env, read_summary, run_python, run_train
+from tests.conftest import REPO, read_summary, run_python, run_train
+from tests.harness.runs import run_two_workers
 from train import dataset_path
 from train.data import local
 from train.errors import SettingsError
@@ -45,28 +46,6 @@ def table_settings(tmp: Path, output_dir: Path, **more: object) -> dict[str, obj
 
 def adapted(run: Path) -> dict:
     return json.loads((run / "run.json").read_text())["adapted"]
-
-
-def run_two_workers(cwd: Path, logs: Path, timeout: float = 300, **settings: object) -> list[tuple[int, str]]:
-    """`fit` on 2 workers as scripts/launch-workers.sh starts them (STRATEGY=multi_worker, a TF_CONFIG each, on
-    loopback ports) but forked from the test server, not new interpreters (the launcher's own tests are in
-    tests/test_multi_worker.py): each worker's (exit code, output)."""
-    from tests.conftest import start_python
-    from train.cluster.launch import free_ports, tf_configs
-
-    processes, outputs = [], []
-    for index, config in enumerate(tf_configs(free_ports(2))):
-        env = clean_env(STRATEGY="multi_worker", TF_CONFIG=config, **settings)
-        outputs.append(logs / f"worker-{index}.log")
-        with open(outputs[-1], "wb") as stream:
-            processes.append(start_python(["-m", "train", "fit"], cwd=cwd, env=env, stdout=stream,
-                                          stderr=subprocess.STDOUT))  # fmt: skip
-    try:
-        codes = [process.wait(timeout=timeout) for process in processes]
-    finally:
-        for process in processes:
-            process.kill()
-    return [(code, log.read_text()) for code, log in zip(codes, outputs, strict=True)]
 
 
 def error_line(result: subprocess.CompletedProcess) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, kill_mid_run, read_summary, run_python, run_train, same_weights, start_train
-from tests.test_tables import run_two_workers
+from tests.harness.runs import run_two_workers
 from train.adapt import difference
 from train.cluster.agreement import reconcile, report
 from train.errors import SettingsError
