@@ -17,7 +17,7 @@ import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, TextIO, TypeVar
 
 from train.errors import SettingsError, first_line
 from train.outputs import CLASSES, OUTPUTS, SCORES
@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # importing this module loads no TensorFlow: the command line
     Outputs = dict[str, np.ndarray]  # what the signature returns for a batch, by name
 
 Json = dict[str, object]  # run.json's, read back and checked; a line of predictions, written
+Opening = TypeVar("Opening", "Dataset", "Opened")  # DATASET opened with its spec (for a model) or without
 
 SAVED_MODEL = "saved_model"
 THRESHOLD = 0.5  # a multi-hot class is one of the "labels" above this probability
@@ -111,15 +112,26 @@ def _from_checkpoint(settings: Settings, experiment: Experiment, runtime, datase
     return Predictor({spec.name: spec for spec in signature}, call, built)
 
 
-def _opened(settings: Settings, recorded: Json, experiment: Experiment | None, say: Callable[[str], None]
-            ) -> Dataset | Opened:  # fmt: skip
-    """The run's DATASET opened as fit opens it (train.data.opening), refused where its source changed since the
-    run was trained on it: a train.data.Dataset (given the `experiment`: its spec too, for the checkpoint's model)
-    or an Opened (its builder, for a split). Raises SettingsError."""
+def _dataset(settings: Settings, recorded: Json, experiment: Experiment, say: Callable[[str], None]) -> Dataset:
+    """The run's DATASET opened as fit opens it, with its spec, for the checkpoint's model (train.data). Raises
+    SettingsError, as `_source` does."""
     from train.data import open_dataset
-    from train.data.opening import check_same_data, open_source
 
-    opened = open_dataset(settings, experiment, say) if experiment is not None else open_source(settings, say)
+    return _unchanged(open_dataset(settings, experiment, say), recorded)
+
+
+def _source(settings: Settings, recorded: Json, say: Callable[[str], None]) -> Opened:
+    """The run's DATASET opened as fit opens it (train.data.opening): its builder, for a split or the data's own
+    description. Raises SettingsError where its source changed since the run was trained on it."""
+    from train.data.opening import open_source
+
+    return _unchanged(open_source(settings, say), recorded)
+
+
+def _unchanged(opened: Opening, recorded: Json) -> Opening:
+    """`opened` (a Dataset or an Opened), refused where its data changed since the run was trained on it."""
+    from train.data.opening import check_same_data
+
     check_same_data(opened.settings, recorded.get("data"), opened.identity, "predicted")
     return opened
 
@@ -219,9 +231,11 @@ def predict(settings: Settings, sources: list[InputFile], split: str | None, bat
     # The data is opened only for what needs it: a split, or the checkpoint's model. Files through the export need
     # the run's records alone (a run from before they were kept: the data's own description, opened).
     experiment = load_model_file(settings.model) if checkpoint else None  # once, for the checkpoint's model
-    opened = _opened(settings, recorded, experiment, say) if checkpoint or split is not None else None
-    if opened is None and not isinstance(recorded.get("features"), dict):
-        opened = _opened(settings, recorded, None, say)
+    opened: Dataset | Opened | None = None
+    if experiment is not None:
+        opened = _dataset(settings, recorded, experiment, say)
+    elif split is not None or not isinstance(recorded.get("features"), dict):
+        opened = _source(settings, recorded, say)
     features = features_record(opened.builder, opened.settings) if opened is not None else recorded["features"]
     predictor = _from_checkpoint(settings, experiment, runtime, opened, say) if checkpoint else _exported(settings)
     images = {name for name in predictor.inputs if name in features["images"]}
