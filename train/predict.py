@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, TextIO, TypeVar
 
 from train.errors import SettingsError, first_line
 from train.outputs import CLASSES, OUTPUTS, SCORES
-from train.predict_inputs import Example, InputFile, SignatureExamples
+from train.predict_inputs import InputExample, InputFile, SignatureExamples
 from train.rundir import check_same_model
 from train.settings import Settings
 
@@ -136,7 +136,7 @@ def _unchanged(opened: Opening, recorded: Json) -> Opening:
     return opened
 
 
-def _split_examples(builder, split: str, predictor: Predictor, images: set[str]) -> Iterator[Example]:
+def _split_examples(builder, split: str, predictor: Predictor, images: set[str]) -> Iterator[InputExample]:
     """The split's examples as stored, each signature input by its name (an image as its bytes where the
     signature takes them). Raises SettingsError where the split cannot be read."""
     import tensorflow as tf
@@ -155,7 +155,7 @@ def _split_examples(builder, split: str, predictor: Predictor, images: set[str])
     if missing:
         raise SettingsError(f"--split {split!r}: the model takes {missing[0]!r}, which the dataset does not store")
     return (
-        Example(f"{split}[{index}]", {name: _column(stored, name) for name in names})
+        InputExample(f"{split}[{index}]", {name: _column(stored, name) for name in names})
         for index, stored in enumerate(tfds.as_numpy(dataset))
     )
 
@@ -172,7 +172,7 @@ def _column(stored: dict, name: str) -> np.ndarray | np.generic | bytes:
     return next(value[name] for value in stored.values() if isinstance(value, dict) and name in value)
 
 
-def _batch(examples: list[Example], inputs: dict[str, tf.TensorSpec]) -> Batch:
+def _batch(examples: list[InputExample], inputs: dict[str, tf.TensorSpec]) -> Batch:
     import numpy as np
     import tensorflow as tf
 
@@ -207,7 +207,7 @@ def _plain(value: np.ndarray | np.generic) -> object:
     return listed
 
 
-def _chunks(examples: Iterable[Example], size: int) -> Iterator[list[Example]]:
+def _chunks(examples: Iterable[InputExample], size: int) -> Iterator[list[InputExample]]:
     iterator = iter(examples)
     while chunk := list(itertools.islice(iterator, size)):
         yield chunk
@@ -239,7 +239,7 @@ def predict(settings: Settings, sources: list[InputFile], split: str | None, bat
     features = features_record(opened.builder, opened.settings) if opened is not None else recorded["features"]
     predictor = _from_checkpoint(settings, experiment, runtime, opened, say) if checkpoint else _exported(settings)
     images = {name for name in predictor.inputs if name in features["images"]}
-    examples: Iterable[Example] = SignatureExamples(predictor.inputs, images).read(sources)
+    examples: Iterable[InputExample] = SignatureExamples(predictor.inputs, images).read(sources)
     total = len(examples)
     if split is not None:
         examples = itertools.chain(examples, _split_examples(opened.builder, split, predictor, images))

@@ -81,7 +81,7 @@ def gather(paths: list[Path], warn=lambda message: None) -> list[InputFile]:
 
 
 @dataclass(frozen=True)
-class Example:
+class InputExample:
     """One example: where it came from ("file", "file:line", "split[index]") and a value per signature input."""
 
     input: str
@@ -95,9 +95,9 @@ class SignatureExamples:
     def __init__(self, inputs: dict[str, tf.TensorSpec], images: set[str]) -> None:
         self.inputs, self.images = inputs, images
 
-    def read(self, sources: list[InputFile]) -> list[Example]:
+    def read(self, sources: list[InputFile]) -> list[InputExample]:
         """Every source's examples, in order, each checked. Raises SettingsError naming the file (and line)."""
-        examples: list[Example] = []
+        examples: list[InputExample] = []
         for source in sources:
             if isinstance(source.reader, TableReader):
                 rows = _rows(source.path, source.reader)
@@ -106,7 +106,7 @@ class SignatureExamples:
                 examples.append(self._image_file(source.path))
         return examples
 
-    def _image_file(self, path: Path) -> Example:
+    def _image_file(self, path: Path) -> InputExample:
         if set(self.inputs) != self.images or len(self.images) != 1:
             names = ", ".join(self.inputs)
             what = f"one image, but the model takes {names}" if self.images else "an image, but the model takes none"
@@ -115,7 +115,7 @@ class SignatureExamples:
                 "(an image as its file's path)"
             )
         (name,) = self.images
-        return Example(str(path), {name: self._image(path, name, str(path))})
+        return InputExample(str(path), {name: self._image(path, name, str(path))})
 
     def _image(self, path: Path, name: str, where: str) -> Value:
         """An image file as the signature takes it: its bytes (checked to decode), or its uint8 pixels."""
@@ -143,7 +143,7 @@ class SignatureExamples:
             )
         return pixels.numpy()
 
-    def _row(self, path: Path, where: str, row: Row) -> Example:
+    def _row(self, path: Path, where: str, row: Row) -> InputExample:
         lacking = [repr(name) for name in sorted(self.inputs) if name not in row]
         if lacking:
             columns = f"column {lacking[0]}" if len(lacking) == 1 else f"columns {', '.join(lacking)}"
@@ -161,7 +161,7 @@ class SignatureExamples:
                 bad.append(str(error))
         if bad:
             raise SettingsError(f"{where}: {'; '.join(bad)}")
-        return Example(where, values)
+        return InputExample(where, values)
 
 
 def _rows(path: Path, reader: TableReader) -> Iterator[tuple[str, Row]]:
