@@ -57,16 +57,21 @@ class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return cls(keras.saving.deserialize_keras_object(config["schedule"]), config["factor"])
 
 
-def _layers(network: keras.Model) -> list[keras.layers.Layer]:
-    return all_layers(network)  # parents before their nested layers
+def _layers(network: keras.Model) -> list[tuple[keras.layers.Layer, str]]:
+    """Every layer of the model with a path (not its Input), parents before their nested layers, with its path in
+    the model: `layer.path` without the model's own name in front (a Sequential's layers are `sequential/head`)."""
+    prefix = f"{network.path}/" if network.path else ""
+    return [(layer, layer.path.removeprefix(prefix)) for layer in all_layers(network) if layer.path]
 
 
 def layer_tree(network: keras.Model) -> tuple[Layer, ...]:
     """The model's layers as the plan sees them (train.phases.Layer)."""
+    found = _layers(network)
+    paths = {id(layer): path for layer, path in found}
     return tuple(
-        Layer(layer.path, tuple(each.path for each in all_layers(layer)), bool(layer.weights) and not all_layers(layer),
-              bool(layer.trainable))
-        for layer in _layers(network)
+        Layer(path, tuple(paths[id(each)] for each in all_layers(layer) if id(each) in paths),
+              bool(layer.weights) and not all_layers(layer), bool(layer.trainable))
+        for layer, path in found
     )  # fmt: skip
 
 
@@ -127,7 +132,7 @@ class Phased:
         self.compiled = {id(each) for each in compiled}
         self.rates = [learning_rate_schedule(each) or float(each.learning_rate.numpy()) for each in self.optimizers]
         self.layers = _layers(built.network)
-        self.built_trainable = [bool(layer.trainable) for layer in self.layers]
+        self.built_trainable = [bool(layer.trainable) for layer, _ in self.layers]
 
     def enter(self, index: int, fresh: bool) -> None:
         """Phase `index`: the layers' trainable flags and the learning rate; `fresh`: its first step, the slots
@@ -135,8 +140,8 @@ class Phased:
         if not self.plan.phased:
             return
         phase = self.plan.phases[index]
-        for layer, trainable in zip(self.layers, self.built_trainable, strict=True):  # parents first
-            layer.trainable = trainable and layer.path in phase.trainable
+        for (layer, path), trainable in zip(self.layers, self.built_trainable, strict=True):  # parents first
+            layer.trainable = trainable and path in phase.trainable
         factor = phase.factor(self.plan.learning_rate)
         for optimizer, rate in zip(self.optimizers, self.rates, strict=True):
             if not isinstance(rate, float):
