@@ -65,7 +65,8 @@ def test_phase_is_importable_without_tensorflow_and_refuses_what_it_cannot_hold(
                          "sys.modules)"], fresh=True)  # fmt: skip
     assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr[-2000:]
     assert Phase(2, "head*").trainable == ("head*",) and Phase(1, ["a", "b/*"]).trainable == ("a", "b/*")
-    assert Phase(3, "all").trainable is None and Phase(3).learning_rate is None and Phase(1, None, 1).learning_rate == 1.0
+    assert Phase(3, "all").trainable is None and Phase(3).learning_rate is None
+    assert Phase(1, None, 1).learning_rate == 1.0
     for bad in ({"epochs": 0}, {"epochs": 1.5}, {"epochs": 1, "trainable": []}, {"epochs": 1, "trainable": 3},
                 {"epochs": 1, "learning_rate": 0}, {"epochs": 1, "learning_rate": True}):  # fmt: skip
         with pytest.raises(ValueError):
@@ -74,7 +75,8 @@ def test_phase_is_importable_without_tensorflow_and_refuses_what_it_cannot_hold(
 
 def test_the_recipe_is_two_phases_resolved_on_layer_paths_nested_ones_included():
     layers = [Layer("block", ("block/conv", "block/norm"), False, True), Layer("block/conv", (), True, True),
-              Layer("block/norm", (), True, True), Layer("head", (), True, True), Layer("kept", (), True, False)]  # fmt: skip
+              Layer("block/norm", (), True, True), Layer("head", (), True, True),
+              Layer("kept", (), True, False)]  # fmt: skip
     frozen, specs = recipe(("bl*",), 3, None, 0.01)
     plan, problem = resolve(layers, specs, frozen, "FREEZE=bl*", 0.01)
     assert problem is None
