@@ -237,3 +237,46 @@ def test_phases_from_the_model_file_take_hp_settings_and_exclude_freeze(tmp_path
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_entering_a_phase_sets_trainable_scales_a_schedule_and_zeroes_the_slots():
+    """train.phased on a built model (and the two keras_seams it reads: learning_rate_schedule, slots)."""
+    import keras
+    import tensorflow as tf
+
+    sys.path.insert(0, str(MODEL.parent))
+    import phases_model
+
+    from train.keras_seams import learning_rate_schedule, slots
+    from train.phased import Phased, ScaledSchedule, layer_tree
+
+    for schedule in (True, False):
+        network = phases_model.build_model((4,), 3, 0.01, schedule=schedule)
+        network.optimizer.build(network.trainable_variables)  # on every variable, once, as train.custom_step does
+        frozen, specs = recipe(("backbone_*",), 2, 0.002, 0.01)
+        plan, problem = resolve(layer_tree(network), specs, frozen, "FREEZE=backbone_*", 0.01)
+        assert problem is None
+        phased = Phased(plan, type("Built", (), {"network": network, "optimizer": network.optimizer})())
+        optimizer = network.optimizer
+        assert (learning_rate_schedule(optimizer) is not None) == schedule
+        phased.enter(0, fresh=True)
+        assert [v.path.split("/", 1)[1] for v in network.trainable_variables] == ["head/kernel", "head/bias"]
+        assert not network.get_layer("backbone_norm").trainable  # BatchNormalization in inference mode
+        x, y = tf.random.normal((8, 4)), tf.zeros((8,), tf.int32)
+        for _ in range(3):
+            with tf.GradientTape() as tape:
+                loss = network.compute_loss(x, y, network(x, training=True))
+            optimizer.apply(tape.gradient(loss, network.trainable_variables), network.trainable_variables)
+        moved = [slot for slot in slots(optimizer) if np.any(slot.numpy())]
+        assert moved and len(slots(optimizer)) == 12  # m and v of each of the 6 weights, frozen ones included
+        phased.enter(1, fresh=True)
+        assert all(not np.any(slot.numpy()) for slot in slots(optimizer)) and int(optimizer.iterations) == 3
+        assert len(network.trainable_variables) == 6
+        if schedule:  # scaled by UNFREEZE_LEARNING_RATE / LEARNING_RATE, from the optimizer's step
+            assert isinstance(learning_rate_schedule(optimizer), ScaledSchedule)
+            base = keras.optimizers.schedules.ExponentialDecay(0.01, 10, 0.5)
+            assert float(optimizer.learning_rate) == pytest.approx(float(base(3)) * 0.2, rel=1e-6)
+            phased.rates_as_built()  # what the export holds: the schedule build_model made
+            assert type(learning_rate_schedule(optimizer)) is keras.optimizers.schedules.ExponentialDecay
+        else:  # a constant: set to the phase's
+            assert float(optimizer.learning_rate) == pytest.approx(0.002)
