@@ -280,3 +280,53 @@ def test_entering_a_phase_sets_trainable_scales_a_schedule_and_zeroes_the_slots(
             assert type(learning_rate_schedule(optimizer)) is keras.optimizers.schedules.ExponentialDecay
         else:  # a constant: set to the phase's
             assert float(optimizer.learning_rate) == pytest.approx(0.002)
+
+
+SHORT = {**SMALL, "EPOCHS": 2, "STEPS_PER_EPOCH": 4, "STEPS_PER_CALL": 4, "CHECKPOINT_EVERY": 4}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [
+        ({"CPU_DEVICES": 2, "GLOBAL_BATCH_SIZE": 8, "BATCH_SIZE": None}, {"CPU_DEVICES": 1}),  # 2 replicas, then 1
+        ({"GLOBAL_BATCH_SIZE": 8, "BATCH_SIZE": 4}, {"BATCH_SIZE": 8}),  # 2 micro-batches a step, then 1
+        ({"MODEL": REPO / "examples" / "custom_step.py", "FREEZE": "dense"}, {}),  # the model's own train_step
+    ],
+    ids=["2 replicas, resumed on 1", "accumulated, resumed whole", "own train_step"],
+)
+def test_replicas_accumulation_and_an_own_train_step_freeze_then_train(tmp_path, tfds_data_dir, first, then):
+    """Ends at the boundary (EPOCHS=2, UNFREEZE_AT_EPOCH=3) with the frozen layer as it began, then resumed (on
+    another replica count, or accumulating otherwise: elastic) to 4 epochs, where it has trained."""
+    settings = {**SHORT, "TFDS_DATA_DIR": tfds_data_dir, **first}
+    result = fit(tmp_path, "run", **settings)
+    assert result.returncode == 0, result.stderr[-3000:]
+    frozen = BACKBONE[0]  # the first layer's kernel: backbone_dense's, or the custom step model's first Dense
+    begun, boundary = read_checkpoint(tmp_path / "run", 0), read_checkpoint(tmp_path / "run", 8)
+    assert np.array_equal(begun[frozen], boundary[frozen])
+    assert not np.array_equal(begun[HEAD[0]], boundary[HEAD[0]]) if "MODEL" not in first else True
+    result = fit(tmp_path, "run", **{**settings, **then, "EPOCHS": 4})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Step 8: phase 1 of 1 (from epoch 3): every layer trains" in result.stdout
+    assert not np.array_equal(begun[frozen], read_checkpoint(tmp_path / "run", 16)[frozen])
+    assert [entry["phase"] for entry in json.loads((tmp_path / "run" / "epochs.json").read_text())] == [0, 0, 1, 1]
+
+
+@pytest.mark.slow
+def test_two_workers_cross_a_phase_boundary_to_the_same_weights(tmp_path, tfds_data_dir):
+    from tests.test_multi_worker import SHA, run_workers
+
+    common = {**SMALL, **RECIPE, "EPOCHS": 2, "STEPS_PER_EPOCH": 3, "UNFREEZE_AT_EPOCH": 2, "STEPS_PER_CALL": 4,
+              "CHECKPOINT_EVERY": 3, "SYNC_BATCH_NORM": "false"}  # fmt: skip
+    outcomes = run_workers(tmp_path, [{}, {}], tfds_data_dir, **common)
+    assert [code for code, _ in outcomes] == [0, 0], outcomes[0][1][-3000:] + outcomes[1][1][-3000:]
+    hashes = [SHA.findall(log) for _, log in outcomes]
+    assert hashes[0] and hashes[0] == hashes[1]
+    assert all("Step 3: phase 1 of 1 (from epoch 2): every layer trains" in log for _, log in outcomes)
+    run = tmp_path / "run"
+    assert [(p["first_step"], p["trainable"]) for p in read_summary(run)["phases"]] == [
+        (0, ["head"]), (3, ["backbone_dense", "backbone_norm", "head"])
+    ]  # fmt: skip
+    begun, boundary, last = (read_checkpoint(run, step) for step in (0, 3, 6))
+    assert np.array_equal(begun[BACKBONE[0]], boundary[BACKBONE[0]])
+    assert not np.array_equal(begun[BACKBONE[0]], last[BACKBONE[0]])
