@@ -92,6 +92,23 @@ def test_the_recipe_is_two_phases_resolved_on_layer_paths_nested_ones_included()
     assert problem.startswith("'trunk*' match(es) no layer; the layers are: block, block/conv, block/norm, head")
 
 
+def test_phases_keyword_only_parameters_are_hp_settings_one_setting_where_build_model_declares_it_too():
+    import ast
+
+    from train.errors import SettingsError
+    from train.hparams import declared, taken_by
+
+    source = "def build_model(a, b, c, *, width=8, rate=0.1): ...\ndef phases(context, *, head_epochs=2, rate=0.1): ..."
+    found = declared(ast.parse(source), "m.py")
+    assert {env: each.default for env, each in found.items()} == {"HP_WIDTH": 8, "HP_RATE": 0.1, "HP_HEAD_EPOCHS": 2}
+
+    def phases(context, *, head_epochs=2, rate=0.1): ...
+
+    assert taken_by(phases, [("width", 8), ("rate", 0.1), ("head_epochs", 3)]) == {"rate": 0.1, "head_epochs": 3}
+    with pytest.raises(SettingsError, match="build_model and phases both take rate, with other defaults"):
+        declared(ast.parse(source.replace("rate=0.1): ...\ndef", "rate=0.2): ...\ndef")), "m.py")
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
