@@ -147,8 +147,8 @@ def test_frozen_layers_and_their_statistics_stay_until_the_boundary_then_train(r
     assert all(not np.array_equal(first[key], boundary[key]) for key in HEAD)  # the head trained
     assert all(not np.array_equal(first[key], last[key]) for key in BACKBONE[:1])  # from epoch 3, the backbone too
     assert all(not np.array_equal(a, b) for a, b in zip(moving_statistics(first), moving_statistics(last), strict=True))
-    assert "Step 0: phase 0 of 1 (from epoch 1): 2 layer(s) frozen (backbone_dense, backbone_norm)" in stdout
-    assert f"Step {BOUNDARY}: phase 1 of 1 (from epoch 3): every layer trains, learning rate 0.0001" in stdout
+    assert "Step 0: phase 0 (of 2, from epoch 1): 2 layer(s) frozen (backbone_dense, backbone_norm)" in stdout
+    assert f"Step {BOUNDARY}: phase 1 (of 2, from epoch 3): every layer trains, learning rate 0.0001" in stdout
 
 
 @pytest.mark.slow
@@ -324,7 +324,7 @@ def test_replicas_accumulation_and_an_own_train_step_freeze_then_train(tmp_path,
     assert not np.array_equal(begun[HEAD[0]], boundary[HEAD[0]]) if "MODEL" not in first else True
     result = fit(tmp_path, "run", **{**settings, **then, "EPOCHS": 4})
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "Step 8: phase 1 of 1 (from epoch 3): every layer trains" in result.stdout
+    assert "Step 8: phase 1 (of 2, from epoch 3): every layer trains" in result.stdout
     assert not np.array_equal(begun[frozen], read_checkpoint(tmp_path / "run", 16)[frozen])
     assert [entry["phase"] for entry in json.loads((tmp_path / "run" / "epochs.json").read_text())] == [0, 0, 1, 1]
 
@@ -339,7 +339,7 @@ def test_two_workers_cross_a_phase_boundary_to_the_same_weights(tmp_path, tfds_d
     assert [code for code, _ in outcomes] == [0, 0], outcomes[0][1][-3000:] + outcomes[1][1][-3000:]
     hashes = [SHA.findall(log) for _, log in outcomes]
     assert hashes[0] and hashes[0] == hashes[1]
-    assert all("Step 3: phase 1 of 1 (from epoch 2): every layer trains" in log for _, log in outcomes)
+    assert all("Step 3: phase 1 (of 2, from epoch 2): every layer trains" in log for _, log in outcomes)
     run = tmp_path / "run"
     assert [(p["first_step"], p["trainable"]) for p in read_summary(run)["phases"]] == [
         (0, ["head"]), (3, ["backbone_dense", "backbone_norm", "head"])
