@@ -82,4 +82,7 @@ The "must not" column that imports can show is enforced by import-linter (pyproj
 `make lint`); what they cannot show, and issue 44's counts, by tests/test_layout.py.
 """
 
+from train.phases import Phase  # MODEL's phases() returns these: `from train import Phase` imports no TensorFlow
+
 __version__ = "0.1.0"
+__all__ = ["Phase"]

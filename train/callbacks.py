@@ -61,6 +61,7 @@ class Epoch(TypedDict):
     epoch: int  # from 1
     step: int  # the step it ended at
     logs: Logs
+    phase: int  # its phase (train.phases), 0 for a run of one phase
 
 
 def build_callbacks(experiment: Experiment, context: Context) -> list[keras.callbacks.Callback]:
@@ -265,11 +266,12 @@ class Callbacks(Hook):
     def __init__(
         self, callbacks: list[keras.callbacks.Callback], network: keras.Model, epochs: int, steps_per_epoch: int,
         monitor: str | None, monitor_mode: str, role: Role[Writer], checkpoint: RunCheckpoint, say: Say,
+        phase_of: Callable[[int], int] = lambda epoch: 0,
     ) -> None:  # fmt: skip
         self.fork = ForkCallbacks(callbacks, network, epochs, steps_per_epoch, role.peers)
         self.logs = EpochLogs(role, say)
         self.best = BestEpoch(monitor, monitor_mode, network, role, checkpoint, say)
-        self.checkpoint, self.say = checkpoint, say
+        self.checkpoint, self.say, self.phase_of = checkpoint, say, phase_of
         self.metrics: Metrics = {}  # the last call's training metrics
         # The epoch under way (from 0, as Keras counts) and the step it began at: from the loop's epoch ends (and
         # the recorded ones), not from step arithmetic, since a start at another global batch re-bases the epochs.
@@ -330,7 +332,7 @@ class Callbacks(Hook):
     def epoch_end(self, epoch: int, step: int, metrics: Metrics) -> None:
         """After epoch `epoch` (from 1) was evaluated at `step`: on_epoch_end, MONITOR, epochs.json (the chief)."""
         logs: Logs = {**self.metrics, **{f"val_{name}": value for name, value in metrics.items()}}
-        self._epoch_end(Epoch(epoch=epoch, step=step, logs=logs), replay=False)
+        self._epoch_end(Epoch(epoch=epoch, step=step, logs=logs, phase=self.phase_of(epoch)), replay=False)
         self.epoch, self.epoch_start, self.epoch_begun = epoch, step, False
         self.logs.write(self.checkpoint.latest)
 

@@ -15,20 +15,26 @@ from train.rundir import checkpoints_newest_first
 Say = Callable[[str], None]
 
 
-def make_checkpoint(built: Built) -> tf.train.Checkpoint:
+def make_checkpoint(built: Built, phased: bool = False) -> tf.train.Checkpoint:
     """fit saves it, evaluate restores it.
+
+    `phased`: the run has phases (train.phases), and the checkpoint records the one its weights are in. Only then:
+    a checkpoint of a run without phases keeps the structure it always had, and `evaluate` and `predict`, which
+    make it without, restore either (`assert_existing_objects_matched` asks only for what they hold).
 
     The loop's own step count: the optimizer's `iterations` stays behind it where a mixed_float16 step skips
     its update (gradients overflowed), and resuming must start where the run stopped, not earlier. The random
     layers' states (`SeedGenerator`s: Dropout, augmentation) are not Keras variables a Checkpoint of the
     model finds, so they are listed here: without them a resumed run would draw other random numbers.
     """
+    phase = {"phase": tf.Variable(0, dtype=tf.int64, trainable=False, name="phase")} if phased else {}
     return tf.train.Checkpoint(
         model=built.network,
         optimizer=built.optimizer,
         seeds=list(built.seeds),
         step=tf.Variable(0, dtype=tf.int64, trainable=False, name="step"),
         skipped_steps=tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps"),
+        **phase,
     )
 
 
@@ -80,6 +86,18 @@ class RunCheckpoint:
     @property
     def skipped(self) -> int:
         return int(self.checkpoint.skipped_steps.numpy())
+
+    @property
+    def phase(self) -> int:
+        """The phase its weights are in (train.phases; 0 for a run without phases)."""
+        recorded = getattr(self.checkpoint, "phase", None)
+        return int(recorded.numpy()) if recorded is not None else 0
+
+    def record_phase(self, index: int) -> None:
+        """The phase the weights are in from here on, saved with them (a run without phases records none)."""
+        recorded = getattr(self.checkpoint, "phase", None)
+        if recorded is not None:
+            recorded.assign(index)
 
     def restore(self, prefix: Path) -> None:
         """That checkpoint, or what its restore raises."""

@@ -53,6 +53,7 @@ def summary(start: Start, position: Position, checkpoint: RunCheckpoint, outcome
         "resumed_from_step": position.resumed_from,
         # every start: its first step, where it ran, and what it resolved there
         "starts": [{key: value for key, value in each.items() if key != "segment"} for each in position.starts],
+        **({"phases": start.phases.plan.to_json(segment)} if start.phases.plan.phased else {}),
         "interrupted": outcome.interrupted,
         "skipped_steps": outcome.skipped,
         "left_out": {"count": 0, "files": []} | start.left_out,  # a folder's files not in the data

@@ -47,6 +47,7 @@ from train.hooks import Checkpoints, FiniteLoss, Hook, Profiler, Progress, Scala
 from train.loop import Outcome, Schedule, longest_call, run_loop
 from train.model import averaged_weights, use_averaged_weights
 from train.model_file import load_model_file
+from train.phased import PhaseCalls
 from train.progress import Lines
 from train.resume import hparams, open_run_dir
 from train.run_state import Position, Start
@@ -84,10 +85,11 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> Json:
             evaluate = make_evaluator(start.built, runtime.strategy)
             callbacks = Callbacks(list(start.callbacks), start.built.network, start.settings.epochs,
                                   start.context.steps_per_epoch, start.settings.monitor, start.settings.monitor_mode,
-                                  role, checkpoint, say)  # fmt: skip
+                                  role, checkpoint, say, start.phases.plan.index_at_epoch)  # fmt: skip
             callbacks.begin(checkpoint.step, position.segment)  # on_train_begin, the recorded epochs replayed
         with peers.guard("training", start.checkpoint_dir):
             outcome = _train(start, position, checkpoint, callbacks, role, scalars, evaluate)
+            start.phases.rates_as_built()  # a schedule unscaled: what the export holds
             if callbacks.stopped_early:  # model.stop_training: the run is done, not interrupted
                 outcome = dataclasses.replace(outcome, interrupted=False)
             if not outcome.interrupted:
@@ -111,8 +113,9 @@ def _train(
         schedule, first = Schedule(cadence_of(settings), segment), checkpoint.step
         feed = _feed(start, position, schedule, first)
         say(_describe(start, runtime, schedule, first))
-        calls = make_calls(start.built, runtime.strategy, feed, runtime.global_batch, start.jit_compile,
-                           runtime.accumulation)  # fmt: skip
+        calls = PhaseCalls(start.phases, segment, lambda runtime=runtime, feed=feed: make_calls(
+            start.built, runtime.strategy, feed, runtime.global_batch, start.jit_compile, runtime.accumulation,
+        ), runtime.global_batch, checkpoint.record_phase, say)  # fmt: skip
         profiler = role.chief_only(Profiler, settings.profile_steps, settings.to_json()["PROFILE_STEPS"],
                                    start.output_dir, say, first) or Hook()  # fmt: skip
         progress = role.writer.progress(settings.progress, schedule.total_steps, segment.epoch_of, settings.epochs,

@@ -13,15 +13,17 @@ imported, so no TensorFlow, and a bad value is refused in the first second. No T
 from __future__ import annotations
 
 import ast
+import inspect
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from train.errors import SettingsError
 
 PREFIX = "HP_"
 CONTEXT = "context"  # build_model's keyword-only parameter that receives the run's facts
+PHASES = "phases"  # MODEL's phases(context, *, ...): its keyword-only parameters are hyperparameters too
 TRUE = ("true", "1", "yes", "on")  # what a true/false setting takes, in any case: every bool setting, HP_ ones too
 FALSE = ("false", "0", "no", "off")
 Value = bool | int | float | str  # a hyperparameter's, typed by its default
@@ -105,16 +107,28 @@ class HyperParameter:
         )
 
 
+def taken_by(function: Callable, values: Iterable[tuple[str, Value]]) -> dict[str, Value]:
+    """The hyperparameters `function` (build_model or phases) declares, of `values` ((name, value), ...): each of
+    the two takes its own (every one where its signature cannot be read, or takes **keywords)."""
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return dict(values)
+    if any(each.kind is inspect.Parameter.VAR_KEYWORD for each in parameters.values()):
+        return dict(values)
+    return {name: value for name, value in values if name in parameters}
+
+
 def text(value: Value) -> str:
     """A hyperparameter's value as a setting writes it: true/false for a bool, else as Python prints it."""
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _build_model(tree: ast.Module) -> ast.FunctionDef | None:
-    """The module's own `def build_model` (the last one, as Python would keep), or None."""
+def _function(tree: ast.Module, name: str = "build_model") -> ast.FunctionDef | None:
+    """The module's own `def <name>` (the last one, as Python would keep), or None."""
     found = None
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "build_model":
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
             found = node
     return found
 
@@ -136,18 +150,28 @@ def declared(tree: ast.Module, model: str) -> dict[str, HyperParameter] | None:
     """build_model's hyperparameters by setting name (HP_WIDTH), or None where the file has no `def build_model`
     (it imports or assigns it: nothing to read). Raises SettingsError for a keyword-only parameter that is neither
     `context` nor a hyperparameter of a type a setting can hold."""
-    function = _build_model(tree)
+    function = _function(tree)
     if function is None:
         return None
-    constants = _constants(tree)
     found: dict[str, HyperParameter] = {}
+    for each in (function, _function(tree, PHASES)):
+        if each is not None:
+            _declared_by(each, tree, model, found)
+    return found
+
+
+def _declared_by(function: ast.FunctionDef, tree: ast.Module, model: str, found: dict[str, HyperParameter]) -> None:
+    """`function`'s keyword-only parameters into `found`: build_model's, then those of `phases` (a parameter both
+    declare is one setting, with one default)."""
+    constants, of = _constants(tree), function.name
+    mine: set[str] = set()
     for argument, default in zip(function.args.kwonlyargs, function.args.kw_defaults, strict=True):
         name = argument.arg
         if name == CONTEXT:
             continue
         if default is None:
             raise SettingsError(
-                f"MODEL={model!r}: build_model's keyword-only parameter {name} has no default: give it one (it is then "
+                f"MODEL={model!r}: {of}'s keyword-only parameter {name} has no default: give it one (it is then "
                 f"the hyperparameter {env_name(name)}), or name it {CONTEXT} to get the run's facts"
             )
         try:
@@ -158,18 +182,24 @@ def declared(tree: ast.Module, model: str) -> dict[str, HyperParameter] | None:
             kind = "None" if value is None else f"a {type(value).__name__}"
         if type(value) not in _KINDS:
             raise SettingsError(
-                f"MODEL={model!r}: build_model's keyword-only parameter {name}={ast.unparse(default)} is {kind}, but "
+                f"MODEL={model!r}: {of}'s keyword-only parameter {name}={ast.unparse(default)} is {kind}, but "
                 f"a hyperparameter ({env_name(name)}) is typed by its default: make it an int, float, bool or str "
                 "literal (or a module constant holding one), or move the parameter before the `*`"
             )
         parameter = HyperParameter(name, value)
-        if parameter.env in found:
+        if parameter.env in found and (parameter.env in mine or found[parameter.env].name != name):
             raise SettingsError(
-                f"MODEL={model!r}: build_model's {found[parameter.env].name} and {name} are both the setting "
+                f"MODEL={model!r}: {of}'s {found[parameter.env].name} and {name} are both the setting "
                 f"{parameter.env}: rename one"
             )
+        if parameter.env in found and found[parameter.env] != parameter:
+            raise SettingsError(
+                f"MODEL={model!r}: build_model and {of} both take {name}, with other defaults "
+                f"({text(found[parameter.env].default)}, {text(value)}): it is one setting, {parameter.env}: give "
+                "them the same default"
+            )
+        mine.add(parameter.env)
         found[parameter.env] = parameter
-    return found
 
 
 def describe(hyperparameters: Mapping[str, HyperParameter] | None) -> str:

@@ -30,6 +30,10 @@ Keras 3.15.1 (pinned in pyproject.toml). If an upgrade moves one of these, the t
   this dict is never deleted, nor listed in that file (the run finds its checkpoints by listing the folder).
   MONITOR's best epoch is kept so, by the chief (train.cluster.role; tests/test_experiment.py, the best epoch's
   checkpoint kept across a resume at KEEP_CHECKPOINTS=1).
+- `optimizer._learning_rate`, `optimizer._model_variables_moving_average`: whether the rate is a schedule (the
+  `learning_rate` property gives its value, not it), and which of the optimizer's variables are its slots (zeroed
+  at a phase's first step, as a new optimizer's are) rather than its step, rate or moving averages
+  (train.phased; tests/test_phases.py).
 """
 
 from __future__ import annotations
@@ -106,3 +110,19 @@ def rotation(manager: tf.train.CheckpointManager) -> dict[str, float]:
     """The checkpoints `manager` may delete to keep `max_to_keep`, by prefix (their time saved): one deleted from
     this dict stays on disk."""
     return manager._maybe_delete
+
+
+def learning_rate_schedule(
+    optimizer: keras.optimizers.Optimizer,
+) -> keras.optimizers.schedules.LearningRateSchedule | None:
+    """The optimizer's LearningRateSchedule, None where its rate is a constant (`learning_rate` gives the value)."""
+    rate = optimizer._learning_rate
+    return rate if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule) else None
+
+
+def slots(optimizer: keras.optimizers.Optimizer) -> list[keras.Variable]:
+    """The optimizer's own state per variable (Adam's moments, SGD's momentum, accumulated gradients): what a new
+    optimizer starts at zero. Not its step counter, its learning rate or its moving averages of the weights."""
+    kept = {id(optimizer.iterations), id(optimizer._learning_rate)}
+    kept.update(id(each) for each in getattr(optimizer, "_model_variables_moving_average", None) or [])
+    return [each for each in optimizer.variables if id(each) not in kept]

@@ -1,8 +1,8 @@
 """The training loop: calls of up to STEPS_PER_CALL steps, and between them the hooks (train.hooks), on time.
 
-A call ends early at every epoch end, LOG_EVERY and CHECKPOINT_EVERY step and at the end of training, so
-logging, evaluation, checkpoints and a requested stop all fall between calls, at the same step on every
-worker (a save is a collective there).
+A call ends early at every epoch end, phase boundary (train.phased), LOG_EVERY and CHECKPOINT_EVERY step and at
+the end of training, so logging, evaluation, checkpoints, a phase's start and a requested stop all fall between
+calls, at the same step on every worker (a save is a collective there).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from train.hooks import Hook
 from train.step import TrainCalls
@@ -84,6 +85,17 @@ class Schedule:
         return step % self.cadence.checkpoint_every == 0 or self.epoch_end(step) or step == self.total_steps
 
 
+class Calls(Protocol):
+    """The training calls of the phase under way (train.phased.PhaseCalls): made again where a phase begins, which
+    ends a call as an epoch's end does."""
+
+    global_batch: int
+
+    def at(self, step: int) -> TrainCalls: ...
+
+    def next_change(self, step: int) -> int | None: ...
+
+
 @dataclass
 class Outcome:
     step: int
@@ -114,7 +126,7 @@ def _saved_by_every_hook(hooks: Sequence[Hook], step: int, skipped: int) -> None
 
 
 def run_loop(
-    calls: TrainCalls,
+    calls: Calls,
     schedule: Schedule,
     start_step: int,
     skipped: int,
@@ -141,10 +153,13 @@ def run_loop(
             steps = call_steps(
                 schedule.cadence, step, schedule.steps_per_epoch, schedule.total_steps, schedule.segment.origin_step
             )
+            change = calls.next_change(step)  # a phase's first step: the calls are made again from there
+            steps = min(steps, change - step) if change is not None else steps
+            phase_calls = calls.at(step)
             for hook in hooks:
                 hook.before_call(step)
             started = time.perf_counter()
-            result = calls(steps)  # returns once the steps have run: it reads their metrics
+            result = phase_calls(steps)  # returns once the steps have run: it reads their metrics
             throughput.add(steps, time.perf_counter() - started)
             step, skipped = step + steps, skipped + result.skipped
             for hook in inward:

@@ -35,7 +35,7 @@ from train.context import Context
 from train.data.examples import Inputs, InputSpec
 from train.data.spec import DatasetSpec
 from train.errors import SettingsError, TrainingError, first_line
-from train.hparams import CONTEXT
+from train.hparams import CONTEXT, taken_by
 from train.keras_seams import all_layers, build_metrics_and_loss, compiled, inner_optimizers
 from train.model_file import Experiment, overrides, refuse_step
 from train.outputs import name_outputs
@@ -169,7 +169,7 @@ def _call_build_model(
     settings: Settings, experiment: Experiment, spec: DatasetSpec, context: Context | None
 ) -> keras.Model:
     build = experiment.build_model
-    keywords: dict[str, object] = dict(settings.hyperparameters)
+    keywords: dict[str, object] = taken_by(build, settings.hyperparameters)
     given = "".join(f", {name}={value!r}" for name, value in keywords.items())
     arguments = f"({spec.input_shape}, {spec.num_classes}, {settings.learning_rate}{given})"
     if wants_context(settings, build):

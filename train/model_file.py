@@ -5,6 +5,14 @@
     build_callbacks(context) -> a list of keras.callbacks.Callback                       (optional)
     export_model(model) -> the keras.Model to export in the trained model's place        (optional)
     adapt(context): fits the layers preprocess uses, on the raw training data (train.adapt)  (optional)
+    phases(context, *, ...) -> a list of train.Phase(epochs, trainable, learning_rate)    (optional)
+
+`phases` splits the run into phases (train.phases): each `Phase(epochs, trainable, learning_rate)` lasts `epochs`
+(int >= 1; the last one lasts to the run's end); `trainable` is "all" or None (every layer as build_model left it)
+or globs on layer paths (a str or a list of str; a layer matched trains with its nested layers, the others are
+frozen); `learning_rate` is a float > 0 (a constant rate is set to it, a schedule scaled by it / LEARNING_RATE)
+or None (the optimizer's own). Its keyword-only parameters are HP_ settings, as build_model's are (a parameter
+both declare is one setting). `from train import Phase` imports no TensorFlow. It and FREEZE are exclusive.
 
 `build_model` is what train.model calls (its keyword-only parameters: hyperparameters, train.hparams, and
 `context`, train.context); `preprocess` is what the data path (train.data.examples) runs per example, in
@@ -50,6 +58,7 @@ TABULAR_TEXT_EXAMPLE = "examples/tabular_text.py"  # a table's text column, with
 RESNET_EXAMPLE = "examples/resnet.py"  # where a fork finds a preprocess to start from
 CALLBACKS_EXAMPLE = "examples/early_stopping.py"  # ... and build_callbacks
 TEXT_EXAMPLE = "examples/text.py"  # ... and adapt
+PHASES_DOC = "docs/fork.md, Phases: freeze, then unfreeze"  # ... and phases
 
 
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -140,6 +149,7 @@ class Experiment:
     build_callbacks: Callable | None = None
     export_model: Callable | None = None  # a GAN's: its generator (examples/gan.py)
     adapt: Callable | None = None
+    phases: Callable | None = None  # phases(context, *, ...) -> a list of train.Phase (train.phases, train.phased)
     module: ModuleType | None = None  # the imported file: its globals hold the layers `preprocess` uses (train.adapt)
 
     @staticmethod
@@ -169,6 +179,7 @@ OPTIONAL_SEAMS = {
     "build_callbacks": ("build_callbacks(context) -> a list of keras.callbacks.Callback", CALLBACKS_EXAMPLE),
     "export_model": ("export_model(model) -> the keras.Model to export", "examples/gan.py"),
     "adapt": ("adapt(context) that fits the layers preprocess uses on context.examples(n)", TEXT_EXAMPLE),
+    "phases": ("phases(context, *, ...) -> a list of train.Phase", PHASES_DOC),
 }
 
 

@@ -31,7 +31,7 @@ def open_run_dir(start: Start, runtime: Runtime, lock: RunLock, role: Role[Write
     settings, say, writer = start.settings, start.say, role.writer
     writer.lock(lock)
     changed = writer.changed_settings(settings)
-    made = make_checkpoint(start.built)
+    made = make_checkpoint(start.built, start.phases.plan.phased)
     manager = role.checkpoint_manager(made, start.checkpoint_dir, settings.keep_checkpoints)
     checkpoint = RunCheckpoint(made, manager, start.built, runtime.strategy, start.checkpoint_dir)
     restored = checkpoint.newest(say, role.peers.restore)
@@ -82,6 +82,7 @@ def run_record(start: Start, position: Position) -> Json:
         "precision": position.runtime.precision, "data": start.identity, "sync_batch_norm": settings.sync_batch_norm,
         "features": start.features,  # what predict on files needs of the data: it opens no source
         "adapted": start.adapted,  # what MODEL's adapt fitted (train.adapt): a later start must fit the same
+        **({"phases": start.phases.plan.to_json(position.segment)} if start.phases.plan.phased else {}),
         **{key: recorded[key] for key in ("jit_compile", "data_in_memory", "precision", "adapted") if key in recorded},
         "starts": position.starts,
     }  # fmt: skip

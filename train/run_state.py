@@ -20,6 +20,7 @@ from train.context import Context
 from train.data.source import Data
 from train.devices.runtime import Runtime
 from train.model import Built
+from train.phased import Phased
 from train.settings import Settings
 from train.timeline import Segment
 
@@ -43,6 +44,7 @@ class Start:
     adapted: Json  # what MODEL's adapt fitted (train.adapt.fingerprint)
     recorded: Json  # run.json as this start found it (the chief's; {} on other workers)
     say: Callable[[str], None]
+    phases: Phased  # which layers train when, and at what rate (train.phased): one phase unless FREEZE or phases()
     left_out: Json = field(default_factory=dict)  # a folder's files not in the data: summary.json's "left_out"
     features: Json = field(default_factory=dict)  # what predict needs of the data (train.data.spec.features_record)
 

@@ -27,6 +27,7 @@ from train.errors import SettingsError
 from train.loop import Cadence
 from train.model import Built
 from train.model_file import OWN_STEP_PRECISION, Experiment, load_model_file, model_fingerprint
+from train.phased import Phased, make_phases
 from train.run_state import Start
 from train.rundir import checkpoints_newest_first
 from train.settings import Settings, agreed_settings
@@ -178,9 +179,37 @@ def start_run(settings: Settings, runtime: Runtime, role: Role[Writer], say: Say
         # as model.fit runs it: a step of the fork's own may hold what XLA cannot compile (a tf.print)
         jit, why = False, "auto: off, as model.fit runs this model's own train_step (its jit_compile is False)"
     callbacks = tuple(build_callbacks(experiment, context))  # bad callbacks: before writing
+    phases = make_phases(settings, experiment, built, context)  # a FREEZE glob matching no layer: before writing
+    check_same_phases(settings, phases, recorded)
     start = Start(settings, peers, data, built, context, callbacks, jit, why, dataset.identity, dataset.adapted,
-                  recorded, say, dataset.left_out, features_record(dataset.builder, settings))  # fmt: skip
+                  recorded, say, phases, dataset.left_out, features_record(dataset.builder, settings))  # fmt: skip
     return start, runtime
+
+
+def check_same_phases(settings: Settings, phases: Phased, recorded: Json) -> None:
+    """Another plan of phases (FREEZE, UNFREEZE_*, or what MODEL's phases() returns for these HP_ settings) than
+    run.json's, on a run that has started: refused, as another DATASET is. Raises SettingsError."""
+    if not recorded.get("starts"):
+        return
+    before = recorded.get("phases")
+    if (before is None and not phases.plan.phased) or phases.plan.same_as(before):
+        return
+    now = phases.plan.source or "one phase, every layer as built"
+    raise SettingsError(
+        f"the phases ({now}) are not those OUTPUT_DIR={settings.output_dir} was trained with "
+        f"({_described(before)}): they define the run. Set FREEZE, UNFREEZE_AT_EPOCH, UNFREEZE_LEARNING_RATE and the "
+        "HP_ settings back to the run's (its settings.json), or use another OUTPUT_DIR"
+    )
+
+
+def _described(recorded: object) -> str:
+    if not isinstance(recorded, list):
+        return "one phase, every layer as built"
+    return "; ".join(
+        f"from epoch {entry.get('first_epoch')}: {len(entry.get('trainable') or [])} layer(s) training, learning rate "
+        f"{entry.get('learning_rate') or 'as built'}"
+        for entry in recorded if isinstance(entry, dict)
+    )  # fmt: skip
 
 
 def _trained(settings: Settings) -> bool:

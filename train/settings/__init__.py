@@ -34,6 +34,7 @@ from train.settings.run import (
     agreed_settings,
     changed_settings,
     check_run_settings,
+    check_same_phase_settings,
     read_run_settings,
 )
 from train.settings.table import (
@@ -56,6 +57,6 @@ __all__ = [
     "ALL_REDUCES", "AUTO_TRUE_FALSE", "DEFAULT_MODEL", "ENVIRONMENT_TYPO_CUTOFF", "FIELDS", "FIELDS_BY_ENV",
     "MONITOR_MODES", "PRECISIONS", "PROGRESS_MODES", "RESUME_MODES", "RUN_DEFINING", "RUN_SETTINGS", "SINGLE_HOST",
     "STRATEGIES", "WORKERS_AGREE", "Field", "Settings", "agreed_settings", "changed_settings", "check_run_settings",
-    "check_together", "likely_typos", "load_settings", "peek_hyperparameters", "project_defaults_path", "read_dotenv",
-    "read_run_settings",
+    "check_same_phase_settings", "check_together", "likely_typos", "load_settings", "peek_hyperparameters",
+    "project_defaults_path", "read_dotenv", "read_run_settings",
 ]  # fmt: skip

@@ -44,6 +44,22 @@ def positive_float(name: str, text: str) -> float:
     return value
 
 
+def optional_positive_float(name: str, text: str) -> float | None:
+    return None if text == "" else positive_float(name, text)
+
+
+def globs(name: str, text: str) -> tuple[str, ...] | None:
+    """Comma-separated globs (fnmatch's *, ?, [...]) on layer paths, like backbone_*,stem; empty: none."""
+    if text.strip() == "":
+        return None
+    items = tuple(item.strip() for item in text.split(","))
+    if not all(items):
+        raise SettingsError(
+            f"{name}={text!r} is not allowed: use comma-separated globs on layer paths, like backbone_*"
+        )
+    return items
+
+
 def true_or_false(name: str, text: str) -> bool:
     """The words of train.hparams.boolean (true/1/yes/on, false/0/no/off), as every bool setting takes them."""
     value = hparams.boolean(text)
@@ -146,6 +162,7 @@ def profile_steps(name: str, text: str) -> tuple[int, int] | None:
 
 for _parse, _metavar in (
     (positive_int, "N"), (non_negative_int, "N"), (optional_positive_int, "N"), (positive_float, "X"),
+    (optional_positive_float, "X"), (globs, "GLOB,..."),
     (true_or_false, "true|false"), (gpus, "all|none|0,1"), (required_text, "TEXT"), (optional_text, "TEXT"),
     (dataset, "NAME|PATH"), (path, "PATH"), (optional_path, "PATH"), (model, "FILE|MODULE"),
     (profile_steps, "START-END"), (label_kind, "class|value"),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from train import hparams
 from train.dataset_path import is_path
-from train.errors import first_line
+from train.errors import SettingsError, first_line
 from train.run_files import RUN_SETTINGS
 from train.settings.table import FIELDS, FIELDS_BY_ENV, Settings
 
@@ -48,6 +48,28 @@ def check_run_settings(output_dir: Path, warn: Callable[[str], None]) -> None:
         warn(
             f"{output_dir / RUN_SETTINGS} {problem}: which settings changed since the run's last start cannot be "
             "said; this start writes it anew"
+        )
+
+
+PHASE_SETTINGS = ("FREEZE", "UNFREEZE_AT_EPOCH", "UNFREEZE_LEARNING_RATE")  # the phases' (train.phases)
+
+
+def check_same_phase_settings(output_dir: Path, settings: Settings) -> None:
+    """FREEZE, UNFREEZE_AT_EPOCH and UNFREEZE_LEARNING_RATE define the run's phases: another value than the run's
+    settings.json (unset where it has none: a run from before them had one phase) is refused before TensorFlow
+    loads, as another DATASET is. (What MODEL's phases() returns is compared with run.json's "phases" once the model
+    is built: train.start.check_same_phases.) Raises SettingsError."""
+    path = output_dir / RUN_SETTINGS
+    before, problem = read_run_settings(path)
+    if problem or not path.is_file():
+        return
+    now = settings.to_json()
+    changed = [f"{name}={now[name] or '(unset)'}, the run's {before.get(name) or '(unset)'}" for name in PHASE_SETTINGS
+               if before.get(name, "") != now[name]]  # fmt: skip
+    if changed:
+        raise SettingsError(
+            f"{'; '.join(changed)}: OUTPUT_DIR={output_dir} was trained with other phases, and they define the run. "
+            "Set them back to the run's, or use another OUTPUT_DIR"
         )
 
 

@@ -121,6 +121,9 @@ class Settings:
     jit_compile: str = setting("auto", parse.choice(AUTO_TRUE_FALSE), "XLA for the training step; auto: where faster.", **RW)
     mixed_precision: str = setting("auto", parse.choice(PRECISIONS), "auto: bf16 on compute 8.0+, fp16 on 7.x, else off.", **RW)
     learning_rate: float = setting("0.001", parse.positive_float, "Learning rate, passed to build_model.", **RW)
+    freeze: tuple[str, ...] | None = setting("", parse.globs, "Layers frozen from step 1: comma-separated globs on layer paths (nested layers too), like backbone_*.", **RW)
+    unfreeze_at_epoch: int | None = setting("", parse.optional_positive_int, "The epoch (from 1) from which FREEZE's layers train; empty: never.", **RW)
+    unfreeze_learning_rate: float | None = setting("", parse.optional_positive_float, "The learning rate from UNFREEZE_AT_EPOCH on; default: LEARNING_RATE / 10.", **RW)
     seed: int = setting("42", parse.non_negative_int, "Seed of weights, data order, random layers: same run.", **RW)
     deterministic: bool = setting("false", parse.true_or_false, "Deterministic ops (same seed and hardware: same weights); slower.", **RW)
     sync_batch_norm: bool = setting("false", parse.true_or_false, "BatchNormalization's batch moments over every replica's batch (small batches per replica).", **RW)
@@ -233,10 +236,32 @@ def check_together(settings: Settings) -> None:
             f"STRATEGY={settings.strategy if settings.strategy != 'auto' else 'auto (multi-worker)'}: it chooses "
             "MirroredStrategy's all-reduce; use CROSS_DEVICE_OPS=auto"
         )
+    _check_phases(settings)
     if settings.multi_worker and settings.auto_batch:
         raise SettingsError(
             "AUTO_BATCH=true is not allowed with multi-worker training (every worker must change its batch "
             "together): use AUTO_BATCH=false and set BATCH_SIZE"
+        )
+
+
+def _check_phases(settings: Settings) -> None:
+    """FREEZE, UNFREEZE_AT_EPOCH and UNFREEZE_LEARNING_RATE: none set without the one it depends on (it would be
+    silently ignored). UNFREEZE_AT_EPOCH past EPOCHS is allowed: the run ends frozen, and a resume with more EPOCHS
+    reaches it."""
+    if settings.unfreeze_at_epoch is not None and not settings.freeze:
+        raise SettingsError(
+            f"UNFREEZE_AT_EPOCH={settings.unfreeze_at_epoch} is set but FREEZE is empty: it is the epoch from which "
+            "FREEZE's layers train; set FREEZE (globs on layer paths, like backbone_*), or leave UNFREEZE_AT_EPOCH empty"
+        )
+    if settings.unfreeze_at_epoch == 1:
+        raise SettingsError(
+            "UNFREEZE_AT_EPOCH=1 is not allowed: FREEZE's layers would train from the first epoch, so nothing would be "
+            "frozen; use 2 or more (epochs count from 1), or leave FREEZE and UNFREEZE_AT_EPOCH empty"
+        )
+    if settings.unfreeze_learning_rate is not None and settings.unfreeze_at_epoch is None:
+        raise SettingsError(
+            f"UNFREEZE_LEARNING_RATE={settings.unfreeze_learning_rate} is set but UNFREEZE_AT_EPOCH is empty: it is "
+            "the learning rate from that epoch on; set UNFREEZE_AT_EPOCH, or leave UNFREEZE_LEARNING_RATE empty"
         )
 
 
