@@ -13,10 +13,14 @@ The backbone comes from one of two places, and nothing downloads at run time (do
 - `HP_WEIGHTS`: a `keras.applications` weights file (MobileNetV2, ALPHA wide, without its top): the `.h5` that
   `weights="imagenet"` fetches into KERAS_HOME/models, or any file `load_weights` reads.
 
-The recipe (keras.io, "Transfer learning & fine-tuning"): the backbone is called with `training=False`, so its
-BatchNormalization stays in inference mode even once it trains. `phases()` (train.Phase) holds the two phases:
+The recipe (keras.io, "Transfer learning & fine-tuning"): `phases()` (train.Phase) holds the two phases,
 `HP_HEAD_EPOCHS` epochs with only the head training at LEARNING_RATE, then every layer at
 `HP_FINE_TUNE_LEARNING_RATE` to the run's end; each phase starts with fresh optimizer slots, as a recompile does.
+The guide keeps the backbone's BatchNormalization in inference mode once it trains, by calling it with
+`training=False`; in Keras 3 a functional model called with `training=True` passes that on to every layer inside
+it, over the `training=False` it was built with (keras-team/keras#20285), and the statistics would move. Here
+build_model freezes the BatchNormalization layers instead (a layer build_model froze stays frozen in every
+phase): a frozen one runs in inference mode, its statistics and scale stay the pretrained ones.
 `import keras_hub` happens inside `_preset_backbone` only: without HP_PRESET the hub extra is not needed.
 """
 
@@ -51,7 +55,9 @@ def build_model(
         raise ValueError(f"HP_PRESET={preset!r}, HP_WEIGHTS={weights!r}: set one, a KerasHub preset or an .h5 file")
     scaling, backbone = _preset_backbone(preset) if preset else _application(weights, input_shape)
     inputs = keras.Input(shape=input_shape, dtype="uint8", name="image")  # as preprocess returns it
-    x = backbone(scaling(inputs), training=False)  # BatchNormalization in inference mode, frozen or not
+    for layer in _nested(backbone):  # frozen from the start, so in inference mode in every phase: see the docstring
+        layer.trainable = layer.trainable and not isinstance(layer, layers.BatchNormalization)
+    x = backbone(scaling(inputs))
     x = layers.GlobalAveragePooling2D()(x)
     x = layers.Dropout(DROPOUT)(x)
     # float32 even under a mixed-precision policy: softmax and the loss need its range and precision.
@@ -71,6 +77,12 @@ def phases(context, *, head_epochs: int = 2, fine_tune_learning_rate: float = 1e
         train.Phase(head_epochs, trainable="head"),
         train.Phase(1, trainable="all", learning_rate=fine_tune_learning_rate),  # the last lasts to the end
     ]
+
+
+def _nested(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
+    """Every layer inside `layer`, at any depth."""
+    inner = getattr(layer, "layers", [])
+    return [each for child in inner for each in (child, *_nested(child))]
 
 
 def _preset_backbone(preset: str) -> tuple[layers.Rescaling, keras.Model]:

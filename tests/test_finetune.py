@@ -21,6 +21,11 @@ MODEL = str(REPO / "examples" / "finetune.py")
 needs_hub = pytest.mark.skipif(
     importlib.util.find_spec("keras_hub") is None, reason="KerasHub is not installed: make setup EXTRAS=dev,hub"
 )
+# The engine's preset loader (train.presets.resolve_preset, issue 45's INIT_FROM) comes from branch ini: until it is
+# merged, the tests of HP_PRESET skip. Delete this marker when it is there.
+needs_presets = pytest.mark.skipif(
+    not (REPO / "train" / "presets.py").is_file(), reason="train.presets.resolve_preset is not merged yet (branch ini)"
+)
 FAST = {"BATCH_SIZE": 8, "LOG_EVERY": 1000, "SEED": 0}
 
 TINY_PRESET = """
@@ -78,11 +83,12 @@ def epochs_phases(output_dir: Path) -> list[int]:
 
 
 @needs_hub
+@needs_presets
 @pytest.mark.slow
-def test_a_tiny_preset_is_fine_tuned_in_two_phases_with_batch_normalization_in_inference_mode(tmp_path):
+def test_a_tiny_preset_is_fine_tuned_in_two_phases_its_batch_normalization_in_inference_mode(tmp_path):
     """Phase 0 (HP_HEAD_EPOCHS=1): the backbone is the preset's to the bit, only the head learns. The same run
     resumed with EPOCHS=3 enters phase 1: the backbone's kernels move at HP_FINE_TUNE_LEARNING_RATE, its
-    BatchNormalization statistics do not (the backbone is called with training=False, as the guide says)."""
+    BatchNormalization does not (inference mode, as the guide wants: its statistics stay the preset's)."""
     preset = made(TINY_PRESET, tmp_path / "tiny_resnet")
     folder = photos(tmp_path / "photos")
     run = {"MODEL": MODEL, "DATASET": str(folder), "TFDS_DATA_DIR": tmp_path / "tfds", "HP_PRESET": preset}
@@ -96,9 +102,9 @@ def test_a_tiny_preset_is_fine_tuned_in_two_phases_with_batch_normalization_in_i
     second = run_train("fit", cwd=tmp_path, EPOCHS=3, **run)
     assert second.returncode == 0, second.stderr[-3000:]
     tuned = compare(tmp_path / "run", "preset", preset)
-    assert {"conv1_conv/kernel", "stack0_block0_1_conv/kernel", "stack0_block0_2_bn/gamma"} <= set(tuned["moved"])
-    statistics = [path for path in tuned["same"] + tuned["moved"] if "moving_" in path]
-    assert statistics and set(statistics) <= set(tuned["same"])  # inference-mode BatchNormalization
+    assert {"conv1_conv/kernel", "stack0_block0_1_conv/kernel", "stack0_block0_2_conv/kernel"} <= set(tuned["moved"])
+    normalization = [path for path in tuned["same"] + tuned["moved"] if "_bn/" in path]
+    assert len(normalization) == 12 and set(normalization) <= set(tuned["same"])  # statistics, scale and offset
     assert epochs_phases(tmp_path / "run") == [0, 1, 1]
     head, everything = read_summary(tmp_path / "run")["phases"]
     assert head["trainable"] == ["head"] and "conv1_conv" in everything["trainable"]
@@ -128,3 +134,24 @@ def test_neither_or_both_backbones_is_one_line_and_exit_2(tmp_path):
         assert result.returncode == 2, result.stderr[-3000:]
         assert "HP_PRESET=" in result.stderr and "Traceback" not in result.stderr
         assert not (tmp_path / f"run{len(hp)}" / "checkpoints").exists()
+
+
+@needs_hub
+@needs_presets
+@pytest.mark.slow
+def test_a_preset_name_is_found_in_the_kagglehub_cache_and_a_missing_one_is_exit_2_naming_it(tmp_path):
+    """HP_PRESET as a name: the preset in KAGGLEHUB_CACHE, where kagglehub.model_download puts it
+    (models/<owner>/<model>/<framework>/<variation>/<version>); a name not there is one line naming the directory
+    to fill, exit 2, and nothing downloads."""
+    cache = tmp_path / "kagglehub"
+    preset = made(TINY_PRESET, cache / "models" / "keras" / "tiny_resnet" / "keras" / "tiny_resnet" / "1")
+    folder = photos(tmp_path / "photos")
+    run = {"MODEL": MODEL, "DATASET": str(folder), "TFDS_DATA_DIR": tmp_path / "tfds", "KAGGLEHUB_CACHE": cache}
+    found = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "found", EPOCHS=1, HP_HEAD_EPOCHS=1, **run, **FAST,
+                      HP_PRESET="kaggle://keras/tiny_resnet/keras/tiny_resnet/1")  # fmt: skip
+    assert found.returncode == 0, found.stderr[-3000:]
+    assert compare(tmp_path / "found", "preset", preset)["moved"] == []
+    missing = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "missing", **run, **FAST,
+                        HP_PRESET="kaggle://keras/tiny_resnet/keras/other/1")  # fmt: skip
+    assert missing.returncode == 2 and str(cache) in missing.stderr and "Traceback" not in missing.stderr
+    assert not (tmp_path / "missing" / "checkpoints").exists()
