@@ -141,10 +141,11 @@ def test_neither_or_both_backbones_is_one_line_and_exit_2(tmp_path):
 @pytest.mark.slow
 def test_a_preset_name_is_found_in_the_kagglehub_cache_and_a_missing_one_is_exit_2_naming_it(tmp_path):
     """HP_PRESET as a name: the preset in KAGGLEHUB_CACHE, where kagglehub.model_download puts it
-    (models/<owner>/<model>/<framework>/<variation>/<version>); a name not there is one line naming the directory
-    to fill, exit 2, and nothing downloads."""
+    (models/<owner>/<model>/<framework>/<variation>/<version>, and <version>.complete once whole); a name not there
+    is one line naming the directory to fill, exit 2, and nothing downloads."""
     cache = tmp_path / "kagglehub"
     preset = made(TINY_PRESET, cache / "models" / "keras" / "tiny_resnet" / "keras" / "tiny_resnet" / "1")
+    (preset.parent / "1.complete").touch()  # kagglehub's marker of a finished download (kagglehub/cache.py)
     folder = photos(tmp_path / "photos")
     run = {"MODEL": MODEL, "DATASET": str(folder), "TFDS_DATA_DIR": tmp_path / "tfds", "KAGGLEHUB_CACHE": cache}
     found = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "found", EPOCHS=1, HP_HEAD_EPOCHS=1, **run, **FAST,
