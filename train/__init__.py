@@ -2,7 +2,7 @@
 
 The engine's map: what each module or package owns, and what it must not do. A fork edits `project/` (its MODEL
 file, its datasets) and never a row of this table: docs/fork.md is its guide, docs/design.md gives the reasons.
-Model, data, devices and loop are the rows in capitals.
+Model, data, devices, phases and loop are the rows in capitals.
 
 | where           | owns                                                           | must not                          |
 |-----------------|----------------------------------------------------------------|-----------------------------------|
@@ -63,6 +63,11 @@ Model, data, devices and loop are the rows in capitals.
 | checkpoints,    | restored or begun (resume); what a checkpoint holds, restored  |                                   |
 | timeline        | with its seeds (checkpoints); steps mapped to epochs and to    |                                   |
 |                 | the data: the one epoch arithmetic (timeline)                  |                                   |
+| phases,         | PHASES: which layers train when, at what rate: the plan        | import TensorFlow (phases); run   |
+| phased          | (Phase, Phases) of FREEZE/UNFREEZE_* or MODEL's phases(),      | a step or know files (phased)     |
+|                 | resolved on the built model once (make_phases); each phase     |                                   |
+|                 | entered at its first step (trainable flags, fresh slots, the   |                                   |
+|                 | rate), its calls made again (PhaseCalls)                       |                                   |
 | loop, hooks     | THE LOOP: calls on time (loop); between them an ordered list   | run a training call (hooks); know |
 |                 | of typed hooks: profiler, the fork's callbacks, stop requests, | files or workers (loop)           |
 |                 | scalars, progress, finite loss, checkpoints (hooks)            |                                   |

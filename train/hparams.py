@@ -4,7 +4,9 @@
 
 declares HP_WIDTH (an int, 64 unless set) and HP_DROPOUT (a float); `context`, declared without a default, is the
 run's facts (train.context), not a hyperparameter. Each is typed by its default (int, float, bool or str) and set
-like any setting (`--hp-width 128`, HP_WIDTH=128 in the environment, .env or project/defaults.env).
+like any setting (`--hp-width 128`, HP_WIDTH=128 in the environment, .env or project/defaults.env). The
+keyword-only parameters of MODEL's `phases(context, *, ...)` (train.phases) are hyperparameters too: one both
+functions declare is one setting, with one default; each function is given its own (`taken_by`).
 
 The signature is read from MODEL's syntax tree, as its hash is (train.model_file.model_fingerprint): nothing is
 imported, so no TensorFlow, and a bad value is refused in the first second. No TensorFlow here.

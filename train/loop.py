@@ -105,13 +105,15 @@ class Outcome:
 
 
 class Throughput:
-    """Examples per second over the calls so far, the first one (which traces the graph) left out."""
+    """Examples per second over the calls so far, the first one (which traces the graph) and each phase's first
+    left out."""
 
     def __init__(self, global_batch: int) -> None:
         self.global_batch, self.steps, self.seconds, self.calls = global_batch, 0, 0.0, 0
 
-    def add(self, steps: int, seconds: float) -> None:
-        if self.calls:
+    def add(self, steps: int, seconds: float, traced: bool = False) -> None:
+        """`traced`: a call of calls made anew (a phase's first), which traced its graph: left out as the first."""
+        if self.calls and not traced:
             self.steps, self.seconds = self.steps + steps, self.seconds + seconds
         self.calls += 1
 
@@ -142,6 +144,7 @@ def run_loop(
     """
     step = saved_step = start_step
     throughput = Throughput(calls.global_batch)
+    phase_calls: TrainCalls | None = None
     inward = list(reversed(hooks))  # innermost first
     try:
         while step < schedule.total_steps:
@@ -155,12 +158,12 @@ def run_loop(
             )
             change = calls.next_change(step)  # a phase's first step: the calls are made again from there
             steps = min(steps, change - step) if change is not None else steps
-            phase_calls = calls.at(step)
+            phase_calls, previous = calls.at(step), phase_calls
             for hook in hooks:
                 hook.before_call(step)
             started = time.perf_counter()
             result = phase_calls(steps)  # returns once the steps have run: it reads their metrics
-            throughput.add(steps, time.perf_counter() - started)
+            throughput.add(steps, time.perf_counter() - started, traced=phase_calls is not previous)
             step, skipped = step + steps, skipped + result.skipped
             for hook in inward:
                 hook.after_call(step, result, skipped, throughput.per_sec)

@@ -148,7 +148,7 @@ class Phases:
         own = phase.learning_rate is None
         rate = "the optimizer's own learning rate" if own else f"learning rate {phase.learning_rate:g}"
         what = f"{len(frozen)} layer(s) frozen ({_some(frozen)})" if frozen else "every layer trains"
-        return f"phase {index} of {len(self.phases) - 1} (from epoch {phase.first_epoch}): {what}, {rate}"
+        return f"phase {index} (of {len(self.phases)}, from epoch {phase.first_epoch}): {what}, {rate}"
 
     def same_as(self, recorded: object) -> bool:
         """Whether run.json's "phases" (a list as `to_json` wrote it) are these, their steps aside (a resume at another
