@@ -9,6 +9,7 @@ tensorflow's metadata and build_info.py, read without importing it.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -177,6 +178,17 @@ def test_make_setup_installs_from_the_lock_with_hashes_then_the_project_without_
     assert ({"keras-hub", "tensorflow-text", "kagglehub"} <= names) is hub
     assert not ({"keras-hub", "tensorflow-text", "kagglehub", "sentencepiece"} & names) or hub
     assert ("nvidia-cudnn-cu12" in names) is ("gpu" in extras)
+
+
+def test_the_makefile_installs_with_hashes_the_extras_the_locks_hold():
+    """LOCKED_EXTRAS, in the Makefile and scripts/lock.py: an extra the locks hold is installed from them, hashed;
+    one they do not hold (profile) under their pins."""
+    makefile = re.search(r"^LOCKED_EXTRAS := (.+)$", (REPO / "Makefile").read_text(), re.M)
+    locked = re.search(r"^LOCKED_EXTRAS = (\[.+\])$", (REPO / "scripts" / "lock.py").read_text(), re.M)
+    assert makefile and locked
+    assert set(makefile.group(1).split()) == {*ast.literal_eval(locked.group(1)), "gpu"}
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(extras) == {*makefile.group(1).split(), "profile"}
 
 
 def test_other_extras_run_the_set_up_again(tmp_path):
