@@ -2,8 +2,8 @@
 the backbone frozen while a new head learns, then everything at a learning rate 100x lower.
 
     make setup EXTRAS=dev,hub                                                   # KerasHub, from the locks
-    make train MODEL=examples/finetune.py DATASET=./photos HP_PRESET=./resnet_18_imagenet  # a preset's folder
-    make train MODEL=examples/finetune.py DATASET=./photos HP_PRESET=kaggle://keras/resnetv1/keras/resnet_18_imagenet/3
+    make train MODEL=examples/finetune.py DATASET=./photos HP_PRESET=./presets/resnet_18  # a preset's folder
+    make train MODEL=examples/finetune.py DATASET=./photos HP_PRESET=resnet_18_imagenet   # or a kaggle:// handle
     make train MODEL=examples/finetune.py DATASET=./photos HP_WEIGHTS=~/.keras/models/mobilenet_v2_..._no_top.h5
 
 The backbone comes from one of two places, and nothing downloads at run time (docs/fork.md, Pretrained backbones):
