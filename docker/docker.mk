@@ -10,8 +10,9 @@
 # writes to /runs/RUN_NAME (OUTPUT_DIR). The caches of pretrained weights, where the host has them:
 # KERAS_DIR (KERAS_HOME, else ~/.keras) -> /cache/keras (KERAS_HOME: keras.applications' weights) and
 # KAGGLEHUB_DIR (KAGGLEHUB_CACHE, else ~/.cache/kagglehub) -> /cache/kagglehub (KAGGLEHUB_CACHE: KerasHub presets).
-# A DATASET that is a path (./photos, /data/table.csv: starts with /, ./, ../ or ~, or exists) is mounted read-only at /dataset/NAME and DATASET set to that; it is written
-# once as TFDS records into TFDS_DATA_DIR (docs/data.md). OUTPUT_DIR=runs/exp1 on the make command line means
+# A DATASET that is a path (./photos, /data/table.csv: starts with /, ./, ../ or ~, or exists) is mounted
+# read-only at /dataset/NAME and DATASET set to that; it is written once as TFDS records into TFDS_DATA_DIR
+# (docs/data.md). OUTPUT_DIR=runs/exp1 on the make command line means
 # RUNS_DIR=runs, RUN_NAME=exp1. The repository's `.env` (DOCKER_ENV_FILE) is mounted read-only where the
 # container's `python -m train` reads it; what is given to make overrides it, and GPUS, TFDS_DATA_DIR,
 # OUTPUT_DIR, KERAS_HOME and KAGGLEHUB_CACHE are always set to their in-container values.
