@@ -5,7 +5,7 @@ SHELL := bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-EXTRAS ?= dev# add ",gpu" on a GPU machine: make setup EXTRAS=dev,gpu
+EXTRAS ?= dev# add ",gpu" on a GPU machine (make setup EXTRAS=dev,gpu), ",hub" for KerasHub (EXTRAS=dev,hub)
 # Every setting, read from its one table (train/settings/table.py, `    name: type = setting(...)` lines, upper-cased).
 SETTINGS := $(shell sed -n '/^class Settings/,/^[^ ]/s/^    \([a-z][a-z0-9_]*\): [^=]* = setting.*/\1/p' train/settings/table.py | tr '[:lower:]' '[:upper:]')
 # A setting given to make (or already in the environment) reaches python as an environment variable.
@@ -20,19 +20,30 @@ help: ## Show this help
 		{printf (tty ? "  \033[36m%-16s\033[0m %s\n" : "  %-16s %s\n"), $$1, $$2}'
 
 # The environment comes from a lock, hash-checked (a wheel that changed since `make lock` fails the install):
-# requirements-gpu.lock where EXTRAS names gpu, else requirements.lock; both hold the dev extra. Then the project
-# itself, without dependencies (pip installs no editable project in hash mode). An extra no lock holds (profile)
-# comes last, under the lock's pins (LOCK_PINS: without hashes, which pip refuses beside an editable project).
+# requirements-gpu.lock where EXTRAS names gpu, else requirements.lock; both hold the dev and hub extras
+# (LOCKED_EXTRAS, as scripts/lock.py makes them), and the set-up installs the lock's entries that the dependencies
+# and the extras EXTRAS names need ($(VENV)/locked.txt, written by docker/requirements_from_pyproject.py as for the
+# image). Then the project itself, without dependencies (pip installs no editable project in hash mode). An extra
+# no lock holds (profile) comes last, under the lock's pins (LOCK_PINS: without hashes, which pip refuses beside an
+# editable project). Another EXTRAS than the last set-up's ($(BIN)/.extras) runs the set-up again, which adds.
 comma := ,
-LOCK = $(if $(filter gpu,$(subst $(comma), ,$(EXTRAS))),requirements-gpu.lock,requirements.lock)
+EXTRAS_LIST = $(subst $(comma), ,$(EXTRAS))
+LOCKED_EXTRAS := dev hub gpu
+LOCK = $(if $(filter gpu,$(EXTRAS_LIST)),requirements-gpu.lock,requirements.lock)
 LOCK_PINS = <($(PYTHON) docker/requirements_from_pyproject.py --constraints $(LOCK) pyproject.toml)
-$(BIN)/.installed: pyproject.toml requirements.lock requirements-gpu.lock
+$(BIN)/.installed: pyproject.toml requirements.lock requirements-gpu.lock $(BIN)/.extras
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --require-hashes -r $(LOCK)
+	$(PYTHON) docker/requirements_from_pyproject.py --locked $(LOCK) pyproject.toml \
+		$(filter $(LOCKED_EXTRAS),$(EXTRAS_LIST)) > $(VENV)/locked.txt
+	$(BIN)/python -m pip install --quiet --require-hashes -r $(VENV)/locked.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
-	$(if $(filter-out dev gpu,$(subst $(comma), ,$(EXTRAS))),$(BIN)/python -m pip install --quiet -c $(LOCK_PINS) -e ".[$(EXTRAS)]")
+	$(if $(filter-out $(LOCKED_EXTRAS),$(EXTRAS_LIST)),$(BIN)/python -m pip install --quiet -c $(LOCK_PINS) -e ".[$(EXTRAS)]")
 	touch $@
+
+$(BIN)/.extras: FORCE
+	@[ "$$(cat $@ 2>/dev/null)" = "$(EXTRAS)" ] || { mkdir -p $(BIN) && echo "$(EXTRAS)" > $@; }
+FORCE:
 
 setup: $(BIN)/.installed ## Create .venv and install the pinned dependencies
 

@@ -7,12 +7,15 @@
 #   docker stop tf-train-default           # checkpoints, exits 42; run docker-train again to resume
 #
 # Volumes: DATA_DIR (host) -> /data (TFDS_DATA_DIR), RUNS_DIR (host) -> /runs, and the run
-# writes to /runs/RUN_NAME (OUTPUT_DIR). A DATASET that is a path (./photos, /data/table.csv: starts with
-# /, ./, ../ or ~, or exists) is mounted read-only at /dataset/NAME and DATASET set to that; it is written
-# once as TFDS records into TFDS_DATA_DIR (docs/data.md). OUTPUT_DIR=runs/exp1 on the make command line means
+# writes to /runs/RUN_NAME (OUTPUT_DIR). The caches of pretrained weights, where the host has them:
+# KERAS_DIR (KERAS_HOME, else ~/.keras) -> /cache/keras (KERAS_HOME: keras.applications' weights) and
+# KAGGLEHUB_DIR (KAGGLEHUB_CACHE, else ~/.cache/kagglehub) -> /cache/kagglehub (KAGGLEHUB_CACHE: KerasHub presets).
+# A DATASET that is a path (./photos, /data/table.csv: starts with /, ./, ../ or ~, or exists) is mounted
+# read-only at /dataset/NAME and DATASET set to that; it is written once as TFDS records into TFDS_DATA_DIR
+# (docs/data.md). OUTPUT_DIR=runs/exp1 on the make command line means
 # RUNS_DIR=runs, RUN_NAME=exp1. The repository's `.env` (DOCKER_ENV_FILE) is mounted read-only where the
-# container's `python -m train` reads it; what is given to make overrides it, and GPUS,
-# TFDS_DATA_DIR and OUTPUT_DIR are always set to their in-container values.
+# container's `python -m train` reads it; what is given to make overrides it, and GPUS, TFDS_DATA_DIR,
+# OUTPUT_DIR, KERAS_HOME and KAGGLEHUB_CACHE are always set to their in-container values.
 
 # This file's directory and the repository root ("." when make runs in the root).
 DOCKER_MK_DIR := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))
@@ -21,6 +24,9 @@ DOCKER_ROOT := $(patsubst %/,%,$(dir $(DOCKER_MK_DIR)))
 DOCKER ?= docker
 TF_VARIANT ?= gpu
 IMAGE ?= tf-train:$(TF_VARIANT)
+# pyproject.toml's extras the image adds (the Dockerfile's EXTRAS): hub for KerasHub. Not the root Makefile's EXTRAS,
+# which names the venv's (dev).
+IMAGE_EXTRAS ?=
 BASE_IMAGE ?= python:3.11-slim
 DOCKERFILE ?= $(DOCKER_ROOT)/docker/Dockerfile
 DOCKER_BUILD_FLAGS ?=
@@ -46,6 +52,13 @@ _OUTPUT := $(patsubst %/,%,$(or $(OUTPUT_DIR),runs/default))
 RUNS_DIR ?= $(or $(patsubst %/,%,$(dir $(_OUTPUT))),.)
 RUN_NAME ?= $(notdir $(_OUTPUT))
 DOCKER_NAME ?= tf-train-$(RUN_NAME)
+# The caches of pretrained weights: the directory given (KERAS_HOME, KAGGLEHUB_CACHE), else the libraries' default
+# if the host has it; read-write, because Keras looks for cached weights only in a KERAS_HOME it can write to.
+KERAS_DIR ?= $(or $(KERAS_HOME),$(wildcard $(HOME)/.keras))
+KAGGLEHUB_DIR ?= $(or $(KAGGLEHUB_CACHE),$(wildcard $(HOME)/.cache/kagglehub))
+CACHE_MOUNTS = $(if $(KERAS_DIR),-v "$(abspath $(KERAS_DIR))":/cache/keras) \
+	$(if $(KAGGLEHUB_DIR),-v "$(abspath $(KAGGLEHUB_DIR))":/cache/kagglehub) \
+	-e KERAS_HOME=/cache/keras -e KAGGLEHUB_CACHE=/cache/kagglehub
 # A path DATASET (train/dataset_path.py's rule): the host's file or folder, and where the container sees it.
 DATASET_HOST := $(strip $(if $(DATASET),$(if $(or $(filter /% ./% ../% ~%,$(DATASET)),$(wildcard $(DATASET))),\
 	$(abspath $(patsubst ~%,$(HOME)%,$(patsubst %/,%,$(DATASET)))))))
@@ -55,9 +68,9 @@ DATASET_MOUNT = $(if $(DATASET_HOST),-v "$(DATASET_HOST)":/dataset/$(notdir $(DA
 # Settings passed to the container by name (`-e NAME`) when given to make or set in its
 # environment: every `name: type = setting(...)` of train/settings/table.py (the one table of settings),
 # plus the root Makefile's SETTINGS, plus build_model's hyperparameters (HP_WIDTH=64: MODEL's own).
-# GPUS, TFDS_DATA_DIR and OUTPUT_DIR are mapped, not passed.
+# GPUS, TFDS_DATA_DIR, OUTPUT_DIR, KERAS_HOME and KAGGLEHUB_CACHE are mapped, not passed.
 DOCKER_SETTINGS_ALL := $(sort $(SETTINGS) $(shell sed -n '/^class Settings/,/^[^ ]/s/^    \([a-z][a-z0-9_]*\): [^=]* = setting.*/\1/p' $(DOCKER_ROOT)/train/settings/table.py 2>/dev/null | tr '[:lower:]' '[:upper:]') $(filter HP_%,$(.VARIABLES)))
-DOCKER_PASSED = $(foreach name,$(filter-out GPUS TFDS_DATA_DIR OUTPUT_DIR $(if $(DATASET_HOST),DATASET),$(DOCKER_SETTINGS_ALL)),\
+DOCKER_PASSED = $(foreach name,$(filter-out GPUS TFDS_DATA_DIR OUTPUT_DIR KERAS_HOME KAGGLEHUB_CACHE $(if $(DATASET_HOST),DATASET),$(DOCKER_SETTINGS_ALL)),\
 	$(if $(filter undefined default,$(origin $(name))),,$(name)))
 export $(DOCKER_PASSED)
 
@@ -80,14 +93,14 @@ DOCKER_RUN = $(DOCKER) run --rm --init \
 	-v "$(abspath $(DATA_DIR))":/data -v "$(abspath $(RUNS_DIR))":/runs \
 	$(if $(wildcard $(DOCKER_ENV_FILE)),-v "$(abspath $(DOCKER_ENV_FILE))":/workspace/.env:ro) \
 	-e GPUS=$(call docker_gpus_env,$(DOCKER_GPUS)) -e TFDS_DATA_DIR=/data -e OUTPUT_DIR=/runs/$(RUN_NAME) \
-	$(DATASET_MOUNT) \
+	$(DATASET_MOUNT) $(CACHE_MOUNTS) \
 	$(foreach name,$(DOCKER_PASSED),-e $(name)) \
 	$(DOCKER_RUN_FLAGS)
 
 # Create the volume directories before docker does (it would make them root-owned); when
 # make runs as root, hand new ones to the container user.
 define docker_dirs
-	@for d in "$(DATA_DIR)" "$(RUNS_DIR)"; do \
+	@for d in "$(DATA_DIR)" "$(RUNS_DIR)" $(if $(KERAS_DIR),"$(KERAS_DIR)") $(if $(KAGGLEHUB_DIR),"$(KAGGLEHUB_DIR)"); do \
 		if [ ! -d "$$d" ]; then mkdir -p "$$d"; \
 			if [ "$(HOST_UID)" = 0 ]; then chown $(DOCKER_UID):$(DOCKER_GID) "$$d"; fi; fi; \
 	done
@@ -95,10 +108,11 @@ endef
 
 .PHONY: docker-build docker-train docker-devices docker-check docker-evaluate docker-shell test-docker test-docker-gpu
 
-docker-build: ## Build the image (TF_VARIANT=gpu|cpu, IMAGE, BASE_IMAGE; host UID/GID baked in)
+docker-build: ## Build the image (TF_VARIANT=gpu|cpu, IMAGE, BASE_IMAGE, IMAGE_EXTRAS=hub; host UID/GID baked in)
 	$(DOCKER) build -f $(DOCKERFILE) -t $(IMAGE) \
 		--build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg TF_VARIANT=$(TF_VARIANT) \
-		--build-arg UID=$(DOCKER_UID) --build-arg GID=$(DOCKER_GID) $(DOCKER_BUILD_FLAGS) $(DOCKER_ROOT)
+		--build-arg UID=$(DOCKER_UID) --build-arg GID=$(DOCKER_GID) $(if $(IMAGE_EXTRAS),--build-arg EXTRAS=$(IMAGE_EXTRAS)) \
+		$(DOCKER_BUILD_FLAGS) $(DOCKER_ROOT)
 
 docker-train: ## Train in the container (GPUS=all|none|0,1; docker stop, then run again to resume)
 	$(docker_dirs)

@@ -9,7 +9,7 @@ Both are resolved by `uv pip compile --generate-hashes` for Linux x86_64 (manyli
 resolved again for Python 3.12 against those pins: a package that would need another version there stops the
 lock. The hashes are those of every file of each pinned release, so pip can check whichever wheel it picks.
 
-The GPU lock comes first: pyproject.toml's dependencies and its dev and gpu extras, every nvidia-* wheel pinned to
+The GPU lock comes first: pyproject.toml's dependencies and its dev, hub and gpu extras, every nvidia-* wheel pinned to
 the lowest version tensorflow[and-cuda] allows (uv's lowest-direct resolution on them; TensorFlow's ranges start
 at the releases it was built against). The CPU lock is the same without the gpu extra, resolved under the GPU
 lock's pins, so every package both hold is identical. Each lock opens with comments saying what it holds; the
@@ -31,6 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 PLATFORM = "x86_64-manylinux_2_28"
 PYTHONS = ("3.11", "3.12")  # resolved for the first, checked on the others
 CPU_LOCK, GPU_LOCK = "requirements.lock", "requirements-gpu.lock"
+# The extras both locks hold (the GPU lock adds gpu); `make setup` installs from a lock the part EXTRAS names.
+LOCKED_EXTRAS = ["dev", "hub"]
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", re.M)
 
 
@@ -129,7 +131,7 @@ def main(argv: list[str]) -> int:
     uv = argv[0]
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     (tf,) = [r.split("==")[1].strip() for r in project["dependencies"] if re.match(r"tensorflow\s*==", r)]
-    gpu_extras, cpu_extras, python = ["dev", "gpu"], ["dev"], PYTHONS[0]
+    gpu_extras, cpu_extras, python = [*LOCKED_EXTRAS, "gpu"], LOCKED_EXTRAS, PYTHONS[0]
     with tempfile.TemporaryDirectory() as scratch:
         helpers = Path(scratch)
         floating = pins(compile_lock(uv, gpu_extras, python, "--no-annotate"))
@@ -149,9 +151,10 @@ def main(argv: list[str]) -> int:
         cpu = without_helper_files(compile_lock(uv, cpu_extras, python, "--generate-hashes", "-c", gpu_pins), helpers)
         same_on_other_pythons(uv, cpu_extras, pins(cpu), gpu_pins)
     lowest, build = tensorflow_facts(tf)
-    gpu_head = header(GPU_LOCK, "the GPU environment, pyproject.toml's dependencies and its dev and gpu extras", uv)
+    gpu_holds = "the GPU environment, pyproject.toml's dependencies and its dev, hub and gpu extras"
+    gpu_head = header(GPU_LOCK, gpu_holds, uv)
     gpu_head += cuda_comments(cuda, lowest, build, tf)
-    cpu_head = header(CPU_LOCK, "the CPU environment, pyproject.toml's dependencies and its dev extra", uv)
+    cpu_head = header(CPU_LOCK, "the CPU environment, pyproject.toml's dependencies and its dev and hub extras", uv)
     cpu_head += [f"# Every package here is pinned as in {GPU_LOCK}, which adds the gpu extra (the CUDA wheels)."]
     (REPO / GPU_LOCK).write_text("\n".join(gpu_head) + "\n" + gpu)
     (REPO / CPU_LOCK).write_text("\n".join(cpu_head) + "\n" + cpu)

@@ -32,7 +32,8 @@ DOCKER_MK = DOCKER / "docker.mk"
 COMPOSE = DOCKER / "compose.yaml"
 REQS_HELPER = DOCKER / "requirements_from_pyproject.py"
 SETTING_NAMES = [field.env for field in FIELDS]
-MAPPED = {"GPUS", "TFDS_DATA_DIR", "OUTPUT_DIR"}  # docker.mk sets these to in-container values
+# docker.mk sets these to in-container values
+MAPPED = {"GPUS", "TFDS_DATA_DIR", "OUTPUT_DIR", "KERAS_HOME", "KAGGLEHUB_CACHE"}
 
 
 # --- helpers -----------------------------------------------------------------------------
@@ -79,7 +80,8 @@ def image_requirements(variant: str) -> list[str]:
 
 def make_env() -> dict[str, str]:
     """make's environment without any of the user's settings or docker.mk variables."""
-    drop = set(SETTING_NAMES) | {"IMAGE", "TF_VARIANT", "DATA_DIR", "RUNS_DIR", "RUN_NAME", "BASE_IMAGE", "SETTINGS"}
+    drop = set(SETTING_NAMES) | MAPPED | {"IMAGE", "TF_VARIANT", "DATA_DIR", "RUNS_DIR", "RUN_NAME", "BASE_IMAGE"}
+    drop |= {"SETTINGS", "KERAS_DIR", "KAGGLEHUB_DIR", "IMAGE_EXTRAS"}
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("DOCKER", "MAKE"))}
     env["HOME"] = "/nonexistent-home"  # so DATA_DIR's default does not depend on ~/tensorflow_datasets
     return env
@@ -231,8 +233,12 @@ def test_entrypoint_is_exec_form_and_fit_is_the_default():
 
 def test_volumes_environment_and_small_layers():
     env = " ".join(instructions("ENV"))
-    for setting in ("TFDS_DATA_DIR=/data", "OUTPUT_DIR=/runs/default", "PYTHONUNBUFFERED=1"):
+    for setting in ("TFDS_DATA_DIR=/data", "OUTPUT_DIR=/runs/default", "PYTHONUNBUFFERED=1",
+                    "KERAS_HOME=/cache/keras", "KAGGLEHUB_CACHE=/cache/kagglehub"):  # fmt: skip
         assert setting in env
+    # The caches' mount points belong to the training user: a container without the host's caches still has them.
+    (users,) = [run for run in instructions("RUN") if "useradd" in run]
+    assert re.search(r"chown \S+ [^&]*/cache/keras /cache/kagglehub", users)
     (volume,) = instructions("VOLUME")
     assert set(json.loads(volume)) == {"/data", "/runs"}
     for run in instructions("RUN"):
@@ -379,6 +385,54 @@ def test_a_path_dataset_is_mounted_read_only_and_named_inside(tmp_path):
     assert env_flags(docker_run_argv("TF_VARIANT=cpu", "DATASET=mnist"))["DATASET"] is None  # a name: passed on
 
 
+def test_the_caches_of_pretrained_weights_are_mounted_where_the_image_looks(tmp_path):
+    """KERAS_HOME (keras.applications' weights) and KAGGLEHUB_CACHE (KerasHub presets by name) on the host are
+    mounted read-write where the image's point, and the container gets the in-container paths, not the host's."""
+    argv = docker_run_argv("TF_VARIANT=cpu", f"KERAS_HOME={tmp_path}/keras", f"KAGGLEHUB_CACHE={tmp_path}/kaggle/")
+    assert argv[argv.index(f"{tmp_path}/keras:/cache/keras") - 1] == "-v"
+    assert argv[argv.index(f"{tmp_path}/kaggle:/cache/kagglehub") - 1] == "-v"
+    env = env_flags(argv)
+    assert env["KERAS_HOME"] == "/cache/keras" and env["KAGGLEHUB_CACHE"] == "/cache/kagglehub"
+    # Not given: the libraries' defaults in the host's home, where they exist; none is made up.
+    home = tmp_path / "home"
+    (home / ".keras").mkdir(parents=True)
+    result = subprocess.run(
+        ["make", "-s", "-n", "--no-print-directory", "-f", str(DOCKER_MK), "docker-train", "TF_VARIANT=cpu"],
+        cwd=REPO, env={**make_env(), "HOME": str(home)}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    (run,) = [shlex.split(line) for line in result.stdout.splitlines() if " run " in line]
+    assert f"{home}/.keras:/cache/keras" in run and not any(":/cache/kagglehub" in arg for arg in run)
+    assert env_flags(run)["KAGGLEHUB_CACHE"] == "/cache/kagglehub"
+
+
+@pytest.mark.parametrize("variant", ["cpu", "gpu"])
+def test_image_extras_add_kerashub_from_the_locks_on_top_of_the_shared_layer(tmp_path, variant):
+    """IMAGE_EXTRAS=hub (the Dockerfile's EXTRAS) puts KerasHub's hashed lock entries in variant.txt: the shared
+    layer stays the same for every image. The requirements stage's RUN, run here on the repository's files."""
+    result = make_n("docker-build", f"TF_VARIANT={variant}", "IMAGE_EXTRAS=hub")
+    argv = shlex.split(result.stdout.replace("\\\n", " "))
+    assert argv[argv.index("EXTRAS=hub") - 1] == "--build-arg"
+    assert "EXTRAS=" not in " ".join(shlex.split(make_n("docker-build", f"TF_VARIANT={variant}").stdout))
+    (stage,) = [i["value"] for i in parser().structure if i["instruction"] == "RUN" and "> variant.txt" in i["value"]]
+    for name in ("requirements_from_pyproject.py", "pyproject.toml", "requirements.lock", "requirements-gpu.lock"):
+        shutil.copy(REQS_HELPER if name.endswith(".py") else REPO / name, tmp_path / name)
+
+    def names(extras: str) -> tuple[set[str], set[str], str]:
+        env = {**os.environ, "TF_VARIANT": variant, "EXTRAS": extras}
+        ran = subprocess.run(["bash", "-c", stage.replace("python3 ", f"{sys.executable} ")], cwd=tmp_path, env=env,
+                             capture_output=True, text=True)  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        read = [(tmp_path / f).read_text() for f in ("requirements.txt", "variant.txt")]
+        shared, variant_text = ({line.split("==")[0] for line in t.splitlines() if "==" in line} for t in read)
+        return shared, variant_text, read[1]
+
+    shared, plain, _ = names("")
+    with_hub_shared, with_hub, text = names("hub")
+    assert with_hub_shared == shared and "keras-hub" not in shared
+    assert {"keras-hub", "tensorflow-text", "kagglehub"} <= with_hub - plain and "--hash=sha256:" in text
+    assert not with_hub & shared
+
+
 def test_docker_build_passes_variant_base_and_ids():
     result = make_n("docker-build", "TF_VARIANT=cpu", "BASE_IMAGE=local/base:1", "DOCKER_UID=1234", "DOCKER_GID=99")
     assert result.returncode == 0, result.stderr
@@ -408,7 +462,8 @@ def test_root_makefile_lists_the_docker_targets():
 def test_compose_reserves_gpus_and_reads_env_file():
     text = COMPOSE.read_text()
     for needle in ("driver: nvidia", "capabilities: [gpu]", "device_ids:", "path: ../.env", "required: false",
-                   "shm_size:", "stop_grace_period:", ":/data", ":/runs", "dockerfile: docker/Dockerfile"):  # fmt: skip
+                   "shm_size:", "stop_grace_period:", ":/data", ":/runs", "dockerfile: docker/Dockerfile",
+                   ":/cache/keras", ":/cache/kagglehub"):  # fmt: skip
         assert needle in text, needle
 
 

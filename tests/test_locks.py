@@ -9,6 +9,7 @@ tensorflow's metadata and build_info.py, read without importing it.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -92,10 +93,10 @@ def test_every_package_of_both_locks_is_pinned_with_hashes():
 
 def test_the_locks_agree_with_pyproject():
     cpu, gpu = entries(CPU_LOCK), entries(GPU_LOCK)
-    for lock, pins in ((cpu, pyproject_pins("dev")), (gpu, pyproject_pins("dev", "gpu"))):
+    for lock, pins in ((cpu, pyproject_pins("dev", "hub")), (gpu, pyproject_pins("dev", "hub", "gpu"))):
         assert {name: lock.get(name, ("missing",))[0] for name in pins} == pins
     # Nothing else: every package is needed by pyproject.toml's requirements, through the locks' `# via` lines.
-    for path, extras in ((CPU_LOCK, ["dev"]), (GPU_LOCK, ["dev", "gpu"])):
+    for path, extras in ((CPU_LOCK, ["dev", "hub"]), (GPU_LOCK, ["dev", "hub", "gpu"])):
         command = [sys.executable, str(REQS_HELPER), "--locked", str(path), str(REPO / "pyproject.toml"), *extras]
         needed = subprocess.run(command, capture_output=True, text=True, check=True).stdout
         assert set(entries(path)) == {normalise(line.split("==")[0]) for line in needed.splitlines() if "==" in line}
@@ -145,16 +146,72 @@ def test_docs_devices_table_agrees_with_the_gpu_lock():
     assert rows == locked
 
 
-@pytest.mark.parametrize(("extras", "lock"), [("dev", "requirements.lock"), ("dev,gpu", "requirements-gpu.lock")])
-def test_make_setup_installs_from_the_lock_with_hashes_then_the_project_without_dependencies(tmp_path, extras, lock):
+def make_setup(venv: Path, extras: str) -> list[str]:
+    """`make -n setup`'s commands (continued lines joined)."""
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
     env = {name: value for name, value in os.environ.items() if not name.startswith("MAKE")}  # not make test's flags
-    command = ["make", "-n", "setup", f"VENV={tmp_path}/venv", f"EXTRAS={extras}"]
+    command = ["make", "-n", "setup", f"VENV={venv}", f"EXTRAS={extras}"]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
-    pips = [line.split(" -m pip install ", 1)[1] for line in result.stdout.splitlines() if " -m pip install " in line]
-    assert pips[1:] == [f"--quiet --require-hashes -r {lock}", "--quiet --no-deps -e ."]
+    return result.stdout.replace("\\\n", " ").splitlines()
+
+
+@pytest.mark.parametrize(
+    ("extras", "lock", "hub"),
+    [("dev", "requirements.lock", False), ("dev,gpu", "requirements-gpu.lock", False),
+     ("dev,hub", "requirements.lock", True), ("dev,gpu,hub", "requirements-gpu.lock", True)],
+)  # fmt: skip
+def test_make_setup_installs_from_the_lock_with_hashes_then_the_project_without_dependencies(
+    tmp_path, extras, lock, hub
+):
+    commands = make_setup(tmp_path / "venv", extras)
+    pips = [line.split(" -m pip install ", 1)[1] for line in commands if " -m pip install " in line]
+    assert pips[1:] == [f"--quiet --require-hashes -r {tmp_path}/venv/locked.txt", "--quiet --no-deps -e ."]
+    # locked.txt: the lock's entries that the dependencies and the named extras need, as the set-up writes them.
+    (written,) = [line for line in commands if line.endswith(f"> {tmp_path}/venv/locked.txt")]
+    assert f"--locked {lock} pyproject.toml" in written
+    locked = subprocess.run(["bash", "-c", written.rsplit(">", 1)[0]], cwd=REPO, capture_output=True, text=True)
+    assert locked.returncode == 0, locked.stderr
+    names = {normalise(line.split("==")[0]) for line in locked.stdout.splitlines() if "==" in line}
+    assert "--hash=sha256:" in locked.stdout and {"tensorflow", "pytest"} <= names
+    assert ({"keras-hub", "tensorflow-text", "kagglehub"} <= names) is hub
+    assert not ({"keras-hub", "tensorflow-text", "kagglehub", "sentencepiece"} & names) or hub
+    assert ("nvidia-cudnn-cu12" in names) is ("gpu" in extras)
+
+
+def test_the_makefile_installs_with_hashes_the_extras_the_locks_hold():
+    """LOCKED_EXTRAS, in the Makefile and scripts/lock.py: an extra the locks hold is installed from them, hashed;
+    one they do not hold (profile) under their pins."""
+    makefile = re.search(r"^LOCKED_EXTRAS := (.+)$", (REPO / "Makefile").read_text(), re.M)
+    locked = re.search(r"^LOCKED_EXTRAS = (\[.+\])$", (REPO / "scripts" / "lock.py").read_text(), re.M)
+    assert makefile and locked
+    assert set(makefile.group(1).split()) == {*ast.literal_eval(locked.group(1)), "gpu"}
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(extras) == {*makefile.group(1).split(), "profile"}
+
+
+def test_other_extras_run_the_set_up_again(tmp_path):
+    """The set-up remembers the extras it installed ($(VENV)/bin/.extras): `make setup EXTRAS=dev,hub` on a venv
+    set up with EXTRAS=dev runs it again (pip adds what is missing); the same extras do not."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / ".extras").write_text("dev\n")
+    os.utime(bin_dir / ".extras", (1, 1))
+    (bin_dir / ".installed").touch()
+    env = {name: value for name, value in os.environ.items() if not name.startswith("MAKE")}
+
+    def setup(extras: str) -> subprocess.CompletedProcess:
+        command = ["make", "setup", f"VENV={tmp_path}/venv", f"EXTRAS={extras}", "PYTHON=false"]  # a set-up fails
+        return subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
+
+    same = setup("dev")
+    assert same.returncode == 0 and "false -m venv" not in same.stdout, same.stdout + same.stderr
+    other = setup("dev,hub")
+    assert other.returncode != 0 and "false -m venv" in other.stdout
+    assert (bin_dir / ".extras").read_text() == "dev,hub\n"
 
 
 def test_the_images_install_hash_checked_entries_of_the_locks(tmp_path):
@@ -165,7 +222,7 @@ def test_the_images_install_hash_checked_entries_of_the_locks(tmp_path):
     shared = tmp_path / "requirements.txt"
     shared.write_text(helper("--locked", str(CPU_LOCK), str(REPO / "pyproject.toml")))
     names = {normalise(line.split("==")[0]) for line in shared.read_text().splitlines() if "==" in line}
-    assert {"tensorflow", "keras", "numpy"} <= names and not names & {"pytest", "ruff"}  # no dev tools in the image
+    assert {"tensorflow", "keras", "numpy"} <= names and not names & {"pytest", "ruff", "keras-hub"}  # no dev, no hub
     assert "--hash=sha256:" in shared.read_text()
     variant = helper("--locked", str(GPU_LOCK), "--except", str(shared), str(REPO / "pyproject.toml"), "gpu")
     wheels = {normalise(line.split("==")[0]) for line in variant.splitlines() if "==" in line}
