@@ -90,6 +90,14 @@ def test_the_recipe_is_two_phases_resolved_on_layer_paths_nested_ones_included()
     assert problem is None and plan.trainable_paths(0) == ["block/norm"] and "block" in plan.phases[0].trainable
     _, problem = resolve(layers, specs, ("trunk*",), "FREEZE=trunk*", 0.01)
     assert problem.startswith("'trunk*' match(es) no layer; the layers are: block, block/conv, block/norm, head")
+    # every layer holding weights frozen: the phase's step would update nothing
+    _, problem = resolve(layers, specs, ("block", "head"), "FREEZE=block,head", 0.01)
+    assert (
+        problem
+        == "phase 0 (from epoch 1) would train no layer: every layer holding weights is frozen in it; leave at least one out"
+    )
+    _, problem = resolve(layers, [Phase(1), Phase(1, "kept")], None, "phases()", 0.01)
+    assert problem is not None and problem.startswith("phase 1 (from epoch 2) would train no layer")
 
 
 def test_phases_keyword_only_parameters_are_hp_settings_one_setting_where_build_model_declares_it_too():

@@ -186,6 +186,7 @@ def resolve(layers: Sequence[Layer], specs: Sequence[Phase], frozen_first: tuple
     "glob 'x*' matches no layer; the layers are: ..."."""
     built = {layer.path for layer in layers if layer.trainable}
     containers = {layer.path: set(layer.nested) for layer in layers}
+    weights = {layer.path for layer in layers if layer.holds_weights}
     planned, first_epoch = [], 1
     for index, spec in enumerate(specs):
         if index == 0 and frozen_first is not None:
@@ -200,6 +201,9 @@ def resolve(layers: Sequence[Layer], specs: Sequence[Phase], frozen_first: tuple
         if unmatched:
             names = _some([layer.path for layer in layers], 60)
             return Phases(()), f"{', '.join(map(repr, unmatched))} match(es) no layer; the layers are: {names}"
+        if weights & built and not weights & chosen:  # its step would have no variable to update
+            return Phases(()), (f"phase {index} (from epoch {first_epoch}) would train no layer: every layer holding "
+                                "weights is frozen in it; leave at least one out")  # fmt: skip
         planned.append(PlannedPhase(first_epoch, frozenset(chosen), spec.learning_rate))
         first_epoch += spec.epochs
     return Phases(tuple(planned), tuple(layers), source, learning_rate), None
