@@ -92,10 +92,7 @@ def test_the_recipe_is_two_phases_resolved_on_layer_paths_nested_ones_included()
     assert problem.startswith("'trunk*' match(es) no layer; the layers are: block, block/conv, block/norm, head")
     # every layer holding weights frozen: the phase's step would update nothing
     _, problem = resolve(layers, specs, ("block", "head"), "FREEZE=block,head", 0.01)
-    assert (
-        problem
-        == "phase 0 (from epoch 1) would train no layer: every layer holding weights is frozen in it; leave at least one out"
-    )
+    assert problem.startswith("phase 0 (from epoch 1) would train no layer: every layer holding weights is frozen")
     _, problem = resolve(layers, [Phase(1), Phase(1, "kept")], None, "phases()", 0.01)
     assert problem is not None and problem.startswith("phase 1 (from epoch 2) would train no layer")
 
