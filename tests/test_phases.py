@@ -261,6 +261,28 @@ if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
 
 
+def test_a_learning_rate_phases_can_neither_set_nor_scale_is_refused_in_one_line():
+    """A plain callable as the optimizer's rate (Keras takes it): refused when the run has phases, as a
+    SettingsError naming the optimizer, not a crash; a run without phases never asks."""
+    import keras
+
+    from train.errors import SettingsError
+    from train.phased import Phased, layer_tree
+
+    network = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="backbone_dense"),
+                                keras.layers.Dense(3, name="head")])  # fmt: skip
+    network.compile(optimizer=keras.optimizers.SGD(learning_rate=lambda: 0.01), loss="mse")
+    network.optimizer.build(network.trainable_variables)
+    built = type("Built", (), {"network": network, "optimizer": network.optimizer})()
+    one, _ = resolve(layer_tree(network), [Phase(1)], None, "", 0.01)
+    Phased(one, built).rates_as_built()  # no phases: the rate is left alone
+    frozen, specs = recipe(("backbone_*",), 2, None, 0.01)
+    plan, problem = resolve(layer_tree(network), specs, frozen, "FREEZE=backbone_*", 0.01)
+    assert problem is None
+    with pytest.raises(SettingsError, match="has a plain callable as its learning_rate"):
+        Phased(plan, built)
+
+
 def test_entering_a_phase_sets_trainable_scales_a_schedule_and_zeroes_the_slots():
     """train.phased on a built model (and the two keras_seams it reads: learning_rate_schedule, slots)."""
     import keras

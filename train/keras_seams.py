@@ -120,6 +120,12 @@ def learning_rate_schedule(
     return rate if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule) else None
 
 
+def rate_is_callable(optimizer: keras.optimizers.Optimizer) -> bool:
+    """Whether the optimizer's rate is a plain callable: neither a constant nor a LearningRateSchedule."""
+    rate = optimizer._learning_rate
+    return callable(rate) and not isinstance(rate, keras.optimizers.schedules.LearningRateSchedule | keras.Variable)
+
+
 def slots(optimizer: keras.optimizers.Optimizer) -> list[keras.Variable]:
     """The optimizer's own state per variable (Adam's moments, SGD's momentum, accumulated gradients): what a new
     optimizer starts at zero. Not its step counter, its learning rate or its moving averages of the weights."""

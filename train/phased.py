@@ -29,7 +29,7 @@ from train.context import Context
 from train.custom_step import held_optimizers
 from train.errors import SettingsError, first_line
 from train.hparams import taken_by
-from train.keras_seams import all_layers, inner_optimizers, learning_rate_schedule, slots
+from train.keras_seams import all_layers, inner_optimizers, learning_rate_schedule, rate_is_callable, slots
 from train.model import Built
 from train.model_file import PHASES_DOC, Experiment
 from train.phases import Layer, Phase, Phases, recipe, resolve
@@ -119,6 +119,20 @@ def make_phases(settings, experiment: Experiment, built: Built, context: Context
     return Phased(plan, built)
 
 
+def _rate(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.schedules.LearningRateSchedule | float:
+    """The optimizer's rate as built: its schedule, or its constant. Raises SettingsError for a plain callable,
+    which a phase could neither set nor scale."""
+    schedule = learning_rate_schedule(optimizer)
+    if schedule is not None:
+        return schedule
+    if rate_is_callable(optimizer):
+        raise SettingsError(
+            f"the optimizer {optimizer.name!r} has a plain callable as its learning_rate, which phases (FREEZE, "
+            "phases()) can neither set nor scale: give it a float or a keras.optimizers.schedules.LearningRateSchedule"
+        )
+    return float(optimizer.learning_rate.numpy())
+
+
 class Phased:
     """The plan and what it acts on: the model's layers and its optimizers, their rates as built."""
 
@@ -130,7 +144,7 @@ class Phased:
             optimizers += [each for each in inner_optimizers(held) if all(each is not o for o in optimizers)]
         self.optimizers = [each for each in optimizers if not isinstance(each, keras.optimizers.LossScaleOptimizer)]
         self.compiled = {id(each) for each in compiled}
-        self.rates = [learning_rate_schedule(each) or float(each.learning_rate.numpy()) for each in self.optimizers]
+        self.rates = [_rate(each) for each in self.optimizers] if plan.phased else []  # what each phase scales
         self.layers = _layers(built.network)
         self.built_trainable = [bool(layer.trainable) for layer, _ in self.layers]
 
@@ -156,6 +170,8 @@ class Phased:
 
     def rates_as_built(self) -> None:
         """The optimizers' rates as build_model made them (a schedule unscaled): what the export holds."""
+        if not self.plan.phased:
+            return
         for optimizer, rate in zip(self.optimizers, self.rates, strict=True):
             if not isinstance(rate, float):
                 optimizer.learning_rate = rate
