@@ -36,7 +36,8 @@ from typer.core import TyperCommand
 
 from train import hparams
 from train.errors import EXIT_FAILED, EXIT_PREEMPTED, BusyError, SettingsError, Stopped, TrainingError, first_line
-from train.rundir import CRASH_LOG, check_same_model, preflight, write_json
+from train.init_from import check_init_from
+from train.rundir import CRASH_LOG, check_same_model, checkpoints_newest_first, preflight, read_run, write_json
 from train.settings import FIELDS, FIELDS_BY_ENV, Settings, check_run_settings, load_settings, peek_hyperparameters
 from train.signals import StopRequest
 
@@ -300,6 +301,8 @@ def fit(settings: Settings) -> None:
     preflight(settings.output_dir, settings.model, settings.sync_batch_norm, settings.resume, settings.multi_worker,
               settings.cluster is not None and settings.cluster.is_chief, _warn)  # fmt: skip
     check_run_settings(settings.output_dir, _warn)
+    check_init_from(settings.init_from, settings.init_layers, read_run(settings.output_dir),
+                    bool(checkpoints_newest_first(settings.output_dir / "checkpoints")))  # fmt: skip
     with StopRequest() as stop:  # from now on, SIGTERM means "save and exit 42", even while TF loads
         _load_tensorflow()
         from train.fit import fit as run_fit

@@ -55,6 +55,7 @@ def summary(start: Start, position: Position, checkpoint: RunCheckpoint, outcome
         "starts": [{key: value for key, value in each.items() if key != "segment"} for each in position.starts],
         "interrupted": outcome.interrupted,
         "skipped_steps": outcome.skipped,
+        "initialized_from": position.initialized_from,  # INIT_FROM, applied at step 0 (train.init_from)
         "left_out": {"count": 0, "files": []} | start.left_out,  # a folder's files not in the data
         "loss_scale": start.built.loss_scale,
         "examples_per_sec": outcome.examples_per_sec,

@@ -19,6 +19,7 @@ from train.cluster.workers import SingleHost
 from train.context import Context
 from train.data.source import Data
 from train.devices.runtime import Runtime
+from train.init_from import Matched
 from train.model import Built
 from train.settings import Settings
 from train.timeline import Segment
@@ -45,6 +46,7 @@ class Start:
     say: Callable[[str], None]
     left_out: Json = field(default_factory=dict)  # a folder's files not in the data: summary.json's "left_out"
     features: Json = field(default_factory=dict)  # what predict needs of the data (train.data.spec.features_record)
+    init: Matched | None = None  # INIT_FROM's values matched to the model, applied at step 0 (train.init_from)
 
     @property
     def output_dir(self) -> Path:
@@ -65,3 +67,4 @@ class Position:
     marks: tuple[np.ndarray, ...] = ()  # the segment's rest of a streamed pass: what each input pipeline reads of it
     starts: list[Json] = field(default_factory=list)  # every start of the run (run.json), this one last
     resumed_from: int | None = None  # the step this start restored, None for a run's first
+    initialized_from: Json | None = None  # INIT_FROM's record (train.init_from): run.json's and summary.json's

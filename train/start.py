@@ -24,6 +24,7 @@ from train.data.source import Data
 from train.data.spec import features_record
 from train.devices.runtime import Runtime, auto_precision, choose_xla
 from train.errors import SettingsError
+from train.init_from import Matched, Source, init_source
 from train.loop import Cadence
 from train.model import Built
 from train.model_file import OWN_STEP_PRECISION, Experiment, load_model_file, model_fingerprint
@@ -80,9 +81,10 @@ def workers_here(runtime: Runtime) -> int:
     return sum(address.rpartition(":")[0] in local for address in runtime.cluster.addresses)
 
 
-def agree(settings: Settings, runtime: Runtime, peers: Peers, dataset: Dataset, recorded: Json) -> Decision:
+def agree(settings: Settings, runtime: Runtime, peers: Peers, dataset: Dataset, recorded: Json, init: str = ""
+          ) -> Decision:  # fmt: skip
     """Every worker's settings, model and facts against the chief's, and one answer for each auto. `recorded`:
-    run.json as the chief found it ({} on other workers)."""
+    run.json as the chief found it ({} on other workers); `init`: INIT_FROM's identity (its sha256)."""
     spec = dataset.spec
     facts = {
         "local replicas": len(runtime.devices),
@@ -90,6 +92,10 @@ def agree(settings: Settings, runtime: Runtime, peers: Peers, dataset: Dataset, 
         "inputs": spec.describe_inputs(),
         "label": f"{spec.label_key} {list(spec.label_shape)} {spec.label_dtype}" if spec.labeled else "none",
         "data": data_identity_text(dataset.identity),  # the data itself, not DATASET's text (a path differs by host)
+        # Every worker reads INIT_FROM itself and applies it at step 0, rather than the chief broadcasting its
+        # values: the same file (its sha256, compared here) gives the same values, with no collective of the model's
+        # size at start, and a worker's bad file is refused in one line as the chief's is.
+        "INIT_FROM": init or "(none)",
     }
     check_recorded(settings, recorded, dataset.adapted)  # a start whose adapt fitted other vocabularies
     this_worker = report(
@@ -163,7 +169,11 @@ def start_run(settings: Settings, runtime: Runtime, role: Role[Writer], say: Say
         taken = check_same_data(settings, recorded.get("data"), dataset.identity, trained=_trained(settings))
         if taken:
             say(taken)
-    decision = agree(settings, runtime, peers, dataset, recorded)
+    source = init_source(settings.init_from)  # INIT_FROM's source, chosen once (train.init_from)
+    fresh = not _has_checkpoints(settings)  # a resume restores what INIT_FROM gave at step 0: not read again
+    if fresh:
+        source.check()
+    decision = agree(settings, runtime, peers, dataset, recorded, (fresh and source.identity()) or "")
     runtime = runtime.with_precision(decision.precision)
     data = dataset.load(settings, decision.data_in_memory, workers_here(runtime))
     for line in (*decision.notes, *data.notes):
@@ -178,9 +188,22 @@ def start_run(settings: Settings, runtime: Runtime, role: Role[Writer], say: Say
         # as model.fit runs it: a step of the fork's own may hold what XLA cannot compile (a tf.print)
         jit, why = False, "auto: off, as model.fit runs this model's own train_step (its jit_compile is False)"
     callbacks = tuple(build_callbacks(experiment, context))  # bad callbacks: before writing
+    init = _match(source, built, settings) if fresh else None  # a bad file, nothing to load: before writing
     start = Start(settings, peers, data, built, context, callbacks, jit, why, dataset.identity, dataset.adapted,
-                  recorded, say, dataset.left_out, features_record(dataset.builder, settings))  # fmt: skip
+                  recorded, say, dataset.left_out, features_record(dataset.builder, settings), init)  # fmt: skip
     return start, runtime
+
+
+def _match(source: Source, built: Built, settings: Settings) -> Matched | None:
+    return source.match(built.network, settings.init_layers)
+
+
+def _has_checkpoints(settings: Settings) -> bool:
+    """Whether OUTPUT_DIR holds a checkpoint (step 0's included): this start resumes."""
+    try:
+        return bool(checkpoints_newest_first(settings.output_dir / "checkpoints"))
+    except SettingsError:
+        return True
 
 
 def _trained(settings: Settings) -> bool:

@@ -92,6 +92,19 @@ def optional_text(name: str, text: str) -> str | None:
     return None if text == "" else required_text(name, text)
 
 
+def text_or_empty(name: str, text: str) -> str:
+    return "" if text == "" else required_text(name, text)
+
+
+def globs(name: str, text: str) -> tuple[str, ...]:
+    """Comma-separated globs (fnmatch) like backbone_*,head; empty: none given."""
+    parts = tuple(text.split(",")) if text else ()
+    if any(part.strip() != part or part == "" for part in parts):
+        raise SettingsError(f"{name}={text!r} is not allowed: use comma-separated globs "
+                            "without spaces, like backbone_*")  # fmt: skip
+    return parts
+
+
 def dataset(name: str, text: str) -> str:
     # A path (train.dataset_path: a folder of images, a CSV or JSON Lines file, a prepared TFDS folder), checked for
     # what `stat` tells before TensorFlow loads; else a TFDS name: `name`, `name/config`, `name:1.2.3`, ...
@@ -148,6 +161,6 @@ for _parse, _metavar in (
     (positive_int, "N"), (non_negative_int, "N"), (optional_positive_int, "N"), (positive_float, "X"),
     (true_or_false, "true|false"), (gpus, "all|none|0,1"), (required_text, "TEXT"), (optional_text, "TEXT"),
     (dataset, "NAME|PATH"), (path, "PATH"), (optional_path, "PATH"), (model, "FILE|MODULE"),
-    (profile_steps, "START-END"), (label_kind, "class|value"),
+    (profile_steps, "START-END"), (label_kind, "class|value"), (text_or_empty, "PATH|PRESET"), (globs, "GLOB,..."),
 ):  # fmt: skip
     _parse.metavar = _metavar  # type: ignore[attr-defined]

@@ -123,6 +123,8 @@ class Settings:
     learning_rate: float = setting("0.001", parse.positive_float, "Learning rate, passed to build_model.", **RW)
     seed: int = setting("42", parse.non_negative_int, "Seed of weights, data order, random layers: same run.", **RW)
     deterministic: bool = setting("false", parse.true_or_false, "Deterministic ops (same seed and hardware: same weights); slower.", **RW)
+    init_from: str = setting("", parse.text_or_empty, "Start from a run directory, a .keras or .weights.h5 file, or a KerasHub preset.", **RW)
+    init_layers: tuple[str, ...] = setting("", parse.globs, "INIT_FROM's layers to load: comma-separated globs on layer paths (default all).", **RW)
     sync_batch_norm: bool = setting("false", parse.true_or_false, "BatchNormalization's batch moments over every replica's batch (small batches per replica).", **RW)
     output_dir: Path = setting("runs/default", parse.path, "Run directory: checkpoints, logs, summary, exported model.")
     checkpoint_every: int = setting("100", parse.positive_int, "Save a checkpoint every N steps (and at each epoch end).", **W)
