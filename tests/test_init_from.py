@@ -95,7 +95,8 @@ def test_a_run_directory_starts_a_run_on_other_classes_once_on_two_replicas(run_
     assert record["identity"] == read_summary(folder / "runs/a")["weights_sha256"]
     assert read_summary(folder / "runs/b")["initialized_from"] == record
     a, step0 = _a_weights(folder), _checkpoint_arrays(folder / "runs/b/checkpoints/ckpt-0")
-    for path in ("backbone_dense/kernel", "backbone_bn/gamma", "backbone_bn/moving_mean", "backbone_bn/moving_variance"):
+    for path in ("backbone_dense/kernel", "backbone_bn/gamma", "backbone_bn/moving_mean", "backbone_bn/moving_variance"
+                 ):  # fmt: skip
         assert _holds(step0, a[path]), path  # at step 0, on 2 replicas: A's
     assert any(array.shape == (8, 3) for array in step0)  # the head: as built, with 3 outputs
     # a resume restores it, and never applies it again
@@ -200,7 +201,8 @@ def test_a_keras_hub_preset_folder_and_a_preset_name_in_the_kagglehub_cache(tmp_
 
     loaded = keras_hub.models.Backbone.from_preset(str(preset))
     backbone = model.get_layer(index=1)  # the model's nested backbone: its layers by their paths
-    assert np.array_equal(backbone.get_layer("conv1_conv").kernel.numpy(), loaded.get_layer("conv1_conv").kernel.numpy())
+    kernel = loaded.get_layer("conv1_conv").kernel.numpy()
+    assert np.array_equal(backbone.get_layer("conv1_conv").kernel.numpy(), kernel)
     # a name: kagglehub's layout, models/<owner>/<model>/<framework>/<variation>/<version> and its marker
     cache = tmp_path / "kagglehub"
     variation = cache / "models/keras/resnetv1/keras/resnet_18_imagenet"
@@ -223,3 +225,38 @@ def test_a_preset_name_not_in_the_cache_is_refused_naming_the_folder_to_fill(tmp
     assert refused.returncode == 2
     assert f"mount or fill {cache}/models/keras/resnetv1/keras/resnet_18_imagenet" in refused.stderr
     assert refused.stderr.count("\n") == 1 and not (tmp_path / "runs/x").exists()
+
+
+@pytest.mark.slow
+def test_two_workers_each_read_it_and_end_with_the_same_weights(run_a):
+    """Every worker reads INIT_FROM (its sha256 joins their agreement) and applies it at step 0: their weights
+    agree at the end (finish compares them), and the chief's step-0 checkpoint holds A's backbone."""
+    import re
+    import subprocess
+    import time
+
+    from conftest import clean_env, start_python
+
+    from train.cluster.launch import free_ports, tf_configs
+
+    folder, processes, logs = run_a, [], []
+    for index, config in enumerate(tf_configs(free_ports(2))):
+        env = clean_env(**COMMON, DATASET="three.csv", OUTPUT_DIR="runs/workers", INIT_FROM="runs/a",
+                        STRATEGY="multi_worker", TF_CONFIG=config, TMPDIR=folder)  # fmt: skip
+        logs.append(folder / f"worker{index}-{time.monotonic_ns()}.log")
+        with open(logs[-1], "wb") as stream:
+            processes.append(start_python(["-m", "train", "fit"], cwd=folder, env=env, stdout=stream,
+                                          stderr=subprocess.STDOUT))  # fmt: skip
+    try:
+        codes = [process.wait(timeout=180) for process in processes]
+    finally:
+        for process in processes:
+            process.kill()
+    said = [log.read_text() for log in logs]
+    assert codes == [0, 0], said
+    for text in said:
+        assert "INIT_FROM=runs/a: 2 layer(s) loaded, matched by layer name" in text
+    hashes = [re.findall(r"Done: \d+ steps; weights sha256 ([0-9a-f]+)", text) for text in said]
+    assert hashes[0] and hashes[0] == hashes[1]
+    step0 = _checkpoint_arrays(folder / "runs/workers/checkpoints/ckpt-0")
+    assert _holds(step0, _a_weights(folder)["backbone_dense/kernel"])
