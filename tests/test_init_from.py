@@ -99,9 +99,13 @@ def test_a_run_directory_starts_a_run_on_other_classes_once_on_two_replicas(run_
                  ):  # fmt: skip
         assert _holds(step0, a[path]), path  # at step 0, on 2 replicas: A's
     assert any(array.shape == (8, 3) for array in step0)  # the head: as built, with 3 outputs
-    # a resume restores it, and never applies it again
-    again = run_train("fit", cwd=folder, DATASET="three.csv", OUTPUT_DIR="runs/b", INIT_FROM="runs/a", CPU_DEVICES=2,
-                      **{**COMMON, "EPOCHS": 2})  # fmt: skip
+    # a resume restores it, and never applies it again: the source may be gone
+    (folder / "runs/a").rename(folder / "runs/a_away")
+    try:
+        again = run_train("fit", cwd=folder, DATASET="three.csv", OUTPUT_DIR="runs/b", INIT_FROM="runs/a",
+                          CPU_DEVICES=2, **{**COMMON, "EPOCHS": 2})  # fmt: skip
+    finally:
+        (folder / "runs/a_away").rename(folder / "runs/a")
     assert again.returncode == 0, again.stderr
     assert "layer(s) loaded" not in again.stdout
     assert read_summary(folder / "runs/b")["initialized_from"] == record
@@ -136,8 +140,11 @@ def test_a_weights_file_and_a_keras_file(run_a):
     folder = run_a
     shutil.copy(folder / "runs/a/model.keras", folder / "a.keras")
     keras.saving.load_model(folder / "a.keras", compile=False).save_weights(folder / "a.weights.h5")
-    for source, matching in (("a.weights.h5", "by Keras's own paths (class and order)"), ("a.keras", "by layer name")):
-        out = f"runs/from_{source.split('.')[1]}"
+    # a run under way: its latest checkpoint, without the export or summary.json it writes at its end
+    shutil.copytree(folder / "runs/a/checkpoints", folder / "unfinished/checkpoints")
+    for source, matching in (("a.weights.h5", "by Keras's own paths (class and order)"), ("a.keras", "by layer name"),
+                             ("unfinished", "by layer name")):  # fmt: skip
+        out = f"runs/from_{source.split('.')[-1]}"
         done = run_train("fit", cwd=folder, DATASET="three.csv", OUTPUT_DIR=out, INIT_FROM=source,
                          INIT_LAYERS="backbone_*", **COMMON)  # fmt: skip
         assert done.returncode == 0, done.stderr

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from train.errors import SettingsError, first_line
 from train.presets import is_preset_dir, looks_like_name, resolve_preset
+from train.rundir import checkpoints_newest_first
 
 if TYPE_CHECKING:
     import keras
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 Json = dict[str, object]
 Say = Callable[[str], None]
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+# where train.checkpoints' Checkpoint keeps the model's variables: the trainable ones under the optimizer's
+MODEL_KEYS = ("model/", "optimizer/_trainable_variables/")
 BY_NAME = "by layer name"
 BY_KERAS_PATH = "by Keras's own paths (class and order), as load_weights(skip_mismatch=True) reads them"
 
@@ -120,28 +123,55 @@ class KerasFile(_ByName):
         return _by_layer(model)
 
 
-class RunDir(KerasFile):
-    """A run directory: its `model.keras` (what the run exported at its end); its identity, the run's weights
-    sha256 (summary.json's) where it has one."""
+class RunDir(_ByName):
+    """A run directory: its latest checkpoint's model weights, each found by its variable's path in the
+    checkpoint's object graph (no model rebuilt); its identity, the run's weights sha256 (summary.json's, where
+    it was written at that checkpoint), else the checkpoint's files' sha256."""
+
+    def latest(self) -> Path:
+        newest = checkpoints_newest_first(self.path / "checkpoints")
+        if not newest:
+            raise SettingsError(f"INIT_FROM={self.text!r} is a run directory without a checkpoint: run it first, or "
+                                "give a .keras or .weights.h5 file")  # fmt: skip
+        return newest[0]
 
     def check(self) -> None:
-        if not (self.path / "model.keras").is_file():
-            raise SettingsError(
-                f"INIT_FROM={self.text!r} is a run directory without model.keras (a run exports it at its end): let "
-                "the run finish, or give a .keras or .weights.h5 file"
-            )
-        KerasFile(self.text, self.path / "model.keras").check()
+        self.latest()
 
     def identity(self) -> str:
+        latest = self.latest()
         try:
             summary = json.loads((self.path / "summary.json").read_text(encoding="utf-8"))
-            recorded = summary.get("weights_sha256") if isinstance(summary, dict) else None
         except (OSError, ValueError):
-            recorded = None
-        return recorded if isinstance(recorded, str) and recorded else _sha256(self.path / "model.keras")
+            summary = None
+        if isinstance(summary, dict) and Path(str(summary.get("checkpoint"))).name == latest.name:
+            return str(summary.get("weights_sha256"))
+        digest = hashlib.sha256()
+        for file in sorted(latest.parent.glob(f"{latest.name}.*")):
+            digest.update(_sha256(file).encode())
+        return digest.hexdigest()
 
     def source_weights(self) -> dict[str, list[tuple[str, np.ndarray]]]:
-        return KerasFile(self.text, self.path / "model.keras").source_weights()
+        import tensorflow as tf
+        from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+        latest = self.latest()
+        try:
+            reader = tf.train.load_checkpoint(str(latest))
+            graph = trackable_object_graph_pb2.TrackableObjectGraph()
+            graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+            # the model's variables: its trainable ones saved under the optimizer's, the others under the model's
+            variables = {attribute.full_name: reader.get_tensor(attribute.checkpoint_key)
+                         for node in graph.nodes for attribute in node.attributes
+                         if attribute.checkpoint_key.startswith(MODEL_KEYS)}  # fmt: skip
+        except Exception as error:  # a damaged or foreign checkpoint
+            raise SettingsError(f"INIT_FROM={self.text!r}: {latest} cannot be read: {first_line(error, 200)}") from None
+        found: dict[str, list[tuple[str, np.ndarray]]] = {}
+        for path, value in variables.items():
+            layer, _, name = path.rpartition("/")
+            if "seed_generator" not in path:
+                found.setdefault(layer, []).append((name, value))
+        return found
 
 
 class Preset(_ByName):

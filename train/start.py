@@ -24,7 +24,7 @@ from train.data.source import Data
 from train.data.spec import features_record
 from train.devices.runtime import Runtime, auto_precision, choose_xla
 from train.errors import SettingsError
-from train.init_from import Matched, Source, init_source
+from train.init_from import NoSource, init_source
 from train.loop import Cadence
 from train.model import Built
 from train.model_file import OWN_STEP_PRECISION, Experiment, load_model_file, model_fingerprint
@@ -169,11 +169,11 @@ def start_run(settings: Settings, runtime: Runtime, role: Role[Writer], say: Say
         taken = check_same_data(settings, recorded.get("data"), dataset.identity, trained=_trained(settings))
         if taken:
             say(taken)
-    source = init_source(settings.init_from)  # INIT_FROM's source, chosen once (train.init_from)
-    fresh = not _has_checkpoints(settings)  # a resume restores what INIT_FROM gave at step 0: not read again
-    if fresh:
-        source.check()
-    decision = agree(settings, runtime, peers, dataset, recorded, (fresh and source.identity()) or "")
+    # INIT_FROM's source, chosen once (train.init_from); a resume restores what it gave at step 0: not read again
+    fresh = not _has_checkpoints(settings)
+    source = init_source(settings.init_from) if fresh else NoSource()
+    source.check()
+    decision = agree(settings, runtime, peers, dataset, recorded, source.identity() or "")
     runtime = runtime.with_precision(decision.precision)
     data = dataset.load(settings, decision.data_in_memory, workers_here(runtime))
     for line in (*decision.notes, *data.notes):
@@ -188,14 +188,10 @@ def start_run(settings: Settings, runtime: Runtime, role: Role[Writer], say: Say
         # as model.fit runs it: a step of the fork's own may hold what XLA cannot compile (a tf.print)
         jit, why = False, "auto: off, as model.fit runs this model's own train_step (its jit_compile is False)"
     callbacks = tuple(build_callbacks(experiment, context))  # bad callbacks: before writing
-    init = _match(source, built, settings) if fresh else None  # a bad file, nothing to load: before writing
+    init = source.match(built.network, settings.init_layers)  # a bad file, nothing to load: before writing
     start = Start(settings, peers, data, built, context, callbacks, jit, why, dataset.identity, dataset.adapted,
                   recorded, say, dataset.left_out, features_record(dataset.builder, settings), init)  # fmt: skip
     return start, runtime
-
-
-def _match(source: Source, built: Built, settings: Settings) -> Matched | None:
-    return source.match(built.network, settings.init_layers)
 
 
 def _has_checkpoints(settings: Settings) -> bool:
