@@ -234,11 +234,8 @@ def test_a_preset_name_not_in_the_cache_is_refused_naming_the_folder_to_fill(tmp
     assert refused.stderr.count("\n") == 1 and not (tmp_path / "runs/x").exists()
 
 
-@pytest.mark.slow
-def test_two_workers_each_read_it_and_end_with_the_same_weights(run_a):
-    """Every worker reads INIT_FROM (its sha256 joins their agreement) and applies it at step 0: their weights
-    agree at the end (finish compares them), and the chief's step-0 checkpoint holds A's backbone."""
-    import re
+def _two_workers(folders: list[Path], output_dir: Path, init_from: str) -> tuple[list[int], list[str]]:
+    """`fit` on two workers (TF_CONFIG), each in its own folder: their exit codes and what they said."""
     import subprocess
     import time
 
@@ -246,9 +243,9 @@ def test_two_workers_each_read_it_and_end_with_the_same_weights(run_a):
 
     from train.cluster.launch import free_ports, tf_configs
 
-    folder, processes, logs = run_a, [], []
-    for index, config in enumerate(tf_configs(free_ports(2))):
-        env = clean_env(**COMMON, DATASET="three.csv", OUTPUT_DIR="runs/workers", INIT_FROM="runs/a",
+    processes, logs = [], []
+    for index, (config, folder) in enumerate(zip(tf_configs(free_ports(2)), folders, strict=True)):
+        env = clean_env(**COMMON, DATASET="three.csv", OUTPUT_DIR=output_dir, INIT_FROM=init_from,
                         STRATEGY="multi_worker", TF_CONFIG=config, TMPDIR=folder)  # fmt: skip
         logs.append(folder / f"worker{index}-{time.monotonic_ns()}.log")
         with open(logs[-1], "wb") as stream:
@@ -259,7 +256,17 @@ def test_two_workers_each_read_it_and_end_with_the_same_weights(run_a):
     finally:
         for process in processes:
             process.kill()
-    said = [log.read_text() for log in logs]
+    return codes, [log.read_text() for log in logs]
+
+
+@pytest.mark.slow
+def test_two_workers_each_read_it_and_end_with_the_same_weights(run_a):
+    """Every worker reads INIT_FROM (its sha256 joins their agreement) and applies it at step 0: their weights
+    agree at the end (finish compares them), and the chief's step-0 checkpoint holds A's backbone."""
+    import re
+
+    folder = run_a
+    codes, said = _two_workers([folder, folder], folder / "runs/workers", "runs/a")
     assert codes == [0, 0], said
     for text in said:
         assert "INIT_FROM=runs/a: 2 layer(s) loaded, matched by layer name" in text
@@ -267,3 +274,20 @@ def test_two_workers_each_read_it_and_end_with_the_same_weights(run_a):
     assert hashes[0] and hashes[0] == hashes[1]
     step0 = _checkpoint_arrays(folder / "runs/workers/checkpoints/ckpt-0")
     assert _holds(step0, _a_weights(folder)["backbone_dense/kernel"])
+
+
+@pytest.mark.slow
+def test_workers_whose_init_from_files_differ_stop_before_training(run_a, tmp_path):
+    """The same INIT_FROM text naming other bytes on another worker: refused by the workers' agreement."""
+    import keras
+
+    other = _project(tmp_path / "other")
+    shutil.copy(run_a / "runs/a/model.keras", run_a / "same.keras")
+    model = keras.saving.load_model(run_a / "same.keras", compile=False)
+    model.get_layer("backbone_dense").kernel.assign(model.get_layer("backbone_dense").kernel + 1.0)
+    model.save(other / "same.keras")
+    codes, said = _two_workers([run_a, other], tmp_path / "run", "same.keras")
+    assert codes == [2, 2], said
+    for text in said:
+        assert "worker 1 does not match the chief: INIT_FROM sha256" in text, text
+    assert not list((tmp_path / "run").glob("checkpoints/*"))

@@ -95,7 +95,7 @@ def agree(settings: Settings, runtime: Runtime, peers: Peers, dataset: Dataset, 
         # Every worker reads INIT_FROM itself and applies it at step 0, rather than the chief broadcasting its
         # values: the same file (its sha256, compared here) gives the same values, with no collective of the model's
         # size at start, and a worker's bad file is refused in one line as the chief's is.
-        "INIT_FROM": init or "(none)",
+        "INIT_FROM sha256": init or "(none)",
     }
     check_recorded(settings, recorded, dataset.adapted)  # a start whose adapt fitted other vocabularies
     this_worker = report(
