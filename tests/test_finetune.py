@@ -21,11 +21,6 @@ MODEL = str(REPO / "examples" / "finetune.py")
 needs_hub = pytest.mark.skipif(
     importlib.util.find_spec("keras_hub") is None, reason="KerasHub is not installed: make setup EXTRAS=dev,hub"
 )
-# The engine's preset loader (train.presets.resolve_preset, issue 45's INIT_FROM) comes from branch ini: until it is
-# merged, the tests of HP_PRESET skip. Delete this marker when it is there.
-needs_presets = pytest.mark.skipif(
-    not (REPO / "train" / "presets.py").is_file(), reason="train.presets.resolve_preset is not merged yet (branch ini)"
-)
 FAST = {"BATCH_SIZE": 8, "LOG_EVERY": 1000, "SEED": 0}
 
 TINY_PRESET = """
@@ -83,7 +78,6 @@ def epochs_phases(output_dir: Path) -> list[int]:
 
 
 @needs_hub
-@needs_presets
 @pytest.mark.slow
 def test_a_tiny_preset_is_fine_tuned_in_two_phases_its_batch_normalization_in_inference_mode(tmp_path):
     """Phase 0 (HP_HEAD_EPOCHS=1): the backbone is the preset's to the bit, only the head learns. The same run
@@ -137,7 +131,6 @@ def test_neither_or_both_backbones_is_one_line_and_exit_2(tmp_path):
 
 
 @needs_hub
-@needs_presets
 @pytest.mark.slow
 def test_a_preset_name_is_found_in_the_kagglehub_cache_and_a_missing_one_is_exit_2_naming_it(tmp_path):
     """HP_PRESET as a name: the preset in KAGGLEHUB_CACHE, where kagglehub.model_download puts it

@@ -68,6 +68,11 @@ Model, data, devices, phases and loop are the rows in capitals.
 |                 | resolved on the built model once (make_phases); each phase     |                                   |
 |                 | entered at its first step (trainable flags, fresh slots, the   |                                   |
 |                 | rate), its calls made again (PhaseCalls)                       |                                   |
+| init_from,      | INIT_FROM's source, one class per kind, chosen once            | import keras or keras_hub at      |
+| presets         | (init_source): checked before TF, matched to the built model   | import time; download (presets:   |
+|                 | by layer name or by Keras's paths, applied once before step 0  | the kagglehub cache only)         |
+|                 | (init_from); a KerasHub preset's folder, found in kagglehub's  |                                   |
+|                 | cache by name (presets: resolve_preset)                        |                                   |
 | loop, hooks     | THE LOOP: calls on time (loop); between them an ordered list   | run a training call (hooks); know |
 |                 | of typed hooks: profiler, the fork's callbacks, stop requests, | files or workers (loop)           |
 |                 | scalars, progress, finite loss, checkpoints (hooks)            |                                   |

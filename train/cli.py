@@ -36,7 +36,8 @@ from typer.core import TyperCommand
 
 from train import hparams
 from train.errors import EXIT_FAILED, EXIT_PREEMPTED, BusyError, SettingsError, Stopped, TrainingError, first_line
-from train.rundir import CRASH_LOG, check_same_model, preflight, write_json
+from train.init_from import check_init_from
+from train.rundir import CRASH_LOG, check_same_model, checkpoints_newest_first, preflight, read_run, write_json
 from train.settings import (
     FIELDS,
     FIELDS_BY_ENV,
@@ -309,6 +310,8 @@ def fit(settings: Settings) -> None:
               settings.cluster is not None and settings.cluster.is_chief, _warn)  # fmt: skip
     check_run_settings(settings.output_dir, _warn)
     check_same_phase_settings(settings.output_dir, settings)  # another FREEZE or UNFREEZE_*: refused, as DATASET is
+    check_init_from(settings.init_from, settings.init_layers, read_run(settings.output_dir),
+                    bool(checkpoints_newest_first(settings.output_dir / "checkpoints")))  # fmt: skip
     with StopRequest() as stop:  # from now on, SIGTERM means "save and exit 42", even while TF loads
         _load_tensorflow()
         from train.fit import fit as run_fit

@@ -56,6 +56,7 @@ def summary(start: Start, position: Position, checkpoint: RunCheckpoint, outcome
         **({"phases": start.phases.plan.to_json(segment)} if start.phases.plan.phased else {}),
         "interrupted": outcome.interrupted,
         "skipped_steps": outcome.skipped,
+        "initialized_from": position.initialized_from,  # INIT_FROM, applied at step 0 (train.init_from)
         "left_out": {"count": 0, "files": []} | start.left_out,  # a folder's files not in the data
         "loss_scale": start.built.loss_scale,
         "examples_per_sec": outcome.examples_per_sec,

@@ -39,6 +39,8 @@ def open_run_dir(start: Start, runtime: Runtime, lock: RunLock, role: Role[Write
     # nothing of it (a run.json naming another model would lock the right one out).
     step = checkpoint.step if restored else 0
     position = _take_up_segment(start, runtime, step, list(start.recorded.get("starts") or []), role)
+    # INIT_FROM, once: at a first start, before the step-0 checkpoint; a resume restores it (train.init_from)
+    position.initialized_from = start.recorded.get("initialized_from") if restored else _initialize(start)
     writer.settings(settings)
     writer.run(run_record(start, position))
     _say_model(start.built.serving, writer, resumed=bool(restored))
@@ -54,6 +56,11 @@ def open_run_dir(start: Start, runtime: Runtime, lock: RunLock, role: Role[Write
     else:
         checkpoint.save(0, 0)  # the initial weights: what AUTO_BATCH restarts from before step 1
     return position, checkpoint
+
+
+def _initialize(start: Start) -> Json | None:
+    """INIT_FROM's values assigned (cross-replica: every replica's copy) at a run's first start; its record."""
+    return start.init.apply(start.say) if start.init is not None else None
 
 
 def hparams(start: Start, runtime: Runtime) -> Json:
@@ -83,6 +90,7 @@ def run_record(start: Start, position: Position) -> Json:
         "features": start.features,  # what predict on files needs of the data: it opens no source
         "adapted": start.adapted,  # what MODEL's adapt fitted (train.adapt): a later start must fit the same
         **({"phases": start.phases.plan.to_json(position.segment)} if start.phases.plan.phased else {}),
+        "initialized_from": position.initialized_from,  # INIT_FROM, applied at step 0 (train.init_from)
         **{key: recorded[key] for key in ("jit_compile", "data_in_memory", "precision", "adapted") if key in recorded},
         "starts": position.starts,
     }  # fmt: skip

@@ -19,6 +19,7 @@ from train.cluster.workers import SingleHost
 from train.context import Context
 from train.data.source import Data
 from train.devices.runtime import Runtime
+from train.init_from import Matched
 from train.model import Built
 from train.phased import Phased
 from train.settings import Settings
@@ -47,6 +48,7 @@ class Start:
     phases: Phased  # which layers train when, and at what rate (train.phased): one phase unless FREEZE or phases()
     left_out: Json = field(default_factory=dict)  # a folder's files not in the data: summary.json's "left_out"
     features: Json = field(default_factory=dict)  # what predict needs of the data (train.data.spec.features_record)
+    init: Matched | None = None  # INIT_FROM's values matched to the model, applied at step 0 (train.init_from)
 
     @property
     def output_dir(self) -> Path:
@@ -67,3 +69,4 @@ class Position:
     marks: tuple[np.ndarray, ...] = ()  # the segment's rest of a streamed pass: what each input pipeline reads of it
     starts: list[Json] = field(default_factory=list)  # every start of the run (run.json), this one last
     resumed_from: int | None = None  # the step this start restored, None for a run's first
+    initialized_from: Json | None = None  # INIT_FROM's record (train.init_from): run.json's and summary.json's

@@ -24,6 +24,7 @@ from train.data.source import Data
 from train.data.spec import features_record
 from train.devices.runtime import Runtime, auto_precision, choose_xla
 from train.errors import SettingsError
+from train.init_from import NoSource, init_source
 from train.loop import Cadence
 from train.model import Built
 from train.model_file import OWN_STEP_PRECISION, Experiment, load_model_file, model_fingerprint
@@ -81,9 +82,10 @@ def workers_here(runtime: Runtime) -> int:
     return sum(address.rpartition(":")[0] in local for address in runtime.cluster.addresses)
 
 
-def agree(settings: Settings, runtime: Runtime, peers: Peers, dataset: Dataset, recorded: Json) -> Decision:
+def agree(settings: Settings, runtime: Runtime, peers: Peers, dataset: Dataset, recorded: Json, init: str = ""
+          ) -> Decision:  # fmt: skip
     """Every worker's settings, model and facts against the chief's, and one answer for each auto. `recorded`:
-    run.json as the chief found it ({} on other workers)."""
+    run.json as the chief found it ({} on other workers); `init`: INIT_FROM's identity (its sha256)."""
     spec = dataset.spec
     facts = {
         "local replicas": len(runtime.devices),
@@ -91,6 +93,10 @@ def agree(settings: Settings, runtime: Runtime, peers: Peers, dataset: Dataset, 
         "inputs": spec.describe_inputs(),
         "label": f"{spec.label_key} {list(spec.label_shape)} {spec.label_dtype}" if spec.labeled else "none",
         "data": data_identity_text(dataset.identity),  # the data itself, not DATASET's text (a path differs by host)
+        # Every worker reads INIT_FROM itself and applies it at step 0, rather than the chief broadcasting its
+        # values: the same file (its sha256, compared here) gives the same values, with no collective of the model's
+        # size at start, and a worker's bad file is refused in one line as the chief's is.
+        "INIT_FROM sha256": init or "(none)",
     }
     check_recorded(settings, recorded, dataset.adapted)  # a start whose adapt fitted other vocabularies
     this_worker = report(
@@ -164,7 +170,11 @@ def start_run(settings: Settings, runtime: Runtime, role: Role[Writer], say: Say
         taken = check_same_data(settings, recorded.get("data"), dataset.identity, trained=_trained(settings))
         if taken:
             say(taken)
-    decision = agree(settings, runtime, peers, dataset, recorded)
+    # INIT_FROM's source, chosen once (train.init_from); a resume restores what it gave at step 0: not read again
+    fresh = not _has_checkpoints(settings)
+    source = init_source(settings.init_from) if fresh else NoSource()
+    source.check()
+    decision = agree(settings, runtime, peers, dataset, recorded, source.identity() or "")
     runtime = runtime.with_precision(decision.precision)
     data = dataset.load(settings, decision.data_in_memory, workers_here(runtime))
     for line in (*decision.notes, *data.notes):
@@ -181,8 +191,10 @@ def start_run(settings: Settings, runtime: Runtime, role: Role[Writer], say: Say
     callbacks = tuple(build_callbacks(experiment, context))  # bad callbacks: before writing
     phases = make_phases(settings, experiment, built, context)  # a FREEZE glob matching no layer: before writing
     check_same_phases(settings, phases, recorded)
+    init = source.match(built.network, settings.init_layers)  # a bad file, nothing to load: before writing
     start = Start(settings, peers, data, built, context, callbacks, jit, why, dataset.identity, dataset.adapted,
-                  recorded, say, phases, dataset.left_out, features_record(dataset.builder, settings))  # fmt: skip
+                  recorded, say, phases, dataset.left_out, features_record(dataset.builder, settings),
+                  init)  # fmt: skip
     return start, runtime
 
 
@@ -210,6 +222,14 @@ def _described(recorded: object) -> str:
         f"{entry.get('learning_rate') or 'as built'}"
         for entry in recorded if isinstance(entry, dict)
     )  # fmt: skip
+
+
+def _has_checkpoints(settings: Settings) -> bool:
+    """Whether OUTPUT_DIR holds a checkpoint (step 0's included): this start resumes."""
+    try:
+        return bool(checkpoints_newest_first(settings.output_dir / "checkpoints"))
+    except SettingsError:
+        return True
 
 
 def _trained(settings: Settings) -> bool:

@@ -48,10 +48,10 @@ def optional_positive_float(name: str, text: str) -> float | None:
     return None if text == "" else positive_float(name, text)
 
 
-def globs(name: str, text: str) -> tuple[str, ...] | None:
-    """Comma-separated globs (fnmatch's *, ?, [...]) on layer paths, like backbone_*,stem; empty: none."""
+def globs(name: str, text: str) -> tuple[str, ...]:
+    """Comma-separated globs (fnmatch's *, ?, [...]) on layer paths, like backbone_*,stem; empty: none given."""
     if text.strip() == "":
-        return None
+        return ()
     items = tuple(item.strip() for item in text.split(","))
     if not all(items):
         raise SettingsError(
@@ -106,6 +106,10 @@ def required_text(name: str, text: str) -> str:
 
 def optional_text(name: str, text: str) -> str | None:
     return None if text == "" else required_text(name, text)
+
+
+def text_or_empty(name: str, text: str) -> str:
+    return "" if text == "" else required_text(name, text)
 
 
 def dataset(name: str, text: str) -> str:
@@ -165,6 +169,6 @@ for _parse, _metavar in (
     (optional_positive_float, "X"), (globs, "GLOB,..."),
     (true_or_false, "true|false"), (gpus, "all|none|0,1"), (required_text, "TEXT"), (optional_text, "TEXT"),
     (dataset, "NAME|PATH"), (path, "PATH"), (optional_path, "PATH"), (model, "FILE|MODULE"),
-    (profile_steps, "START-END"), (label_kind, "class|value"),
+    (profile_steps, "START-END"), (label_kind, "class|value"), (text_or_empty, "PATH|PRESET"), (globs, "GLOB,..."),
 ):  # fmt: skip
     _parse.metavar = _metavar  # type: ignore[attr-defined]
