@@ -139,12 +139,21 @@ def test_a_weights_file_and_a_keras_file(run_a):
 
     folder = run_a
     shutil.copy(folder / "runs/a/model.keras", folder / "a.keras")
-    keras.saving.load_model(folder / "a.keras", compile=False).save_weights(folder / "a.weights.h5")
+    a = keras.saving.load_model(folder / "a.keras", compile=False)
+    a.save_weights(folder / "a.weights.h5")
+    # A's layers in a Sequential of another name: its variables' paths are pretrained/backbone_dense/..., and
+    # they match this model's backbone_dense by layer name all the same
+    other = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, name="backbone_dense"),
+                              keras.layers.BatchNormalization(name="backbone_bn")], name="pretrained")  # fmt: skip
+    for name in ("backbone_dense", "backbone_bn"):
+        other.get_layer(name).set_weights(a.get_layer(name).get_weights())
+    assert other.weights[0].path == "pretrained/backbone_dense/kernel"
+    other.save(folder / "other.keras")
     # a run under way: its latest checkpoint, without the export or summary.json it writes at its end
     shutil.copytree(folder / "runs/a/checkpoints", folder / "unfinished/checkpoints")
     for source, matching in (("a.weights.h5", "by Keras's own paths (class and order)"), ("a.keras", "by layer name"),
-                             ("unfinished", "by layer name")):  # fmt: skip
-        out = f"runs/from_{source.split('.')[-1]}"
+                             ("other.keras", "by layer name"), ("unfinished", "by layer name")):  # fmt: skip
+        out = f"runs/from_{source.replace('.', '_')}"
         done = run_train("fit", cwd=folder, DATASET="three.csv", OUTPUT_DIR=out, INIT_FROM=source,
                          INIT_LAYERS="backbone_*", **COMMON)  # fmt: skip
         assert done.returncode == 0, done.stderr

@@ -51,7 +51,12 @@ def test_a_run_from_another_runs_weights_frozen_then_unfrozen_resumes_across_the
     (tmp_path / "backbone.py").write_text(BACKBONE)
     photos(tmp_path / "four", classes=("a", "b", "c", "d"))
     photos(tmp_path / "three", classes=("x", "y", "z"), seed=1)
-    first = run_train("fit", cwd=tmp_path, DATASET="four", OUTPUT_DIR=tmp_path / "a", EPOCHS=2, **COMMON)
+    # run A's Sequential named otherwise: its checkpoint holds pretraining/backbone_conv/..., matched by layer name
+    (tmp_path / "pretraining.py").write_text(
+        BACKBONE.replace("keras.Sequential([", "keras.Sequential(name='pretraining', layers=[")
+    )
+    first = run_train("fit", cwd=tmp_path, DATASET="four", OUTPUT_DIR=tmp_path / "a", EPOCHS=2,
+                      **{**COMMON, "MODEL": "pretraining.py"})  # fmt: skip
     assert first.returncode == 0, first.stderr[-3000:]
     b = {"DATASET": "three", "INIT_FROM": tmp_path / "a", "FREEZE": "backbone_*", "UNFREEZE_AT_EPOCH": 3, **COMMON}
     frozen = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "b", EPOCHS=2, **b)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from train.errors import SettingsError, first_line
+from train.phases import in_model
 from train.presets import is_preset_dir, looks_like_name, resolve_preset
 from train.rundir import checkpoints_newest_first
 
@@ -277,7 +278,7 @@ def _by_layer(model: keras.Model) -> dict[str, list[tuple[str, np.ndarray]]]:
     """{layer path: [(variable name, value), ...]} from each variable's path (a nested layer's path in it)."""
     found: dict[str, list[tuple[str, np.ndarray]]] = {}
     for variable in model.weights:
-        layer, _, name = variable.path.rpartition("/")
+        layer, _, name = in_model(model.path, variable.path).rpartition("/")
         if "seed_generator" not in variable.path:  # a random layer's state: the run's seeds own it
             found.setdefault(layer, []).append((name, variable.numpy()))
     return found
@@ -295,8 +296,8 @@ def _read_by_keras_paths(source: WeightsFile, network: keras.Model) -> dict[str,
         def load_own_variables(store) -> None:  # what Keras hands the layer: its entry of the file
             names = [variable.path.rpartition("/")[2] for variable in _own(layer)]
             values = [np.asarray(store[key]) for key in sorted(store.keys(), key=int)]
-            read[layer.path] = list(zip(names + [f"#{i}" for i in range(len(names), len(values))], values,
-                                        strict=False))  # fmt: skip
+            names += [f"#{i}" for i in range(len(names), len(values))]
+            read[in_model(network.path, layer.path)] = list(zip(names, values, strict=False))
 
         return load_own_variables
 
@@ -317,13 +318,26 @@ def _own(layer: keras.layers.Layer) -> list[keras.Variable]:
     return [*layer._trainable_variables, *layer._non_trainable_variables]
 
 
+def _aligned(weights: dict[str, list[tuple[str, np.ndarray]]], here: dict[str, list[keras.Variable]]
+             ) -> dict[str, list[tuple[str, np.ndarray]]]:  # fmt: skip
+    """The source's layers by this model's paths: a path as it is, or, where only that matches, without its first
+    part (a checkpoint's Sequential holds `sequential/head`, whatever name this model's Sequential has)."""
+    aligned = {path: values for path, values in weights.items() if path in here}
+    for path, values in weights.items():
+        rest = path.partition("/")[2]
+        if path not in here and rest in here and rest not in aligned:
+            aligned[rest] = values
+    return aligned
+
+
 def _matched(source: Source, weights: dict[str, list[tuple[str, np.ndarray]]], network: keras.Model,
              layers: tuple[str, ...]) -> Matched:  # fmt: skip
     """The source's layers paired with `network`'s by path, within INIT_LAYERS; shapes that differ left out."""
     here: dict[str, list[keras.Variable]] = {}
     for variable in network.weights:
         if "seed_generator" not in variable.path:
-            here.setdefault(variable.path.rpartition("/")[0], []).append(variable)
+            here.setdefault(in_model(network.path, variable.path).rpartition("/")[0], []).append(variable)
+    weights = _aligned(weights, here)
     chosen = [path for path in here if not layers or any(fnmatch.fnmatchcase(path, glob) for glob in layers)]
     if layers and not chosen:
         raise SettingsError(

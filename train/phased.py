@@ -32,7 +32,7 @@ from train.hparams import taken_by
 from train.keras_seams import all_layers, inner_optimizers, learning_rate_schedule, rate_is_callable, slots
 from train.model import Built
 from train.model_file import PHASES_DOC, Experiment
-from train.phases import Layer, Phase, Phases, recipe, resolve
+from train.phases import Layer, Phase, Phases, in_model, recipe, resolve
 from train.step import TrainCalls
 from train.timeline import Segment
 
@@ -60,8 +60,7 @@ class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
 def _layers(network: keras.Model) -> list[tuple[keras.layers.Layer, str]]:
     """Every layer of the model with a path (not its Input), parents before their nested layers, with its path in
     the model: `layer.path` without the model's own name in front (a Sequential's layers are `sequential/head`)."""
-    prefix = f"{network.path}/" if network.path else ""
-    return [(layer, layer.path.removeprefix(prefix)) for layer in all_layers(network) if layer.path]
+    return [(layer, in_model(network.path, layer.path)) for layer in all_layers(network) if layer.path]
 
 
 def layer_tree(network: keras.Model) -> tuple[Layer, ...]:

@@ -32,6 +32,13 @@ from dataclasses import dataclass
 ALL = "all"
 
 
+def in_model(model_path: str | None, path: str) -> str:
+    """A layer's (or a variable's) path inside its model: `layer.path` without the model's own name in front, so
+    that a Sequential's `sequential/head` is `head`, whatever the model was named. FREEZE, INIT_LAYERS and
+    INIT_FROM's matching by layer name all read layers so."""
+    return path.removeprefix(f"{model_path}/") if model_path else path
+
+
 @dataclass(frozen=True)
 class Phase:
     """One phase of a run, as MODEL's `phases()` returns them (see the module's docstring). Raises ValueError for
