@@ -5,7 +5,9 @@ with one split, an image folder with train/ and test/, a CSV with empty cells an
 model), a JSON Lines file of texts. Each is trained once (a module fixture per kind), then: `fit --output-dir RUN
 --epochs 2` with nothing else (the run's own settings; 2 replicas from this host's CPU_DEVICES), `evaluate`,
 `predict` on files and `--split` (one call), a changed source refused by fit, evaluate and `predict --split`;
-2 workers (slow). Each asserts the exit code, that no traceback was printed, and what was written.
+a new run started from the kind's run (INIT_FROM) with a phase boundary (FREEZE, UNFREEZE_AT_EPOCH, issue 45),
+evaluated and predicting, on one device and on 2 workers (slow). Each asserts the exit code, that no traceback
+was printed, and what was written.
 """
 
 from __future__ import annotations
@@ -14,14 +16,14 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import clean_env, read_summary, run_python, start_python
+from tests.conftest import clean_env, read_summary, run_python
+from tests.harness.runs import run_two_workers
 from tests.test_local_data import photos
 
 RESIZED = """
@@ -29,7 +31,8 @@ import keras, tensorflow as tf
 def preprocess(example, training, seed):
     return tf.image.resize(example["image"], (8, 8)) / 255, example["label"]
 def build_model(input_shape, num_classes, learning_rate):
-    model = keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(), keras.layers.Dense(num_classes)])
+    model = keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(), keras.layers.Dense(8),
+                              keras.layers.Dense(num_classes)])
     model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     return model
@@ -282,27 +285,44 @@ def test_evaluate_and_a_changed_source_refused_by_fit_evaluate_and_predict_split
     assert sorted(Path(kind.env["TFDS_DATA_DIR"]).iterdir()) == copies
 
 
-@pytest.mark.slow
-def test_two_workers(kind):
-    from train.cluster.launch import free_ports, tf_configs
+# A run started from the kind's run (INIT_FROM), its first Dense layer frozen for one epoch (FREEZE): every kind's
+# model has one (a fresh process names the first "dense"), and what follows is the same.
+STARTED = {"FREEZE": "dense", "UNFREEZE_AT_EPOCH": 2, "EPOCHS": 2}
 
-    run = kind.cwd / "workers"
-    processes, logs = [], []
-    for index, config in enumerate(tf_configs(free_ports(2))):
-        env = clean_env(**{"MODEL": None, **kind.env, **kind.settings, "OUTPUT_DIR": run, "TF_CONFIG": config,
-                           "STRATEGY": "multi_worker", "WORKER_START_TIMEOUT": 120})  # fmt: skip
-        logs.append(kind.cwd / f"worker{index}-{time.monotonic_ns()}.log")
-        with open(logs[-1], "wb") as stream:
-            processes.append(start_python(["-m", "train", "fit"], cwd=kind.cwd, env=env, stdout=stream,
-                                          stderr=subprocess.STDOUT))  # fmt: skip
-    try:
-        codes = [process.wait(timeout=300) for process in processes]
-    finally:
-        for process in processes:
-            process.kill()
-    texts = [log.read_text() for log in logs]
-    assert codes == [0, 0], texts[0][-3000:] + texts[1][-3000:]
-    assert not any("Traceback" in text for text in texts)
+
+def _started_from(kind: Kind, run: Path) -> dict:
+    """The summary of `run`, started from the kind's run, checked: every layer loaded, two phases recorded."""
     summary = read_summary(run)
+    assert summary["initialized_from"]["source"] == str(kind.run) and summary["initialized_from"]["left_out"] == {}
+    assert "dense" in summary["initialized_from"]["loaded"]
+    assert [phase["first_epoch"] for phase in summary["phases"]] == [1, 2]
+    assert [entry["phase"] for entry in json.loads((run / "epochs.json").read_text())] == [0, 1]
+    return summary
+
+
+def test_a_run_started_from_the_kinds_run_frozen_then_trained_is_evaluated_and_predicts(kind):
+    run = kind.cwd / "started"
+    result = kind.train("fit", **{**kind.settings, **STARTED, "OUTPUT_DIR": run, "INIT_FROM": kind.run})
+    _ok(result)
+    assert f"INIT_FROM={kind.run}: " in result.stdout and "matched by layer name" in result.stdout
+    _started_from(kind, run)
+    evaluated = kind.train("evaluate", "--output-dir", str(run))
+    _ok(evaluated)
+    assert json.loads(evaluated.stdout[evaluated.stdout.index("{") :])["examples"] > 0
+    predicted = kind.train("predict", "--output-dir", str(run), *kind.files)
+    _ok(predicted)
+    assert len(predicted.stdout.strip().splitlines()) >= 2
+
+
+@pytest.mark.slow
+def test_two_workers_started_from_the_kinds_run_cross_a_phase_boundary(kind):
+    run = kind.cwd / "workers"
+    settings = {"MODEL": None, **kind.env, **kind.settings, **STARTED, "OUTPUT_DIR": run, "INIT_FROM": kind.run,
+                "WORKER_START_TIMEOUT": 120}  # fmt: skip
+    workers = run_two_workers(kind.cwd, kind.cwd, **settings)
+    texts = [text for _, text in workers]
+    assert [code for code, _ in workers] == [0, 0], texts[0][-3000:] + texts[1][-3000:]
+    assert not any("Traceback" in text for text in texts)
+    summary = _started_from(kind, run)
     assert summary["workers"] == 2 and summary["eval"] is not None
     assert json.loads((run / "run.json").read_text())["data"] == json.loads((kind.run / "run.json").read_text())["data"]
