@@ -88,6 +88,7 @@ def _nested(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
 def _preset_backbone(preset: str) -> tuple[layers.Rescaling, keras.Model]:
     """The preset's input scaling and its backbone with its weights, as a plain functional model of its layers."""
     import keras_hub  # the hub extra's: imported only when a preset is asked for
+
     from train.presets import resolve_preset  # a folder, or a name in KAGGLEHUB_CACHE; never a download
 
     folder = resolve_preset(preset)
