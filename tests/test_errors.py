@@ -26,7 +26,16 @@ from train import cli as cli_module
 from train.cli import app
 from train.cluster.tf_config import Cluster
 from train.devices.deadline import StartupDeadline
-from train.errors import EXIT_BAD_INPUT, EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, first_line, storage_fix
+from train.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_BUSY,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    SettingsError,
+    first_line,
+    storage_fix,
+)
 from train.model_file import model_fingerprint
 from train.rundir import RUN, RunLock, owner, write_json
 from train.settings import ENVIRONMENT_TYPO_CUTOFF, FIELDS, RUN_SETTINGS, likely_typos
@@ -167,6 +176,20 @@ def test_a_damaged_run_json_is_refused_naming_it_and_is_left_as_it_was(cli, tmp_
     assert last_line(cli("evaluate", OUTPUT_DIR=output_dir)).startswith(
         f"error: {output_dir / RUN} is damaged (a JSON list, not an object)"
     )
+
+
+@pytest.mark.parametrize(("key", "value"), [("initialized_from", "runs/a"), ("initialized_from", {"loaded": []}),
+                                            ("phases", {"first_epoch": 1}), ("phases", ["phase 0"])])  # fmt: skip
+def test_a_damaged_record_of_init_from_or_the_phases_is_named(tmp_path, key, value):
+    """run.json's "initialized_from" and "phases" (issue 45) read back as the other records are: a value of
+    another shape is the file's damage, named, not a crash where it is read."""
+    from train.rundir import read_run
+
+    write_json(tmp_path / RUN, {"model": "model.py", key: value})
+    with pytest.raises(SettingsError, match=re.escape(f"{tmp_path / RUN} is damaged ({key}: {value!r})")):
+        read_run(tmp_path)
+    write_json(tmp_path / RUN, {"model": "model.py", "initialized_from": None, "phases": None})
+    assert read_run(tmp_path)["phases"] is None  # a run without either records null
 
 
 def test_a_damaged_settings_json_is_said_the_same_way_by_fit_and_evaluate(cli, tmp_path):

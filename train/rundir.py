@@ -202,6 +202,11 @@ RUN_VALUES = {
     "data": lambda value: isinstance(value, dict),  # the data's identity (train.data.opening)
     "features": lambda value: isinstance(value, dict),  # what predict needs of the data (train.data.spec)
     "precision": lambda value: value in ("float32", "mixed_float16", "mixed_bfloat16"),
+    # issue 45's: INIT_FROM's record (None: the weights build_model made), and the phases (None: one, as built)
+    "initialized_from": lambda value: (
+        value is None or (isinstance(value, dict) and isinstance(value.get("source"), str))
+    ),
+    "phases": lambda value: value is None or (isinstance(value, list) and all(isinstance(e, dict) for e in value)),
     "starts": lambda value: (
         isinstance(value, list)
         and all(isinstance(start, dict) and isinstance(start.get("segment", {}), dict) for start in value)
