@@ -109,6 +109,36 @@ def test_auto_batch_halves_the_batch_and_finishes(tmp_path, tfds_data_dir):
     assert summary["steps"] == summary["total_steps"] == 16384 // 32
 
 
+TRAINABLE = """
+import json, sys, tensorflow as tf
+# the model's trainable weights, as a checkpoint saves them (under the optimizer's _trainable_variables)
+values = [{key: tf.train.load_checkpoint(prefix).get_tensor(key).tolist()
+           for key in tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
+           if key.startswith("optimizer/_trainable_variables/")} for prefix in sys.argv[1:]]
+print(json.dumps(values[0] == values[1] and bool(values[0])))
+"""
+
+
+def test_auto_batch_retries_from_the_weights_init_from_gave_and_applies_them_once(tmp_path, tfds_data_dir):
+    """INIT_FROM (issue 45) is applied before the step-0 checkpoint, which AUTO_BATCH's retries restore."""
+    common = dict(TFDS_DATA_DIR=tfds_data_dir, EPOCHS=1, STEPS_PER_EPOCH=4)
+    first = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "a", BATCH_SIZE=32, **common)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run = tmp_path / "b"
+    settings = dict(OUTPUT_DIR=run, BATCH_SIZE=128, AUTO_BATCH="true", INIT_FROM=tmp_path / "a", **common)
+    result = run_with_fake_oom(40, "fit", cwd=tmp_path, CPU_DEVICES=2, **settings)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "AUTO_BATCH: out of memory at BATCH_SIZE=128" in result.stdout
+    assert result.stdout.count(f"INIT_FROM={tmp_path / 'a'}: ") == 1  # matched and applied once, retries or not
+    summary = read_summary(run)
+    assert summary["per_replica_batch"] < 128 and summary["initialized_from"]["left_out"] == {}
+    same = run_python(
+        ["-c", TRAINABLE, str(run / "checkpoints" / "ckpt-0"), str(tmp_path / "a" / "checkpoints" / "ckpt-4")]
+    )
+    assert same.returncode == 0, same.stderr[-3000:]
+    assert same.stdout.strip().splitlines()[-1] == "true"  # step 0, after the retries: run A's weights
+
+
 def test_check_runs_for_real_on_two_logical_cpus(tmp_path, tfds_data_dir):
     result = run_train(
         "check", "--max-batch", "256", "--steps", "2", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, CPU_DEVICES=2
