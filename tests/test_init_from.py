@@ -11,8 +11,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import read_summary, run_train
 
+from tests.conftest import read_summary, run_train
+from tests.harness.runs import run_two_workers
 from train.errors import SettingsError
 from train.init_from import init_source
 from train.presets import resolve_preset
@@ -245,27 +246,9 @@ def test_a_preset_name_not_in_the_cache_is_refused_naming_the_folder_to_fill(tmp
 
 def _two_workers(folders: list[Path], output_dir: Path, init_from: str) -> tuple[list[int], list[str]]:
     """`fit` on two workers (TF_CONFIG), each in its own folder: their exit codes and what they said."""
-    import subprocess
-    import time
-
-    from conftest import clean_env, start_python
-
-    from train.cluster.launch import free_ports, tf_configs
-
-    processes, logs = [], []
-    for index, (config, folder) in enumerate(zip(tf_configs(free_ports(2)), folders, strict=True)):
-        env = clean_env(**COMMON, DATASET="three.csv", OUTPUT_DIR=output_dir, INIT_FROM=init_from,
-                        STRATEGY="multi_worker", TF_CONFIG=config, TMPDIR=folder)  # fmt: skip
-        logs.append(folder / f"worker{index}-{time.monotonic_ns()}.log")
-        with open(logs[-1], "wb") as stream:
-            processes.append(start_python(["-m", "train", "fit"], cwd=folder, env=env, stdout=stream,
-                                          stderr=subprocess.STDOUT))  # fmt: skip
-    try:
-        codes = [process.wait(timeout=180) for process in processes]
-    finally:
-        for process in processes:
-            process.kill()
-    return codes, [log.read_text() for log in logs]
+    workers = run_two_workers(folders, output_dir.parent, timeout=180, each=[{"TMPDIR": f} for f in folders],
+                              **COMMON, DATASET="three.csv", OUTPUT_DIR=output_dir, INIT_FROM=init_from)  # fmt: skip
+    return [code for code, _ in workers], [text for _, text in workers]
 
 
 @pytest.mark.slow

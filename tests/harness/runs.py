@@ -25,19 +25,25 @@ def build_model(input_shape, num_classes, learning_rate):
 
 
 def run_two_workers(
-    cwd: Path, logs: Path, timeout: float = 300, each: Sequence[dict[str, object]] = ({}, {}), **settings: object
+    cwd: Path | Sequence[Path],
+    logs: Path,
+    timeout: float = 300,
+    each: Sequence[dict[str, object]] = ({}, {}),
+    **settings: object,
 ) -> list[tuple[int, str]]:
     """`fit` on 2 workers as scripts/launch-workers.sh starts them (STRATEGY=multi_worker, a TF_CONFIG each, on
     loopback ports) but forked from the test server, not new interpreters (the launcher's own tests are in
-    tests/test_multi_worker.py): each worker's (exit code, output). `each`: settings of one worker alone."""
+    tests/test_multi_worker.py): each worker's (exit code, output). `each`: settings of one worker alone; `cwd`:
+    the workers' folder, or each one's (as two machines, where a relative path names each one's own file)."""
     from train.cluster.launch import free_ports, tf_configs
 
+    folders = [cwd, cwd] if isinstance(cwd, Path) else list(cwd)
     processes, outputs = [], []
-    for index, (config, own) in enumerate(zip(tf_configs(free_ports(2)), each, strict=True)):
+    for index, (config, own, folder) in enumerate(zip(tf_configs(free_ports(2)), each, folders, strict=True)):
         env = clean_env(**{"STRATEGY": "multi_worker", **settings, **own, "TF_CONFIG": config})
         outputs.append(logs / f"worker-{index}-{time.monotonic_ns()}.log")
         with open(outputs[-1], "wb") as stream:
-            processes.append(start_python(["-m", "train", "fit"], cwd=cwd, env=env, stdout=stream,
+            processes.append(start_python(["-m", "train", "fit"], cwd=folder, env=env, stdout=stream,
                                           stderr=subprocess.STDOUT))  # fmt: skip
     try:
         codes = [process.wait(timeout=timeout) for process in processes]
