@@ -88,8 +88,9 @@ class NoSource:
 
 
 @dataclass
-class _ByName:
-    """A source whose weights are matched by layer name (a nested layer by its path)."""
+class _Weights:
+    """A source of weights at a path (INIT_FROM's `text`), its identity the file's sha256 unless it says otherwise,
+    its layers' weights matched to `network`'s as `matching` says: by layer name (a nested layer by its path)."""
 
     text: str
     path: Path
@@ -98,14 +99,14 @@ class _ByName:
     def identity(self) -> str:
         return _sha256(self.path)
 
-    def source_weights(self) -> dict[str, list[tuple[str, np.ndarray]]]:
+    def source_weights(self, network: keras.Model) -> dict[str, list[tuple[str, np.ndarray]]]:
         raise NotImplementedError
 
     def match(self, network: keras.Model, layers: tuple[str, ...]) -> Matched:
-        return _matched(self, self.source_weights(), network, layers)
+        return _matched(self, self.source_weights(network), network, layers)
 
 
-class KerasFile(_ByName):
+class KerasFile(_Weights):
     """A `.keras` file, loaded with safe_mode on (no code from the file)."""
 
     def check(self) -> None:
@@ -114,7 +115,7 @@ class KerasFile(_ByName):
             raise SettingsError(f"INIT_FROM={self.text!r} is not a .keras file (not a zip archive): give a file "
                                 "model.save wrote, or a .weights.h5 file")  # fmt: skip
 
-    def source_weights(self) -> dict[str, list[tuple[str, np.ndarray]]]:
+    def source_weights(self, network: keras.Model) -> dict[str, list[tuple[str, np.ndarray]]]:
         import keras
 
         try:
@@ -124,7 +125,7 @@ class KerasFile(_ByName):
         return _by_layer(model)
 
 
-class RunDir(_ByName):
+class RunDir(_Weights):
     """A run directory: its latest checkpoint's model weights, each found by its variable's path in the
     checkpoint's object graph (no model rebuilt); its identity, the run's weights sha256 (summary.json's, where
     it was written at that checkpoint), else the checkpoint's files' sha256."""
@@ -152,7 +153,7 @@ class RunDir(_ByName):
             digest.update(_sha256(file).encode())
         return digest.hexdigest()
 
-    def source_weights(self) -> dict[str, list[tuple[str, np.ndarray]]]:
+    def source_weights(self, network: keras.Model) -> dict[str, list[tuple[str, np.ndarray]]]:
         import tensorflow as tf
         from tensorflow.core.protobuf import trackable_object_graph_pb2
 
@@ -175,7 +176,7 @@ class RunDir(_ByName):
         return found
 
 
-class Preset(_ByName):
+class Preset(_Weights):
     """A KerasHub preset folder (resolved from a name in kagglehub's cache by train.presets): its backbone."""
 
     def check(self) -> None:
@@ -188,7 +189,7 @@ class Preset(_ByName):
                 digest.update(f"{file.relative_to(self.path)}\0{_sha256(file)}\0".encode())
         return digest.hexdigest()
 
-    def source_weights(self) -> dict[str, list[tuple[str, np.ndarray]]]:
+    def source_weights(self, network: keras.Model) -> dict[str, list[tuple[str, np.ndarray]]]:
         import keras_hub  # lazily: it imports TensorFlow, and is an extra (make setup EXTRAS=dev,hub)
 
         try:
@@ -202,11 +203,9 @@ class Preset(_ByName):
 
 
 @dataclass
-class WeightsFile:
+class WeightsFile(_Weights):
     """A `.weights.h5` file, read as Keras's load_weights reads it: each layer's entry by Keras's path."""
 
-    text: str
-    path: Path
     matching: str = field(default=BY_KERAS_PATH, init=False)
 
     def check(self) -> None:
@@ -216,11 +215,8 @@ class WeightsFile:
                 raise SettingsError(f"INIT_FROM={self.text!r} is not a .weights.h5 file (not HDF5): give a file "
                                     "model.save_weights wrote, or a .keras file")  # fmt: skip
 
-    def identity(self) -> str:
-        return _sha256(self.path)
-
-    def match(self, network: keras.Model, layers: tuple[str, ...]) -> Matched:
-        return _matched(self, _read_by_keras_paths(self, network), network, layers)
+    def source_weights(self, network: keras.Model) -> dict[str, list[tuple[str, np.ndarray]]]:
+        return _read_by_keras_paths(self, network)
 
 
 Source = NoSource | KerasFile | RunDir | Preset | WeightsFile
