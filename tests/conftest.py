@@ -70,14 +70,23 @@ def engine_defaults() -> dict[str, str]:
     return {"MODEL": DEFAULT_MODEL, **{name: FIELDS_BY_ENV[name].default for name in forked if name in FIELDS_BY_ENV}}
 
 
+# What the tests' runs set unless a test says otherwise (JIT_COMPILE=None: the engine's own default, auto).
+# XLA off: its compile is about a quarter of a small fit's CPU (0.75 s of 3.2 s, one CPU device) and most runs
+# here test something else. JIT_COMPILE=auto's choices are tested where they are the point: tests/test_devices.py
+# (each reason), the journeys (every kind of DATASET, fit to predict, with XLA where auto picks it), test_train,
+# test_data and the tests that name JIT_COMPILE.
+TEST_DEFAULTS = {"JIT_COMPILE": "false"}
+
+
 def clean_env(**settings: object) -> dict[str, str]:
-    """The process environment without any setting of the user's, plus the engine's defaults and the given ones
-    (a setting given as None is left out: unset)."""
+    """The process environment without any setting of the user's, plus the engine's defaults, TEST_DEFAULTS and the
+    given ones (a setting given as None is left out: unset, so the engine's default)."""
     not_passed = {f.env for f in FIELDS} | {"TF_CONFIG"}  # a TF_CONFIG in the shell would make every run multi-worker
     not_passed |= {name for name in os.environ if name.startswith("HP_")}  # build_model's settings (train/hparams.py)
     not_passed |= set(likely_typos(os.environ, ENVIRONMENT_TYPO_CUTOFF))  # their warnings would add lines to stderr
     env = {name: value for name, value in os.environ.items() if name not in not_passed}
     env.update(engine_defaults())
+    env.update(TEST_DEFAULTS)
     env.update({name: str(value) for name, value in settings.items()})
     for name in [name for name, value in settings.items() if value is None]:
         del env[name]

@@ -61,8 +61,8 @@ class Kind:
 
     def train(self, *args: str, **settings: object) -> subprocess.CompletedProcess:
         """`python -m train ARGS` in the kind's folder, with the kind's environment and only `settings` besides
-        (MODEL unset: clean_env's default would be a setting the user gave)."""
-        env = clean_env(**{"MODEL": None, **self.env, **settings})
+        (MODEL and JIT_COMPILE unset: clean_env's would be settings the user gave)."""
+        env = clean_env(**{"MODEL": None, "JIT_COMPILE": None, **self.env, **settings})
         return run_python(["-m", "train", *args], cwd=self.cwd, env=env, timeout=300)
 
 

@@ -191,6 +191,8 @@ class Evaluator:
     each a share of every batch (see `eval_dataset`). It resets the metrics it shares with training.
     """
 
+    _made: tuple[TrainSplit, int, tuple[tf.data.Dataset, int]] | None = None  # the last split's pipeline
+
     def __init__(self, built: BuiltModel, strategy: tf.distribute.Strategy, predict: keras.Model | None = None) -> None:
         self.built, self.strategy = built, strategy
         network, predict = built.network, predict or built.serving
@@ -212,9 +214,16 @@ class Evaluator:
 
         self._evaluate_steps = evaluate_steps
 
+    def _dataset(self, split: TrainSplit, global_batch: int) -> tuple[tf.data.Dataset, int]:
+        """The split's evaluation pipeline, made at its first evaluation and iterated afresh at each: every epoch
+        would otherwise trace its functions again (about a tenth of a second each on this CPU)."""
+        if self._made is None or self._made[0] is not split or self._made[1] != global_batch:
+            self._made = (split, global_batch, eval_dataset(self.strategy, split, global_batch))
+        return self._made[2]
+
     def __call__(self, split: TrainSplit, global_batch: int) -> MetricValues:
         self.built.network.reset_metrics()
-        dataset, steps = eval_dataset(self.strategy, split, global_batch)
+        dataset, steps = self._dataset(split, global_batch)
         results = metric_values(self._evaluate_steps(iter(dataset), tf.constant(steps)))
         self.built.network.reset_metrics()
         return results
