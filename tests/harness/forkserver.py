@@ -27,7 +27,14 @@ import sys
 import tempfile
 
 SERVER_PYTHONPATH = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
-PRELOAD = ("tensorflow", "keras", "tensorflow_datasets", "train.fit", "train.tools.check", "train.tools.bench")
+# What every run imports: the libraries, the engine, and what a run loads lazily (the CLI and typer's parsing, which
+# brings pydantic; TensorBoard's summaries, about a hundred modules; the export's). Each module here is imported once
+# rather than in each of the suite's forked runs: about 0.7 s of CPU off each small fit (219 modules a run before).
+PRELOAD = (
+    "tensorflow", "keras", "tensorflow_datasets", "train.fit", "train.tools.check", "train.tools.bench",
+    "train.cli", "typer._coercion", "typer._adapters", "typer._param_types", "tensorboard.summary",
+    "tensorflow.saved_model.experimental", "tree",
+)  # fmt: skip
 
 
 def serve(path: str) -> dict:
