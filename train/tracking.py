@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -40,8 +41,9 @@ Json = dict[str, object]
 
 PARENT_RUN = "MLFLOW_PARENT_RUN_ID"  # set by `tune` for each trial: the study's run, which the trial's nests under
 # MLflow's own variables, bounded where the user has not set them: a tracker that cannot reach its store costs
-# seconds, not minutes (MLflow's defaults: 7 retries with backoff, 120 s a call)
-BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "3"}
+# seconds, not minutes (MLflow's defaults: 7 retries with backoff, 120 s a call). No retry: its first failure ends the
+# tracking anyway, and urllib3 would warn of each retry on a line of its own.
+BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
 BATCH = 100  # MLflow's limit of params (and tags) in one log_batch call
 
 
@@ -137,6 +139,16 @@ def tags_of(start: Start) -> dict[str, str]:
     return tags | ({"mlflow.source.git.commit": commit} if commit else {})
 
 
+def _why(error: Exception) -> str:
+    """What went wrong, short: a connection's own reason ([Errno 111] Connection refused) where MLflow wraps one in
+    its request's story, else the message's first line, cut at 200 characters."""
+    text = first_line(error)
+    reason = re.search(r"\[Errno -?[0-9]+\][^'\")]*", text)
+    if reason:
+        return reason.group(0).strip()
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 def _chunks(items: list, size: int = BATCH) -> Iterator[list]:
     for index in range(0, len(items), size):
         yield items[index : index + size]
@@ -158,8 +170,8 @@ class MlflowTracker(Tracker):
             return work()
         except Exception as error:  # any failure of the tracker, never the training's: said once, then off
             self.say(
-                f"warning: TRACKING=mlflow could not {what} at {self.uri} ({first_line(error, 160)}); tracking is "
-                "off for the rest of this run, which goes on"
+                f"warning: TRACKING=mlflow could not {what} at {self.uri} ({_why(error)}); tracking is off for the "
+                "rest of this run, which goes on"
             )
             self.client = None
             return None
