@@ -147,7 +147,8 @@ def test_a_tracking_server_over_http_and_the_same_server_stopped(tmp_path):
         runs = the_run(uri, "runs")
         assert len(runs) == 1 and runs[0].info.status == "FINISHED"
         run = runs[0]
-        assert run.data.metrics["val_accuracy"] == pytest.approx(read_summary(tmp_path / "runs/served")["eval"]["accuracy"])
+        served = read_summary(tmp_path / "runs" / "served")
+        assert run.data.metrics["val_accuracy"] == pytest.approx(served["eval"]["accuracy"])
         assert {each.path for each in client(uri).list_artifacts(run.info.run_id)} == {"summary.json", "run.json"}
     finally:
         stop_server(server)
