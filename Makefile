@@ -13,7 +13,7 @@ export $(foreach name,$(SETTINGS),$(if $(filter undefined,$(origin $(name))),,$(
 # build_model's hyperparameters pass through too: `make train HP_WIDTH=128` (MODEL's own settings, train/hparams.py).
 export $(filter HP_%,$(.VARIABLES))
 
-.PHONY: help setup train train-workers devices check bench bench-images bench-text bench-gpu bench-levers evaluate test test-fast test-gpu lint format tensorboard lock clean
+.PHONY: help setup train train-workers devices check bench bench-images bench-text bench-gpu bench-levers evaluate test test-fast test-gpu lint format tensorboard mlflow-ui lock clean
 
 help: ## Show this help
 	@[ -t 1 ] && tty=1; grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -v tty="$$tty" 'BEGIN {FS = ":.*?## "}; \
@@ -115,6 +115,13 @@ tensorboard: setup ## Serve TensorBoard for OUTPUT_DIR's parent (on 127.0.0.1 un
 		if [ -t 0 ]; then read -r -p "Install it now? [y/N] " answer; \
 			[ "$$answer" = y ] && $(BIN)/python -m pip install --quiet -c $(LOCK_PINS) -e ".[profile]"; fi; true; }
 	$(BIN)/tensorboard --logdir "$(dir $(or $(OUTPUT_DIR),runs/default))" --host $(TENSORBOARD_HOST)
+
+MLFLOW_UI_PORT ?= 5000
+MLFLOW_STORE = sqlite:///$(abspath $(dir $(or $(OUTPUT_DIR),runs/default)))/mlflow.db
+
+mlflow-ui: setup ## Serve the MLflow UI of OUTPUT_DIR's parent's store (TRACKING=mlflow's mlflow.db) on 127.0.0.1:MLFLOW_UI_PORT
+	@$(BIN)/python -c "import mlflow" 2>/dev/null || { echo "make mlflow-ui needs mlflow: make setup EXTRAS=dev,track"; exit 2; }
+	$(BIN)/mlflow ui --backend-store-uri "$(MLFLOW_STORE)" --host 127.0.0.1 --port $(MLFLOW_UI_PORT)
 
 # uv resolves; the pinned TensorFlow (without dependencies) tells scripts/lock.py its CUDA ranges and build.
 UV_VERSION := 0.13.9

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import clean_env, read_summary, run_python
+from tests.conftest import REPO, clean_env, read_summary, run_python
 
 pytest.importorskip("mlflow", reason="MLflow is not installed: make setup EXTRAS=dev,track")
 
@@ -162,3 +162,9 @@ def test_a_tracking_server_over_http_and_the_same_server_stopped(tmp_path):
     assert read_summary(output_dir)["steps"] == 4
     assert (output_dir / "model.keras").is_file()
     assert "mlflow_run_id" not in json.loads((output_dir / "run.json").read_text())
+
+
+def test_make_mlflow_ui_serves_the_local_store_on_localhost_only():
+    dry_run = subprocess.run(["make", "-n", "mlflow-ui", "OUTPUT_DIR=/srv/runs/study/trial-1"], cwd=REPO,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert '--backend-store-uri "sqlite:////srv/runs/study/mlflow.db" --host 127.0.0.1 --port 5000' in dry_run.stdout
