@@ -62,7 +62,7 @@ def test_the_params_are_every_setting_and_every_hp_flat_in_lower_case(tmp_path, 
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "model.py").write_text(MODEL)
-    params = params_of(load("model.py", environ={"HP_WIDTH": "128", "LEARNING_RATE": "0.01"}))
+    params = params_of(load("model.py", environ={"HP_WIDTH": "128", "LEARNING_RATE": "0.01"}).to_json())
     assert set(params) == {field.attr for field in FIELDS} | {"hp_width", "hp_dropout", "hp_smooth", "hp_activation"}
     assert (params["learning_rate"], params["hp_width"], params["batch_size"]) == ("0.01", "128", "128")
 

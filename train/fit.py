@@ -86,7 +86,7 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> Json:
     runtime = setup_runtime(settings)
     role = take_role(runtime, stop, settings.worker_start_timeout, Writers(settings.output_dir, say))
     peers, writer, lock = role.peers, role.writer, RunLock(settings.output_dir)
-    tracked = role.chief_only(tracker, settings, say) or Tracker()  # TRACKING's, the chief's alone
+    tracked = role.chief_only(tracker, settings.tracking, settings.output_dir, say) or Tracker()  # the chief's alone
     summary = None
     try:
         with peers.guard("starting"):

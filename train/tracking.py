@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
 
     from train.run_state import Start
-    from train.settings import Settings
 
 Say = Callable[[str], None]
 Metrics = dict[str, float | list]
@@ -61,9 +60,9 @@ class Tracker:
         """The run ended: `summary` as summary.json holds it, or None where the run failed."""
 
 
-def tracker(settings: Settings, say: Say) -> Tracker:
+def tracker(tracking: str, output_dir: Path, say: Say) -> Tracker:
     """TRACKING's tracker, made once (on the chief: train.fit) and passed down."""
-    return MlflowTracker(settings.output_dir, say) if settings.tracking == "mlflow" else Tracker()
+    return MlflowTracker(output_dir, say) if tracking == "mlflow" else Tracker()
 
 
 def bound_retries() -> None:
@@ -120,9 +119,9 @@ def git_commit(where: Path) -> str | None:
     return done.stdout.strip() or None if done.returncode == 0 else None
 
 
-def params_of(settings: Settings) -> dict[str, str]:
-    """Every setting and every HP_, flat, named in lower case, as settings.json writes their values."""
-    return {name.lower(): value for name, value in settings.to_json().items()}
+def params_of(settings: dict[str, str]) -> dict[str, str]:
+    """Every setting and every HP_ (`settings`: as settings.json has them), flat, named in lower case."""
+    return {name.lower(): value for name, value in settings.items()}
 
 
 def tags_of(start: Start) -> dict[str, str]:
@@ -185,7 +184,7 @@ class MlflowTracker(Tracker):
         """run.json's MLflow run, resumed, or a new one; the params not logged yet, and the changed ones as tags."""
         from mlflow.entities import Param, RunTag
 
-        client, params, tags = self.client, params_of(start.settings), tags_of(start)
+        client, params, tags = self.client, params_of(start.settings.to_json()), tags_of(start)
         logged: dict[str, str] | None = None
         if recorded_run:
             run = client.get_run(recorded_run)  # an id this store does not hold raises: said, and tracking is off
