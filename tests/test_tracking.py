@@ -75,13 +75,15 @@ def test_a_fit_and_its_resume_are_one_mlflow_run_on_the_local_sqlite_store(tmp_p
     parent = start_parent_run(f"sqlite:///{store}", "runs", "study")  # as `tune` does before its trials
     fit(tmp_path, OUTPUT_DIR="runs/one", MLFLOW_PARENT_RUN_ID=parent)
     resumed = fit(tmp_path, OUTPUT_DIR="runs/one", EPOCHS=2)
-    assert "TRACKING=mlflow" not in resumed.stdout + resumed.stderr
+    assert "warning: TRACKING" not in resumed.stdout + resumed.stderr
 
     runs = the_run(f"sqlite:///{store}", "runs")
     assert len(runs) == 1
     run, output_dir = runs[0], tmp_path / "runs" / "one"
     recorded = json.loads((output_dir / "run.json").read_text())
     assert recorded["mlflow_run_id"] == run.info.run_id
+    said = f"Tracking to MLflow: run {run.info.run_id} (going on) of experiment runs at sqlite:///{store}."
+    assert said in resumed.stdout.splitlines()
     assert run.info.status == "FINISHED"
     assert run.data.tags["mlflow.parentRunId"] == parent
     assert run.data.params["learning_rate"] == "0.001"
@@ -143,7 +145,7 @@ def test_a_tracking_server_over_http_and_the_same_server_stopped(tmp_path):
     server = start_server(tmp_path, port)
     try:
         done = fit(tmp_path, OUTPUT_DIR="runs/served", MLFLOW_TRACKING_URI=uri)
-        assert "TRACKING=mlflow" not in done.stdout + done.stderr
+        assert "warning: TRACKING" not in done.stdout + done.stderr
         runs = the_run(uri, "runs")
         assert len(runs) == 1 and runs[0].info.status == "FINISHED"
         run = runs[0]

@@ -178,6 +178,9 @@ class MlflowTracker(Tracker):
     def begin(self, start: Start, recorded_run: str | None) -> str | None:
         self.client = self._call("open the store", lambda: _client(self.uri))
         self.run_id = self._call("start its run", lambda: self._take_up(start, recorded_run))
+        if self.run_id:
+            went_on = " (going on)" if recorded_run else ""
+            self.say(f"Tracking to MLflow: run {self.run_id}{went_on} of experiment {self.experiment} at {self.uri}.")
         return self.run_id
 
     def _take_up(self, start: Start, recorded_run: str | None) -> str:
