@@ -86,6 +86,7 @@ def test_a_fit_and_its_resume_are_one_mlflow_run_on_the_local_sqlite_store(tmp_p
     assert said in resumed.stdout.splitlines()
     assert run.info.status == "FINISHED"
     assert run.data.tags["mlflow.parentRunId"] == parent
+    assert client(f"sqlite:///{store}").get_run(parent).info.run_name == "study"
     assert run.data.params["learning_rate"] == "0.001"
     assert run.data.params["epochs"] == "1"  # as first logged: MLflow keeps a param; the change is a tag
     assert run.data.tags["changed.epochs"] == "1 -> 2"
