@@ -160,10 +160,10 @@ class MlflowTracker(Tracker):
     def __init__(self, output_dir: Path, say: Say) -> None:
         self.uri, self.experiment = tracking_uri(output_dir), experiment_name(output_dir)
         self.say, self.run_id, self.client = say, None, None
-        self.logged_step: int | None = None  # the last step whose training metrics were logged
+        self.on = True  # until a call fails
 
     def _call(self, what: str, work: Callable[[], object]) -> object:
-        if self.client is None and what != "open the store":
+        if not self.on:
             return None
         try:
             return work()
@@ -172,7 +172,7 @@ class MlflowTracker(Tracker):
                 f"warning: TRACKING=mlflow could not {what} at {self.uri} ({_why(error)}); tracking is off for the "
                 "rest of this run, which goes on"
             )
-            self.client = None
+            self.on = False
             return None
 
     def begin(self, start: Start, recorded_run: str | None) -> str | None:
@@ -222,10 +222,10 @@ class MlflowTracker(Tracker):
             self._call("log metrics", lambda: self.client.log_batch(self.run_id, metrics=values))
 
     def end(self, output_dir: Path, summary: Json | None) -> None:
-        for name in ("summary.json", "run.json"):
-            if (output_dir / name).is_file() and summary is not None:
-                self._call(
-                    f"log {name}", lambda name=name: self.client.log_artifact(self.run_id, str(output_dir / name))
-                )
+        if self.run_id is None:  # never begun (the start was refused), or tracking went off as it began
+            return
+        for path in (output_dir / "summary.json", output_dir / "run.json"):
+            if summary is not None and path.is_file():
+                self._call(f"log {path.name}", lambda path=path: self.client.log_artifact(self.run_id, str(path)))
         status = "FAILED" if summary is None else "KILLED" if summary.get("interrupted") else "FINISHED"
         self._call("end its run", lambda: self.client.set_terminated(self.run_id, status=status))
