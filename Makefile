@@ -13,14 +13,14 @@ export $(foreach name,$(SETTINGS),$(if $(filter undefined,$(origin $(name))),,$(
 # build_model's hyperparameters pass through too: `make train HP_WIDTH=128` (MODEL's own settings, train/hparams.py).
 export $(filter HP_%,$(.VARIABLES))
 
-.PHONY: help setup train train-workers devices check bench bench-images bench-text bench-gpu bench-levers evaluate test test-fast test-gpu lint format tensorboard lock clean
+.PHONY: help setup train train-workers devices check bench bench-images bench-text bench-gpu bench-levers evaluate test test-fast test-gpu lint format tensorboard mlflow-ui lock clean
 
 help: ## Show this help
 	@[ -t 1 ] && tty=1; grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -v tty="$$tty" 'BEGIN {FS = ":.*?## "}; \
 		{printf (tty ? "  \033[36m%-16s\033[0m %s\n" : "  %-16s %s\n"), $$1, $$2}'
 
 # The environment comes from a lock, hash-checked (a wheel that changed since `make lock` fails the install):
-# requirements-gpu.lock where EXTRAS names gpu, else requirements.lock; both hold the dev and hub extras
+# requirements-gpu.lock where EXTRAS names gpu, else requirements.lock; both hold the dev, hub, track and tune extras
 # (LOCKED_EXTRAS, as scripts/lock.py makes them), and the set-up installs the lock's entries that the dependencies
 # and the extras EXTRAS names need ($(VENV)/locked.txt, written by docker/requirements_from_pyproject.py as for the
 # image). Then the project itself, without dependencies (pip installs no editable project in hash mode). An extra
@@ -28,7 +28,7 @@ help: ## Show this help
 # editable project). Another EXTRAS than the last set-up's ($(BIN)/.extras) runs the set-up again, which adds.
 comma := ,
 EXTRAS_LIST = $(subst $(comma), ,$(EXTRAS))
-LOCKED_EXTRAS := dev hub gpu
+LOCKED_EXTRAS := dev hub track tune gpu
 LOCK = $(if $(filter gpu,$(EXTRAS_LIST)),requirements-gpu.lock,requirements.lock)
 LOCK_PINS = <($(PYTHON) docker/requirements_from_pyproject.py --constraints $(LOCK) pyproject.toml)
 $(BIN)/.installed: pyproject.toml requirements.lock requirements-gpu.lock $(BIN)/.extras
@@ -115,6 +115,13 @@ tensorboard: setup ## Serve TensorBoard for OUTPUT_DIR's parent (on 127.0.0.1 un
 		if [ -t 0 ]; then read -r -p "Install it now? [y/N] " answer; \
 			[ "$$answer" = y ] && $(BIN)/python -m pip install --quiet -c $(LOCK_PINS) -e ".[profile]"; fi; true; }
 	$(BIN)/tensorboard --logdir "$(dir $(or $(OUTPUT_DIR),runs/default))" --host $(TENSORBOARD_HOST)
+
+MLFLOW_UI_PORT ?= 5000
+MLFLOW_STORE = sqlite:///$(abspath $(dir $(or $(OUTPUT_DIR),runs/default)))/mlflow.db
+
+mlflow-ui: setup ## Serve the MLflow UI of OUTPUT_DIR's parent's store (TRACKING=mlflow's mlflow.db) on 127.0.0.1:MLFLOW_UI_PORT
+	@$(BIN)/python -c "import mlflow" 2>/dev/null || { echo "make mlflow-ui needs mlflow: make setup EXTRAS=dev,track"; exit 2; }
+	$(BIN)/mlflow ui --backend-store-uri "$(MLFLOW_STORE)" --host 127.0.0.1 --port $(MLFLOW_UI_PORT)
 
 # uv resolves; the pinned TensorFlow (without dependencies) tells scripts/lock.py its CUDA ranges and build.
 UV_VERSION := 0.13.9

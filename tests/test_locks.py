@@ -93,10 +93,16 @@ def test_every_package_of_both_locks_is_pinned_with_hashes():
 
 def test_the_locks_agree_with_pyproject():
     cpu, gpu = entries(CPU_LOCK), entries(GPU_LOCK)
-    for lock, pins in ((cpu, pyproject_pins("dev", "hub")), (gpu, pyproject_pins("dev", "hub", "gpu"))):
+    for lock, pins in (
+        (cpu, pyproject_pins("dev", "hub", "track", "tune")),
+        (gpu, pyproject_pins("dev", "hub", "track", "tune", "gpu")),
+    ):
         assert {name: lock.get(name, ("missing",))[0] for name in pins} == pins
     # Nothing else: every package is needed by pyproject.toml's requirements, through the locks' `# via` lines.
-    for path, extras in ((CPU_LOCK, ["dev", "hub"]), (GPU_LOCK, ["dev", "hub", "gpu"])):
+    for path, extras in (
+        (CPU_LOCK, ["dev", "hub", "track", "tune"]),
+        (GPU_LOCK, ["dev", "hub", "track", "tune", "gpu"]),
+    ):
         command = [sys.executable, str(REQS_HELPER), "--locked", str(path), str(REPO / "pyproject.toml"), *extras]
         needed = subprocess.run(command, capture_output=True, text=True, check=True).stdout
         assert set(entries(path)) == {normalise(line.split("==")[0]) for line in needed.splitlines() if "==" in line}

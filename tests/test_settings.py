@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import clean_env, run_python
 from train.errors import SettingsError
 from train.settings import FIELDS, load_settings, read_dotenv
 
@@ -106,6 +108,35 @@ def test_bad_value_is_one_line_naming_setting_value_and_what_is_allowed(name, va
     assert "\n" not in message
     assert message.startswith(f"{name}={value!r}")
     assert allowed in message
+
+
+def test_tracking_with_mlflow_not_installed_is_refused_in_one_line_before_tensorflow(monkeypatch):
+    """TRACKING=mlflow without the track extra: `import mlflow` fails (None in sys.modules), and so does the look
+    it is read through (importlib.util.find_spec), as where mlflow is not installed."""
+    assert load().tracking == "none"
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    with pytest.raises(SettingsError) as refused:
+        load(environ={"TRACKING": "mlflow"})
+    assert str(refused.value) == (
+        "TRACKING=mlflow needs mlflow, which is not installed: make setup EXTRAS=dev,track (the track extra), or "
+        "use TRACKING=none"
+    )
+
+
+def test_tracking_with_mlflow_not_installed_exits_2_with_one_line(tmp_path):
+    """The command line: exit 2, one line on stderr, no traceback, TensorFlow not loaded (a fresh interpreter where
+    `import mlflow` fails)."""
+    code = (
+        "import atexit, runpy, sys; sys.modules['mlflow'] = None; "
+        "atexit.register(lambda: print('tensorflow loaded' if 'tensorflow' in sys.modules else 'no tensorflow')); "
+        "runpy.run_module('train', run_name='__main__')"
+    )
+    done = run_python(["-c", code, "fit"], cwd=tmp_path, env=clean_env(TRACKING="mlflow"), fresh=True, timeout=120)
+    assert (done.returncode, done.stdout) == (2, "no tensorflow\n"), done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: TRACKING=mlflow needs mlflow, which is not installed: make setup EXTRAS=dev,track (the track extra), "
+        "or use TRACKING=none"
+    ]
 
 
 def test_memory_cap_with_memory_growth_is_an_error():

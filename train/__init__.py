@@ -75,9 +75,13 @@ Model, data, devices, phases and loop are the rows in capitals.
 |                 | cache by name (presets: resolve_preset)                        |                                   |
 | loop, hooks     | THE LOOP: calls on time (loop); between them an ordered list   | run a training call (hooks); know |
 |                 | of typed hooks: profiler, the fork's callbacks, stop requests, | files or workers (loop)           |
-|                 | scalars, progress, finite loss, checkpoints (hooks)            |                                   |
+|                 | scalars, tracking, progress, finite loss, checkpoints (hooks)  |                                   |
 | callbacks,      | the fork's Keras callbacks, MONITOR, epochs.json (a hook);     | write but through the writer      |
 | progress        | what a run says while it trains                                |                                   |
+| tracking        | TRACKING's tracker, chosen once: none does nothing, mlflow     | import TF, or mlflow at import    |
+|                 | logs the chief's run (params, metrics, tags, summary.json) to  | time; cost the training (a        |
+|                 | one MLflow run a run directory, a resume's too; `tune`'s       | failing tracker goes off)         |
+|                 | parent run (start_parent_run)                                  |                                   |
 | writer          | what the chief writes (settings.json, run.json, epochs.json,   | be bypassed (a checkpoint is a    |
 |                 | summary.json, logs, exports), decided once; the other workers' | collective: checkpoints, peers)   |
 |                 | Writer does nothing                                            |                                   |

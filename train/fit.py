@@ -43,7 +43,17 @@ from train.devices.runtime import Runtime, setup_runtime
 from train.errors import SettingsError, first_line
 from train.failures import halve_batch, preprocess_shapes_hold, streamed_files_intact
 from train.finish import Evaluate, Metrics, finish
-from train.hooks import Checkpoints, FiniteLoss, Hook, Profiler, Progress, Scalars, StopRequests, between_calls
+from train.hooks import (
+    Checkpoints,
+    FiniteLoss,
+    Hook,
+    Profiler,
+    Progress,
+    Scalars,
+    StopRequests,
+    Tracking,
+    between_calls,
+)
 from train.loop import Outcome, Schedule, longest_call, run_loop
 from train.model import averaged_weights, use_averaged_weights
 from train.model_file import load_model_file
@@ -55,6 +65,7 @@ from train.rundir import RunLock, check_same_model, read_run
 from train.settings import Settings
 from train.signals import StopRequest
 from train.start import batch_of, cadence_of, run_context, start_run, steps_per_epoch
+from train.tracking import Tracker, tracker
 from train.writer import Json, SummaryWriters, Writer, Writers
 
 Say = Callable[[str], None]
@@ -75,11 +86,13 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> Json:
     runtime = setup_runtime(settings)
     role = take_role(runtime, stop, settings.worker_start_timeout, Writers(settings.output_dir, say))
     peers, writer, lock = role.peers, role.writer, RunLock(settings.output_dir)
+    tracked = role.chief_only(tracker, settings.tracking, settings.output_dir, say) or Tracker()  # the chief's alone
+    summary = None
     try:
         with peers.guard("starting"):
             peers.refuse_if_busy(settings.output_dir)
             start, runtime = start_run(settings, runtime, role, say)
-            position, checkpoint = open_run_dir(start, runtime, lock, role)
+            position, checkpoint = open_run_dir(start, runtime, lock, role, tracked)
             scalars = writer.scalars()
             writer.hparams(hparams(start, runtime))
             evaluate = make_evaluator(start.built, runtime.strategy)
@@ -88,22 +101,24 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> Json:
                                   role, checkpoint, say, start.phases.plan.index_at_epoch)  # fmt: skip
             callbacks.begin(checkpoint.step, position.segment)  # on_train_begin, the recorded epochs replayed
         with peers.guard("training", start.checkpoint_dir):
-            outcome = _train(start, position, checkpoint, callbacks, role, scalars, evaluate)
+            outcome = _train(start, position, checkpoint, callbacks, role, scalars, evaluate, tracked)
             start.phases.rates_as_built()  # a schedule unscaled: what the export holds
             if callbacks.stopped_early:  # model.stop_training: the run is done, not interrupted
                 outcome = dataclasses.replace(outcome, interrupted=False)
             if not outcome.interrupted:
                 callbacks.end(outcome.step)
             with streamed_files_intact(start, checkpoint), preprocess_shapes_hold(start, checkpoint):
-                return finish(start, position, checkpoint, callbacks, role, scalars, evaluate, outcome)
+                summary = finish(start, position, checkpoint, callbacks, role, scalars, evaluate, outcome)
+                return summary
     finally:
+        tracked.end(settings.output_dir, summary)
         peers.close()
         lock.release()
 
 
 def _train(
     start: Start, position: Position, checkpoint: RunCheckpoint, callbacks: Callbacks, role: Role[Writer],
-    scalars: SummaryWriters, evaluate: Evaluate,
+    scalars: SummaryWriters, evaluate: Evaluate, tracker: Tracker,
 ) -> Outcome:  # fmt: skip
     """The loop, at BATCH_SIZE; on out-of-memory with AUTO_BATCH, again from the last checkpoint at half."""
     settings, say, data = start.settings, start.say, start.data
@@ -131,6 +146,7 @@ def _train(
             callbacks=callbacks,
             stops=StopRequests(role.peers),
             scalars=Scalars(scalars),
+            tracking=Tracking(tracker),
             progress=Progress(progress),
             finite_loss=FiniteLoss(start.built, checkpoint),
             checkpoints=Checkpoints(checkpoint),

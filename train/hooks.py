@@ -24,6 +24,7 @@ from train.errors import TrainingError
 from train.model import Built
 from train.progress import Lines
 from train.step import CallResult
+from train.tracking import Tracker
 from train.writer import SummaryWriters
 
 Metrics = dict[str, float | list]
@@ -133,6 +134,22 @@ class Scalars(Hook):
         write_scalars(self.writers["eval"], step, metrics)
 
 
+class Tracking(Hook):
+    """TRACKING's tracker (train.tracking): the training metrics at every log step, evaluation's at every epoch's
+    end, named as epochs.json names them (val_ for evaluation's). The chief's alone (train.fit)."""
+
+    def __init__(self, tracker: Tracker) -> None:
+        self.tracker, self.logged_step = tracker, -1
+
+    def log(self, step: int, result: CallResult, examples_per_sec: float | None) -> None:
+        if step != self.logged_step:  # an epoch's end and the end of training may log the same step
+            self.tracker.metrics(step, result.metrics)
+            self.logged_step = step
+
+    def epoch_end(self, epoch: int, step: int, metrics: Metrics) -> None:
+        self.tracker.metrics(step, {f"val_{name}": value for name, value in metrics.items()})
+
+
 class Progress(Hook):
     """The bar or the lines (train.progress, PROGRESS)."""
 
@@ -198,12 +215,13 @@ class Checkpoints(Hook):
 
 
 def between_calls(
-    *, profiler: Hook, callbacks: Hook, stops: Hook, scalars: Hook, progress: Hook, finite_loss: Hook,
-    checkpoints: Hook,
+    *, profiler: Hook, callbacks: Hook, stops: Hook, scalars: Hook, tracking: Hook, progress: Hook,
+    finite_loss: Hook, checkpoints: Hook,
 ) -> list[Hook]:  # fmt: skip
     """The hooks between calls, outermost first: the one place their order is written. So, as the loop has always
     run them: the profiler starts before the callbacks' batch hook and stops after it; a callback's
     `model.stop_training` is heard before a signal; the loss is checked before anything reports it; the progress
-    line comes before TensorBoard's scalars; an epoch's evaluation is shown and recorded before the callbacks hear
-    of it; and a checkpoint is saved before the callbacks keep it as MONITOR's best."""
-    return [profiler, callbacks, stops, scalars, progress, finite_loss, checkpoints]
+    line comes before the tracker's metrics (TRACKING) and TensorBoard's scalars; an epoch's evaluation is shown
+    and recorded before the callbacks hear of it; and a checkpoint is saved before the callbacks keep it as
+    MONITOR's best."""
+    return [profiler, callbacks, stops, scalars, tracking, progress, finite_loss, checkpoints]

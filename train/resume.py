@@ -23,11 +23,15 @@ from train.run_state import Position, Start
 from train.rundir import RunLock
 from train.start import moved, steps_per_epoch, topology
 from train.timeline import Segment, first_segment, resume, segment_at, unread_pass, with_remainder
+from train.tracking import Tracker
 from train.writer import Json, Writer
 
 
-def open_run_dir(start: Start, runtime: Runtime, lock: RunLock, role: Role[Writer]) -> tuple[Position, RunCheckpoint]:
-    """From here on the run directory is written (by the chief only): lock, settings, checkpoints, logs."""
+def open_run_dir(
+    start: Start, runtime: Runtime, lock: RunLock, role: Role[Writer], tracker: Tracker
+) -> tuple[Position, RunCheckpoint]:
+    """From here on the run directory is written (by the chief only): lock, settings, checkpoints, logs. `tracker`
+    (TRACKING's) begins its run, or takes up run.json's, once the checkpoints have loaded."""
     settings, say, writer = start.settings, start.say, role.writer
     writer.lock(lock)
     changed = writer.changed_settings(settings)
@@ -41,6 +45,10 @@ def open_run_dir(start: Start, runtime: Runtime, lock: RunLock, role: Role[Write
     position = _take_up_segment(start, runtime, step, list(start.recorded.get("starts") or []), role)
     # INIT_FROM, once: at a first start, before the step-0 checkpoint; a resume restores it (train.init_from)
     position.initialized_from = start.recorded.get("initialized_from") if restored else _initialize(start)
+    recorded_run = start.recorded.get("mlflow_run_id")  # kept while tracking is off or fails: a later start goes on
+    position.mlflow_run_id = (
+        tracker.begin(start, recorded_run if isinstance(recorded_run, str) else None) or recorded_run
+    )
     writer.settings(settings)
     writer.run(run_record(start, position))
     _say_model(start.built.serving, writer, resumed=bool(restored))
@@ -91,6 +99,7 @@ def run_record(start: Start, position: Position) -> Json:
         "adapted": start.adapted,  # what MODEL's adapt fitted (train.adapt): a later start must fit the same
         **({"phases": start.phases.plan.to_json(position.segment)} if start.phases.plan.phased else {}),
         "initialized_from": position.initialized_from,  # INIT_FROM, applied at step 0 (train.init_from)
+        **({"mlflow_run_id": position.mlflow_run_id} if position.mlflow_run_id else {}),  # TRACKING=mlflow's
         **{key: recorded[key] for key in ("jit_compile", "data_in_memory", "precision", "adapted") if key in recorded},
         "starts": position.starts,
     }  # fmt: skip

@@ -70,3 +70,4 @@ class Position:
     starts: list[Json] = field(default_factory=list)  # every start of the run (run.json), this one last
     resumed_from: int | None = None  # the step this start restored, None for a run's first
     initialized_from: Json | None = None  # INIT_FROM's record (train.init_from): run.json's and summary.json's
+    mlflow_run_id: str | None = None  # the MLflow run this run logs to, kept in run.json (train.tracking)

@@ -7,6 +7,7 @@ Nothing here imports TensorFlow: a path DATASET is checked by train.dataset_path
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -78,6 +79,24 @@ def choice(allowed: tuple[str, ...]) -> Callable[[str, str], str]:
 
     parse.metavar = "|".join(allowed)  # type: ignore[attr-defined]
     return parse
+
+
+TRACKERS = ("none", "mlflow")
+
+
+def tracking(name: str, text: str) -> str:
+    """TRACKING: none, or mlflow where the track extra is installed (found, not imported: mlflow loads in seconds,
+    inside train.tracking, on the chief of a run that tracks)."""
+    chosen = choice(TRACKERS)(name, text)
+    if chosen == "mlflow" and importlib.util.find_spec("mlflow") is None:
+        raise SettingsError(
+            f"{name}=mlflow needs mlflow, which is not installed: make setup EXTRAS=dev,track (the track extra), or "
+            f"use {name}=none"
+        )
+    return chosen
+
+
+tracking.metavar = "|".join(TRACKERS)  # type: ignore[attr-defined]
 
 
 def label_kind(name: str, text: str) -> str | None:

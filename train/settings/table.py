@@ -135,6 +135,7 @@ class Settings:
     monitor: str | None = setting("", parse.optional_text, "Export (and keep) the best epoch by this metric, e.g. val_accuracy.", **W)
     monitor_mode: str = setting("auto", parse.choice(MONITOR_MODES), "MONITOR's best: min, max, or auto (from its name).", **W)
     log_every: int = setting("50", parse.positive_int, "Print progress and write TensorBoard scalars every N steps.", **W)
+    tracking: str = setting("none", parse.tracking, "Log params, metrics and artifacts to MLflow (mlflow: the track extra), or none.")
     progress: str = setting("auto", parse.choice(PROGRESS_MODES), "auto: a live bar on a terminal, else lines.")
     profile_steps: tuple[int, int] | None = setting("", parse.profile_steps, "TensorBoard profiler trace of these steps, like 100-110.", **W)
     resume: str = setting("auto", parse.choice(RESUME_MODES), "auto resumes from OUTPUT_DIR's checkpoints; never refuses them.")
