@@ -55,6 +55,7 @@ from train.rundir import RunLock, check_same_model, read_run
 from train.settings import Settings
 from train.signals import StopRequest
 from train.start import batch_of, cadence_of, run_context, start_run, steps_per_epoch
+from train.trial import TrialReport, trial_report
 from train.writer import Json, SummaryWriters, Writer, Writers
 
 Say = Callable[[str], None]
@@ -87,15 +88,17 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> Json:
                                   start.context.steps_per_epoch, start.settings.monitor, start.settings.monitor_mode,
                                   role, checkpoint, say, start.phases.plan.index_at_epoch)  # fmt: skip
             callbacks.begin(checkpoint.step, position.segment)  # on_train_begin, the recorded epochs replayed
+            trial = trial_report(start.built.network, settings.monitor_mode, say)  # TUNE_TRIAL: a tune's trial
         with peers.guard("training", start.checkpoint_dir):
-            outcome = _train(start, position, checkpoint, callbacks, role, scalars, evaluate)
+            outcome = _train(start, position, checkpoint, callbacks, role, scalars, evaluate, trial)
             start.phases.rates_as_built()  # a schedule unscaled: what the export holds
-            if callbacks.stopped_early:  # model.stop_training: the run is done, not interrupted
+            if callbacks.stopped_early or (trial and trial.pruned):  # model.stop_training, or pruned: done
                 outcome = dataclasses.replace(outcome, interrupted=False)
             if not outcome.interrupted:
                 callbacks.end(outcome.step)
             with streamed_files_intact(start, checkpoint), preprocess_shapes_hold(start, checkpoint):
-                return finish(start, position, checkpoint, callbacks, role, scalars, evaluate, outcome)
+                return finish(start, position, checkpoint, callbacks, role, scalars, evaluate, outcome,
+                              trial.summary() if trial else None)
     finally:
         peers.close()
         lock.release()
@@ -103,9 +106,10 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> Json:
 
 def _train(
     start: Start, position: Position, checkpoint: RunCheckpoint, callbacks: Callbacks, role: Role[Writer],
-    scalars: SummaryWriters, evaluate: Evaluate,
+    scalars: SummaryWriters, evaluate: Evaluate, trial: TrialReport | None,
 ) -> Outcome:  # fmt: skip
-    """The loop, at BATCH_SIZE; on out-of-memory with AUTO_BATCH, again from the last checkpoint at half."""
+    """The loop, at BATCH_SIZE; on out-of-memory with AUTO_BATCH, again from the last checkpoint at half. `trial`:
+    the tune's trial this fit runs as (train.trial), None where it is not one."""
     settings, say, data = start.settings, start.say, start.data
     role.peers.watch_stops(lambda step: checkpoint.save(step, checkpoint.skipped))
     while True:
@@ -130,6 +134,7 @@ def _train(
             profiler=profiler,
             callbacks=callbacks,
             stops=StopRequests(role.peers),
+            trial=trial or Hook(),
             scalars=Scalars(scalars),
             progress=Progress(progress),
             finite_loss=FiniteLoss(start.built, checkpoint),

@@ -198,12 +198,13 @@ class Checkpoints(Hook):
 
 
 def between_calls(
-    *, profiler: Hook, callbacks: Hook, stops: Hook, scalars: Hook, progress: Hook, finite_loss: Hook,
+    *, profiler: Hook, callbacks: Hook, stops: Hook, trial: Hook, scalars: Hook, progress: Hook, finite_loss: Hook,
     checkpoints: Hook,
 ) -> list[Hook]:  # fmt: skip
     """The hooks between calls, outermost first: the one place their order is written. So, as the loop has always
     run them: the profiler starts before the callbacks' batch hook and stops after it; a callback's
     `model.stop_training` is heard before a signal; the loss is checked before anything reports it; the progress
     line comes before TensorBoard's scalars; an epoch's evaluation is shown and recorded before the callbacks hear
-    of it; and a checkpoint is saved before the callbacks keep it as MONITOR's best."""
-    return [profiler, callbacks, stops, scalars, progress, finite_loss, checkpoints]
+    of it; and a checkpoint is saved before the callbacks keep it as MONITOR's best. A tune's trial (train.trial)
+    says stop after a signal, and hears an epoch's end after it is shown and recorded."""
+    return [profiler, callbacks, stops, trial, scalars, progress, finite_loss, checkpoints]
