@@ -15,6 +15,7 @@ import keras
 from train.errors import SettingsError
 from train.hooks import Hook, Metrics
 from train.keras_seams import monitor_direction
+from train.step import CallResult
 from train.study import TrialRef
 
 Say = Callable[[str], None]
@@ -29,13 +30,19 @@ class TrialReport(Hook):
         self.ref, self.say = ref, say
         self.trial = ref.trial()
         self.pruned = False
+        self.metrics: Metrics = {}  # the last call's training metrics
+
+    def after_call(self, step: int, result: CallResult, skipped: int, examples_per_sec: float | None) -> None:
+        self.metrics = result.metrics
 
     def epoch_end(self, epoch: int, step: int, metrics: Metrics) -> None:
-        value = metrics.get(self.ref.objective)
+        """The epoch's logs as epochs.json names them (train.callbacks): the training metrics, evaluation's val_."""
+        logs = {**self.metrics, **{f"val_{name}": value for name, value in metrics.items()}}
+        value = logs.get(self.ref.objective)
         if not isinstance(value, int | float):
             raise SettingsError(
                 f"the tune's objective {self.ref.objective} is not among epoch {epoch}'s logs: "
-                f"{', '.join(sorted(metrics))}; set MONITOR to one of them"
+                f"{', '.join(sorted(logs))}; set MONITOR to one of them"
             )
         self.trial.report(float(value), epoch)
         if self.ref.prune and self.trial.should_prune():

@@ -188,8 +188,8 @@ class Jobs:
                 signal.signal(signum, handler)
         if self.error is not None:
             raise self.error
-        if len(self.failures) >= FAILURES_IN_A_ROW:
-            raise TuneFailed(self.failures)
+        if len(self.failures) >= FAILURES_IN_A_ROW:  # jobs at once may fail more before they hear it: the first
+            raise TuneFailed(self.failures[:FAILURES_IN_A_ROW])
 
     def _interrupt(self, signum: int, frame: object) -> None:
         self.interrupted = True
