@@ -23,7 +23,8 @@ from train.settings import Settings
 
 TRIAL_ENV = "TUNE_TRIAL"  # {"storage", "study", "trial_id", "number", "objective", "direction", "prune"}: a trial's fit
 JOURNAL = "journal:"  # --storage journal:PATH: optuna's journal file, for a shared filesystem without a database
-STUDY_NAME = "study"  # one study per storage: what every machine's tune loads
+STUDY_NAME = "study"
+PRUNE_AFTER = 2  # the median pruner judges a trial once this many trials have finished  # one study per storage: what every machine's tune loads
 SQLITE_TIMEOUT = 60  # seconds a writer waits for sqlite's lock: the jobs and their trials' reports write at once
 # MONITOR_MODE=auto, before any model is built: Keras's directions for its metrics, by name. The trial checks the
 # study's against the engine's own (train.keras_seams.monitor_direction) once its model is built.
@@ -90,6 +91,14 @@ def trial_value(output_dir: Path, objective: str, direction: str, best: bool) ->
     return max(values) if direction == "maximize" else min(values)
 
 
+def pruner(prune: bool):
+    """The study's pruner, the same in the tune and in each trial's fit: the median of the finished trials' values at
+    the same epoch, once PRUNE_AFTER trials have finished; none with --no-prune."""
+    import optuna
+
+    return optuna.pruners.MedianPruner(n_startup_trials=PRUNE_AFTER) if prune else optuna.pruners.NopPruner()
+
+
 @dataclass(frozen=True)
 class TrialRef:
     """The trial a fit runs as (TUNE_TRIAL): where the study is, which trial, what it reports and whether a median
@@ -122,6 +131,5 @@ class TrialRef:
         """The optuna trial, with its study's median pruner (or none): what the fit reports each epoch to."""
         import optuna
 
-        pruner = optuna.pruners.MedianPruner() if self.prune else optuna.pruners.NopPruner()
-        study = optuna.load_study(study_name=self.study, storage=open_storage(self.storage), pruner=pruner)
+        study = optuna.load_study(study_name=self.study, storage=open_storage(self.storage), pruner=pruner(self.prune))
         return optuna.trial.Trial(study, self.trial_id)

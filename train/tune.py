@@ -37,13 +37,12 @@ from train.errors import EXIT_BUSY, EXIT_PREEMPTED, SettingsError, first_line
 from train.rundir import holder, write_json
 from train.search_space import Check, Dimension, checked_values, has_search_space, name_checker, parse_space
 from train.settings import Settings
-from train.study import STUDY_NAME, TrialRef, default_storage, objective_of, open_storage, trial_value
+from train.study import STUDY_NAME, TrialRef, default_storage, objective_of, open_storage, pruner, trial_value
 
 FAILURES_IN_A_ROW = 3
 HEARTBEAT_SECONDS = 30.0
 STALE_SECONDS = 180.0  # another host's trial whose heartbeat is older than this has lost its tune
 LOCK_WAIT_SECONDS = 120.0  # an interrupted trial's fit may still be saving its checkpoint (SIGTERM from its parent's death)
-PRUNE_AFTER = 2  # the median pruner judges a trial once this many trials have finished
 BEST = "best.json"
 Say = Callable[[str], None]
 
@@ -204,11 +203,10 @@ class Jobs:
     def _job(self, index: int) -> None:
         import optuna
 
-        pruner = optuna.pruners.MedianPruner(n_startup_trials=PRUNE_AFTER) if self.tune.prune else None
         sampler = optuna.samplers.TPESampler(constant_liar=True, seed=self.tune.settings.seed + index)
         try:
             study = optuna.load_study(study_name=STUDY_NAME, storage=open_storage(self.tune.storage),
-                                      sampler=sampler, pruner=pruner)  # fmt: skip
+                                      sampler=sampler, pruner=pruner(self.tune.prune))  # fmt: skip
             while not self.stop.is_set():
                 with self.lock:
                     claim = self._claim(study)
