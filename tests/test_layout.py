@@ -87,6 +87,8 @@ def _runtime_distributions() -> set[str]:
 # KerasHub is the hub extra's (make setup EXTRAS=dev,hub), not a runtime dependency: imported inside functions of
 # these files only, the engine's preset loader and the example that fine-tunes a preset.
 KERAS_HUB_IMPORTERS = {"train/init_from.py", "train/presets.py", "examples/finetune.py"}
+# optuna is the tune extra's (EXTRAS=dev,tune): imported inside functions of these files only (`tune`, its study).
+OPTUNA_IMPORTERS = {"train/study.py", "train/tune.py"}
 
 
 def top_level_imports(path: Path) -> set[str]:
@@ -136,6 +138,7 @@ def test_the_package_imports_only_what_its_runtime_dependencies_bring():
             if top in sys.stdlib_module_names or top in ("train", "project", "__future__"):
                 continue
             allowed = top in ("keras_hub", "kagglehub") and str(path.relative_to(REPO)) in KERAS_HUB_IMPORTERS
+            allowed |= top == "optuna" and str(path.relative_to(REPO)) in OPTUNA_IMPORTERS
             if not installed.get(top, set()) & runtime and not allowed:
                 missing.setdefault(top, []).append(str(path.relative_to(REPO)))
     assert not missing, f"imported but not a runtime dependency: {missing}"
@@ -350,6 +353,7 @@ EXPERIMENT_LOADERS = {
     "train/fit.py": "evaluate",
     "train/predict.py": "predict",
     "train/tools/check.py": "check",
+    "train/tune.py": "tune (MODEL's search_space, where there is no --space)",
     "train/tools/bench.py": "bench",
     "train/tools/doctor.py": "the doctor",
 }

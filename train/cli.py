@@ -450,13 +450,16 @@ def bench(
     _write_json(json_path, result)
 
 
+SPACE_HELP = "A setting or HP_ name over low..high, low..high:log, int:low..high or a|b|c; repeatable (default: "
+SPACE_HELP += "MODEL's search_space(trial))."
+
+
 @settings_command("Search settings and HP_ values with Optuna; each trial a run in STUDY_DIR.")
 def tune(
     settings: Settings,
     space: Annotated[
         Optional[list[str]],  # noqa: UP045
-        typer.Option("--space", metavar="NAME=SPEC", help="A setting or HP_ name searched over low..high, "
-                      "low..high:log, int:low..high or a|b|c; repeatable (default: MODEL's search_space(trial))."),
+        typer.Option("--space", metavar="NAME=SPEC", help=SPACE_HELP),
     ] = None,
     trials: Annotated[int, typer.Option(min=1, help="Finished trials (complete or pruned) in all.")] = 20,
     jobs: Annotated[int, typer.Option(min=1, help="Trials at once on this machine, each a process.")] = 1,
@@ -470,9 +473,11 @@ def tune(
     """Optuna's TPE over --space (or MODEL's search_space): each trial a run directory STUDY_DIR/trial-<number>,
     trained by `fit`; run it again to go on; the best in STUDY_DIR/best.json."""
     from train.model_file import model_hyperparameters
-    from train.tune import TuneFailed, format_table, plan_tune, run_tune
+    from train.tune import Given, TuneFailed, format_table, plan_tune, run_tune
 
-    plan = plan_tune(settings, space or [], trials, jobs, storage, prune, model_hyperparameters(settings.model))
+    given = Given(settings.to_json(), {field.env: field.parse for field in FIELDS}, settings.model, settings.seed,
+                  settings.monitor, settings.monitor_mode, settings.gpus, settings.study_dir)  # fmt: skip
+    plan = plan_tune(given, space or [], trials, jobs, storage, prune, model_hyperparameters(settings.model))
     try:
         result = run_tune(plan, lambda line: typer.echo(line, err=True))
     except TuneFailed as failed:

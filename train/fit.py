@@ -97,8 +97,8 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> Json:
             if not outcome.interrupted:
                 callbacks.end(outcome.step)
             with streamed_files_intact(start, checkpoint), preprocess_shapes_hold(start, checkpoint):
-                return finish(start, position, checkpoint, callbacks, role, scalars, evaluate, outcome,
-                              trial.summary() if trial else None)
+                trial_keys = trial.summary() if trial else None
+                return finish(start, position, checkpoint, callbacks, role, scalars, evaluate, outcome, trial_keys)
     finally:
         peers.close()
         lock.release()

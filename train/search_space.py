@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from train import hparams
 from train.errors import SettingsError
 from train.model_file import model_tree
-from train.settings import FIELDS_BY_ENV
 
 FORMS = "low..high, low..high:log, int:low..high or a|b|c"
 NOT_SEARCHED = ("OUTPUT_DIR", "STUDY_DIR")  # each trial has its own run directory, in the study's
 SEARCH_SPACE = "search_space"  # MODEL's search_space(trial) -> {NAME: value}
 Check = Callable[[str, str], object]  # (NAME, text) -> the value NAME's parser makes, or SettingsError
+Parsers = Mapping[str, Check]  # each setting's parser by name: train.settings' FIELDS
 Choice = int | float | str
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _RANGE = re.compile(rf"(?P<int>int:)?(?P<low>{_NUMBER})\.\.(?P<high>{_NUMBER})(?P<log>:log)?")
@@ -49,16 +49,17 @@ class Dimension:
         return trial.suggest_categorical(self.name, list(self.choices))
 
 
-def name_checker(hyperparameters: Mapping[str, hparams.HyperParameter] | None, model: str) -> Callable[[str], Check]:
-    """For a NAME, the parser of its value: a setting's, or a hyperparameter's of MODEL. Raises SettingsError for a
-    NAME that is neither, or one that is not searched (OUTPUT_DIR, STUDY_DIR)."""
+def name_checker(parsers: Parsers, hyperparameters: Mapping[str, hparams.HyperParameter] | None, model: str
+                 ) -> Callable[[str], Check]:  # fmt: skip
+    """For a NAME, the parser of its value: a setting's (`parsers`), or a hyperparameter's of MODEL. Raises
+    SettingsError for a NAME that is neither, or one that is not searched (OUTPUT_DIR, STUDY_DIR)."""
     declared = dict(hyperparameters or {})
 
     def check(name: str) -> Check:
         if name in NOT_SEARCHED:
             raise SettingsError(f"{name} cannot be searched: each trial has its own run directory in STUDY_DIR")
-        if name in FIELDS_BY_ENV:
-            return FIELDS_BY_ENV[name].parse
+        if name in parsers:
+            return parsers[name]
         if name in declared:
             return lambda _name, text: declared[name].parse(text)
         hps = ", ".join(declared) or f"none (MODEL={model!r} declares no HP_ setting)"
@@ -149,8 +150,8 @@ def checked_values(values: object, checker: Callable[[str], Check], model: str) 
     """What MODEL's search_space(trial) returned, as settings' text, each value parsed by its NAME's parser.
     Raises SettingsError."""
     if not isinstance(values, dict) or not values:
-        raise SettingsError(f"MODEL={model!r}: search_space(trial) must return a dict of settings, like "
-                            "{'LEARNING_RATE': trial.suggest_float('LEARNING_RATE', 1e-4, 1e-2, log=True)}")  # fmt: skip
+        example = "{'LEARNING_RATE': trial.suggest_float('LEARNING_RATE', 1e-4, 1e-2, log=True)}"
+        raise SettingsError(f"MODEL={model!r}: search_space(trial) must return a dict of settings, like {example}")
     texts = {}
     for name, value in values.items():
         text = hparams.text(value) if isinstance(value, bool | int | float | str) else repr(value)

@@ -19,12 +19,11 @@ from pathlib import Path
 
 from train.errors import SettingsError, first_line
 from train.rundir import read_epochs
-from train.settings import Settings
 
 TRIAL_ENV = "TUNE_TRIAL"  # {"storage", "study", "trial_id", "number", "objective", "direction", "prune"}: a trial's fit
 JOURNAL = "journal:"  # --storage journal:PATH: optuna's journal file, for a shared filesystem without a database
-STUDY_NAME = "study"
-PRUNE_AFTER = 2  # the median pruner judges a trial once this many trials have finished  # one study per storage: what every machine's tune loads
+STUDY_NAME = "study"  # one study per storage: what every machine's tune loads
+PRUNE_AFTER = 2  # the median pruner judges a trial once this many trials have finished
 SQLITE_TIMEOUT = 60  # seconds a writer waits for sqlite's lock: the jobs and their trials' reports write at once
 # MONITOR_MODE=auto, before any model is built: Keras's directions for its metrics, by name. The trial checks the
 # study's against the engine's own (train.keras_seams.monitor_direction) once its model is built.
@@ -59,12 +58,12 @@ def open_storage(text: str):
         raise SettingsError(f"--storage {text} cannot be opened ({why}): {allowed}") from None
 
 
-def objective_of(settings: Settings) -> tuple[str, str]:
+def objective_of(monitor: str | None, monitor_mode: str) -> tuple[str, str]:
     """(the metric, "minimize" or "maximize"): MONITOR if set, else val_loss; MONITOR_MODE's direction, or with
     auto the one its name tells (RISING, FALLING). Raises SettingsError where the name tells none."""
-    name = settings.monitor or "val_loss"
-    if settings.monitor_mode != "auto":
-        return name, "maximize" if settings.monitor_mode == "max" else "minimize"
+    name = monitor or "val_loss"
+    if monitor_mode != "auto":
+        return name, "maximize" if monitor_mode == "max" else "minimize"
     metric = name.removeprefix("val_").lower()
     if any(word in metric for word in FALLING):
         return name, "minimize"

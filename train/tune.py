@@ -35,14 +35,21 @@ from pathlib import Path
 
 from train.errors import EXIT_BUSY, EXIT_PREEMPTED, SettingsError, first_line
 from train.rundir import holder, write_json
-from train.search_space import Check, Dimension, checked_values, has_search_space, name_checker, parse_space
-from train.settings import Settings
+from train.search_space import (
+    Check,
+    Dimension,
+    Parsers,
+    checked_values,
+    has_search_space,
+    name_checker,
+    parse_space,
+)
 from train.study import STUDY_NAME, TrialRef, default_storage, objective_of, open_storage, pruner, trial_value
 
 FAILURES_IN_A_ROW = 3
 HEARTBEAT_SECONDS = 30.0
 STALE_SECONDS = 180.0  # another host's trial whose heartbeat is older than this has lost its tune
-LOCK_WAIT_SECONDS = 120.0  # an interrupted trial's fit may still be saving its checkpoint (SIGTERM from its parent's death)
+LOCK_WAIT_SECONDS = 120.0  # an interrupted trial's fit may still be saving (SIGTERM as its tune died)
 BEST = "best.json"
 Say = Callable[[str], None]
 
@@ -56,10 +63,24 @@ class TuneFailed(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
+class Given:
+    """What the resolved settings give a tune (the command reads them from its Settings)."""
+
+    environment: dict[str, str]  # every setting as text: each trial's environment, under its own values
+    parsers: Parsers  # each setting's parser, by name
+    model: str
+    seed: int
+    monitor: str | None
+    monitor_mode: str
+    gpus: str | tuple[int, ...]
+    study_dir: Path
+
+
+@dataclasses.dataclass(frozen=True)
 class Tune:
     """What a tune does, checked before any trial."""
 
-    settings: Settings
+    settings: Given
     space: tuple[Dimension, ...]  # empty: MODEL's search_space(trial)
     checker: Callable[[str], Check]
     trials: int
@@ -75,20 +96,20 @@ class Tune:
         return self.settings.study_dir
 
 
-def plan_tune(settings: Settings, space: list[str], trials: int, jobs: int, storage: str | None, prune: bool,
+def plan_tune(settings: Given, space: list[str], trials: int, jobs: int, storage: str | None, prune: bool,
               hyperparameters) -> Tune:  # fmt: skip
     """Every check of a tune, in one line each (SettingsError), before any trial; then STUDY_DIR and the storage
     opened. `hyperparameters`: MODEL's HP_ settings (train.model_file.model_hyperparameters)."""
     if jobs > trials:
         raise SettingsError(f"--jobs {jobs} is above --trials {trials}: use --jobs {trials} or fewer")
-    checker = name_checker(hyperparameters, settings.model)
+    checker = name_checker(settings.parsers, hyperparameters, settings.model)
     dimensions = parse_space(space, checker)
     if not dimensions and not has_search_space(settings.model):
         raise SettingsError(
             f"nothing to search: give --space NAME=SPEC (like LEARNING_RATE=1e-4..1e-2:log), or define "
             f"search_space(trial) in MODEL={settings.model!r}"
         )
-    objective, direction = objective_of(settings)
+    objective, direction = objective_of(settings.monitor, settings.monitor_mode)
     shares = gpu_shares(settings.gpus, jobs)
     if storage:
         open_storage(storage)  # refused before STUDY_DIR is made
@@ -171,6 +192,11 @@ class Jobs:
         self.error: BaseException | None = None
         self.interrupted = False
         self.shared = parent_run_environment(tune)
+        self.search_space = None  # MODEL's search_space(trial), where there is no --space: imported once, here
+        if not tune.space:
+            from train.model_file import load_model_file
+
+            self.search_space = load_model_file(tune.settings.model).module.search_space
 
     def run(self) -> None:
         """Every job to its end; SIGTERM or Ctrl-C stop them (each trial saves, stays RUNNING, exit 42 after)."""
@@ -235,13 +261,10 @@ class Jobs:
         trial = study.ask()
         study._storage.set_trial_user_attr(trial._trial_id, "owner", _me())
         study._storage.set_trial_user_attr(trial._trial_id, "heartbeat", now)
-        if self.tune.space:
+        if self.search_space is None:
             values = {d.name: _text(d.suggest(trial)) for d in self.tune.space}
         else:
-            from train.model_file import load_model_file
-
-            module = load_model_file(self.tune.settings.model).module
-            values = checked_values(module.search_space(trial), self.tune.checker, self.tune.settings.model)
+            values = checked_values(self.search_space(trial), self.tune.checker, self.tune.settings.model)
         trial.set_user_attr("settings", values)
         return Claim(trial.number, trial._trial_id, values, resumed=False)
 
@@ -252,7 +275,7 @@ class Jobs:
         log.parent.mkdir(parents=True, exist_ok=True)
         ref = TrialRef(tune.storage, STUDY_NAME, claim.trial_id, claim.number, tune.objective, tune.direction,
                        tune.prune)  # fmt: skip
-        env = os.environ | tune.settings.to_json() | claim.values | self.shared
+        env = os.environ | tune.settings.environment | claim.values | self.shared
         env |= {"OUTPUT_DIR": str(output_dir), "TUNE_TRIAL": ref.to_env()}
         if tune.gpus[index] is not None:
             env["GPUS"] = tune.gpus[index]
@@ -341,7 +364,8 @@ def run_tune(tune: Tune, say: Say) -> dict[str, object]:
     if study.direction.name.lower() != tune.direction:
         raise SettingsError(
             f"the study in {tune.storage} was made to {study.direction.name.lower()} and this tune would "
-            f"{tune.direction} {tune.objective}: use the MONITOR and MONITOR_MODE it was made with, or another STUDY_DIR"
+            f"{tune.direction} {tune.objective}: use the MONITOR and MONITOR_MODE it was made with, or another "
+            "STUDY_DIR"
         )
     jobs = Jobs(tune, say)
     jobs.run()
