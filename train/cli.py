@@ -468,6 +468,9 @@ def tune(
         typer.Option(help="A database URL, or journal:PATH on a shared filesystem (default: STUDY_DIR/study.db)."),
     ] = None,
     prune: Annotated[bool, typer.Option(help="Stop weak trials early (a median pruner).")] = True,
+    index: Annotated[
+        int, typer.Option(min=0, help="This machine's index among those sharing --storage: seeds its samplers apart.")
+    ] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the trials and the best as JSON.")] = False,
 ) -> None:
     """Optuna's TPE over --space (or MODEL's search_space): each trial a run directory STUDY_DIR/trial-<number>,
@@ -477,7 +480,7 @@ def tune(
 
     given = Given(settings.to_json(), {field.env: field.parse for field in FIELDS}, settings.model, settings.seed,
                   settings.monitor, settings.monitor_mode, settings.gpus, settings.study_dir)  # fmt: skip
-    plan = plan_tune(given, space or [], trials, jobs, storage, prune, model_hyperparameters(settings.model))
+    plan = plan_tune(given, space or [], trials, jobs, storage, prune, model_hyperparameters(settings.model), index)
     try:
         result = run_tune(plan, lambda line: typer.echo(line, err=True))
     except TuneFailed as failed:

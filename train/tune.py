@@ -90,6 +90,7 @@ class Tune:
     objective: str
     direction: str
     gpus: tuple[str | None, ...]  # each job's GPUS; None: as the settings say
+    index: int = 0  # this machine's among those sharing the storage (--index): job j's sampler seed SEED + index*J + j
 
     @property
     def study_dir(self) -> Path:
@@ -97,7 +98,7 @@ class Tune:
 
 
 def plan_tune(settings: Given, space: list[str], trials: int, jobs: int, storage: str | None, prune: bool,
-              hyperparameters) -> Tune:  # fmt: skip
+              hyperparameters, index: int = 0) -> Tune:  # fmt: skip
     """Every check of a tune, in one line each (SettingsError), before any trial; then STUDY_DIR and the storage
     opened. `hyperparameters`: MODEL's HP_ settings (train.model_file.model_hyperparameters)."""
     if jobs > trials:
@@ -119,7 +120,7 @@ def plan_tune(settings: Given, space: list[str], trials: int, jobs: int, storage
         raise SettingsError(f"STUDY_DIR={settings.study_dir} cannot be created ({error.strerror})") from None
     text = storage or default_storage(settings.study_dir)
     open_storage(text)
-    return Tune(settings, dimensions, checker, trials, jobs, text, prune, objective, direction, shares)
+    return Tune(settings, dimensions, checker, trials, jobs, text, prune, objective, direction, shares, index)
 
 
 def gpu_shares(gpus: str | tuple[int, ...], jobs: int) -> tuple[str | None, ...]:
@@ -229,7 +230,8 @@ class Jobs:
     def _job(self, index: int) -> None:
         import optuna
 
-        sampler = optuna.samplers.TPESampler(constant_liar=True, seed=self.tune.settings.seed + index)
+        seed = self.tune.settings.seed + self.tune.index * self.tune.jobs + index  # no two jobs sample alike
+        sampler = optuna.samplers.TPESampler(constant_liar=True, seed=seed)
         try:
             study = optuna.load_study(study_name=STUDY_NAME, storage=open_storage(self.tune.storage),
                                       sampler=sampler, pruner=pruner(self.tune.prune))  # fmt: skip
