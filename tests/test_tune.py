@@ -113,20 +113,47 @@ def test_a_trial_the_median_pruner_stops_says_pruned_in_its_summary(tmp_path, tf
     assert json.loads((study_dir / "best.json").read_text())["number"] in (0, 1)
 
 
+SEARCH_SPACE = """
+def build_model(input_shape, num_classes, learning_rate):  # never built: these trials fail before
+    raise NotImplementedError
+
+
+def search_space(trial):
+    return {"LEARNING_RATE": trial.suggest_float("lr", 1e-4, 1e-2, log=True), "BATCH_SIZE": 16}
+"""
+
+
 def test_three_failures_in_a_row_stop_the_tune_with_their_lines(tmp_path):
     study_dir = tmp_path / "study"
     study_dir.mkdir()
     for number in range(3):  # a file where each trial's run directory goes: its fit refuses it, exit 2
         (study_dir / f"trial-{number}").write_text("not a directory")
-    env = clean_env(STUDY_DIR=study_dir, **TINY)
-    result = run_python(["-m", "train", "tune", "--trials", "5", *SPACE], cwd=tmp_path, env=env, fresh=True)
+    model = tmp_path / "model.py"  # the space from MODEL's search_space(trial), not --space
+    model.write_text(SEARCH_SPACE)
+    env = clean_env(STUDY_DIR=study_dir, MODEL=model, **TINY)
+    result = run_python(["-m", "train", "tune", "--trials", "5"], cwd=tmp_path, env=env, fresh=True)
     assert result.returncode == 1, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
     assert lines[-4] == "the tune stopped: 3 trials failed in a row:"
     for number, line in enumerate(lines[-3:]):
         assert line.startswith(f"trial {number} failed (exit 2): ") and "OUTPUT_DIR" in line, line
     assert [each.state.name for each in study_trials(study_dir)] == ["FAIL"] * 3
-    assert all(each.user_attrs["error"] in lines[-3 + each.number] for each in study_trials(study_dir))
+    for each in study_trials(study_dir):
+        assert each.user_attrs["error"] in lines[-3 + each.number]
+        assert each.user_attrs["settings"] == {"LEARNING_RATE": str(each.params["lr"]), "BATCH_SIZE": "16"}
+
+
+def test_a_search_space_returning_what_is_not_a_setting_is_one_line_and_exit_2(tmp_path):
+    model = tmp_path / "model.py"
+    model.write_text(SEARCH_SPACE.replace('"BATCH_SIZE"', '"BATCH"'))
+    env = clean_env(STUDY_DIR=tmp_path / "study", MODEL=model, **TINY)
+    result = run_python(["-m", "train", "tune", "--trials", "2"], cwd=tmp_path, env=env, fresh=True)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        f"error: MODEL={str(model)!r}: search_space(trial) returned BATCH='16': BATCH is not a setting"
+    )
+    assert [each.state.name for each in study_trials(tmp_path / "study")] == ["FAIL"]
+    assert not list((tmp_path / "study").glob("trial-*"))
 
 
 BAD = [

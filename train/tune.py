@@ -263,10 +263,15 @@ class Jobs:
         trial = study.ask()
         study._storage.set_trial_user_attr(trial._trial_id, "owner", _me())
         study._storage.set_trial_user_attr(trial._trial_id, "heartbeat", now)
-        if self.search_space is None:
-            values = {d.name: _text(d.suggest(trial)) for d in self.tune.space}
-        else:
-            values = checked_values(self.search_space(trial), self.tune.checker, self.tune.settings.model)
+        try:
+            if self.search_space is None:
+                values = {d.name: _text(d.suggest(trial)) for d in self.tune.space}
+            else:
+                values = checked_values(self.search_space(trial), self.tune.checker, self.tune.settings.model)
+        except BaseException as error:  # MODEL's search_space: the trial it was asked for is failed, not left RUNNING
+            study._storage.set_trial_user_attr(trial._trial_id, "error", first_line(error, 300))
+            study.tell(trial, state=TrialState.FAIL)
+            raise
         trial.set_user_attr("settings", values)
         return Claim(trial.number, trial._trial_id, values, resumed=False)
 
