@@ -194,9 +194,10 @@ def test_bad_input_imports_neither_tensorflow_nor_keras(tmp_path):
         "import sys\n"
         "from typer.testing import CliRunner\n"
         "from train.cli import app\n"
-        "for args in (['--space', 'X=1..2'], ['--space', 'LEARNING_RATE=1e-4..1e-2', '--storage', 'nope://x']):\n"
-        "    result = CliRunner().invoke(app, ['tune', *args])\n"
-        "    assert result.exit_code == 2, result.output\n"
+        "for args, said in ((['--space', 'X=1..2'], 'X is not a setting'),\n"
+        "                   (['--space', 'LEARNING_RATE=1e-4..1e-2', '--storage', 'nope://x'], 'cannot be opened')):\n"
+        "    result = CliRunner().invoke(app, ['tune', '--study-dir', 'study', *args])\n"
+        "    assert result.exit_code == 2 and said in result.output, result.output\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))\n"
     )
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=clean_env(), capture_output=True,

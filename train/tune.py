@@ -12,9 +12,10 @@
   summary.json says `"pruned": true`; 42 (stopped by SIGTERM) leaves it RUNNING, to be resumed; any other code
   fails it, with its log's last line as its "error" user attribute. FAILURES_IN_A_ROW failures stop the tune.
 - Ownership: a trial's user attributes "owner" ({host, pid} of the tune running it) and "heartbeat" (time, every
-  HEARTBEAT_SECONDS). A RUNNING trial is interrupted where its owner is gone: on this host, its pid is no longer
-  alive; on another host, its heartbeat is older than STALE_SECONDS. A tune claims it (owner: itself) and resumes
-  its run directory from its checkpoint under the same number, once the fit that trained there left its lock.
+  HEARTBEAT_SECONDS). A RUNNING trial is interrupted where its owner is gone: its heartbeat is older than
+  STALE_SECONDS (on any host), or, on this host, its pid is no longer alive (at once). A tune claims it (owner:
+  itself) and resumes its run directory from its checkpoint under the same number, once the fit that trained there
+  left its lock.
 - With TRACKING, each trial's fit would log under one parent run: `parent_run_environment`, the one place a tune
   adds to every trial's environment what the whole study shares, is where it is created, once, before the jobs.
 """
@@ -158,20 +159,19 @@ def _me() -> dict[str, object]:
 
 def owner_gone(attrs: dict[str, object], now: float) -> bool:
     """Whether a RUNNING trial's tune is gone (the module's docstring: ownership)."""
-    owner = attrs.get("owner")
+    owner, heartbeat = attrs.get("owner"), attrs.get("heartbeat")
+    if isinstance(owner, dict) and owner.get("pid") == os.getpid() and owner.get("host") == socket.gethostname():
+        return False  # this tune's own
+    if not isinstance(heartbeat, int | float) or now - heartbeat > STALE_SECONDS:
+        return True  # on any host, a tune that stopped beating (its pid reused by another process included)
     if isinstance(owner, dict) and owner.get("host") == socket.gethostname():
-        pid = owner.get("pid")
-        if pid == os.getpid():
-            return False
         try:
-            os.kill(int(pid), 0)  # type: ignore[arg-type]
+            os.kill(int(owner.get("pid")), 0)  # type: ignore[arg-type]
         except ProcessLookupError:
             return True
         except (PermissionError, TypeError, ValueError):
             return False
-        return False
-    heartbeat = attrs.get("heartbeat")
-    return not isinstance(heartbeat, int | float) or now - heartbeat > STALE_SECONDS
+    return False
 
 
 def _die_with_parent() -> None:  # pragma: no cover (runs in the child, between fork and exec)
