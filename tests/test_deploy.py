@@ -295,3 +295,48 @@ def test_the_grace_period_covers_a_save():
     for manifest in (JOB, JOBSET):
         pod, _ = pod_spec_and_job(manifest)
         assert pod["terminationGracePeriodSeconds"] >= 60 and pod["restartPolicy"] == "Never"
+
+
+# --- tune-job.yaml: an Indexed Job of `python -m train tune`, one shared storage ------------------------------
+
+TUNE_JOB = KUBE / "tune-job.yaml"
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_the_tune_job_passes_kubernetes_validate_strict_for_2_and_4_pods(tmp_path, version):
+    files = []
+    for pods in (2, 4):
+        result = render(TUNE_JOB, pods)
+        assert result.returncode == 0, result.stderr
+        files.append(tmp_path / f"tune-{pods}.yaml")
+        files[-1].write_text(result.stdout)
+        job = documents(files[-1])["Job"]["spec"]
+        assert (job["completions"], job["parallelism"], job["completionMode"]) == (pods, pods, "Indexed")
+    result = subprocess.run([tool("kubernetes-validate"), "--strict", "-k", version, *map(str, files)],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("passed for resource") == 2, result.stdout
+
+
+def test_each_tune_pod_passes_its_index_and_the_shared_storage():
+    pod, _ = pod_spec_and_job(TUNE_JOB)
+    (container,) = pod["containers"]
+    command = container["args"][0]
+    assert 'python -m train tune --index "$JOB_COMPLETION_INDEX" --storage "$TUNE_STORAGE"' in command
+    env = {each["name"]: each["value"] for each in container["env"]}
+    assert env["TUNE_STORAGE"] == f"journal:{env['STUDY_DIR']}/study.journal"
+    mounts = {each["mountPath"] for each in container["volumeMounts"]}
+    assert any(env["STUDY_DIR"].startswith(path + "/") for path in mounts)  # on the shared volume
+
+
+@pytest.mark.parametrize(
+    ("code", "disrupted", "outcome"),
+    [(42, False, "replaced, not counted"), (2, False, "fails"), (1, False, "fails"), (137, False, "replaced, counted"),
+     (137, True, "replaced, not counted")],
+    ids=["stopped-42", "bad-input-2", "three-failures-1", "killed-137", "evicted"],
+)  # fmt: skip
+def test_the_tune_job_replaces_42_for_free_and_fails_at_once_on_1_and_2(code, disrupted, outcome):
+    _, job = pod_spec_and_job(TUNE_JOB)
+    match = pod_failure_rule(job, code, disrupted)
+    action = match[1]["action"] if match else "Count"
+    assert {"Ignore": "replaced, not counted", "FailJob": "fails", "Count": "replaced, counted"}[action] == outcome

@@ -90,6 +90,8 @@ KERAS_HUB_IMPORTERS = {"train/init_from.py", "train/presets.py", "examples/finet
 # MLflow is the track extra's (TRACKING=mlflow), imported inside functions of the tracker alone (under
 # TYPE_CHECKING at its top: its client's type).
 MLFLOW_IMPORTERS = {"train/tracking.py"}
+# optuna is the tune extra's (EXTRAS=dev,tune): imported inside functions of these files only (`tune`, its study).
+OPTUNA_IMPORTERS = {"train/study.py", "train/tune.py"}
 
 
 def top_level_imports(path: Path) -> set[str]:
@@ -141,6 +143,7 @@ def test_the_package_imports_only_what_its_runtime_dependencies_bring():
                 continue
             allowed = top in ("keras_hub", "kagglehub") and str(path.relative_to(REPO)) in KERAS_HUB_IMPORTERS
             allowed = allowed or (top == "mlflow" and str(path.relative_to(REPO)) in MLFLOW_IMPORTERS)
+            allowed |= top == "optuna" and str(path.relative_to(REPO)) in OPTUNA_IMPORTERS
             if not installed.get(top, set()) & runtime and not allowed:
                 missing.setdefault(top, []).append(str(path.relative_to(REPO)))
     assert not missing, f"imported but not a runtime dependency: {missing}"
@@ -355,6 +358,7 @@ EXPERIMENT_LOADERS = {
     "train/fit.py": "evaluate",
     "train/predict.py": "predict",
     "train/tools/check.py": "check",
+    "train/tune.py": "tune (MODEL's search_space, where there is no --space)",
     "train/tools/bench.py": "bench",
     "train/tools/doctor.py": "the doctor",
 }

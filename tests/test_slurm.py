@@ -304,3 +304,43 @@ def test_sigterm_from_slurm_saves_exits_42_requeues_and_the_requeued_job_resumes
     assert summary["resumed_from_step"] == stopped["steps"]
     assert summary["steps"] == summary["total_steps"] == 200 and not summary["interrupted"]
     assert requeues(log) == ["requeue 4242"]
+
+
+# --- tune.sbatch: an array job, each element `python -m train tune` against one shared storage ----------------
+
+FAKE_TUNE = """#!/bin/sh
+# fake python for `-m train tune` only: print its arguments and STUDY_DIR, exit FAKE_EXIT
+echo "args: $*"; echo "STUDY_DIR=$STUDY_DIR"; exit "${FAKE_EXIT:-0}"
+"""
+
+
+def tune_sbatch(tmp_path: Path, fake_slurm, code: int, **env: str) -> subprocess.CompletedProcess:
+    bin_dir, slurm_env, _ = fake_slurm
+    (bin_dir / "fake-tune").write_text(FAKE_TUNE)
+    (bin_dir / "fake-tune").chmod(0o755)
+    env = slurm_env | {"PYTHON": str(bin_dir / "fake-tune"), "FAKE_EXIT": str(code), "SLURM_ARRAY_JOB_ID": "4242",
+                       "SLURM_ARRAY_TASK_ID": "3"} | env  # fmt: skip
+    return subprocess.run(["bash", str(SLURM / "tune.sbatch"), "--trials", "8", "--space", "BATCH_SIZE=32|64"],
+                          cwd=tmp_path, env=clean_env(**env), capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+@pytest.mark.parametrize(("code", "requeued"), [(42, True), (0, False), (1, False), (2, False)])
+def test_the_tune_array_element_runs_tune_on_the_shared_study_and_requeues_on_42_only(fake_slurm, tmp_path, code,
+                                                                                      requeued):  # fmt: skip
+    result = tune_sbatch(tmp_path, fake_slurm, code, STUDY_DIR=str(tmp_path / "study"))
+    assert result.returncode == code, result.stderr
+    study = tmp_path / "study"
+    assert result.stdout.splitlines() == [
+        f"args: -m train tune --storage journal:{study}/study.journal --index 3 --jobs 1 --trials 8 --space "
+        "BATCH_SIZE=32|64",
+        f"STUDY_DIR={study}",
+    ]
+    assert requeues(fake_slurm[2]) == (["requeue 4242_3"] if requeued else [])
+
+
+def test_the_tune_array_element_needs_study_dir(fake_slurm, tmp_path):
+    result = tune_sbatch(tmp_path, fake_slurm, 0)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        "error: STUDY_DIR is not set: set it to a directory on storage every node mounts at the same path"
+    ]

@@ -89,6 +89,11 @@ Model, data, devices, phases and loop are the rows in capitals.
 | finish          | evaluation, the export, summary.json                           |                                   |
 | predict,        | `predict`: the export run on files, rows or a split, as JSON   | train; write into OUTPUT_DIR      |
 | predict_inputs  | Lines                                                          |                                   |
+| tune, study,    | `tune`: an Optuna study over --space (search_space) or MODEL's | import TensorFlow (tune, study,   |
+| search_space,   | search_space(trial), its trials `fit` processes in run         | search_space: the trials train);  |
+| trial           | directories of STUDY_DIR, claimed, resumed and told by number  | train but through `fit` (tune)    |
+|                 | (tune); storage, objective, TUNE_TRIAL (study); a fit run as a |                                   |
+|                 | trial: each epoch reported, pruned (trial: a hook)             |                                   |
 | errors          | the one-line failures, and every exit code                     | import TensorFlow                 |
 | tools/          | the doctor, check and its probe, the benchmark                 | be imported by the engine         |
 

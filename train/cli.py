@@ -8,6 +8,7 @@
     python -m train evaluate                  # the latest checkpoint on EVAL_SPLIT, with the run's settings
     python -m train predict photos/ rows.csv  # the run's export on files (or --split test): JSON Lines
     python -m train data list --runs runs     # the prepared datasets, and which runs use each (data prune)
+    python -m train tune --trials 20 --space LEARNING_RATE=1e-4..1e-2:log   # Optuna: each trial a run
 
 Each command only resolves the settings and calls the library (`train.fit`, `train.tools`).
 """
@@ -447,6 +448,48 @@ def bench(
     )
     typer.echo(format_benchmark(result))
     _write_json(json_path, result)
+
+
+SPACE_HELP = "A setting or HP_ name over low..high, low..high:log, int:low..high or a|b|c; repeatable (default: "
+SPACE_HELP += "MODEL's search_space(trial))."
+
+
+@settings_command("Search settings and HP_ values with Optuna; each trial a run in STUDY_DIR.")
+def tune(
+    settings: Settings,
+    space: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--space", metavar="NAME=SPEC", help=SPACE_HELP),
+    ] = None,
+    trials: Annotated[int, typer.Option(min=1, help="Finished trials (complete or pruned) in all.")] = 20,
+    jobs: Annotated[int, typer.Option(min=1, help="Trials at once on this machine, each a process.")] = 1,
+    storage: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="A database URL, or journal:PATH on a shared filesystem (default: STUDY_DIR/study.db)."),
+    ] = None,
+    prune: Annotated[bool, typer.Option(help="Stop weak trials early (a median pruner).")] = True,
+    index: Annotated[
+        int, typer.Option(min=0, help="This machine's index among those sharing --storage: seeds its samplers apart.")
+    ] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the trials and the best as JSON.")] = False,
+) -> None:
+    """Optuna's TPE over --space (or MODEL's search_space): each trial a run directory STUDY_DIR/trial-<number>,
+    trained by `fit`; run it again to go on; the best in STUDY_DIR/best.json."""
+    from train.model_file import model_hyperparameters
+    from train.tune import Given, TuneFailed, format_table, plan_tune, run_tune
+
+    given = Given(settings.to_json(), {field.env: field.parse for field in FIELDS}, settings.model, settings.seed,
+                  settings.monitor, settings.monitor_mode, settings.gpus, settings.study_dir)  # fmt: skip
+    plan = plan_tune(given, space or [], trials, jobs, storage, prune, model_hyperparameters(settings.model), index)
+    try:
+        result = run_tune(plan, lambda line: typer.echo(line, err=True))
+    except TuneFailed as failed:
+        typer.echo(f"the tune stopped: {len(failed.lines)} trials failed in a row:", err=True)
+        typer.echo("\n".join(failed.lines), err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    typer.echo(json.dumps({k: result[k] for k in ("trials", "best")}, indent=2) if as_json else format_table(result))
+    if result["interrupted"]:
+        raise typer.Exit(EXIT_PREEMPTED)
 
 
 data_app = typer.Typer(

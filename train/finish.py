@@ -70,16 +70,17 @@ def summary(start: Start, position: Position, checkpoint: RunCheckpoint, outcome
 
 def finish(
     start: Start, position: Position, checkpoint: RunCheckpoint, callbacks: Callbacks, role: Role[Writer],
-    scalars: SummaryWriters, evaluate: Evaluate, outcome: Outcome,
+    scalars: SummaryWriters, evaluate: Evaluate, outcome: Outcome, trial: Json | None = None,
 ) -> Json:  # fmt: skip
-    """Evaluate both splits (every worker takes part), export and write the summary (the chief)."""
+    """Evaluate both splits (every worker takes part), export and write the summary (the chief). `trial`: a tune's
+    trial's own keys ("trial", "pruned": train.trial), None where the fit is not one."""
     writer = role.writer
     for each in scalars.values():
         each.flush()
     say, peers, built = start.say, start.peers, start.built
     built.average_statistics()  # what is evaluated, exported and compared across workers: the replicas' mean
     fingerprint = weights_fingerprint(built)
-    result = summary(start, position, checkpoint, outcome, fingerprint) | callbacks.summary()
+    result = summary(start, position, checkpoint, outcome, fingerprint) | callbacks.summary() | (trial or {})
     if outcome.interrupted:
         say(f"Stopped {peers.stopped_by()} at step {outcome.step}; checkpoint saved. Run the same "
             "command again to resume.")  # fmt: skip

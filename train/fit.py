@@ -66,6 +66,7 @@ from train.settings import Settings
 from train.signals import StopRequest
 from train.start import batch_of, cadence_of, run_context, start_run, steps_per_epoch
 from train.tracking import Tracker, tracker
+from train.trial import TrialReport, trial_report
 from train.writer import Json, SummaryWriters, Writer, Writers
 
 Say = Callable[[str], None]
@@ -100,15 +101,17 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> Json:
                                   start.context.steps_per_epoch, start.settings.monitor, start.settings.monitor_mode,
                                   role, checkpoint, say, start.phases.plan.index_at_epoch)  # fmt: skip
             callbacks.begin(checkpoint.step, position.segment)  # on_train_begin, the recorded epochs replayed
+            trial = trial_report(start.built.network, settings.monitor_mode, say)  # TUNE_TRIAL: a tune's trial
         with peers.guard("training", start.checkpoint_dir):
-            outcome = _train(start, position, checkpoint, callbacks, role, scalars, evaluate, tracked)
+            outcome = _train(start, position, checkpoint, callbacks, role, scalars, evaluate, tracked, trial)
             start.phases.rates_as_built()  # a schedule unscaled: what the export holds
-            if callbacks.stopped_early:  # model.stop_training: the run is done, not interrupted
+            if callbacks.stopped_early or (trial and trial.pruned):  # model.stop_training, or pruned: done
                 outcome = dataclasses.replace(outcome, interrupted=False)
             if not outcome.interrupted:
                 callbacks.end(outcome.step)
             with streamed_files_intact(start, checkpoint), preprocess_shapes_hold(start, checkpoint):
-                summary = finish(start, position, checkpoint, callbacks, role, scalars, evaluate, outcome)
+                trial_keys = trial.summary() if trial else None
+                summary = finish(start, position, checkpoint, callbacks, role, scalars, evaluate, outcome, trial_keys)
                 return summary
     finally:
         tracked.end(settings.output_dir, summary)
@@ -118,9 +121,10 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> Json:
 
 def _train(
     start: Start, position: Position, checkpoint: RunCheckpoint, callbacks: Callbacks, role: Role[Writer],
-    scalars: SummaryWriters, evaluate: Evaluate, tracker: Tracker,
+    scalars: SummaryWriters, evaluate: Evaluate, tracker: Tracker, trial: TrialReport | None,
 ) -> Outcome:  # fmt: skip
-    """The loop, at BATCH_SIZE; on out-of-memory with AUTO_BATCH, again from the last checkpoint at half."""
+    """The loop, at BATCH_SIZE; on out-of-memory with AUTO_BATCH, again from the last checkpoint at half. `trial`:
+    the tune's trial this fit runs as (train.trial), None where it is not one."""
     settings, say, data = start.settings, start.say, start.data
     role.peers.watch_stops(lambda step: checkpoint.save(step, checkpoint.skipped))
     while True:
@@ -145,6 +149,7 @@ def _train(
             profiler=profiler,
             callbacks=callbacks,
             stops=StopRequests(role.peers),
+            trial=trial or Hook(),
             scalars=Scalars(scalars),
             tracking=Tracking(tracker),
             progress=Progress(progress),

@@ -215,7 +215,7 @@ class Checkpoints(Hook):
 
 
 def between_calls(
-    *, profiler: Hook, callbacks: Hook, stops: Hook, scalars: Hook, tracking: Hook, progress: Hook,
+    *, profiler: Hook, callbacks: Hook, stops: Hook, trial: Hook, scalars: Hook, tracking: Hook, progress: Hook,
     finite_loss: Hook, checkpoints: Hook,
 ) -> list[Hook]:  # fmt: skip
     """The hooks between calls, outermost first: the one place their order is written. So, as the loop has always
@@ -223,5 +223,6 @@ def between_calls(
     `model.stop_training` is heard before a signal; the loss is checked before anything reports it; the progress
     line comes before the tracker's metrics (TRACKING) and TensorBoard's scalars; an epoch's evaluation is shown
     and recorded before the callbacks hear of it; and a checkpoint is saved before the callbacks keep it as
-    MONITOR's best."""
-    return [profiler, callbacks, stops, scalars, tracking, progress, finite_loss, checkpoints]
+    MONITOR's best. A tune's trial (train.trial) says stop after a signal, and hears an epoch's end after it is
+    shown and recorded."""
+    return [profiler, callbacks, stops, trial, scalars, tracking, progress, finite_loss, checkpoints]

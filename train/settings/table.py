@@ -130,6 +130,7 @@ class Settings:
     init_layers: tuple[str, ...] = setting("", parse.globs, "INIT_FROM's layers to load: comma-separated globs on layer paths (default all).", **RW)
     sync_batch_norm: bool = setting("false", parse.true_or_false, "BatchNormalization's batch moments over every replica's batch (small batches per replica).", **RW)
     output_dir: Path = setting("runs/default", parse.path, "Run directory: checkpoints, logs, summary, exported model.")
+    study_dir: Path = setting("runs/study", parse.path, "tune's study: study.db, best.json and each trial's run directory.")
     checkpoint_every: int = setting("100", parse.positive_int, "Save a checkpoint every N steps (and at each epoch end).", **W)
     keep_checkpoints: int = setting("3", parse.positive_int, "How many recent checkpoints to keep.")
     monitor: str | None = setting("", parse.optional_text, "Export (and keep) the best epoch by this metric, e.g. val_accuracy.", **W)

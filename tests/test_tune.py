@@ -1,0 +1,218 @@
+"""`python -m train tune`: Optuna trials that are ordinary run directories, resumed after a kill; its bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.conftest import clean_env, engine_defaults, read_summary, run_python, start_python
+from train.cli import app
+from train.settings import FIELDS
+
+# each trial a real `python -m train fit` (a new interpreter, TensorFlow imported in it): a few steps
+TINY = {"EPOCHS": 1, "STEPS_PER_EPOCH": 5, "LOG_EVERY": 5, "CHECKPOINT_EVERY": 5, "PROGRESS": "lines"}
+SPACE = ["--space", "LEARNING_RATE=1e-3..1e-1:log", "--space", "BATCH_SIZE=16|32"]
+# the tune as a user types it, telling at its exit whether TensorFlow or Keras were imported in its process
+TUNE = (
+    "import atexit, sys\n"
+    "atexit.register(lambda: print('imported:', sorted({m.split('.')[0] for m in sys.modules} & {'tensorflow', "
+    "'keras'}), file=sys.stderr))\n"
+    "from train.cli import app\n"
+    "app(sys.argv[1:], prog_name='python -m train')\n"
+)
+
+
+def tune(tmp_path: Path, data_dir: Path, *args: str, timeout: float = 600, **settings: object
+         ) -> subprocess.CompletedProcess:  # fmt: skip
+    env = clean_env(TFDS_DATA_DIR=data_dir, STUDY_DIR=tmp_path / "study", **(TINY | settings))
+    return run_python(["-c", TUNE, "tune", *args], cwd=tmp_path, env=env, timeout=timeout, fresh=True)
+
+
+def study_trials(study_dir: Path) -> list:
+    import optuna
+
+    return optuna.load_study(study_name="study", storage=f"sqlite:///{study_dir / 'study.db'}").get_trials()
+
+
+@pytest.mark.slow
+def test_tune_runs_four_trials_two_at_a_time_each_a_run_directory(tmp_path, tfds_data_dir):
+    result = tune(tmp_path, tfds_data_dir, "--trials", "4", "--jobs", "2", "--no-prune", "--json", *SPACE)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "imported: []" in result.stderr  # the tune itself: optuna, never TensorFlow; its trials train
+    study_dir = tmp_path / "study"
+    trials = study_trials(study_dir)
+    assert [each.state.name for each in trials] == ["COMPLETE"] * 4
+    assert sorted(p.name for p in study_dir.glob("trial-*")) == [f"trial-{n}" for n in range(4)]
+    for each in trials:
+        summary = read_summary(study_dir / f"trial-{each.number}")
+        assert summary["steps"] == 5 and summary["trial"] == each.number and summary["pruned"] is False
+        assert each.value == json.loads((study_dir / f"trial-{each.number}" / "epochs.json").read_text())[-1][
+            "logs"]["val_loss"]  # fmt: skip
+    assert len({each.params["LEARNING_RATE"] for each in trials}) == 4  # the two jobs' samplers differ
+    best = json.loads((study_dir / "best.json").read_text())
+    chosen = min(trials, key=lambda each: each.value)
+    assert best == {"number": chosen.number, "value": chosen.value, "params": chosen.params,
+                    "output_dir": str(study_dir / f"trial-{chosen.number}"),
+                    "export": str(study_dir / f"trial-{chosen.number}" / "saved_model")}  # fmt: skip
+    assert (Path(best["export"]) / "saved_model.pb").is_file()
+    printed = json.loads(result.stdout)
+    assert printed["best"] == best and [row["state"] for row in printed["trials"]] == ["complete"] * 4
+
+
+@pytest.mark.slow
+def test_a_killed_tune_run_again_resumes_its_interrupted_trial_under_its_number(tmp_path, tfds_data_dir):
+    long = {"EPOCHS": 1, "STEPS_PER_EPOCH": 400, "CHECKPOINT_EVERY": 10, "LOG_EVERY": 50, "STEPS_PER_CALL": 10}
+    env = clean_env(TFDS_DATA_DIR=tfds_data_dir, STUDY_DIR=tmp_path / "study", **(TINY | long))
+    args = ["-m", "train", "tune", "--trials", "2", "--no-prune", *SPACE]
+    process = start_python(args, cwd=tmp_path, env=env, fresh=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    trial = tmp_path / "study" / "trial-0"
+    deadline = time.monotonic() + 180
+    while not any(trial.glob("checkpoints/ckpt-[1-9]*.index")):
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no checkpoint of trial 0 within 180 s"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL
+    assert [each.state.name for each in study_trials(tmp_path / "study")] == ["RUNNING"]
+
+    again = run_python(args, cwd=tmp_path, env=env, fresh=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    assert "trial 0: resumed" in again.stderr
+    trials = study_trials(tmp_path / "study")
+    assert [each.state.name for each in trials] == ["COMPLETE", "COMPLETE"]
+    summary = read_summary(trial)
+    assert summary["resumed_from_step"] > 0 and summary["steps"] == 400
+    assert sorted(p.name for p in (tmp_path / "study").glob("trial-*")) == ["trial-0", "trial-1"]
+
+
+@pytest.mark.slow
+def test_a_trial_the_median_pruner_stops_says_pruned_in_its_summary(tmp_path, tfds_data_dir):
+    import optuna
+
+    study_dir = tmp_path / "study"
+    study_dir.mkdir()
+    study = optuna.create_study(study_name="study", storage=f"sqlite:///{study_dir / 'study.db'}")
+    for rate in (0.05, 0.05, 1e-7):  # two that learn, then one that barely moves: above their median at epoch 1
+        study.enqueue_trial({"LEARNING_RATE": rate})
+    result = tune(tmp_path, tfds_data_dir, "--trials", "3", "--space", "LEARNING_RATE=1e-7..1e-1:log",
+                  EPOCHS=2, STEPS_PER_EPOCH=20, CHECKPOINT_EVERY=20, LOG_EVERY=20, TRACKING="mlflow",
+                  MLFLOW_DISABLE_TELEMETRY="true")  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert [each.state.name for each in study_trials(study_dir)] == ["COMPLETE", "COMPLETE", "PRUNED"]
+    # TRACKING=mlflow: each trial an MLflow run (in the store beside the trials), under the study's one parent run
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{study_dir / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("study").experiment_id])
+    parent = optuna.load_study(study_name="study", storage=f"sqlite:///{study_dir / 'study.db'}").user_attrs[
+        "mlflow_parent_run_id"]  # fmt: skip
+    trials = {run.info.run_id: run for run in runs if run.info.run_id != parent}
+    assert len(runs) == 4 and len(trials) == 3
+    assert all(run.data.tags["mlflow.parentRunId"] == parent for run in trials.values())
+    assert sorted(run.data.tags["output_dir"] for run in trials.values()) == [
+        str(study_dir / f"trial-{n}") for n in range(3)]  # fmt: skip
+    summary = read_summary(study_dir / "trial-2")
+    assert summary["pruned"] is True and summary["interrupted"] is False
+    assert summary["steps"] == 20 and summary["epochs_completed"] == 1  # stopped after its first epoch, saved
+    assert summary["checkpoint"] and (study_dir / "trial-2" / "saved_model").is_dir()
+    assert json.loads((study_dir / "best.json").read_text())["number"] in (0, 1)
+
+
+SEARCH_SPACE = """
+def build_model(input_shape, num_classes, learning_rate):  # never built: these trials fail before
+    raise NotImplementedError
+
+
+def search_space(trial):
+    return {"LEARNING_RATE": trial.suggest_float("lr", 1e-4, 1e-2, log=True), "BATCH_SIZE": 16}
+"""
+
+
+def test_three_failures_in_a_row_stop_the_tune_with_their_lines(tmp_path):
+    study_dir = tmp_path / "study"
+    study_dir.mkdir()
+    for number in range(3):  # a file where each trial's run directory goes: its fit refuses it, exit 2
+        (study_dir / f"trial-{number}").write_text("not a directory")
+    model = tmp_path / "model.py"  # the space from MODEL's search_space(trial), not --space
+    model.write_text(SEARCH_SPACE)
+    env = clean_env(STUDY_DIR=study_dir, MODEL=model, **TINY)
+    result = run_python(["-m", "train", "tune", "--trials", "5"], cwd=tmp_path, env=env, fresh=True)
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert lines[-4] == "the tune stopped: 3 trials failed in a row:"
+    for number, line in enumerate(lines[-3:]):
+        assert line.startswith(f"trial {number} failed (exit 2): ") and "OUTPUT_DIR" in line, line
+    assert [each.state.name for each in study_trials(study_dir)] == ["FAIL"] * 3
+    for each in study_trials(study_dir):
+        assert each.user_attrs["error"] in lines[-3 + each.number]
+        assert each.user_attrs["settings"] == {"LEARNING_RATE": str(each.params["lr"]), "BATCH_SIZE": "16"}
+
+
+def test_a_search_space_returning_what_is_not_a_setting_is_one_line_and_exit_2(tmp_path):
+    model = tmp_path / "model.py"
+    model.write_text(SEARCH_SPACE.replace('"BATCH_SIZE"', '"BATCH"'))
+    env = clean_env(STUDY_DIR=tmp_path / "study", MODEL=model, **TINY)
+    result = run_python(["-m", "train", "tune", "--trials", "2"], cwd=tmp_path, env=env, fresh=True)
+    assert result.returncode == 2, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: MODEL={str(model)!r}: search_space(trial) returned BATCH='16': BATCH is not a")
+    assert [each.state.name for each in study_trials(tmp_path / "study")] == ["FAIL"]
+    assert not list((tmp_path / "study").glob("trial-*"))
+
+
+BAD = [
+    (["--space", "LEARNING_RATE=0.1"], "--space 'LEARNING_RATE=0.1': '0.1' is not a SPEC"),
+    (["--space", "LEARNING_RATE"], "is not NAME=SPEC"),
+    (["--space", "LEARNING_RATE=0..1"], "LEARNING_RATE='0' is not allowed"),
+    (["--space", "LEARNING_RATE=1e-2..1e-4:log"], "low must be below high"),
+    (["--space", "BATCH_SIZE=int:8..16.5"], "int:low..high takes whole numbers"),
+    (["--space", "BATCH_SIZE=16||32"], "a choice needs distinct, non-empty values"),
+    (["--space", "BATCH_SIZE=16|x"], "BATCH_SIZE='x' is not allowed"),
+    (["--space", "LERNING_RATE=1e-4..1e-2"], "LERNING_RATE is not a setting or a hyperparameter"),
+    (["--space", "HP_WIDTH=int:8..64"], "HP_WIDTH is not a setting or a hyperparameter"),
+    (["--space", "LEARNING_RATE=1e-4..1e-2", "--space", "LEARNING_RATE=1e-3..1e-2"], "is searched twice"),
+    ([], "nothing to search"),
+    (["--space", "LEARNING_RATE=1e-4..1e-2", "--jobs", "3", "--trials", "2"], "--jobs 3 is above --trials 2"),
+    (["--space", "LEARNING_RATE=1e-4..1e-2", "--jobs", "2", "--gpus", "0,1,2"], "cannot share GPUS=0,1,2"),
+    (["--space", "LEARNING_RATE=1e-4..1e-2", "--storage", "sqlite:////no/such/folder/study.db"], "cannot be opened"),
+    (["--space", "LEARNING_RATE=1e-4..1e-2", "--storage", "journal:/no/such/folder/j.log"], "does not exist"),
+    (["--space", "LEARNING_RATE=1e-4..1e-2", "--monitor", "val_thing"], "MONITOR='val_thing': whether it should"),
+]
+
+
+@pytest.mark.parametrize(("args", "said"), BAD, ids=[" ".join(args) or "no space" for args, _ in BAD])
+def test_bad_input_is_one_line_and_exit_2_before_any_trial(tmp_path, monkeypatch, args, said):
+    monkeypatch.chdir(tmp_path)  # no stray .env
+    for name in [field.env for field in FIELDS] + [n for n in os.environ if n.startswith("HP_")]:
+        monkeypatch.delenv(name, raising=False)
+    result = CliRunner().invoke(app, ["tune", "--study-dir", str(tmp_path / "study"), *args],
+                                env={"COLUMNS": "300", **engine_defaults()})  # fmt: skip
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], result.output
+    assert not (tmp_path / "study" / "study.db").exists()
+
+
+def test_bad_input_imports_neither_tensorflow_nor_keras(tmp_path):
+    script = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from train.cli import app\n"
+        "for args, said in ((['--space', 'X=1..2'], 'X is not a setting'),\n"
+        "                   (['--space', 'LEARNING_RATE=1e-4..1e-2', '--storage', 'nope://x'], 'cannot be opened')):\n"
+        "    result = CliRunner().invoke(app, ['tune', '--study-dir', 'study', *args])\n"
+        "    assert result.exit_code == 2 and said in result.output, result.output\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=clean_env(), capture_output=True,
+                            text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

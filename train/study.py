@@ -1,0 +1,134 @@
+"""The study `tune` searches in, as both sides see it: the tune that asks for trials, and the fit run as a trial.
+
+- its storage: `sqlite:///STUDY_DIR/study.db` unless `--storage` names a database URL or `journal:PATH`, opened once
+  (`open_storage`), a bad one refused in one line before any trial;
+- its objective: MONITOR if set, else val_loss, in MONITOR_MODE's direction (`objective_of`), and a trial's value:
+  its last epoch's, or its best epoch's where MONITOR is set (`trial_value`, from the run's epochs.json);
+- the trial a fit runs as: the environment variable TUNE_TRIAL, JSON written by the tune (`TrialRef`).
+
+optuna is imported inside functions only (the `tune` extra): `--help` and every check stay free of it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from train.errors import SettingsError, first_line
+from train.rundir import read_epochs
+
+TRIAL_ENV = "TUNE_TRIAL"  # {"storage", "study", "trial_id", "number", "objective", "direction", "prune"}: a trial's fit
+JOURNAL = "journal:"  # --storage journal:PATH: optuna's journal file, for a shared filesystem without a database
+STUDY_NAME = "study"  # one study per storage: what every machine's tune loads
+PRUNE_AFTER = 2  # the median pruner judges a trial once this many trials have finished
+SQLITE_TIMEOUT = 60  # seconds a writer waits for sqlite's lock: the jobs and their trials' reports write at once
+# MONITOR_MODE=auto, before any model is built: Keras's directions for its metrics, by name. The trial checks the
+# study's against the engine's own (train.keras_seams.monitor_direction) once its model is built.
+RISING = ("acc", "auc", "precision", "recall", "f1", "fbeta", "iou", "r2")
+FALLING = ("loss", "error", "crossentropy", "hinge", "divergence", "poisson", "logcosh")
+
+
+def default_storage(study_dir: Path) -> str:
+    return f"sqlite:///{study_dir.resolve() / 'study.db'}"
+
+
+def open_storage(text: str):
+    """The optuna storage `text` names (a database URL or journal:PATH), opened: what cannot be is refused here in
+    one line naming --storage, before any trial."""
+    import optuna
+
+    allowed = "use sqlite:///PATH, another database URL, or journal:PATH on a shared filesystem"
+    try:
+        if text.startswith(JOURNAL):
+            path = Path(text[len(JOURNAL) :]).expanduser()
+            if not path.parent.is_dir():
+                raise SettingsError(f"--storage {text}: the directory {path.parent} does not exist; {allowed}")
+            from optuna.storages.journal import JournalFileBackend
+
+            return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+        kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT}} if text.startswith("sqlite:") else {}
+        return optuna.storages.RDBStorage(text, engine_kwargs=kwargs)
+    except SettingsError:
+        raise
+    except Exception as error:  # a bad URL, a driver not installed, a server not there, a file not writable
+        why = first_line(error, 300).split(" (Background on this error")[0]  # SQLAlchemy's link to its FAQ
+        raise SettingsError(f"--storage {text} cannot be opened ({why}): {allowed}") from None
+
+
+def objective_of(monitor: str | None, monitor_mode: str) -> tuple[str, str]:
+    """(the metric, "minimize" or "maximize"): MONITOR if set, else val_loss; MONITOR_MODE's direction, or with
+    auto the one its name tells (RISING, FALLING). Raises SettingsError where the name tells none."""
+    name = monitor or "val_loss"
+    if monitor_mode != "auto":
+        return name, "maximize" if monitor_mode == "max" else "minimize"
+    metric = name.removeprefix("val_").lower()
+    if any(word in metric for word in FALLING):
+        return name, "minimize"
+    if any(word in metric for word in RISING):
+        return name, "maximize"
+    raise SettingsError(
+        f"MONITOR={name!r}: whether it should rise or fall cannot be told from its name before the trials start: "
+        "set MONITOR_MODE=max or min"
+    )
+
+
+def trial_value(output_dir: Path, objective: str, direction: str, best: bool) -> float:
+    """A finished trial's value from its epochs.json: the last epoch's `objective`, or the best epoch's (`best`:
+    MONITOR is set). Raises SettingsError where there is none."""
+    epochs, problem = read_epochs(output_dir)
+    if problem or not epochs:
+        raise SettingsError(f"{output_dir}: no epoch was recorded ({problem or 'no epochs.json'})")
+    values = [e["logs"].get(objective) for e in epochs if isinstance(e.get("logs"), dict)]
+    values = [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
+    if not values:
+        raise SettingsError(f"{output_dir}: {objective} is not among its epochs' logs: set MONITOR to one of them")
+    if not best:
+        return values[-1]
+    return max(values) if direction == "maximize" else min(values)
+
+
+def pruner(prune: bool):
+    """The study's pruner, the same in the tune and in each trial's fit: the median of the finished trials' values at
+    the same epoch, once PRUNE_AFTER trials have finished; none with --no-prune."""
+    import optuna
+
+    return optuna.pruners.MedianPruner(n_startup_trials=PRUNE_AFTER) if prune else optuna.pruners.NopPruner()
+
+
+@dataclass(frozen=True)
+class TrialRef:
+    """The trial a fit runs as (TUNE_TRIAL): where the study is, which trial, what it reports and whether a median
+    pruner may stop it."""
+
+    storage: str
+    study: str
+    trial_id: int
+    number: int
+    objective: str
+    direction: str
+    prune: bool
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls) -> TrialRef | None:
+        """TUNE_TRIAL's trial, None where the fit is not a trial. Raises SettingsError for a value not written by
+        `tune`."""
+        text = os.environ.get(TRIAL_ENV, "")
+        if not text:
+            return None
+        try:
+            return cls(**json.loads(text))
+        except (ValueError, TypeError) as error:
+            raise SettingsError(f"{TRIAL_ENV} is not a trial written by `python -m train tune` ({error})") from None
+
+    def trial(self):
+        """The optuna trial, with its study's median pruner (or none): what the fit reports each epoch to."""
+        import optuna
+
+        study = optuna.load_study(study_name=self.study, storage=open_storage(self.storage), pruner=pruner(self.prune))
+        return optuna.trial.Trial(study, self.trial_id)
