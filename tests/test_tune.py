@@ -17,6 +17,8 @@ from tests.conftest import clean_env, engine_defaults, read_summary, run_python,
 from train.cli import app
 from train.settings import FIELDS
 
+pytest.importorskip("optuna", reason="Optuna is not installed: make setup EXTRAS=dev,tune")
+
 # each trial a real `python -m train fit` (a new interpreter, TensorFlow imported in it): a few steps
 TINY = {"EPOCHS": 1, "STEPS_PER_EPOCH": 5, "LOG_EVERY": 5, "CHECKPOINT_EVERY": 5, "PROGRESS": "lines"}
 SPACE = ["--space", "LEARNING_RATE=1e-3..1e-1:log", "--space", "BATCH_SIZE=16|32"]
@@ -199,6 +201,21 @@ def test_bad_input_is_one_line_and_exit_2_before_any_trial(tmp_path, monkeypatch
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], result.output
     assert not (tmp_path / "study" / "study.db").exists()
+
+
+def test_a_tune_without_the_tune_extra_is_one_line_and_exit_2(tmp_path, monkeypatch):
+    """Without optuna (None in sys.modules: `import optuna` fails, and so does the look it is found through), the
+    tune says which extra to install, before anything is written."""
+    monkeypatch.chdir(tmp_path)  # no stray .env
+    for name in [field.env for field in FIELDS] + [n for n in os.environ if n.startswith("HP_")]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setitem(sys.modules, "optuna", None)
+    args = ["tune", "--study-dir", str(tmp_path / "study"), "--trials", "2", "--space", "LEARNING_RATE=1e-3..1e-1"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "300", **engine_defaults()})
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert "python -m train tune needs optuna, which is not installed: make setup EXTRAS=dev,tune" in result.output
+    assert not (tmp_path / "study").exists()
 
 
 def test_bad_input_imports_neither_tensorflow_nor_keras(tmp_path):

@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import signal
@@ -103,6 +104,10 @@ def plan_tune(settings: Given, space: list[str], trials: int, jobs: int, storage
               hyperparameters, index: int = 0) -> Tune:  # fmt: skip
     """Every check of a tune, in one line each (SettingsError), before any trial; then STUDY_DIR and the storage
     opened. `hyperparameters`: MODEL's HP_ settings (train.model_file.model_hyperparameters)."""
+    if importlib.util.find_spec("optuna") is None:  # found, not imported: the tune extra is optional
+        raise SettingsError(
+            "python -m train tune needs optuna, which is not installed: make setup EXTRAS=dev,tune (the tune extra)"
+        )
     if jobs > trials:
         raise SettingsError(f"--jobs {jobs} is above --trials {trials}: use --jobs {trials} or fewer")
     checker = name_checker(settings.parsers, hyperparameters, settings.model)
