@@ -27,8 +27,8 @@ def judged(goal: dict) -> bool:
 def run_bench(*args: str, cwd: Path, data_dir: Path, timeout: float = 600, **settings: object) -> dict:
     """`python -m train bench ARGS --json FILE` in its own process; returns the JSON it wrote."""
     out = cwd / "bench.json"
-    result = run_python(["-m", "train", "bench", *args, "--json", str(out)], cwd=cwd,
-                        env=clean_env(TFDS_DATA_DIR=data_dir, **settings), timeout=timeout)  # fmt: skip
+    env = clean_env(TFDS_DATA_DIR=data_dir, JIT_COMPILE=None, **settings)  # the benchmark measures the defaults
+    result = run_python(["-m", "train", "bench", *args, "--json", str(out)], cwd=cwd, env=env, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "goals (docs/performance.md):" in result.stdout
     return json.loads(out.read_text())

@@ -118,6 +118,7 @@ def test_an_overridden_train_step_and_test_step_are_the_steps_fit_runs(replicas,
     (tmp_path / "counted.py").write_text(COUNTED)
     output_dir = tmp_path / "run"
     result = run_train("fit", cwd=tmp_path, MODEL="counted.py", TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=output_dir,
+                        JIT_COMPILE=None,  # auto: what it decides for a model's own train_step is asserted
                        CPU_DEVICES=replicas, **SMALL)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     epochs = json.loads((output_dir / "epochs.json").read_text())
@@ -152,6 +153,7 @@ def test_an_overridden_test_step_alone_is_evaluations_step(tmp_path, tfds_data_d
     (tmp_path / "counted.py").write_text(test_step_only)
     output_dir = tmp_path / "run"
     result = run_train("fit", cwd=tmp_path, MODEL="counted.py", TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=output_dir,
+                        JIT_COMPILE=None,  # auto: what it decides for a model's own train_step is asserted
                        **SMALL)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     logs = json.loads((output_dir / "epochs.json").read_text())[0]["logs"]

@@ -122,7 +122,7 @@ def test_every_example_once_per_pass_disjoint_replicas_and_a_resume_reads_the_sa
 def test_streamed_fit_learns_and_resumes_mid_pass_to_the_same_weights(tmp_path, tfds_data_dir):
     common = {
         "TFDS_DATA_DIR": tfds_data_dir, "DATA_IN_MEMORY": "false", "STEPS_PER_EPOCH": 30, "BATCH_SIZE": 64,
-        "LEARNING_RATE": 0.01, "CHECKPOINT_EVERY": 1000, "TRAIN_SPLIT": "train[:4096]",
+        "LEARNING_RATE": 0.01, "CHECKPOINT_EVERY": 1000, "TRAIN_SPLIT": "train[:4096]", "JIT_COMPILE": None,
     }  # fmt: skip
     straight = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "straight", EPOCHS=2, **common)
     assert straight.returncode == 0, straight.stderr[-3000:]
@@ -224,7 +224,13 @@ def test_jit_compile_true_where_xla_cannot_compile_the_call_is_refused_before_an
 
 
 def test_default_fit_compiles_the_call_with_xla_and_mirrored_does_not(tmp_path: Path, tfds_data_dir):
-    quick = {"TFDS_DATA_DIR": tfds_data_dir, "EPOCHS": 1, "STEPS_PER_EPOCH": 8, "STEPS_PER_CALL": 4}
+    quick = {
+        "TFDS_DATA_DIR": tfds_data_dir,
+        "EPOCHS": 1,
+        "STEPS_PER_EPOCH": 8,
+        "STEPS_PER_CALL": 4,
+        "JIT_COMPILE": None,
+    }
     for replicas, jit in ((1, True), (2, False)):
         output_dir = tmp_path / f"run{replicas}"
         result = run_train("fit", cwd=tmp_path, OUTPUT_DIR=output_dir, CPU_DEVICES=replicas, **quick)

@@ -31,7 +31,7 @@ GLOBAL_BATCH = 32
 
 def cnn_settings(data_dir: Path, output_dir: Path, replicas: int) -> dict[str, object]:
     return {**CNN, "TFDS_DATA_DIR": data_dir, "OUTPUT_DIR": output_dir, "CPU_DEVICES": replicas,
-            "BATCH_SIZE": GLOBAL_BATCH // replicas}  # fmt: skip
+            "BATCH_SIZE": GLOBAL_BATCH // replicas, "JIT_COMPILE": None}  # fmt: skip
 
 
 def train_cnn(tmp_path_factory, data_dir: Path, replicas: int) -> tuple[int, Path, subprocess.CompletedProcess]:

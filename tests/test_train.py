@@ -18,6 +18,7 @@ def fit(tmp_path: Path, data_dir: Path, fresh: bool = False, **settings: object
         ) -> tuple[subprocess.CompletedProcess, Path]:  # fmt: skip
     output_dir = tmp_path / "run"
     tmp_path.mkdir(exist_ok=True)
+    settings = {"JIT_COMPILE": None, **settings}  # the engine's default (auto): this file tests the default fit
     result = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=data_dir, OUTPUT_DIR=output_dir, fresh=fresh, **settings)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return result, output_dir
