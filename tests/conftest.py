@@ -29,6 +29,7 @@ from train.settings import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"  # the tests' own MLflow clients (clean_env sets it for every run)
 # Where the harnesses and other processes without a tmp_path of their own run: an empty folder, so that a
 # developer's .env in the repository (read from the working directory) never reaches a test (start_python refuses
 # REPO as a working directory).
@@ -84,9 +85,11 @@ def clean_env(**settings: object) -> dict[str, str]:
     not_passed = {f.env for f in FIELDS} | {"TF_CONFIG"}  # a TF_CONFIG in the shell would make every run multi-worker
     not_passed |= {name for name in os.environ if name.startswith("HP_")}  # build_model's settings (train/hparams.py)
     not_passed |= set(likely_typos(os.environ, ENVIRONMENT_TYPO_CUTOFF))  # their warnings would add lines to stderr
+    not_passed |= {name for name in os.environ if name.startswith("MLFLOW_")}  # a user's tracking server, not ours
     env = {name: value for name, value in os.environ.items() if name not in not_passed}
     env.update(engine_defaults())
     env.update(TEST_DEFAULTS)
+    env["MLFLOW_DISABLE_TELEMETRY"] = "true"  # no test sends MLflow's usage telemetry
     env.update({name: str(value) for name, value in settings.items()})
     for name in [name for name, value in settings.items() if value is None]:
         del env[name]

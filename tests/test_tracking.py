@@ -23,20 +23,11 @@ from tests.conftest import REPO, clean_env, read_summary, run_python
 
 pytest.importorskip("mlflow", reason="MLflow is not installed: make setup EXTRAS=dev,track")
 
-os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"  # this process's client too (the test reads the runs back)
 FAST = {"EPOCHS": 1, "STEPS_PER_EPOCH": 4, "LOG_EVERY": 2, "TRACKING": "mlflow"}
 
 
-def tracked_env(**settings: object) -> dict[str, str]:
-    """clean_env without the user's MLflow variables, telemetry off."""
-    env = {name: value for name, value in clean_env(**settings).items() if not name.startswith("MLFLOW_")}
-    env["MLFLOW_DISABLE_TELEMETRY"] = "true"
-    env.update({name: str(value) for name, value in settings.items() if name.startswith("MLFLOW_")})
-    return env
-
-
 def fit(tmp_path: Path, **settings: object) -> subprocess.CompletedProcess:
-    done = run_python(["-m", "train", "fit"], cwd=tmp_path, env=tracked_env(**{**FAST, **settings}))
+    done = run_python(["-m", "train", "fit"], cwd=tmp_path, env=clean_env(**{**FAST, **settings}))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return done
 
@@ -114,7 +105,7 @@ def start_server(folder: Path, port: int) -> subprocess.Popen:
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{folder / 'server.db'}",
          "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        cwd=folder, env=tracked_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        cwd=folder, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

@@ -105,8 +105,7 @@ def test_a_trial_the_median_pruner_stops_says_pruned_in_its_summary(tmp_path, tf
     for rate in (0.05, 0.05, 1e-7):  # two that learn, then one that barely moves: above their median at epoch 1
         study.enqueue_trial({"LEARNING_RATE": rate})
     result = tune(tmp_path, tfds_data_dir, "--trials", "3", "--space", "LEARNING_RATE=1e-7..1e-1:log",
-                  EPOCHS=2, STEPS_PER_EPOCH=20, CHECKPOINT_EVERY=20, LOG_EVERY=20, TRACKING="mlflow",
-                  MLFLOW_DISABLE_TELEMETRY="true")  # fmt: skip
+                  EPOCHS=2, STEPS_PER_EPOCH=20, CHECKPOINT_EVERY=20, LOG_EVERY=20, TRACKING="mlflow")  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert [each.state.name for each in study_trials(study_dir)] == ["COMPLETE", "COMPLETE", "PRUNED"]
     # TRACKING=mlflow: each trial an MLflow run (in the store beside the trials), under the study's one parent run
