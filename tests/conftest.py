@@ -40,14 +40,15 @@ atexit.register(shutil.rmtree, HARNESS_CWD, True)
 # to its two workers in collection order, so the long ones start first and the short ones fill in at the end,
 # rather than one long file running alone while the other worker idles.
 LONGEST_FIRST = (
-    "test_elastic.py", "test_tune.py", "test_bench.py", "test_preprocess.py", "test_examples.py", "test_data.py",
-    "test_tables.py", "test_bench_processes.py", "test_memory.py", "test_local_data.py", "test_accumulation.py",
-    "test_predict.py", "test_dcgan.py", "test_multi_worker.py", "test_tracking.py", "test_experiment.py",
-    "test_journeys.py", "test_phases.py", "test_init_from.py", "test_finetune.py", "test_bad_files.py",
-    "test_pretrained.py", "test_replicas.py", "test_text.py", "test_custom_step.py", "test_fuzz.py",
-    "test_statistics.py", "test_train.py", "test_resilience.py", "test_project.py", "test_contract.py",
-    "test_probe.py", "test_slurm.py", "test_model_contract.py", "test_observability.py", "test_prepared.py",
-    "test_first_run.py", "test_gpu.py", "test_errors.py", "test_harness.py",
+    "test_journeys.py", "test_multi_worker.py", "test_local_data.py", "test_fuzz.py", "test_elastic.py",
+    "test_bench_processes.py", "test_bench.py", "test_preprocess.py", "test_text.py", "test_tune.py",
+    "test_finetune.py", "test_predict.py", "test_examples.py", "test_phases.py", "test_accumulation.py",
+    "test_data.py", "test_custom_step.py", "test_memory.py", "test_tracking.py", "test_init_from.py",
+    "test_train.py", "test_experiment.py", "test_resilience.py", "test_tables.py", "test_replicas.py",
+    "test_dcgan.py", "test_slurm.py", "test_statistics.py", "test_pretrained.py", "test_probe.py",
+    "test_prepared.py", "test_bad_files.py", "test_project.py", "test_contract.py", "test_observability.py",
+    "test_doctor.py", "test_first_run.py", "test_errors.py", "test_model_contract.py", "test_harness.py",
+    "test_gpu.py",
 )  # fmt: skip
 
 

@@ -94,6 +94,22 @@ def test_a_fit_and_its_resume_are_one_mlflow_run_on_the_local_sqlite_store(tmp_p
     assert {each.path for each in mlflow.list_artifacts(run.info.run_id)} == {"summary.json", "run.json"}
 
 
+@pytest.mark.slow
+def test_on_two_workers_only_the_chief_logs(tmp_path):
+    """Two workers (one TF_CONFIG each, as the launcher starts them): one MLflow run, the chief's, whose metrics
+    are the summary's; the other worker trains and logs nothing."""
+    from tests.harness.runs import run_two_workers
+
+    workers = run_two_workers(tmp_path, tmp_path, OUTPUT_DIR="runs/two", WORKER_START_TIMEOUT=120, **FAST)
+    assert [code for code, _ in workers] == [0, 0], workers[0][1][-3000:] + workers[1][1][-3000:]
+    assert "Tracking to MLflow" in workers[0][1] and "Tracking to MLflow" not in workers[1][1]
+    store = tmp_path / "runs" / "mlflow.db"
+    (run,) = the_run(f"sqlite:///{store}", "runs")
+    summary = read_summary(tmp_path / "runs" / "two")
+    assert (summary["workers"], run.data.params["tracking"]) == (2, "mlflow")
+    assert run.data.metrics["val_loss"] == pytest.approx(summary["eval"]["loss"])
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
