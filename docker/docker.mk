@@ -68,8 +68,12 @@ DATASET_MOUNT = $(if $(DATASET_HOST),-v "$(DATASET_HOST)":/dataset/$(notdir $(DA
 # Settings passed to the container by name (`-e NAME`) when given to make or set in its
 # environment: every `name: type = setting(...)` of train/settings/table.py (the one table of settings),
 # plus the root Makefile's SETTINGS, plus build_model's hyperparameters (HP_WIDTH=64: MODEL's own).
-# GPUS, TFDS_DATA_DIR, OUTPUT_DIR, KERAS_HOME and KAGGLEHUB_CACHE are mapped, not passed.
-DOCKER_SETTINGS_ALL := $(sort $(SETTINGS) $(shell sed -n '/^class Settings/,/^[^ ]/s/^    \([a-z][a-z0-9_]*\): [^=]* = setting.*/\1/p' $(DOCKER_ROOT)/train/settings/table.py 2>/dev/null | tr '[:lower:]' '[:upper:]') $(filter HP_%,$(.VARIABLES)))
+# GPUS, TFDS_DATA_DIR, OUTPUT_DIR, KERAS_HOME and KAGGLEHUB_CACHE are mapped, not passed. MLflow's own variables
+# (TRACKING=mlflow; the image needs IMAGE_EXTRAS=track) are passed the same way; unset, its store is the runs
+# volume's mlflow.db, beside the run directories.
+DOCKER_MLFLOW := MLFLOW_TRACKING_URI MLFLOW_EXPERIMENT_NAME MLFLOW_DISABLE_TELEMETRY MLFLOW_TRACKING_USERNAME \
+	MLFLOW_TRACKING_PASSWORD MLFLOW_TRACKING_TOKEN MLFLOW_HTTP_REQUEST_MAX_RETRIES MLFLOW_HTTP_REQUEST_TIMEOUT
+DOCKER_SETTINGS_ALL := $(sort $(SETTINGS) $(DOCKER_MLFLOW) $(shell sed -n '/^class Settings/,/^[^ ]/s/^    \([a-z][a-z0-9_]*\): [^=]* = setting.*/\1/p' $(DOCKER_ROOT)/train/settings/table.py 2>/dev/null | tr '[:lower:]' '[:upper:]') $(filter HP_%,$(.VARIABLES)))
 DOCKER_PASSED = $(foreach name,$(filter-out GPUS TFDS_DATA_DIR OUTPUT_DIR KERAS_HOME KAGGLEHUB_CACHE $(if $(DATASET_HOST),DATASET),$(DOCKER_SETTINGS_ALL)),\
 	$(if $(filter undefined default,$(origin $(name))),,$(name)))
 export $(DOCKER_PASSED)

@@ -82,7 +82,7 @@ def make_env() -> dict[str, str]:
     """make's environment without any of the user's settings or docker.mk variables."""
     drop = set(SETTING_NAMES) | MAPPED | {"IMAGE", "TF_VARIANT", "DATA_DIR", "RUNS_DIR", "RUN_NAME", "BASE_IMAGE"}
     drop |= {"SETTINGS", "KERAS_DIR", "KAGGLEHUB_DIR", "IMAGE_EXTRAS"}
-    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("DOCKER", "MAKE"))}
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("DOCKER", "MAKE", "MLFLOW_"))}
     env["HOME"] = "/nonexistent-home"  # so DATA_DIR's default does not depend on ~/tensorflow_datasets
     return env
 
@@ -366,6 +366,8 @@ def test_settings_pass_through_as_environment_variables():
     assert env["TFDS_DATA_DIR"] == "/data" and env["OUTPUT_DIR"] == "/runs/default"
     unset = env_flags(docker_run_argv("TF_VARIANT=cpu"))
     assert set(unset) == MAPPED, "a setting not given to make is not passed (the image or .env decides)"
+    tracked = env_flags(docker_run_argv("TF_VARIANT=cpu", "TRACKING=mlflow", "MLFLOW_TRACKING_URI=http://mlflow:5000"))
+    assert {"TRACKING", "MLFLOW_TRACKING_URI"} <= set(tracked), "MLflow's own variables reach the container too"
 
 
 def test_output_dir_maps_to_the_runs_volume(tmp_path):
