@@ -232,3 +232,44 @@ def test_bad_input_imports_neither_tensorflow_nor_keras(tmp_path):
                             text=True)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def _tune_in_process(tmp_path: Path, monkeypatch, model: str, *args: str):
+    """`tune` through typer's CliRunner with MODEL's text (no trial gets as far as a fit here)."""
+    monkeypatch.chdir(tmp_path)  # no stray .env
+    for name in [field.env for field in FIELDS] + [n for n in os.environ if n.startswith("HP_")]:
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "model.py").write_text(model)
+    args = ["tune", "--study-dir", str(tmp_path / "study"), "--model", str(tmp_path / "model.py"), *args]
+    return CliRunner().invoke(app, args, env={"COLUMNS": "300", **engine_defaults()})
+
+
+def test_a_search_space_that_raises_is_one_line_naming_model_and_exit_2(tmp_path, monkeypatch):
+    model = SEARCH_SPACE.replace('trial.suggest_float("lr", 1e-4, 1e-2, log=True)', 'trial.suggest_float("lr", 1, 0)')
+    result = _tune_in_process(tmp_path, monkeypatch, model, "--trials", "2")
+    assert result.exit_code == 2, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith(f"error: MODEL={str(tmp_path / 'model.py')!r}: search_space(trial) raised ValueError: "), last
+    assert "Traceback" not in result.output and "This is a bug" not in result.output
+    [failed] = study_trials(tmp_path / "study")
+    assert failed.state.name == "FAIL" and failed.user_attrs["error"] in last  # the trial asked for: failed, with it
+
+
+# The storage lost in the middle of a tune: MODEL's search_space(trial), called between the study's writes, overwrites
+# the study's sqlite file (what is faked is only when it breaks; the failure is sqlite's own).
+LOSES_THE_STORAGE = SEARCH_SPACE.replace(
+    "def search_space(trial):\n",
+    "def search_space(trial):\n    open({path!r}, 'r+b').write(b'not a database' * 512)\n",
+)
+
+
+def test_a_storage_lost_in_the_middle_of_a_tune_is_one_line_and_exit_1(tmp_path, monkeypatch):
+    model = LOSES_THE_STORAGE.replace("{path!r}", repr(str(tmp_path / "study" / "study.db")))
+    result = _tune_in_process(tmp_path, monkeypatch, model, "--trials", "2")
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    storage = f"sqlite:///{tmp_path / 'study' / 'study.db'}"
+    assert lines[-1].startswith(f"error: the study's storage {storage} failed ("), lines[-1]
+    assert lines[-1].endswith("run the tune again once it is back: it goes on from what the storage holds"), lines[-1]
+    assert "Traceback" not in result.output and "This is a bug" not in result.output
+    assert not list((tmp_path / "study").glob("trial-*"))

@@ -54,8 +54,28 @@ def open_storage(text: str):
     except SettingsError:
         raise
     except Exception as error:  # a bad URL, a driver not installed, a server not there, a file not writable
-        why = first_line(error, 300).split(" (Background on this error")[0]  # SQLAlchemy's link to its FAQ
-        raise SettingsError(f"--storage {text} cannot be opened ({why}): {allowed}") from None
+        raise SettingsError(f"--storage {text} cannot be opened ({_said(error)}): {allowed}") from None
+
+
+def storage_failure(error: BaseException, storage: str) -> str | None:
+    """What a failure of the storage `storage` says, in one line: the database's or the journal file's own error,
+    not optuna's wrapping of it. None where `error` is not the storage's (optuna's StorageInternalError,
+    SQLAlchemy's errors, an OSError on the journal file or its lock)."""
+    import optuna
+
+    if isinstance(error, optuna.exceptions.StorageInternalError):
+        error = error.__cause__ or error
+    elif isinstance(error, OSError):
+        journal = str(Path(storage[len(JOURNAL) :]).expanduser()) if storage.startswith(JOURNAL) else None
+        if journal is None or not str(error.filename or "").startswith(journal):
+            return None
+    elif not type(error).__module__.startswith("sqlalchemy"):
+        return None
+    return _said(error)
+
+
+def _said(error: BaseException) -> str:
+    return first_line(error, 300).split(" (Background on this error")[0]  # without SQLAlchemy's link to its FAQ
 
 
 def objective_of(monitor: str | None, monitor_mode: str) -> tuple[str, str]:

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from train.errors import EXIT_BUSY, EXIT_PREEMPTED, SettingsError, first_line
+from train.errors import EXIT_BUSY, EXIT_PREEMPTED, SettingsError, TrainingError, first_line
 from train.rundir import holder, write_json
 from train.search_space import (
     Check,
@@ -46,7 +46,16 @@ from train.search_space import (
     name_checker,
     parse_space,
 )
-from train.study import STUDY_NAME, TrialRef, default_storage, objective_of, open_storage, pruner, trial_value
+from train.study import (
+    STUDY_NAME,
+    TrialRef,
+    default_storage,
+    objective_of,
+    open_storage,
+    pruner,
+    storage_failure,
+    trial_value,
+)
 
 FAILURES_IN_A_ROW = 3
 HEARTBEAT_SECONDS = 30.0
@@ -291,13 +300,25 @@ class Jobs:
             if self.search_space is None:
                 values = {d.name: _text(d.suggest(trial)) for d in self.tune.space}
             else:
-                values = checked_values(self.search_space(trial), self.tune.checker, self.tune.settings.model)
+                values = checked_values(self._space_of(trial), self.tune.checker, self.tune.settings.model)
         except BaseException as error:  # MODEL's search_space: the trial it was asked for is failed, not left RUNNING
-            study._storage.set_trial_user_attr(trial._trial_id, "error", first_line(error, 300))
-            study.tell(trial, state=TrialState.FAIL)
+            if storage_failure(error, self.tune.storage) is None:
+                study._storage.set_trial_user_attr(trial._trial_id, "error", first_line(error, 300))
+                study.tell(trial, state=TrialState.FAIL)
             raise
         trial.set_user_attr("settings", values)
         return Claim(trial.number, trial._trial_id, values, resumed=False)
+
+    def _space_of(self, trial) -> object:
+        """What MODEL's search_space(trial) returns; what it raises is the model file's error (SettingsError), save
+        the storage's, which it reaches through `trial`."""
+        try:
+            return self.search_space(trial)
+        except Exception as error:
+            if storage_failure(error, self.tune.storage) is not None:
+                raise
+            raise SettingsError(f"MODEL={self.tune.settings.model!r}: search_space(trial) raised "
+                                f"{type(error).__name__}: {first_line(error, 300)}") from None  # fmt: skip
 
     def _run(self, study, claim: Claim, index: int) -> None:
         tune = self.tune
@@ -386,7 +407,19 @@ def _last_line(log: Path) -> str:
 
 def run_tune(tune: Tune, say: Say) -> dict[str, object]:
     """Create the study (once), run the jobs, write best.json; returns {"trials": rows, "best": best.json or None}.
-    Raises TuneFailed (three failures in a row), SettingsError (a study of another direction)."""
+    Raises TuneFailed (three failures in a row), SettingsError (a study of another direction, a bad search_space),
+    TrainingError (the storage failed: what it recorded is kept, and a tune run again goes on from it)."""
+    try:
+        return _tune(tune, say)
+    except Exception as error:
+        why = storage_failure(error, tune.storage)
+        if why is None:
+            raise
+        raise TrainingError(f"the study's storage {tune.storage} failed ({why}): run the tune again once it is "
+                            "back: it goes on from what the storage holds") from None  # fmt: skip
+
+
+def _tune(tune: Tune, say: Say) -> dict[str, object]:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
