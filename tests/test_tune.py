@@ -186,6 +186,7 @@ BAD = [
     (["--space", "LEARNING_RATE=1e-4..1e-2", "--storage", "sqlite:////no/such/folder/study.db"], "cannot be opened"),
     (["--space", "LEARNING_RATE=1e-4..1e-2", "--storage", "journal:/no/such/folder/j.log"], "does not exist"),
     (["--space", "LEARNING_RATE=1e-4..1e-2", "--monitor", "val_thing"], "MONITOR='val_thing': whether it should"),
+    (["--space", "LEARNING_RATE=1e-4..1e-2", "TF_CONFIG"], "TF_CONFIG is set and names 2 workers, but a tune runs"),
 ]
 
 
@@ -194,8 +195,13 @@ def test_bad_input_is_one_line_and_exit_2_before_any_trial(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)  # no stray .env
     for name in [field.env for field in FIELDS] + [n for n in os.environ if n.startswith("HP_")]:
         monkeypatch.delenv(name, raising=False)
-    result = CliRunner().invoke(app, ["tune", "--study-dir", str(tmp_path / "study"), *args],
-                                env={"COLUMNS": "300", **engine_defaults()})  # fmt: skip
+    env = {"COLUMNS": "300", **engine_defaults()}
+    if "TF_CONFIG" in args:  # not a flag: the environment TensorFlow reads, naming 2 workers
+        args = [arg for arg in args if arg != "TF_CONFIG"]
+        env["TF_CONFIG"] = json.dumps(
+            {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}
+        )
+    result = CliRunner().invoke(app, ["tune", "--study-dir", str(tmp_path / "study"), *args], env=env)
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], result.output
@@ -249,7 +255,9 @@ def test_a_search_space_that_raises_is_one_line_naming_model_and_exit_2(tmp_path
     result = _tune_in_process(tmp_path, monkeypatch, model, "--trials", "2")
     assert result.exit_code == 2, result.output
     last = result.output.strip().splitlines()[-1]
-    assert last.startswith(f"error: MODEL={str(tmp_path / 'model.py')!r}: search_space(trial) raised ValueError: "), last
+    assert last.startswith(f"error: MODEL={str(tmp_path / 'model.py')!r}: search_space(trial) raised ValueError: "), (
+        last
+    )
     assert "Traceback" not in result.output and "This is a bug" not in result.output
     [failed] = study_trials(tmp_path / "study")
     assert failed.state.name == "FAIL" and failed.user_attrs["error"] in last  # the trial asked for: failed, with it
@@ -273,3 +281,20 @@ def test_a_storage_lost_in_the_middle_of_a_tune_is_one_line_and_exit_1(tmp_path,
     assert lines[-1].endswith("run the tune again once it is back: it goes on from what the storage holds"), lines[-1]
     assert "Traceback" not in result.output and "This is a bug" not in result.output
     assert not list((tmp_path / "study").glob("trial-*"))
+
+
+def test_a_trial_on_several_workers_is_refused_before_tensorflow(tmp_path):
+    """A fit that TUNE_TRIAL makes a tune's trial is one process: on workers, each would report to the trial and be
+    pruned on its own. Refused in one line before TensorFlow loads, nothing written; so is a tune whose trials would
+    get TF_CONFIG (test_bad_input_is_one_line_and_exit_2_before_any_trial)."""
+    trial = {"storage": f"sqlite:///{tmp_path / 'study.db'}", "study": "study", "trial_id": 1, "number": 0,
+             "objective": "val_loss", "direction": "minimize", "prune": True}  # fmt: skip
+    config = {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}
+    env = clean_env(TUNE_TRIAL=json.dumps(trial), TF_CONFIG=json.dumps(config), OUTPUT_DIR=tmp_path / "run",
+                    WORKER_START_TIMEOUT=5, **TINY)  # fmt: skip
+    result = run_python(["-c", TUNE, "fit"], cwd=tmp_path, env=env, timeout=120, fresh=True)  # its imports its own
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert lines[-2].startswith("error: TUNE_TRIAL is set on a multi-worker run (TF_CONFIG, STRATEGY=multi_worker)")
+    assert lines[-1] == "imported: []"
+    assert not (tmp_path / "run").exists()

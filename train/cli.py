@@ -49,6 +49,7 @@ from train.settings import (
     peek_hyperparameters,
 )
 from train.signals import StopRequest
+from train.study import check_trial
 
 app = typer.Typer(
     help=__doc__.split("\n\n")[0],
@@ -310,6 +311,7 @@ def fit(settings: Settings) -> None:
     preflight(settings.output_dir, settings.model, settings.sync_batch_norm, settings.resume, settings.multi_worker,
               settings.cluster is not None and settings.cluster.is_chief, _warn)  # fmt: skip
     check_run_settings(settings.output_dir, _warn)
+    check_trial(settings.multi_worker)  # TUNE_TRIAL: a tune's trial, one process
     check_same_phase_settings(settings.output_dir, settings)  # another FREEZE or UNFREEZE_*: refused, as DATASET is
     check_init_from(settings.init_from, settings.init_layers, read_run(settings.output_dir),
                     bool(checkpoints_newest_first(settings.output_dir / "checkpoints")))  # fmt: skip
@@ -479,7 +481,8 @@ def tune(
     from train.tune import Given, TuneFailed, format_table, plan_tune, run_tune
 
     given = Given(settings.to_json(), {field.env: field.parse for field in FIELDS}, settings.model, settings.seed,
-                  settings.monitor, settings.monitor_mode, settings.gpus, settings.study_dir)  # fmt: skip
+                  settings.monitor, settings.monitor_mode, settings.gpus, settings.study_dir,
+                  settings.cluster.num_workers if settings.cluster else 1)  # fmt: skip
     plan = plan_tune(given, space or [], trials, jobs, storage, prune, model_hyperparameters(settings.model), index)
     try:
         result = run_tune(plan, lambda line: typer.echo(line, err=True))

@@ -86,6 +86,7 @@ class Given:
     monitor_mode: str
     gpus: str | tuple[int, ...]
     study_dir: Path
+    workers: int = 1  # the workers TF_CONFIG names (1 where it is unset): a trial is one process, on this machine
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +120,11 @@ def plan_tune(settings: Given, space: list[str], trials: int, jobs: int, storage
         )
     if jobs > trials:
         raise SettingsError(f"--jobs {jobs} is above --trials {trials}: use --jobs {trials} or fewer")
+    if settings.workers > 1:  # each trial's fit would wait for workers no one starts
+        raise SettingsError(
+            f"TF_CONFIG is set and names {settings.workers} workers, but a tune runs each trial as one process on this "
+            "machine: unset TF_CONFIG; machines share a study through --storage and --index"
+        )
     checker = name_checker(settings.parsers, hyperparameters, settings.model)
     dimensions = parse_space(space, checker)
     if not dimensions and not has_search_space(settings.model):
