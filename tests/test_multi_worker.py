@@ -53,7 +53,7 @@ def test_tf_config_names_this_worker_and_the_chief():
 
 
 def test_each_worker_has_its_own_crash_log_the_chief_the_runs():
-    """What a bug leaves (train.cli): the chief appends to crash.log, worker 1 to crash-worker1.log, side by side."""
+    """What a bug leaves (train.command): the chief appends to crash.log, worker 1 to crash-worker1.log, beside it."""
     chief = {**GOOD, "task": {"type": "worker", "index": 0}}
     assert parse_tf_config(json.dumps(chief)).own_file("crash.log") == "crash.log"
     assert parse_tf_config(json.dumps(GOOD)).own_file("crash.log") == "crash-worker1.log"

@@ -6,8 +6,8 @@ Model, data, devices, phases and loop are the rows in capitals.
 
 | where           | owns                                                           | must not                          |
 |-----------------|----------------------------------------------------------------|-----------------------------------|
-| cli, __main__   | the commands: resolve the settings, call the library, map      | compute what a library call       |
-|                 | errors to exit codes (errors)                                  | could; import TF before a command |
+| cli, command,   | the commands (cli): resolve the settings, call the library,    | compute what a library call       |
+| __main__        | map errors to exit codes (command, errors)                     | could; import TF before a command |
 |                 |                                                                | needs it                          |
 | settings/       | each setting declared once (table), parsed (parse), layered:   | import TensorFlow or train.data;  |
 |                 | flag > environment > the run's settings.json > .env > default  | write a file                      |
