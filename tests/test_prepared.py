@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from tests.conftest import clean_env, copy_data_dir, run_python, run_train
+from tests.harness.caps import UNPRIVILEGED_TRAIN, can_drop_file_override
 from tests.test_local_data import photos
 from train.data import written
 from train.data.prepared import human
@@ -76,3 +79,28 @@ def test_the_data_commands_do_not_import_tensorflow(tmp_path):
               "print(result.exit_code, 'tensorflow' in sys.modules)\n")  # fmt: skip
     result = run_python(["-c", script, str(tmp_path)], fresh=True)
     assert result.stdout.split() == ["0", "False"], result.stderr[-2000:]
+
+
+@pytest.mark.skipif(not can_drop_file_override(), reason="root here cannot drop CAP_DAC_OVERRIDE")
+def test_a_copy_that_cannot_be_removed_is_one_line_and_a_prune_run_again_removes_it(tmp_path):
+    """A copy no run uses, holding a folder this user cannot write (prune runs without root's power over files):
+    one line naming it, exit 1, no traceback; writable again, `data prune` removes it."""
+    copy = tmp_path / "tfds" / "photos-0a1b2c3d" / written.VERSION  # a written copy, as train.data.written names one
+    (copy / "images").mkdir(parents=True)
+    (copy / "dataset_info.json").write_text("{}")
+    (copy / written.SOURCE).write_text(json.dumps({"identity": {"kind": "images", "files": 1}, "source": "photos"}))
+    (copy / "images" / "1.jpg").write_bytes(b"jpeg")
+    (copy / "images").chmod(0o555)
+    prune = ["data", "prune", "--runs", "runs", "--tfds-data-dir", str(tmp_path / "tfds")]
+    refused = run_python(["-c", UNPRIVILEGED_TRAIN, *prune], cwd=tmp_path)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    [trashed] = (tmp_path / "tfds" / ".train-removed").iterdir()  # out of TFDS's sight whole, in one rename
+    assert refused.stderr.strip().splitlines() == [
+        f"error: the copies no run uses are out of use, but {trashed / 'images' / '1.jpg'} could not be removed "
+        f"(Permission denied): fix that and run `data prune` again to free {tmp_path / 'tfds' / '.train-removed'}"
+    ]
+    assert "Removed" not in refused.stdout and not copy.parent.exists()
+    (trashed / "images").chmod(0o755)
+    again = run_python(["-c", UNPRIVILEGED_TRAIN, *prune], cwd=tmp_path)
+    assert again.returncode == 0 and "nothing freed" in again.stdout, again.stderr
+    assert not (tmp_path / "tfds" / ".train-removed").exists()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +22,10 @@ from pathlib import Path
 import train.data.written as written
 from train import dataset_path
 from train.data.written import Identity
+from train.errors import TrainingError
 
 RUN = "run.json"  # in a run directory: what it trained on ("data")
+TRASH = ".train-removed"  # in TFDS_DATA_DIR: the copies `prune` took out of use, until they are removed whole
 Json = dict[str, object]  # a JSON document's object: run.json, a source's record, `data list --json`'s entries
 
 
@@ -148,23 +151,50 @@ def listed(root: Path, runs: Path, warn) -> list[Prepared]:
 
 def prune(root: Path, runs: Path, warn, dry_run: bool = False) -> list[Prepared]:
     """Remove every copy written from a path that no run under `runs` records (under TFDS_DATA_DIR's lock, with
-    the index's records of it); returns what was (or, `dry_run`, would be) removed."""
+    the index's records of it); returns what was (or, `dry_run`, would be) removed. Raises TrainingError where a
+    copy, out of use already, cannot be removed whole (`_empty`)."""
     if not root.is_dir():
         return []
     with written.locked(root, "the pruning"):
         unused = [each for each in listed(root, runs, warn) if each.written and not each.runs]
         if dry_run:
             return unused
-        names = set()
-        for each in unused:
-            shutil.rmtree(each.directory)
-            names.add(each.directory.parent.name)
-            if not any(each.directory.parent.iterdir()):  # name/1.0.0 was its only version
-                each.directory.parent.rmdir()
-        for index in (root / written.INDEX).glob("*.json") if (root / written.INDEX).is_dir() else []:
-            if (_read_json(index) or {}).get("name") in names:
-                index.unlink()
+        trash, names = root / TRASH, set()
+        try:
+            for each in unused:  # out of TFDS's sight in one rename: never half a copy in TFDS_DATA_DIR
+                trash.mkdir(exist_ok=True)
+                os.rename(each.directory, trash / f"{each.directory.parent.name}-{time.time_ns()}")
+                names.add(each.directory.parent.name)
+                if not any(each.directory.parent.iterdir()):  # name/1.0.0 was its only version
+                    each.directory.parent.rmdir()
+        except OSError as error:
+            raise TrainingError(f"TFDS_DATA_DIR's copy {each.directory} cannot be removed ({error.strerror}): fix "
+                                "that and run `data prune` again") from None  # fmt: skip
+        finally:  # the index forgets what was taken out, whatever stopped the rest
+            for index in (root / written.INDEX).glob("*.json") if (root / written.INDEX).is_dir() else []:
+                if (_read_json(index) or {}).get("name") in names:
+                    index.unlink()
+        _empty(trash)
     return unused
+
+
+def _empty(trash: Path) -> None:
+    """The copies taken out of use (this prune's, and what an earlier one could not remove), removed: as much as can
+    be. Raises TrainingError naming the first file that could not be."""
+    failed: list[tuple[str, BaseException]] = []
+
+    def note(function: object, path: str, error: BaseException | tuple) -> None:  # onexc's, or onerror's exc_info
+        failed.append((path, error if isinstance(error, BaseException) else error[1]))
+
+    if trash.is_dir():
+        shutil.rmtree(trash, **({"onexc": note} if sys.version_info >= (3, 12) else {"onerror": note}))
+    if failed:
+        path, error = failed[0]
+        why = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise TrainingError(
+            f"the copies no run uses are out of use, but {path} could not be removed ({why}): fix that and run "
+            f"`data prune` again to free {trash}"
+        )
 
 
 def human(size: int) -> str:
