@@ -555,3 +555,40 @@ def test_the_forks_contract_test_takes_a_folder_as_its_dataset(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
     assert outcome["loss_finite"] and outcome["dataset"].startswith("photos_") and outcome["served_shape"] == [8, 3]
+
+
+ORDER_MODEL = """
+import json, keras, os
+{preprocess}
+def build_model(input_shape, num_classes, learning_rate):
+    with open(os.environ["ORDER_FILE"], "a") as out:  # the order build_model meets the columns in
+        out.write(json.dumps(list(input_shape)) + "\\n")
+    inputs = {{name: keras.Input(shape, name=name) for name, shape in input_shape.items()}}
+    joined = keras.layers.Concatenate()([keras.ops.cast(keras.ops.reshape(x, (-1, 1)), "float32")
+                                         for x in inputs.values()])  # in input_shape's order, as examples/tabular
+    model = keras.Model(inputs, keras.layers.Dense(num_classes, activation="softmax")(joined))
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    return model
+"""
+OWN_PREPROCESS = """
+def preprocess(example, training, seed):  # the example's own order: as the files give it
+    return {name: value for name, value in example.items() if name != "label"}, example["label"]
+"""
+
+
+def test_a_tables_columns_reach_build_model_in_name_order_with_or_without_preprocess(tmp_path):
+    """TFDS gives a prepared table's columns in another order in each process: a model built by iterating
+    input_shape would meet other columns after a restart. Six columns: any other order is the files' (1 in 720)."""
+    rng = np.random.default_rng(0)
+    names = ["zeta", "alpha", "mu", "beta", "omega", "kappa"]
+    rows = [",".join([*names, "label"])]
+    rows += [",".join([*(f"{value:.3f}" for value in rng.random(6)), str(i % 2)]) for i in range(60)]
+    (tmp_path / "table.csv").write_text("\n".join(rows) + "\n")
+    for preprocess in ("", OWN_PREPROCESS):
+        (tmp_path / "model.py").write_text(ORDER_MODEL.format(preprocess=preprocess))
+        output_dir = tmp_path / f"run{len(preprocess)}"
+        result = run_train("fit", cwd=tmp_path, DATASET="table.csv", TFDS_DATA_DIR=tmp_path / "tfds", MODEL="model.py",
+                           OUTPUT_DIR=output_dir, ORDER_FILE=tmp_path / "order.jsonl", **FAST)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+    orders = [json.loads(line) for line in (tmp_path / "order.jsonl").read_text().splitlines()]
+    assert orders and all(order == sorted(names) for order in orders), orders

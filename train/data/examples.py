@@ -50,6 +50,18 @@ def named(structure: Inputs | InputSpec) -> list[tuple[str, tf.Tensor | tf.Tenso
     return [("inputs", structure)]
 
 
+def by_name(structure):
+    """`structure` with every dict's keys in name order. A prepared table's columns come back from its files in
+    another order in each process (TFDS keeps its features in a protobuf map), and a model built by iterating
+    `input_shape`, or calling on `inputs.items()`, would take them in that order: after a restart its weights
+    would meet other columns. Only the structure changes: nothing is computed."""
+    if isinstance(structure, dict):
+        return {key: by_name(structure[key]) for key in sorted(structure)}
+    if isinstance(structure, tuple) and not hasattr(structure, "_fields"):
+        return tuple(by_name(part) for part in structure)
+    return structure
+
+
 @contextlib.contextmanager
 def float32_policy() -> Iterator[None]:
     """Keras layers made while `preprocess` is traced compute in float32: a mixed-precision policy changes the
@@ -156,9 +168,10 @@ class Examples:
         return example
 
     def call(self, example: Example, training: bool, seed: tf.Tensor) -> tuple[Inputs, tf.Tensor]:
-        """(inputs, label) of a decoded example: `preprocess`'s, or the columns of FEATURE_KEY as stored."""
+        """(inputs, label) of a decoded example: `preprocess`'s, or the columns of FEATURE_KEY as stored; a dict's keys
+        in name order (`by_name`)."""
         if self.preprocess is None:
-            return example[self.feature_key], example[self.label_key] if self.label_key else no_label()
+            return by_name(example[self.feature_key]), example[self.label_key] if self.label_key else no_label()
         if not training:  # what evaluation reads is what the export's default signature will take
             example = _Reads(example, self.read)
         with float32_policy():
@@ -167,7 +180,7 @@ class Examples:
             result = (result, no_label())
         # (inputs, label) as returned; what is not is refused from the map's spec (`check_outputs`): an error raised
         # here, inside tf.data's tracing, would reach the user wrapped in autograph's stack
-        return pin(self.pinned, tuple(result) if isinstance(result, list) else result, named)
+        return pin(self.pinned, by_name(tuple(result) if isinstance(result, list) else result), named)
 
     def prepare(self, record, position, pass_number, training: bool) -> tuple[Inputs, tf.Tensor]:
         """A stored record, its place in the split and the pass -> (inputs, label)."""

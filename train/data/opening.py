@@ -54,7 +54,7 @@ class Opened:
 
         label_key = (settings.label_key or "label") if settings.labeled else None
         features = self.builder.info.features
-        names = [name for name in features if name != label_key]
+        names = sorted(name for name in features if name != label_key)  # not the files' order: it varies
         text = [repr(name) for name in sorted(names) if isinstance(features[name], tfds.features.Text)]
         if text:
             which = f"the column {text[0]} holds" if len(text) == 1 else f"the columns {', '.join(text)} hold"
