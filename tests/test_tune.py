@@ -298,3 +298,16 @@ def test_a_trial_on_several_workers_is_refused_before_tensorflow(tmp_path):
     assert lines[-2].startswith("error: TUNE_TRIAL is set on a multi-worker run (TF_CONFIG, STRATEGY=multi_worker)")
     assert lines[-1] == "imported: []"
     assert not (tmp_path / "run").exists()
+
+
+def test_a_tune_run_again_draws_new_values_not_its_first_trials_again(tmp_path, monkeypatch):
+    """Each run's samplers are seeded apart from the runs before (the trials the study holds): a tune stopped and run
+    again goes on searching. Its trials fail before TensorFlow here (a file where each run directory goes)."""
+    (tmp_path / "study").mkdir()
+    for number in range(6):
+        (tmp_path / "study" / f"trial-{number}").write_text("not a directory")
+    for _ in range(2):  # 3 failures in a row stop each run
+        result = _tune_in_process(tmp_path, monkeypatch, SEARCH_SPACE, "--trials", "5")
+        assert result.exit_code == 1, result.output
+    rates = [each.params["lr"] for each in study_trials(tmp_path / "study")]
+    assert len(rates) == 6 and len(set(rates)) == 6, rates

@@ -7,7 +7,7 @@
 - The study is STUDY_DIR's (train.study.open_storage). `--jobs J` threads here each loop: claim a trial, run
   `python -m train fit` on it in a process of its own (OUTPUT_DIR=STUDY_DIR/trial-<number>, the trial's values as
   settings in its environment, TUNE_TRIAL naming the trial, GPUS its share), tell the study how it ended. Each job
-  samples with its own TPE(constant_liar=True, seed=SEED + its index).
+  samples with its own TPE(constant_liar=True), seeded apart from the other jobs' and from earlier runs' (`_seed`).
 - A trial's end, from its exit code: 0 is complete (its value: train.study.trial_value), or pruned where its
   summary.json says `"pruned": true`; 42 (stopped by SIGTERM) leaves it RUNNING, to be resumed; any other code
   fails it, with its log's last line as its "error" user attribute. FAILURES_IN_A_ROW failures stop the tune.
@@ -58,6 +58,7 @@ from train.study import (
 )
 
 FAILURES_IN_A_ROW = 3
+SEED_STRIDE = 1_000_003  # the sampler seed's step per trial the study holds (above any machines x jobs)
 HEARTBEAT_SECONDS = 30.0
 STALE_SECONDS = 180.0  # another host's trial whose heartbeat is older than this has lost its tune
 LOCK_WAIT_SECONDS = 120.0  # an interrupted trial's fit may still be saving (SIGTERM as its tune died)
@@ -103,7 +104,7 @@ class Tune:
     objective: str
     direction: str
     gpus: tuple[str | None, ...]  # each job's GPUS; None: as the settings say
-    index: int = 0  # this machine's among those sharing the storage (--index): job j's sampler seed SEED + index*J + j
+    index: int = 0  # this machine's among those sharing the storage (--index): its jobs' samplers seeded apart
 
     @property
     def study_dir(self) -> Path:
@@ -269,11 +270,10 @@ class Jobs:
     def _job(self, index: int) -> None:
         import optuna
 
-        seed = self.tune.settings.seed + self.tune.index * self.tune.jobs + index  # no two jobs sample alike
-        sampler = optuna.samplers.TPESampler(constant_liar=True, seed=seed)
         try:
             study = optuna.load_study(study_name=STUDY_NAME, storage=open_storage(self.tune.storage),
-                                      sampler=sampler, pruner=pruner(self.tune.prune))  # fmt: skip
+                                      pruner=pruner(self.tune.prune))  # fmt: skip
+            study.sampler = optuna.samplers.TPESampler(constant_liar=True, seed=self._seed(study, index))
             while not self.stop.is_set():
                 with self.lock:
                     claim = self._claim(study)
@@ -283,6 +283,12 @@ class Jobs:
         except BaseException as error:  # a bad search_space(trial), a storage lost: the tune stops, says it
             self.error = self.error or error
             self._stop_all()
+
+    def _seed(self, study, index: int) -> int:
+        """Job `index`'s sampler seed: SEED, this machine's --index and the job, so that no two jobs sample alike; and
+        the trials the study holds already, so that a tune run again does not draw its first trial's values anew."""
+        tune, held = self.tune, len(study.get_trials(deepcopy=False))
+        return tune.settings.seed + tune.index * tune.jobs + index + SEED_STRIDE * held
 
     def _claim(self, study) -> Claim | None:
         """An interrupted trial to resume, else a new one while fewer than --trials have finished or run."""
