@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import clean_env, copy_data_dir, run_python, run_train
 from tests.harness.caps import UNPRIVILEGED_TRAIN, can_drop_file_override
 from tests.test_local_data import photos
-from train.data import written
+from train.data import prepared, written
 from train.data.prepared import human
 
 QUICK = {"EPOCHS": 1, "STEPS_PER_EPOCH": 1, "BATCH_SIZE": 8, "LOG_EVERY": 1000}
@@ -104,3 +104,16 @@ def test_a_copy_that_cannot_be_removed_is_one_line_and_a_prune_run_again_removes
     again = run_python(["-c", UNPRIVILEGED_TRAIN, *prune], cwd=tmp_path)
     assert again.returncode == 0 and "nothing freed" in again.stdout, again.stderr
     assert not (tmp_path / "tfds" / ".train-removed").exists()
+
+
+def test_a_copy_of_run_json_among_mlflows_artifacts_is_not_a_run(tmp_path):
+    """TRACKING=mlflow keeps run.json among a run's artifacts (mlartifacts/ beside the runs): a copy of it alone is
+    not a run directory, so the data it names stays prunable once the run itself is gone."""
+    data = {"kind": "images", "name": "photos-0a1b2c3d"}
+    run = tmp_path / "runs" / "a"
+    artifacts = tmp_path / "runs" / "mlartifacts" / "1" / "0123abcd" / "artifacts"
+    for folder in (run, artifacts):
+        folder.mkdir(parents=True)
+        (folder / "run.json").write_text(json.dumps({"data": data}))
+    (run / "settings.json").write_text("{}")
+    assert prepared.runs_using(tmp_path / "runs", pytest.fail) == {f"photos-0a1b2c3d/{written.VERSION}": [run]}

@@ -23,6 +23,7 @@ import train.data.written as written
 from train import dataset_path
 from train.data.written import Identity
 from train.errors import TrainingError
+from train.run_files import RUN_SETTINGS
 
 RUN = "run.json"  # in a run directory: what it trained on ("data")
 TRASH = ".train-removed"  # in TFDS_DATA_DIR: the copies `prune` took out of use, until they are removed whole
@@ -104,10 +105,11 @@ def _read_json(path: Path) -> Json | None:
 
 
 def run_directories(runs: Path) -> list[Path]:
-    """Every run directory under `runs` (it, or a folder below it, holding run.json); not looked into further."""
+    """Every run directory under `runs` (it, or a folder below it, holding run.json and settings.json: not a copy of
+    run.json alone, as MLflow keeps among a tracked run's artifacts); not looked into further."""
     found = []
     for directory, folders, files in os.walk(runs):
-        if RUN in files:
+        if RUN in files and RUN_SETTINGS in files:
             found.append(Path(directory))
             folders.clear()  # checkpoints, logs, the export: no run inside a run
     return sorted(found)
