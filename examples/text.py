@@ -1,8 +1,8 @@
 """A text classifier: words to ids by a TextVectorization adapted on the raw training texts, then an Embedding,
 average pooling and a softmax (keras-io's text_classification_from_scratch, small):
 
-    python -m train fit MODEL=examples/text.py DATASET=synthetic_reviews     # offline, generated here
-    python -m train fit MODEL=examples/text.py DATASET=imdb_reviews          # once prepared
+    MODEL=examples/text.py DATASET=synthetic_reviews python -m train fit     # offline, generated here
+    MODEL=examples/text.py DATASET=imdb_reviews python -m train fit          # once prepared
 
 Nothing here names a dataset: only the keys `text` and `label` that TFDS's text datasets use.
 

@@ -5,7 +5,7 @@ Each review is 6 to 24 words drawn from a shared vocabulary of neutral words, wi
 (about 6 in 7 from its own class's list, the rest from the other's). A bag of words learns about 0.9 in a few epochs;
 no single word decides. Generated locally and deterministically. Importing this module registers it.
 
-    python -m train fit MODEL=examples/text.py DATASET=synthetic_reviews
+    MODEL=examples/text.py DATASET=synthetic_reviews python -m train fit
 """
 
 from __future__ import annotations
