@@ -592,3 +592,17 @@ def test_a_tables_columns_reach_build_model_in_name_order_with_or_without_prepro
         assert result.returncode == 0, result.stderr[-3000:]
     orders = [json.loads(line) for line in (tmp_path / "order.jsonl").read_text().splitlines()]
     assert orders and all(order == sorted(names) for order in orders), orders
+
+
+def test_a_column_name_the_export_cannot_take_is_refused_before_the_first_step(tmp_path):
+    """TensorFlow names a SavedModel's inputs by its op names: a column "sepal length" would fail only when the
+    export is written, after the training."""
+    rows = ["sepal length,width,label", *(f"{i % 7 / 7:.3f},{i % 5 / 5:.3f},{i % 2}" for i in range(40))]
+    (tmp_path / "iris.csv").write_text("\n".join(rows) + "\n")
+    result = run_train("fit", cwd=tmp_path, DATASET="iris.csv", TFDS_DATA_DIR=tmp_path / "tfds",
+                       OUTPUT_DIR=tmp_path / "run", **FAST)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: DATASET='iris.csv' with MODEL=") and "input named 'sepal length'" in last, last
+    assert "Traceback" not in result.stderr and "This is a bug" not in result.stderr
+    assert not (tmp_path / "run").exists()  # nothing written

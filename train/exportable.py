@@ -10,6 +10,7 @@ each end in one line naming the fix, exit 2, before anything is written.
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,6 +29,7 @@ EXPORT_MODEL_FIX = (
     "define export_model(model) in the MODEL file, returning the keras.Model to export in its place (a GAN: "
     "return model.generator; see examples/dcgan.py)"
 )
+INPUT_NAME = re.compile(r"^[A-Za-z0-9.][A-Za-z0-9_.\\/>-]*$")  # TensorFlow's op names (framework/ops.py)
 if TYPE_CHECKING:
     import keras
 
@@ -60,6 +62,7 @@ def check_exportable(built: Built, settings) -> None:
             f"MODEL={model!r}: {type(built.network).__name__} trains with its own train_step and defines no call(), "
             f"so there is no model to export: {EXPORT_MODEL_FIX}, or define call(inputs)"
         )
+    _check_input_names(built, own, settings)
     with tempfile.TemporaryDirectory(prefix="train-export-check-") as directory:
         where = Path(directory)
         try:
@@ -85,6 +88,22 @@ def check_exportable(built: Built, settings) -> None:
             raise SettingsError(
                 f"MODEL={model!r}: the SavedModel cannot carry a resource preprocess uses ({_said(error)}): {TRACK_FIX}"
             ) from None
+
+
+def _check_input_names(built: Built, own: keras.Model | None, settings) -> None:
+    """Each input of the SavedModel's signatures has a name TensorFlow takes (its op names: `INPUT_NAME`); another
+    (a column "petal width", "größe") fails only when the SavedModel is written, after the training."""
+    from train.model import export_endpoints
+
+    for _, _, signature in export_endpoints(built, own):
+        for spec in signature:
+            if spec.name and not INPUT_NAME.match(spec.name):
+                raise SettingsError(
+                    f"DATASET={settings.dataset!r} with MODEL={settings.model!r}: the export's signature would take an "
+                    f"input named {spec.name!r}, and TensorFlow takes only names of letters, digits and . _ - / > "
+                    "(beginning with a letter, a digit or .): rename that column in the data (or the key preprocess "
+                    "returns)"
+                )
 
 
 def _may_hold_untracked(built: Built, own: keras.Model | None) -> bool:

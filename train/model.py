@@ -450,6 +450,12 @@ def serving_endpoints(built: Built) -> list[Endpoint]:
     return endpoints
 
 
+def export_endpoints(built: Built, model: keras.Model | None = None) -> list[Endpoint]:
+    """The SavedModel's endpoints: the engine's (`serving_endpoints`), or those of what MODEL's `export_model`
+    returned (`model`), on its own inputs."""
+    return serving_endpoints(built) if model is None else [_own_endpoint(model, built.spec)]
+
+
 def export(built: Built, output_dir: Path, model: keras.Model | None = None) -> dict[str, str]:
     """`model.keras` for Keras and `saved_model/` for TF Serving, each replaced whole or not at all.
 
@@ -470,8 +476,7 @@ def export(built: Built, output_dir: Path, model: keras.Model | None = None) -> 
     archive.track(serving)
     for resource in preprocess_resources(built) if model is None else ():  # the vocabularies and tables
         archive.track(resource)
-    endpoints = serving_endpoints(built) if model is None else [_own_endpoint(model, built.spec)]
-    for name, function, signature in endpoints:  # the first added is serving_default
+    for name, function, signature in export_endpoints(built, model):  # the first added is serving_default
         archive.add_endpoint(name=name, fn=function, input_signature=signature)
     archive.write_out(str(staging), verbose=False)
     shutil.rmtree(saved_model, ignore_errors=True)
