@@ -384,3 +384,40 @@ def test_a_worker_waiting_for_the_others_says_who_is_up_and_who_is_awaited(capfd
 )
 def test_a_write_that_failed_is_told_what_to_do_from_its_cause(error, fix):
     assert storage_fix(error, "runs/x").startswith(fix)
+
+
+FORK_MISTAKES = {
+    "an Input of another shape": (
+        "import keras\n"
+        "def build_model(input_shape, num_classes, learning_rate):\n"
+        "    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(num_classes, activation='softmax')])\n"
+        "    model.compile('adam', 'sparse_categorical_crossentropy')\n"
+        "    return model\n",
+        2,
+        "Sequential cannot be called on synthetic_clusters/1.0.0's features [32] float32 (Input 0 ",
+    ),
+    "a callback that raises": (
+        "import keras\n"
+        "from examples.mlp import build_model\n"
+        "class Broken(keras.callbacks.Callback):\n"
+        "    def on_epoch_end(self, epoch, logs=None):\n"
+        "        raise RuntimeError('my callback broke')\n"
+        "def build_callbacks(context):\n"
+        "    return [Broken()]\n",
+        1,
+        "its callback Broken raised RuntimeError in on_epoch_end: my callback broke; the last checkpoint is intact",
+    ),
+}
+
+
+@pytest.mark.parametrize("mistake", FORK_MISTAKES)
+def test_a_forks_own_mistake_is_one_line_naming_model_not_a_bug(mistake, tmp_path, tfds_data_dir):
+    """What a fork's code gets wrong is the fork's to fix: one line naming MODEL, never "This is a bug"."""
+    text, code, said = FORK_MISTAKES[mistake]
+    (tmp_path / "model.py").write_text(text)
+    result = run_train("fit", cwd=tmp_path, MODEL="model.py", TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=tmp_path / "run",
+                       EPOCHS=1, STEPS_PER_EPOCH=3, LOG_EVERY=1000)  # fmt: skip
+    assert result.returncode == code, result.stderr[-3000:]
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith("error: MODEL='model.py': ") and said in line, line
+    assert "This is a bug" not in result.stderr and "Traceback" not in result.stderr

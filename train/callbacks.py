@@ -103,9 +103,9 @@ class ForkCallbacks:
 
     def __init__(
         self, callbacks: list[keras.callbacks.Callback], network: keras.Model, epochs: int, steps_per_epoch: int,
-        peers: Peers,
+        peers: Peers, model: str,
     ) -> None:  # fmt: skip
-        self.callbacks, self.network, self.peers = callbacks, network, peers
+        self.callbacks, self.network, self.peers, self.model = callbacks, network, peers, model
         self.stopped_early = False
         network.stop_training = False
         for callback in callbacks:
@@ -116,9 +116,16 @@ class ForkCallbacks:
         return bool(self.callbacks)
 
     def each(self, hook: str, *args: object) -> None:
-        """`hook` (on_epoch_end, ...) of every callback, in the order MODEL's build_callbacks gave them."""
+        """`hook` (on_epoch_end, ...) of every callback, in the order MODEL's build_callbacks gave them. Raises
+        TrainingError where one raises: the fork's code, not the engine's (the last checkpoint is intact)."""
         for callback in self.callbacks:
-            getattr(callback, hook)(*args)
+            try:
+                getattr(callback, hook)(*args)
+            except Exception as error:
+                raise TrainingError(
+                    f"MODEL={self.model!r}: its callback {type(callback).__name__} raised {type(error).__name__} in "
+                    f"{hook}: {first_line(error, 240)}; the last checkpoint is intact"
+                ) from None
 
     def stop_requested(self, step: int) -> bool:
         """Whether a callback set `model.stop_training` (the chief's, across workers)."""
@@ -266,9 +273,9 @@ class Callbacks(Hook):
     def __init__(
         self, callbacks: list[keras.callbacks.Callback], network: keras.Model, epochs: int, steps_per_epoch: int,
         monitor: str | None, monitor_mode: str, role: Role[Writer], checkpoint: RunCheckpoint, say: Say,
-        phase_of: Callable[[int], int] = lambda epoch: 0,
+        model: str, phase_of: Callable[[int], int] = lambda epoch: 0,
     ) -> None:  # fmt: skip
-        self.fork = ForkCallbacks(callbacks, network, epochs, steps_per_epoch, role.peers)
+        self.fork = ForkCallbacks(callbacks, network, epochs, steps_per_epoch, role.peers, model)
         self.logs = EpochLogs(role, say)
         self.best = BestEpoch(monitor, monitor_mode, network, role, checkpoint, say)
         self.checkpoint, self.say, self.phase_of = checkpoint, say, phase_of

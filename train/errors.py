@@ -40,7 +40,9 @@ class BusyError(RuntimeError):
 # failed) amid "Graph execution error:", the Python stack of the op and a "{{function_node ...}}" prefix.
 _STATUS = re.compile(r"^(\(\d+\) )?[A-Z][A-Z_]{4,}:\s*")
 FUNCTION_NODE = re.compile(r"\{\{function_node [^}]*\}\}\s*")
-_NOISE = ("Graph execution error", "Detected at node", 'File "', "[[", "root error", "successful operations", "Cf. ")
+_NOISE = ("Graph execution error", "Detected at node", 'File "', "[[", "root error", "successful operations", "Cf. ",
+          "Exception encountered when calling", "Arguments received by")  # fmt: skip  # Keras's wrapping of a call's
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Keras's bold in a terminal's escape codes
 
 
 def first_line(error: BaseException, limit: int | None = None) -> str:
@@ -51,7 +53,7 @@ def first_line(error: BaseException, limit: int | None = None) -> str:
     characters, cut after the last whole sentence that fits ("...": more followed). Never inside a sentence: one
     longer than `limit` is kept whole.
     """
-    lines = [FUNCTION_NODE.sub("", line).strip() for line in str(error).splitlines()]
+    lines = [FUNCTION_NODE.sub("", _ANSI.sub("", line)).strip() for line in str(error).splitlines()]
     status = [line for line in lines if _STATUS.match(line)]
     if status:
         line = _STATUS.sub("", status[0])

@@ -99,7 +99,7 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> Json:
             evaluate = make_evaluator(start.built, runtime.strategy)
             callbacks = Callbacks(list(start.callbacks), start.built.network, start.settings.epochs,
                                   start.context.steps_per_epoch, start.settings.monitor, start.settings.monitor_mode,
-                                  role, checkpoint, say, start.phases.plan.index_at_epoch)  # fmt: skip
+                                  role, checkpoint, say, settings.model, start.phases.plan.index_at_epoch)  # fmt: skip
             callbacks.begin(checkpoint.step, position.segment)  # on_train_begin, the recorded epochs replayed
             trial = trial_report(start.built.network, settings.monitor_mode, say)  # TUNE_TRIAL: a tune's trial
         with peers.guard("training", start.checkpoint_dir):

@@ -257,6 +257,12 @@ def _serving_model(settings: Settings, network: keras.Model, spec: DatasetSpec) 
             f"MODEL={settings.model!r}: {type(network).__name__} cannot be called on its input (it defines no "
             "call()): define call(inputs), what the model computes when served (a GAN: its discriminator's score)"
         ) from None
+    except (ValueError, TypeError) as error:  # an Input of another shape or dtype than build_model was given
+        raise SettingsError(
+            f"MODEL={settings.model!r}: {type(network).__name__} cannot be called on {spec.name}'s "
+            f"{spec.feature_key} {list(spec.feature_shape)} {spec.feature_dtype} ({first_line(error, 240)}): build it "
+            "on build_model's input_shape"
+        ) from None
     return keras.Model(inputs, outputs, name=f"{network.name}_serving")
 
 
