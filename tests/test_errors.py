@@ -421,3 +421,25 @@ def test_a_forks_own_mistake_is_one_line_naming_model_not_a_bug(mistake, tmp_pat
     [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert line.startswith("error: MODEL='model.py': ") and said in line, line
     assert "This is a bug" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_resume_whose_changed_settings_build_another_model_names_them_exit_2(tmp_path, tfds_data_dir):
+    """HP_UNITS changes the shapes: no checkpoint loads, and the line names what changed (not "corrupt", exit 1)."""
+    (tmp_path / "model.py").write_text(
+        "import keras\n"
+        "def build_model(input_shape, num_classes, learning_rate, *, units=16):\n"
+        "    model = keras.Sequential([keras.Input(input_shape), keras.layers.Dense(units, activation='relu'),\n"
+        "                              keras.layers.Dense(num_classes, activation='softmax')])\n"
+        "    model.compile('adam', 'sparse_categorical_crossentropy')\n"
+        "    return model\n"
+    )
+    settings = dict(MODEL="model.py", TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=tmp_path / "run", STEPS_PER_EPOCH=3,
+                    LOG_EVERY=1000)  # fmt: skip
+    assert run_train("fit", cwd=tmp_path, EPOCHS=1, **settings).returncode == 0
+    checkpoints = sorted((tmp_path / "run" / "checkpoints").iterdir())
+    result = run_train("fit", cwd=tmp_path, EPOCHS=2, HP_UNITS=12, **settings)
+    assert result.returncode == 2, result.stderr[-3000:]
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert "no checkpoint in " in line and "settings changed since the run's last start" in line, line
+    assert "(HP_UNITS 16 -> 12)" in line, line  # EPOCHS, raised to go on, is not a change of the run
+    assert sorted((tmp_path / "run" / "checkpoints").iterdir()) == checkpoints

@@ -18,6 +18,7 @@ from train.cluster.role import Role
 from train.data.feeds import batches_per_pass, input_pipelines
 from train.data.streamed import StreamedSplit
 from train.devices.runtime import Runtime
+from train.errors import SettingsError, TrainingError
 from train.model_file import model_fingerprint
 from train.run_state import Position, Start
 from train.rundir import RunLock
@@ -38,7 +39,18 @@ def open_run_dir(
     made = make_checkpoint(start.built, start.phases.plan.phased)
     manager = role.checkpoint_manager(made, start.checkpoint_dir, settings.keep_checkpoints)
     checkpoint = RunCheckpoint(made, manager, start.built, runtime.strategy, start.checkpoint_dir)
-    restored = checkpoint.newest(say, role.peers.restore)
+    try:
+        restored = checkpoint.newest(say, role.peers.restore)
+    except TrainingError:  # none loads: where settings changed, they are the likelier cause, and a bad input
+        if not changed:
+            raise
+        raise SettingsError(
+            f"no checkpoint in {start.checkpoint_dir} loads: settings changed since the run's last start may build "
+            "another model than the run's ("
+            + ", ".join(f"{name} {before or '(unset)'} -> {now or '(unset)'}" for name, before, now in changed)
+            + "), or the checkpoints are corrupt. Set the settings back to the run's (its settings.json), or use "
+            "another OUTPUT_DIR; the checkpoints are left as they are"
+        ) from None
     # Written once the run's checkpoints have loaded (or there are none): a start that cannot open the run rewrites
     # nothing of it (a run.json naming another model would lock the right one out).
     step = checkpoint.step if restored else 0
