@@ -106,6 +106,7 @@ def test_columns_are_typed_from_their_values_and_the_label_kind_guessed_or_told(
     [
         ("ragged.csv", "a,b,label\n1,2,0\n1,2\n", "label", "ragged.csv line 3 has 2 values, the header 3 columns"),
         ("headless.csv", "1,2,0\n3,4,1\n", "label", "headless.csv has no header row"),
+        ("twice.csv", "a,b,a,label\n1,2,3,0\n", "label", "twice.csv's header names the column 'a' 2 times: give"),
         ("keys.csv", "a,b,y\n1,2,0\n", "label", "LABEL_KEY='label' is not a column of"),
         ("huge.csv", "a,label\n1,0\n" + "x" * 200_000 + ",1\n", "label", "huge.csv line 3 is not CSV (field larger"),
         ("nolabel.csv", "a,label\n1,x\n2,\n", "label", "column 'label' is the label but row 3 of train is empty"),

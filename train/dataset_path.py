@@ -107,6 +107,10 @@ class Csv(TableReader):
             if not header or not all(column.strip() for column in header) or number(header[0]) is not None:
                 raise SettingsError(f"{name} has no header row: its first line must name the columns, like "
                                     "age,fare,label")  # fmt: skip
+            twice = sorted({column for column in header if header.count(column) > 1})
+            if twice:  # a dict of the row would keep one of them
+                raise SettingsError(f"{name}'s header names the column {twice[0]!r} {header.count(twice[0])} times: "
+                                    "give each column its own name")  # fmt: skip
             for row in reader:
                 if not row:
                     continue
