@@ -289,8 +289,8 @@ def test_an_output_that_does_not_fit_the_labels_is_exit_2_before_the_run_directo
 
 
 def test_a_start_that_cannot_open_the_run_rewrites_nothing_of_it(tmp_path, tfds_data_dir):
-    """run.json gone and another MODEL: no checkpoint loads into it, and no run.json naming it is written (which
-    would lock the right model out); the right model then resumes."""
+    """run.json gone and another MODEL: no checkpoint loads into it (exit 2, naming the changed MODEL), and no
+    run.json naming it is written (which would lock the right model out); the right model then resumes."""
     (tmp_path / "mine.py").write_text(GOOD_MODEL)
     (tmp_path / "other.py").write_text(GOOD_MODEL.replace("Dense(16,", "Dense(32,"))
     settings = {"TFDS_DATA_DIR": tfds_data_dir, "OUTPUT_DIR": tmp_path / "run", "STEPS_PER_EPOCH": 10}
@@ -298,8 +298,9 @@ def test_a_start_that_cannot_open_the_run_rewrites_nothing_of_it(tmp_path, tfds_
     (tmp_path / "run" / RUN).unlink()
     before = (tmp_path / "run" / RUN_SETTINGS).read_bytes()
     result = run_train("fit", cwd=tmp_path, MODEL="other.py", EPOCHS=2, **settings)
-    assert result.returncode == 1, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines()[-1].startswith("error: no checkpoint in ")
+    assert result.returncode == 2, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: no checkpoint in ") and "(MODEL mine.py -> other.py)" in last, last
     assert not (tmp_path / "run" / RUN).exists()
     assert (tmp_path / "run" / RUN_SETTINGS).read_bytes() == before
     result = run_train("fit", cwd=tmp_path, MODEL="mine.py", EPOCHS=2, **settings)

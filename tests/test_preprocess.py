@@ -74,7 +74,7 @@ def test_order_guarantees_and_seeds_hold_in_memory_and_streamed_on_1_and_2_repli
             assert result.returncode == 0, result.stderr[-3000:]
             order = json.loads(output.read_text())
             assert order["in_memory"] == (in_memory == "true") and order["passes"] == 8
-            assert order["inputs"] == "tag [] int64, draw [] int64"
+            assert order["inputs"] == "draw [] int64, tag [] int64"  # a dict in name order (examples.by_name)
             seen, passes = order["seen"], order["passes"]
             for pass_number in range(2):
                 steps = seen[pass_number * passes : (pass_number + 1) * passes]
