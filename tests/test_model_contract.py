@@ -117,3 +117,27 @@ def test_a_run_refuses_another_model_in_one_line_and_resumes_through_a_comment_c
     result = run_train("fit", cwd=tmp_path, **{**settings, "EPOCHS": 2})
     assert result.returncode == 0, result.stderr[-3000:]
     assert read_summary(tmp_path / "run")["resumed_from_step"] == 10
+
+
+def test_a_model_file_imports_the_modules_beside_it(tmp_path, tfds_data_dir):
+    """As Python runs a script: `import head` finds head.py in the MODEL file's folder, at import and later, from
+    another working directory."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "head.py").write_text(
+        "import keras\ndef head(num_classes):\n    return keras.layers.Dense(num_classes, activation='softmax')\n"
+    )
+    (tmp_path / "models" / "model.py").write_text(
+        "import keras\n"
+        "import head\n"
+        "def build_model(input_shape, num_classes, learning_rate):\n"
+        "    from head import head as made  # a later import finds it too\n"
+        "    model = keras.Sequential([keras.Input(input_shape), keras.layers.Dense(8), made(num_classes)])\n"
+        "    model.compile(optimizer='adam', loss='sparse_categorical_crossentropy')\n"
+        "    return model\n"
+    )
+    (tmp_path / "elsewhere").mkdir()
+    result = run_train("fit", cwd=tmp_path / "elsewhere", MODEL=tmp_path / "models" / "model.py",
+                       TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=tmp_path / "run", EPOCHS=1, STEPS_PER_EPOCH=2,
+                       LOG_EVERY=1000)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_summary(tmp_path / "run")["steps"] == 2

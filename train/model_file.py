@@ -237,6 +237,8 @@ def _import(text: str) -> ModuleType:
         raise SettingsError(f"MODEL={text!r}: {path} cannot be read ({error.strerror})") from None
     key = (str(path), hashlib.sha256(data).hexdigest())
     if key not in _MODULES:
+        if str(path.parent) not in sys.path:  # as Python runs a script: a module beside the file imports by name
+            sys.path.insert(0, str(path.parent))
         name = f"train_model_{path.stem}"
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
