@@ -27,7 +27,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from train.command import Command, SettingsCommand, crash, fail, warn, with_settings
+from train.command import Command, SettingsCommand, end, warn, with_settings
 from train.errors import EXIT_FAILED, EXIT_PREEMPTED, SettingsError, TrainingError
 from train.init_from import check_init_from
 from train.rundir import check_same_model, checkpoints_newest_first, preflight, read_run, write_json
@@ -351,10 +351,8 @@ def data_list(runs: RunsRoot = Path("runs"), tfds_data_dir: DataDir = None, json
         found = listed(root, runs, warn)
         typer.echo(format_list(root, runs, found))
         _write_json(json_path, [each.to_json() for each in found])
-    except (SettingsError, TrainingError) as error:
-        fail(str(error), error.exit_code)
-    except Exception as error:  # not foreseen: one line, its traceback in a file (train.command)
-        crash(error, None)
+    except Exception as error:  # one line and its exit code (train.command)
+        end(error, None)
 
 
 @data_app.command("prune", short_help="Remove the copies of folders and tables no run uses.")
@@ -370,10 +368,8 @@ def data_prune(
     try:
         root = data_dir(tfds_data_dir)
         typer.echo(format_pruned(root, runs, prune(root, runs, warn, dry_run), dry_run))
-    except (SettingsError, TrainingError) as error:
-        fail(str(error), error.exit_code)
-    except Exception as error:  # not foreseen: one line, its traceback in a file (train.command)
-        crash(error, None)
+    except Exception as error:  # one line and its exit code (train.command)
+        end(error, None)
 
 
 @settings_command("What TensorFlow sees; what the settings resolve to.")

@@ -38,6 +38,19 @@ def warn(message: str) -> None:
     typer.echo(f"warning: {message}", err=True)
 
 
+def end(error: Exception, settings: Settings | None) -> None:
+    """A command's failure as the user sees it: a foreseen one in its line and exit code, a stop as asked, a
+    command's or typer's own exit as it is, anything else `crash`. Raises typer.Exit (or what it was given)."""
+    if isinstance(error, SettingsError | TrainingError | BusyError):
+        fail(str(error), error.exit_code)
+    if isinstance(error, Stopped):  # not an error: what was asked for, before training began
+        typer.echo(str(error), err=True)
+        raise typer.Exit(error.exit_code) from None
+    if isinstance(error, typer.Exit | typer.Abort | typer.TyperException):
+        raise error  # a command's own exit code, or typer's (click's, which typer vendors: typer.Exit is an Exception)
+    crash(error, settings)  # anything the engine did not foresee: one line, the traceback kept in a file
+
+
 def crash(error: Exception, settings: Settings | None) -> None:
     """A failure the engine did not foresee (a bug): exit 1 with its first line and where its full traceback was
     written, OUTPUT_DIR/crash.log where the run directory exists, else a file in the temporary folder."""
@@ -166,15 +179,8 @@ def with_settings(
             needed = data is None or data(**kwargs)
             settings = load_settings(flags, warn=warn, from_run=from_run, data=needed)
             return command(settings, **kwargs)
-        except (SettingsError, TrainingError, BusyError) as error:
-            fail(str(error), error.exit_code)
-        except Stopped as stopped:  # not an error: what was asked for, before training began
-            typer.echo(str(stopped), err=True)
-            raise typer.Exit(stopped.exit_code) from None
-        except (typer.Exit, typer.Abort, typer.TyperException):
-            raise  # a command's own exit code, or typer's (click's, which typer vendors: typer.Exit is an Exception)
-        except Exception as error:  # anything the engine did not foresee: one line, the traceback kept in a file
-            crash(error, settings)
+        except Exception as error:
+            end(error, settings)
 
     del run.__wrapped__  # typer must see the signature below, not the command's own
     run.from_run = from_run  # type: ignore[attr-defined]  # what SettingsCommand resolves MODEL from
