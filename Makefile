@@ -13,7 +13,7 @@ export $(foreach name,$(SETTINGS),$(if $(filter undefined,$(origin $(name))),,$(
 # build_model's hyperparameters pass through too: `make train HP_WIDTH=128` (MODEL's own settings, train/hparams.py).
 export $(filter HP_%,$(.VARIABLES))
 
-.PHONY: help setup train train-workers devices check bench bench-images bench-text bench-gpu bench-levers evaluate test test-fast test-gpu lint format tensorboard mlflow-ui lock clean
+.PHONY: help setup train train-workers devices check bench bench-images bench-text bench-gpu bench-levers evaluate test test-all test-gpu lint format tensorboard mlflow-ui lock clean
 
 help: ## Show this help
 	@[ -t 1 ] && tty=1; grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -v tty="$$tty" 'BEGIN {FS = ":.*?## "}; \
@@ -84,16 +84,17 @@ evaluate: setup ## Evaluate the latest checkpoint on EVAL_SPLIT
 predict: setup ## Predict with OUTPUT_DIR's export: make predict INPUT="photos/ rows.csv" (or SPLIT=test), as JSON Lines
 	$(BIN)/python -m train predict $(INPUT) $(if $(SPLIT),--split "$(SPLIT)")
 
-# Two test files at a time (the tests run training in processes of their own; each file's shared runs stay in
-# one worker). TEST_WORKERS=1 runs them one after another.
-TEST_WORKERS ?= 2
+# The tests run in pytest-xdist workers, whole files each (a file's shared runs stay in one worker). TEST_WORKERS=auto
+# is one a physical core; each worker is a pytest process plus a TensorFlow fork server its runs start from, about
+# 1.2 GiB at its peak (2.3 GiB in all for 2 workers here). TEST_WORKERS=N sets the count; 1 runs them in one process.
+TEST_WORKERS ?= auto
 PYTEST := $(BIN)/python -m pytest $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
-test: setup ## Run every test on CPU (slow end-to-end runs included; two files at a time)
-	$(PYTEST)
-
-test-fast: setup ## Run the tests without the slow end-to-end runs
+test: setup ## The fast tier: every test not marked slow, each command end to end (about 9 minutes on 2 cores)
 	$(PYTEST) -m "not slow"
+
+test-all: setup ## Every test, the slow end-to-end runs included: what CI runs (about 21 minutes on 2 cores)
+	$(PYTEST)
 
 test-gpu: setup ## Run the GPU tests (they skip where TensorFlow sees no GPU)
 	$(BIN)/python -m pytest -m gpu -rP  # -rP: the figures the GPU tests print

@@ -1,10 +1,28 @@
 """Shared fixtures. Tests that run TensorFlow do it in a process of its own (devices are fixed per process),
-forked from a server that has imported TensorFlow already (start_python)."""
+forked from a server that has imported TensorFlow already (start_python).
+
+Two tiers. `make test` is the fast one, every test not marked `slow` (about 9 minutes from a fresh clone on 2 cores,
+the set-up included); `make test-all` runs every test, and is what CI runs (`.ci/run`, after `make test` as the
+README gives it). The fast tier covers, and must keep covering:
+- each command once end to end: `fit` as a user types it, its resume, `evaluate`, `predict` (test_train,
+  test_journeys, test_predict), `devices` (test_doctor), `check` (test_probe), `data list` and `data prune`
+  (test_prepared);
+- one journey per kind of DATASET on one device (test_journeys: a TFDS name, an image folder, split folders, a CSV,
+  a JSON Lines file: fit, its resume, evaluate, predict, a changed source refused);
+- the fork's contract test (test_project) and the MODEL file's seams (test_model_contract, test_experiment);
+- the settings and the errors (test_settings, test_cli, test_errors, test_bad_files, test_multi_worker's TF_CONFIG
+  checks), and the engine's map (test_layout);
+- two replicas (test_train, test_data) and one run on two workers (test_multi_worker).
+The slow tier holds what repeats those across more cases: the fuzz of damaged runs, signals and kills on two
+workers, INIT_FROM with phases on every kind, the benchmarks, tune and tracking. A test that is slow only because it
+repeats its set-up is made cheaper, not marked slow.
+"""
 
 from __future__ import annotations
 
 import atexit
 import fcntl
+import importlib.util
 import json
 import os
 import shutil
@@ -50,6 +68,19 @@ LONGEST_FIRST = (
     "test_doctor.py", "test_first_run.py", "test_errors.py", "test_model_contract.py", "test_harness.py",
     "test_gpu.py",
 )  # fmt: skip
+
+
+# The extras a test may need (pyproject.toml's optional-dependencies), by the modules each brings. A test that
+# imports one carries needs(EXTRA) (or its module does, as `pytestmark`), so that it skips without it, naming the
+# extra: `make test` runs on the README's set-up, which installs none (tests/test_harness.py checks the marks).
+EXTRA_MODULES = {"hub": ("keras_hub", "kagglehub", "tensorflow_text"), "track": ("mlflow",), "tune": ("optuna",)}
+
+
+def needs(extra: str) -> pytest.MarkDecorator:
+    """Skips where a module of `extra` is not installed, with a line naming the extra to install."""
+    missing = [module for module in EXTRA_MODULES[extra] if importlib.util.find_spec(module) is None]
+    reason = f"{', '.join(missing)} not installed: make setup EXTRAS=dev,{extra} (the {extra} extra)"
+    return pytest.mark.skipif(bool(missing), reason=reason)
 
 
 SLOW_TIMEOUT = 1200  # seconds: a slow test's bound (pyproject.toml's `timeout`, 600, is every other test's)

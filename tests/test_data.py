@@ -276,6 +276,7 @@ def test_images_are_held_in_memory_as_stored_one_byte_a_value_shared_with_tensor
     assert held["streamed_same"]  # a streamed pass decodes exactly the images held in memory, each once
 
 
+@pytest.mark.slow
 def test_xla_compiles_a_streamed_call_and_learns_the_same(tmp_path, tfds_data_dir):
     """Streamed on a CPU device, each call is handed its blocks of batches: XLA compiles the whole call."""
     # 30 batches of 128 from a quarter of the split: one pass, and a quarter to evaluate at the end

@@ -158,7 +158,6 @@ def test_cpu_machine_with_nothing_wrong():
     assert result["resolved"]["replicas"] == 2
 
 
-@pytest.mark.slow
 def test_devices_command_on_this_cpu_machine(tmp_path):
     result = run_train("devices", "--json", cwd=tmp_path, CPU_DEVICES=2)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -308,7 +308,6 @@ def test_a_start_that_cannot_open_the_run_rewrites_nothing_of_it(tmp_path, tfds_
     assert "Resuming from" in result.stdout and (tmp_path / "run" / RUN).is_file()
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(not can_drop_file_override(), reason="root here cannot drop CAP_DAC_OVERRIDE")
 def test_checkpoints_that_become_unwritable_mid_run_are_told_as_permissions_not_space(tmp_path, tfds_data_dir):
     output_dir = tmp_path / "run"

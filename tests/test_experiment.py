@@ -246,6 +246,7 @@ def start_workers(tmp_path: Path, data_dir: Path, per_worker: list[dict], **sett
     return codes
 
 
+@pytest.mark.slow
 def test_context_on_two_workers_the_same_sample_on_each_and_callbacks_and_monitor_alike(
     tmp_path, tfds_data_dir, one_replica
 ):

@@ -8,19 +8,16 @@ The backbones are made here, offline, with random weights: a tiny KerasHub ResNe
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, read_summary, run_python, run_train
+from tests.conftest import REPO, needs, read_summary, run_python, run_train
 from tests.test_local_data import photos
 
 MODEL = str(REPO / "examples" / "finetune.py")
-needs_hub = pytest.mark.skipif(
-    importlib.util.find_spec("keras_hub") is None, reason="KerasHub is not installed: make setup EXTRAS=dev,hub"
-)
+needs_hub = needs("hub")
 FAST = {"BATCH_SIZE": 8, "LOG_EVERY": 1000, "SEED": 0}
 
 TINY_PRESET = """
@@ -42,22 +39,23 @@ model.save_weights(sys.argv[1])
 """
 
 # The exported model.keras, loaded before KerasHub is imported (it holds Keras layers only), against the backbone
-# the run started from: which of the backbone's weights are still the same, which moved.
+# the run started from (`start`, made by START: a preset's or a weights file's): which of the backbone's weights are
+# still the same, which moved.
 COMPARE = """
 import sys, json, numpy as np, keras
 model = keras.saving.load_model(sys.argv[1])
 ours = {w.path: w.numpy() for w in model.get_layer("backbone").weights}
-if sys.argv[2] == "preset":
-    import keras_hub
-    start = keras_hub.models.Backbone.from_preset(sys.argv[3])
-else:
-    start = keras.applications.MobileNetV2(input_shape=(160, 160, 3), alpha=0.35, include_top=False, weights=None)
-    start.load_weights(sys.argv[3])
+START
 theirs = {w.path: w.numpy() for w in start.weights}
 assert sorted(ours) == sorted(theirs), (sorted(ours)[:5], sorted(theirs)[:5])
 print(json.dumps({"same": sorted(p for p in theirs if np.array_equal(ours[p], theirs[p])),
                   "moved": sorted(p for p in theirs if not np.array_equal(ours[p], theirs[p])),
                   "head": model.get_layer("head").kernel.shape[-1]}))
+"""
+PRESET = "import keras_hub\nstart = keras_hub.models.Backbone.from_preset(sys.argv[2])"
+WEIGHTS = """
+start = keras.applications.MobileNetV2(input_shape=(160, 160, 3), alpha=0.35, include_top=False, weights=None)
+start.load_weights(sys.argv[2])
 """
 
 
@@ -67,8 +65,8 @@ def made(script: str, where: Path) -> Path:
     return where
 
 
-def compare(output_dir: Path, kind: str, start: Path) -> dict:
-    result = run_python(["-c", COMPARE, str(output_dir / "model.keras"), kind, str(start)])
+def compare(output_dir: Path, start_code: str, start: Path) -> dict:
+    result = run_python(["-c", COMPARE.replace("START", start_code), str(output_dir / "model.keras"), str(start)])
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -89,13 +87,13 @@ def test_a_tiny_preset_is_fine_tuned_in_two_phases_its_batch_normalization_in_in
     run |= {"OUTPUT_DIR": tmp_path / "run", "HP_HEAD_EPOCHS": 1, "HP_FINE_TUNE_LEARNING_RATE": 1e-3, **FAST}
     first = run_train("fit", cwd=tmp_path, EPOCHS=1, **run)
     assert first.returncode == 0, first.stderr[-3000:]
-    frozen = compare(tmp_path / "run", "preset", preset)
+    frozen = compare(tmp_path / "run", PRESET, preset)
     assert frozen["moved"] == [] and len(frozen["same"]) > 10 and frozen["head"] == 3
     assert epochs_phases(tmp_path / "run") == [0]
 
     second = run_train("fit", cwd=tmp_path, EPOCHS=3, **run)
     assert second.returncode == 0, second.stderr[-3000:]
-    tuned = compare(tmp_path / "run", "preset", preset)
+    tuned = compare(tmp_path / "run", PRESET, preset)
     assert {"conv1_conv/kernel", "stack0_block0_1_conv/kernel", "stack0_block0_2_conv/kernel"} <= set(tuned["moved"])
     normalization = [path for path in tuned["same"] + tuned["moved"] if "_bn/" in path]
     assert len(normalization) == 12 and set(normalization) <= set(tuned["same"])  # statistics, scale and offset
@@ -116,7 +114,7 @@ def test_keras_applications_weights_from_a_local_file_are_the_frozen_backbone(tm
         OUTPUT_DIR=tmp_path / "run", HP_WEIGHTS=weights, EPOCHS=1, **FAST,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    frozen = compare(tmp_path / "run", "weights", weights)
+    frozen = compare(tmp_path / "run", WEIGHTS, weights)
     assert frozen["moved"] == [] and len(frozen["same"]) > 100 and frozen["head"] == 3
 
 
@@ -144,7 +142,7 @@ def test_a_preset_name_is_found_in_the_kagglehub_cache_and_a_missing_one_is_exit
     found = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "found", EPOCHS=1, HP_HEAD_EPOCHS=1, **run, **FAST,
                       HP_PRESET="kaggle://keras/tiny_resnet/keras/tiny_resnet/1")  # fmt: skip
     assert found.returncode == 0, found.stderr[-3000:]
-    assert compare(tmp_path / "found", "preset", preset)["moved"] == []
+    assert compare(tmp_path / "found", PRESET, preset)["moved"] == []
     missing = run_train("fit", cwd=tmp_path, OUTPUT_DIR=tmp_path / "missing", **run, **FAST,
                         HP_PRESET="kaggle://keras/tiny_resnet/keras/other/1")  # fmt: skip
     assert missing.returncode == 2 and str(cache) in missing.stderr and "Traceback" not in missing.stderr

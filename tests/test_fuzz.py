@@ -2,7 +2,7 @@
 `devices` on each. Every run exits with a code of the README's table, prints no traceback, ends an error in one
 line naming the file or setting (never "This is a bug"), and leaves the newest intact checkpoint loadable.
 
-The damage is drawn from FUZZ_SEED (default 27; `FUZZ_SEED=$RANDOM make test` draws other offsets, bytes and
+The damage is drawn from FUZZ_SEED (default 27; `FUZZ_SEED=$RANDOM make test-all` draws other offsets, bytes and
 values); the cases are the same for every seed. They run in one process (tests/harness/fuzz.py), without root's
 power over files where the tests run as root, so an unwritable file is unwritable.
 """
@@ -26,6 +26,7 @@ from train.model_file import load_model_file
 from train.settings import FIELDS
 
 pytestmark = [
+    pytest.mark.slow,  # 135 cases, about 400 commands: 2 minutes of CPU
     pytest.mark.skipif(not can_drop_file_override(), reason="root here cannot drop CAP_DAC_OVERRIDE"),
     pytest.mark.timeout(1500),  # the first test's set-up trains the template and runs the driver (its own bound: 600 s)
 ]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_summary, run_train
+from tests.conftest import needs, read_summary, run_train
 from tests.harness.runs import run_two_workers
 from train.errors import SettingsError
 from train.init_from import init_source
@@ -204,6 +204,7 @@ def _with_backbone():
     return keras.Model(inputs, keras.layers.Dense(3, name="head")(features))
 
 
+@needs("hub")
 def test_a_keras_hub_preset_folder_and_a_preset_name_in_the_kagglehub_cache(tmp_path, monkeypatch):
     import numpy as np
 
@@ -234,6 +235,7 @@ def test_a_keras_hub_preset_folder_and_a_preset_name_in_the_kagglehub_cache(tmp_
     assert named.match(_with_backbone(), ("conv1_*",)).record["loaded"] == ["conv1_conv", "conv1_bn"]
 
 
+@needs("hub")
 def test_a_preset_name_not_in_the_cache_is_refused_naming_the_folder_to_fill(tmp_path):
     _project(tmp_path)
     cache = tmp_path / "cache"

@@ -300,6 +300,7 @@ def _started_from(kind: Kind, run: Path) -> dict:
     return summary
 
 
+@pytest.mark.slow
 def test_a_run_started_from_the_kinds_run_frozen_then_trained_is_evaluated_and_predicts(kind):
     run = kind.cwd / "started"
     result = kind.train("fit", **{**kind.settings, **STARTED, "OUTPUT_DIR": run, "INIT_FROM": kind.run})

@@ -371,6 +371,7 @@ def test_a_folder_of_split_folders_trains_on_train_and_evaluates_on_test_streame
     assert (summary["replicas"], summary["data_in_memory"]) == (2, False)
 
 
+@pytest.mark.slow
 def test_a_run_on_a_folder_resumed_ends_with_the_uninterrupted_runs_weights(trained_folder, tmp_path):
     """The shared run (1 epoch, ended) resumed on a copy to 2 epochs; the uninterrupted run trains 2 at once, on the
     copy's folder and TFDS_DATA_DIR, with the same settings."""
@@ -521,6 +522,7 @@ WORKER_SETTINGS = {"MODEL": "resized.py", "STEPS_PER_EPOCH": 2, "EPOCHS": 1, "BA
                    "STRATEGY": "multi_worker", "WORKER_START_TIMEOUT": 60}  # fmt: skip
 
 
+@pytest.mark.slow
 def test_workers_write_a_shared_folder_once_and_compare_the_datas_fingerprint_not_its_path(tmp_path):
     """Two workers sharing TFDS_DATA_DIR; then each with its own copy of the folder at its own path and its own
     TFDS_DATA_DIR (nothing shared): the same files agree, a changed copy is refused."""

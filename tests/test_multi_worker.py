@@ -247,6 +247,7 @@ def test_two_workers_train_to_identical_weights_and_the_chief_writes_once(uninte
     assert read_summary(tmp_path / "mirrored")["eval"]["loss"] == pytest.approx(summary["eval"]["loss"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_worker_stops_both_with_42_and_a_restart_ends_where_an_uninterrupted_run_does(
     uninterrupted, tmp_path, tfds_data_dir, workers_factory
 ):
@@ -275,6 +276,7 @@ def test_sigterm_to_one_worker_stops_both_with_42_and_a_restart_ends_where_an_un
     assert f"Resuming from {run / 'checkpoints'}/ckpt-{stopped['steps']}" in again.log(1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("victim", [1, 0], ids=["worker-killed", "chief-killed"])
 def test_a_killed_worker_ends_the_other_with_a_clear_error_in_bounded_time(
     tmp_path, tfds_data_dir, workers_factory, victim
@@ -399,6 +401,7 @@ def run_workers(tmp_path: Path, per_worker: list[dict], data_dir: Path, **common
     return [(code, log.read_text()) for code, log in zip(codes, logs, strict=True)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("files", [4, 1], ids=["a file share each", "a chunk share of one file"])
 def test_a_streamed_split_is_read_once_per_pass_each_worker_reading_only_its_share(
     files, tmp_path, tfds_data_dir, sharded_data_dir
@@ -446,6 +449,7 @@ def test_workers_with_different_settings_stop_before_training_naming_the_differe
     assert not list((tmp_path / "run").glob("checkpoints/*"))
 
 
+@pytest.mark.slow
 def test_an_auto_settles_on_the_value_another_worker_gives_and_every_worker_says_so(tmp_path, tfds_data_dir):
     """The chief could hold the splits (auto), worker 1 streams them (false): both stream, in the same order."""
     outcomes = run_workers(tmp_path, [{"DATA_IN_MEMORY": "auto"}, {"DATA_IN_MEMORY": "false"}], tfds_data_dir,

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, clean_env, read_summary, run_python
+from tests.conftest import REPO, clean_env, needs, read_summary, run_python
 
-pytest.importorskip("mlflow", reason="MLflow is not installed: make setup EXTRAS=dev,track")
+pytestmark = needs("track")
 
 FAST = {"EPOCHS": 1, "STEPS_PER_EPOCH": 4, "LOG_EVERY": 2, "TRACKING": "mlflow"}
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import clean_env, engine_defaults, read_summary, run_python, start_python
+from tests.conftest import clean_env, engine_defaults, needs, read_summary, run_python, start_python
 from train.cli import app
 from train.settings import FIELDS
 
-pytest.importorskip("optuna", reason="Optuna is not installed: make setup EXTRAS=dev,tune")
+pytestmark = needs("tune")
 
 # each trial a real `python -m train fit` (a new interpreter, TensorFlow imported in it): a few steps
 TINY = {"EPOCHS": 1, "STEPS_PER_EPOCH": 5, "LOG_EVERY": 5, "CHECKPOINT_EVERY": 5, "PROGRESS": "lines"}
@@ -96,6 +96,7 @@ def test_a_killed_tune_run_again_resumes_its_interrupted_trial_under_its_number(
 
 
 @pytest.mark.slow
+@needs("track")  # its trials' MLflow runs
 def test_a_trial_the_median_pruner_stops_says_pruned_in_its_summary(tmp_path, tfds_data_dir):
     import optuna
 
