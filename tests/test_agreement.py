@@ -1,11 +1,11 @@
-"""What workers must agree on, and the one answer each auto resolves to (train.cluster.agreement: pure logic,
+"""What workers must agree on, and the one answer each auto resolves to (train.agreement: pure logic,
 every worker computes it alike from every worker's report). The real workers are in test_multi_worker.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from train.cluster.agreement import reconcile, report
+from train.agreement import reconcile, report
 from train.errors import SettingsError
 
 FACTS = {"local replicas": 1, "examples": "16384 train, 2048 eval", "feature": "features [32] float32"}

@@ -24,7 +24,6 @@ from tests.conftest import REPO, clean_env, engine_defaults, run_python, run_tra
 from tests.harness.caps import UNPRIVILEGED_TRAIN, can_drop_file_override
 from train import cli as cli_module
 from train.cli import app
-from train.cluster.tf_config import Cluster
 from train.devices.deadline import StartupDeadline
 from train.errors import (
     EXIT_BAD_INPUT,
@@ -39,6 +38,7 @@ from train.errors import (
 from train.model_file import model_fingerprint
 from train.rundir import RUN, RunLock, owner, write_json
 from train.settings import ENVIRONMENT_TYPO_CUTOFF, FIELDS, RUN_SETTINGS, likely_typos
+from train.settings.tf_config import Cluster
 
 GOOD_MODEL = """import keras
 

@@ -21,9 +21,9 @@ import pytest
 
 from tests.conftest import HARNESS_CWD, REPO, clean_env, read_summary, run_train, start_python
 from train.cluster.launch import free_ports, tf_configs
-from train.cluster.tf_config import parse_tf_config
 from train.errors import SettingsError
 from train.settings import load_settings
+from train.settings.tf_config import parse_tf_config
 
 DEAD_PEER_BOUND = 30.0  # seconds: 1-9 s for SIGKILL alone; 20.7 s in CI with the Docker builds beside the tests
 HUNG_PEER_BOUND = 25.0  # measured 8-11 s for SIGSTOP

@@ -102,7 +102,8 @@ AVERAGES = """
 import json, sys
 import numpy as np, keras
 from pathlib import Path
-from train.checkpoints import make_checkpoint, restore_newest
+from train.checkpoints import make_checkpoint
+from train.rundir import restore_newest
 from train.data import load_data
 from train.devices.runtime import setup_runtime
 from train.built import build

@@ -13,8 +13,8 @@ import pytest
 
 from tests.conftest import REPO, kill_mid_run, read_summary, run_python, run_train, same_weights, start_train
 from tests.harness.runs import run_two_workers
-from train.adapt import difference
-from train.cluster.agreement import reconcile, report
+from train.agreement import reconcile, report
+from train.data.adapt import difference
 from train.errors import SettingsError
 
 TEXT = {
@@ -377,7 +377,7 @@ def test_a_dimension_that_differs_among_the_first_examples_is_refused_as_variabl
 KINDS = """
 import json, types
 import numpy as np, keras, tensorflow as tf
-from train.adapt import difference, fingerprint, resources
+from train.data.adapt import difference, fingerprint, resources
 
 def module(values):
     made = types.ModuleType("fork")

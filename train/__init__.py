@@ -11,7 +11,7 @@ Model, data, devices, phases and loop are the rows in capitals.
 |                 |                                                                | needs it                          |
 | settings/       | each setting declared once (table), parsed (parse), layered:   | import TensorFlow or train.data;  |
 |                 | flag > environment > the run's settings.json > .env > default  | write a file                      |
-|                 | (layers; run); checked before TF loads                         |                                   |
+|                 | (layers; run); checked before TF loads; TF_CONFIG (tf_config)  |                                   |
 | dataset_path,   | DATASET's reader, one per kind, chosen once (reader_for): a    | import settings, data or TF at    |
 | datasets/       | TFDS name's, or a path's from its stat survey (dataset_path);  | import time                       |
 |                 | the template's offline TFDS builders, with the fork's          |                                   |
@@ -29,8 +29,8 @@ Model, data, devices, phases and loop are the rows in capitals.
 |                 | for GPU-only calls, which tests fake (backend); the start-up   | backend; import cluster/ (they    |
 |                 | deadline on the workers' wait (deadline)                       | read it as WorkerPlace)           |
 | batches         | what a step's batch is: global, per replica, accumulated       | import TensorFlow                 |
-| cluster/        | SEVERAL MACHINES: TF_CONFIG (tf_config); what workers agree on | be asked which it is: the engine  |
-|                 | (agreement); the one seam where multi-worker differs,          | asks the Role to act, and calls   |
+| cluster/        | SEVERAL MACHINES: the one seam where multi-worker differs,     | be asked which it is: the engine  |
+|                 | (the cluster's TF_CONFIG is settings/tf_config's)              | asks the Role to act, and calls   |
 |                 | SingleHost or Workers (workers); the Role, decided once: the   | `peers` alike                     |
 |                 | peers, the writer and what only the chief does (role); local   |                                   |
 |                 | workers (launch)                                               |                                   |
@@ -41,7 +41,8 @@ Model, data, devices, phases and loop are the rows in capitals.
 |                 | general path's examples and preprocess (examples); batches     |                                   |
 |                 | behind the Feed protocol, in an order fixed by (SEED, step)    |                                   |
 |                 | (feeds)                                                        |                                   |
-| adapt, context  | MODEL's adapt(context), once a process; the run's facts handed | train; write                      |
+| data/adapt,     | MODEL's adapt(context), once a process; the run's facts handed | train; write                      |
+| context         |                                                                |                                   |
 |                 | to build_model and build_callbacks                             |                                   |
 | model           | MODEL: the fork's compiled model checked against the data,     | run a training step, or import    |
 |                 | wrapped in its input and scaling; seeds, averages, export      | the step's modules                |
@@ -57,10 +58,12 @@ Model, data, devices, phases and loop are the rows in capitals.
 |                 | test                                                           |                                   |
 | fit             | THE RUN: fit and evaluate, the chapters below called in order  | write a file itself; ask which    |
 |                 |                                                                | worker it is on                   |
-| start,          | the start: workers agree, the data loaded, the model built,    | write anything (start); hold Any  |
-| run_state       | XLA decided: a frozen Start; where the run is: Position        | (run_state)                       |
-| resume, rundir, | the run directory proven writable before TF (rundir), opened,  | train                             |
-| checkpoints,    | restored or begun (resume); what a checkpoint holds, restored  |                                   |
+| start,          | the start: workers agree (agreement), the data loaded, the     | write anything (start); hold Any  |
+| agreement,      | model built, XLA decided: a frozen Start; where the run is:    | (run_state)                       |
+| run_state       | Position                                                       |                                   |
+| resume, rundir, | the run directory proven writable before TF, its newest        | train                             |
+| checkpoints,    | checkpoint that loads (rundir); opened, restored or begun      |                                   |
+|                 | (resume); what a checkpoint holds, restored                    |                                   |
 | timeline        | with its seeds (checkpoints); steps mapped to epochs and to    |                                   |
 |                 | the data: the one epoch arithmetic (timeline)                  |                                   |
 | phases,         | PHASES: which layers train when, at what rate: the plan        | import TensorFlow (phases); run   |
@@ -96,6 +99,12 @@ Model, data, devices, phases and loop are the rows in capitals.
 |                 | trial: each epoch reported, pruned (trial: a hook)             |                                   |
 | errors          | the one-line failures, and every exit code                     | import TensorFlow                 |
 | tools/          | the doctor, check and its probe, the benchmark                 | be imported by the engine         |
+
+The modules stand in seven layers, top to bottom, each importing only its own or those below (import-linter's
+`layers` contract in pyproject.toml): the command line (cli, command); tools and tune; the run (fit, start,
+agreement, resume, finish, predict); the loop and its hooks (loop, hooks, callbacks, tracking, trial); the step,
+the model, the data and the checkpoints; devices and cluster; settings and what every layer reads (settings,
+model_file, hparams, rundir, errors, phases, timeline, progress, keras_seams).
 
 The "must not" column that imports can show is enforced by import-linter (pyproject.toml's [tool.importlinter],
 `make lint`); what they cannot show, and issue 44's counts, by tests/test_layout.py.

@@ -90,13 +90,6 @@ def build_callbacks(experiment: Experiment, context: Context) -> list[keras.call
     return list(callbacks)
 
 
-def _better(value: float, best: float | None, direction: str) -> bool:
-    """Strictly better, as Keras's monitors compare (a tie keeps the earlier epoch; NaN is never better)."""
-    if not isinstance(value, int | float) or math.isnan(value):
-        return False
-    return best is None or (value > best if direction == "max" else value < best)
-
-
 class ForkCallbacks:
     """The fork's callbacks, called as `model.fit` calls them; a callback's `model.stop_training` (the chief's,
     across workers) ends the run."""

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from train.errors import TrainingError, first_line, storage_fix
 from train.model import Built, spread_seeds
-from train.rundir import checkpoints_newest_first
+from train.rundir import restore_newest
 
 Say = Callable[[str], None]
 
@@ -36,33 +36,6 @@ def make_checkpoint(built: Built, phased: bool = False) -> tf.train.Checkpoint:
         skipped_steps=tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps"),
         **phase,
     )
-
-
-def restore_newest(checkpoint: tf.train.Checkpoint, checkpoint_dir: Path, say: Say) -> str | None:
-    """Restore the newest checkpoint of this run directory that loads; warn about each one that does not.
-
-    Returns None when the directory has no checkpoint. Raises TrainingError when it has some and none
-    loads: starting over would overwrite them.
-    """
-    candidates = checkpoints_newest_first(checkpoint_dir)
-    failed = []
-    for prefix in candidates:
-        try:
-            checkpoint.restore(str(prefix)).assert_existing_objects_matched()
-        # Damage shows as IndexError, DataLossError, ValueError, ...: each means "not this one".
-        except Exception as error:
-            failed.append(prefix.name)
-            say(f"warning: checkpoint {prefix.name} does not load ({first_line(error, 160)}).")
-            continue
-        if failed:
-            say(f"warning: {', '.join(failed)} could not be loaded; resuming from the previous one, {prefix.name}.")
-        return str(prefix)
-    if failed:
-        raise TrainingError(
-            f"no checkpoint in {checkpoint_dir} loads ({', '.join(failed)}): they are corrupt, or from another model "
-            "or dataset. They are left as they are: use another OUTPUT_DIR, or delete them to start over"
-        )
-    return None
 
 
 class RunCheckpoint:

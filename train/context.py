@@ -10,7 +10,7 @@
 TFDS lists them, after `preprocess(training=False)` where the MODEL file has one (else the feature as stored, an
 image scaled to [0, 1]), inputs only. It depends on nothing but the split, so it is the same on every worker and
 every start, and a layer adapted on it comes out the same everywhere. A layer that `preprocess` uses is
-adapted earlier, in the MODEL file's `adapt(context)`, on the raw stored examples (train.adapt).
+adapted earlier, in the MODEL file's `adapt(context)`, on the raw stored examples (train.data.adapt).
 """
 
 from __future__ import annotations

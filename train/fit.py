@@ -28,14 +28,14 @@ from collections.abc import Callable
 import keras
 import tensorflow as tf
 
-from train.adapt import check_recorded
 from train.batches import describe_batch
 from train.built import build
 from train.callbacks import Callbacks
-from train.checkpoints import RunCheckpoint, make_checkpoint, restore_newest
+from train.checkpoints import RunCheckpoint, make_checkpoint
 from train.cluster.role import Role, take_role
 from train.custom_step import make_calls, make_evaluator
 from train.data import open_dataset
+from train.data.adapt import check_recorded
 from train.data.feeds import Remainder, gathers_in_step, make_feed
 from train.data.opening import check_same_data
 from train.data.raised import preprocess_raised
@@ -61,7 +61,7 @@ from train.phased import PhaseCalls
 from train.progress import Lines
 from train.resume import hparams, open_run_dir
 from train.run_state import Position, Start
-from train.rundir import RunLock, check_same_model, read_run
+from train.rundir import RunLock, check_same_model, read_run, restore_newest
 from train.settings import Settings
 from train.signals import StopRequest
 from train.start import batch_of, cadence_of, run_context, start_run, steps_per_epoch

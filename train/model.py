@@ -30,8 +30,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from train.adapt import resources
 from train.context import Context
+from train.data.adapt import resources
 from train.data.examples import Inputs, InputSpec
 from train.data.spec import DatasetSpec
 from train.errors import SettingsError, TrainingError, first_line
@@ -524,7 +524,7 @@ def model_to_export(settings: Settings, built: Built) -> keras.Model | None:
 
 
 def preprocess_resources(built: Built) -> list[keras.layers.Layer | tf.saved_model.experimental.TrackableResource]:
-    """The layers and tables of the MODEL file that `preprocess` may use (train.adapt.resources): what the
+    """The layers and tables of the MODEL file that `preprocess` may use (train.data.adapt.resources): what the
     export's default signature runs besides the model, so the SavedModel must carry them."""
     spec = built.spec
     if not spec.records or spec.examples.preprocess is None:

@@ -4,7 +4,7 @@
     preprocess(example, training, seed) -> (inputs, label)                              (optional)
     build_callbacks(context) -> a list of keras.callbacks.Callback                       (optional)
     export_model(model) -> the keras.Model to export in the trained model's place        (optional)
-    adapt(context): fits the layers preprocess uses, on the raw training data (train.adapt)  (optional)
+    adapt(context): fits the layers preprocess uses, on the raw training data (train.data.adapt)  (optional)
     phases(context, *, ...) -> a list of train.Phase(epochs, trainable, learning_rate)    (optional)
 
 `phases` splits the run into phases (train.phases): each `Phase(epochs, trainable, learning_rate)` lasts `epochs`
@@ -150,7 +150,9 @@ class Experiment:
     export_model: Callable | None = None  # a GAN's: its generator (examples/gan.py)
     adapt: Callable | None = None
     phases: Callable | None = None  # phases(context, *, ...) -> a list of train.Phase (train.phases, train.phased)
-    module: ModuleType | None = None  # the imported file: its globals hold the layers `preprocess` uses (train.adapt)
+    module: ModuleType | None = (
+        None  # the imported file: its globals hold the layers `preprocess` uses (train.data.adapt)
+    )
 
     @staticmethod
     def own_train_step(network: keras.Model) -> bool:

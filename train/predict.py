@@ -86,9 +86,9 @@ def _from_checkpoint(settings: Settings, experiment: Experiment, runtime, datase
     import tensorflow as tf
 
     from train.built import build
-    from train.checkpoints import make_checkpoint, restore_newest
+    from train.checkpoints import make_checkpoint
     from train.model import serving_endpoints, use_averaged_weights
-    from train.rundir import read_run
+    from train.rundir import read_run, restore_newest
     from train.start import run_context, steps_per_epoch
 
     precision = read_run(settings.output_dir).get("precision")  # the run's, as evaluate builds it

@@ -108,7 +108,7 @@ def run_record(start: Start, position: Position) -> Json:
         "jit_compile": start.jit_compile, "data_in_memory": start.data.in_memory,
         "precision": position.runtime.precision, "data": start.identity, "sync_batch_norm": settings.sync_batch_norm,
         "features": start.features,  # what predict on files needs of the data: it opens no source
-        "adapted": start.adapted,  # what MODEL's adapt fitted (train.adapt): a later start must fit the same
+        "adapted": start.adapted,  # what MODEL's adapt fitted (train.data.adapt): a later start must fit the same
         **({"phases": start.phases.plan.to_json(position.segment)} if start.phases.plan.phased else {}),
         "initialized_from": position.initialized_from,  # INIT_FROM, applied at step 0 (train.init_from)
         **({"mlflow_run_id": position.mlflow_run_id} if position.mlflow_run_id else {}),  # TRACKING=mlflow's

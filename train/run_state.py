@@ -42,7 +42,7 @@ class Start:
     jit_compile: bool
     jit_why: str
     identity: Json  # the data's (train.data.opening): run.json's "data"
-    adapted: Json  # what MODEL's adapt fitted (train.adapt.fingerprint)
+    adapted: Json  # what MODEL's adapt fitted (train.data.adapt.fingerprint)
     recorded: Json  # run.json as this start found it (the chief's; {} on other workers)
     say: Callable[[str], None]
     phases: Phased  # which layers train when, and at what rate (train.phased): one phase unless FREEZE or phases()

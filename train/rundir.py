@@ -16,11 +16,14 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from train.errors import BusyError, SettingsError, first_line
+from train.errors import BusyError, SettingsError, TrainingError, first_line
 from train.model_file import model_fingerprint
 from train.run_files import RUN_SETTINGS
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 PROBE_BYTES = 1 << 20  # a write of this size must succeed: a nearly full disk fails here, not at step 10,000
 MIN_FREE_BYTES = 64 << 20  # room for a few checkpoints of a small model, the export and the logs
@@ -466,3 +469,30 @@ def checkpoints_newest_first(checkpoint_dir: Path) -> list[Path]:
         if match:
             numbered.append((int(match.group(1)), checkpoint_dir / f"ckpt-{match.group(1)}"))
     return [prefix for _, prefix in sorted(numbered, reverse=True)]
+
+
+def restore_newest(checkpoint: tf.train.Checkpoint, checkpoint_dir: Path, say: Callable[[str], None]) -> str | None:
+    """Restore the newest checkpoint of this run directory that loads; warn about each one that does not.
+
+    Returns None when the directory has no checkpoint. Raises TrainingError when it has some and none
+    loads: starting over would overwrite them.
+    """
+    candidates = checkpoints_newest_first(checkpoint_dir)
+    failed = []
+    for prefix in candidates:
+        try:
+            checkpoint.restore(str(prefix)).assert_existing_objects_matched()
+        # Damage shows as IndexError, DataLossError, ValueError, ...: each means "not this one".
+        except Exception as error:
+            failed.append(prefix.name)
+            say(f"warning: checkpoint {prefix.name} does not load ({first_line(error, 160)}).")
+            continue
+        if failed:
+            say(f"warning: {', '.join(failed)} could not be loaded; resuming from the previous one, {prefix.name}.")
+        return str(prefix)
+    if failed:
+        raise TrainingError(
+            f"no checkpoint in {checkpoint_dir} loads ({', '.join(failed)}): they are corrupt, or from another model "
+            "or dataset. They are left as they are: use another OUTPUT_DIR, or delete them to start over"
+        )
+    return None

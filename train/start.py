@@ -9,15 +9,15 @@ from collections.abc import Callable
 from typing import Protocol
 
 from train.accumulation import refuse_custom_train_step
-from train.adapt import check_recorded
+from train.agreement import Decision, reconcile, report
 from train.batches import Batch
 from train.built import build
 from train.callbacks import build_callbacks
-from train.cluster.agreement import Decision, reconcile, report
 from train.cluster.role import Peers, Role
 from train.context import Context, sample_function
 from train.custom_step import refuse_unevaluated_monitor
 from train.data import Dataset, open_dataset
+from train.data.adapt import check_recorded
 from train.data.feeds import batches_per_pass, gathers_in_step, input_pipelines
 from train.data.opening import check_same_data, data_identity_text
 from train.data.source import Data

@@ -24,10 +24,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from train.adapt import AdaptContext
 from train.built import build
 from train.callbacks import build_callbacks
 from train.context import Context, sample_function
+from train.data.adapt import AdaptContext
 from train.data.examples import BYTES_SUFFIX, random_record
 from train.data.feeds import make_feed
 from train.data.in_memory import SerializedSplit, Split

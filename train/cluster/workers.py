@@ -6,7 +6,7 @@ the same step. TensorFlow's documented pattern is followed: the chief saves into
 directory, every other worker into a temporary directory deleted right after; all restore from
 the chief's (so OUTPUT_DIR must be storage every worker sees). The workers talk through the
 key-value store of TensorFlow's coordination service, which the strategy already runs: to agree on
-settings and `auto`s (train.cluster.agreement), on what to restore, and on the weights at the end.
+settings and `auto`s (train.agreement), on what to restore, and on the weights at the end.
 A stop (SIGTERM, Ctrl-C) on any worker makes every worker save after the same call and stop.
 """
 
@@ -26,10 +26,9 @@ import tensorflow as tf
 from tensorflow.python.eager import context  # the coordination service's key-value store (no public API)
 from tensorflow.python.util import deprecation
 
-from train.checkpoints import restore_newest
 from train.devices.runtime import Runtime
 from train.errors import FUNCTION_NODE, BusyError, TrainingError, clip, first_line
-from train.rundir import busy, checkpoints_newest_first, holder
+from train.rundir import busy, checkpoints_newest_first, holder, restore_newest
 from train.signals import StopRequest
 
 END_BARRIER_SECONDS = 3600  # how long the others wait for the chief's export at the end

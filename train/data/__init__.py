@@ -36,7 +36,7 @@ class Dataset:
     identity: Identity
     settings: DataSettings
     notes: tuple[str, ...] = ()
-    adapted: dict[str, object] = field(default_factory=dict)  # what MODEL's adapt fitted (train.adapt.fingerprint)
+    adapted: dict[str, object] = field(default_factory=dict)  # what MODEL's adapt fitted (train.data.adapt.fingerprint)
     left_out: LeftOut = field(default_factory=dict)  # a folder's files not in the data (summary.json)
 
     def fits_in_memory(self, workers_here: int = 1) -> bool:
@@ -57,10 +57,10 @@ class Dataset:
 
 
 def open_dataset(settings: DataSettings, experiment: Experiment, say=print) -> Dataset:
-    """Open DATASET, prepare (or, a path, write) it if needed, run the `experiment`'s `adapt` on it (train.adapt)
+    """Open DATASET, prepare (or, a path, write) it if needed, run the `experiment`'s `adapt` on it (train.data.adapt)
     and read its spec, with its `preprocess` where MODEL's file defines one. `say` hears a path's writing progress.
     Raises SettingsError."""
-    from train.adapt import run_adapt
+    from train.data.adapt import run_adapt
     from train.data.opening import open_source
     from train.data.spec import inspect
 

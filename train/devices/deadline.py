@@ -12,7 +12,7 @@ from typing import Protocol
 
 
 class WorkerPlace(Protocol):
-    """This worker's place among TF_CONFIG's workers: what the devices read of train.cluster.tf_config.Cluster."""
+    """This worker's place among TF_CONFIG's workers: what the devices read of train.settings.tf_config.Cluster."""
 
     @property
     def addresses(self) -> tuple[str, ...]: ...

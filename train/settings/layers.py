@@ -20,12 +20,12 @@ from pathlib import Path
 from dotenv.parser import parse_stream
 
 from train import hparams
-from train.cluster.tf_config import parse_tf_config
 from train.dataset_path import DEFAULT_DATA_DIR, is_table
 from train.errors import SettingsError
 from train.model_file import model_for_data, model_hyperparameters
 from train.settings.run import MACHINE, RUN_LAYER_OF_FIT, RUN_SETTINGS, run_layer
 from train.settings.table import FIELDS, FIELDS_BY_ENV, Field, Settings, check_together
+from train.settings.tf_config import parse_tf_config
 
 
 def read_dotenv(path: Path, warn: Callable[[str], None] | None = None) -> dict[str, str]:

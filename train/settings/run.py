@@ -2,7 +2,7 @@
 
 `read_run_settings` reads OUTPUT_DIR/settings.json (evaluate's layer, train.settings.layers; the resume check,
 train.rundir). `changed_settings` is what a resume changes of RUN_DEFINING; `agreed_settings` is what every worker
-of a multi-worker run compares (train.cluster.agreement). Both lists come from the table's marks. No TensorFlow.
+of a multi-worker run compares (train.agreement). Both lists come from the table's marks. No TensorFlow.
 """
 
 from __future__ import annotations

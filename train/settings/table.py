@@ -20,9 +20,9 @@ from typing import TypeVar
 
 import train.settings.parse as parse
 from train import hparams
-from train.cluster.tf_config import EXAMPLE, Cluster
 from train.errors import SettingsError
 from train.model_file import DEFAULT_MODEL
+from train.settings.tf_config import EXAMPLE, Cluster
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
 SINGLE_HOST = ("one_device", "mirrored")

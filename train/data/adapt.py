@@ -13,7 +13,7 @@ The layers and tables `preprocess` uses are found among the MODEL file's module 
 `tf.lookup` table, or a list, tuple or dict of them): `resources` hands them to the export, which must track
 them, and `fingerprint` says what they hold (vocabularies and bins by hash, a Normalization's statistics as
 numbers), recorded in run.json and compared between workers and starts (`difference`). TensorFlow is imported
-only inside the functions that need it: train.cluster.agreement compares fingerprints without it.
+only inside the functions that need it: train.agreement compares fingerprints without it.
 """
 
 from __future__ import annotations

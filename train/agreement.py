@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from train.adapt import difference
+from train.data.adapt import difference
 from train.errors import SettingsError
 
 # Settings whose `auto` each worker may resolve differently on its own: resolved here to one answer.
@@ -43,7 +43,7 @@ def report(
 ) -> Json:  # fmt: skip
     """This worker's report. `facts` must be equal everywhere (replicas, dataset shape); `recorded`: what the
     run's first start decided (the chief reads it from the run directory; a resume keeps those choices);
-    `adapted`: what MODEL's adapt fitted here (train.adapt.fingerprint), the same everywhere."""
+    `adapted`: what MODEL's adapt fitted here (train.data.adapt.fingerprint), the same everywhere."""
     return {
         "settings": settings_text, "model_sha256": model_sha256, "facts": facts,
         "fits_in_memory": fits_in_memory, "precision": precision, "recorded": recorded or {},
