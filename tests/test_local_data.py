@@ -17,10 +17,11 @@ from PIL import Image
 from tests.conftest import clean_env, read_summary, run_python, run_train
 from tests.harness.runs import RESIZED, run_two_workers
 from train import dataset_path
-from train.data import local, prepared, written
+from train.data import local, written
 from train.dataset_path import is_path
 from train.errors import SettingsError
 from train.settings import load_settings
+from train.tools import prepared
 
 FAST = {"EPOCHS": 1, "BATCH_SIZE": 8, "LOG_EVERY": 1000}
 

@@ -1,5 +1,5 @@
 """`python -m train data list|prune --runs ROOT`: the prepared datasets in TFDS_DATA_DIR, the runs under ROOT that
-use each (their run.json), and the copies of folders and tables that none uses removed (train/data/prepared.py)."""
+use each (their run.json), and the copies of folders and tables that none uses removed (train/tools/prepared.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 from tests.conftest import clean_env, copy_data_dir, run_python, run_train
 from tests.harness.caps import UNPRIVILEGED_TRAIN, can_drop_file_override
 from tests.test_local_data import photos
-from train.data import prepared, written
-from train.data.prepared import human
+from train.data import written
+from train.tools import prepared
+from train.tools.prepared import human
 
 QUICK = {"EPOCHS": 1, "STEPS_PER_EPOCH": 1, "BATCH_SIZE": 8, "LOG_EVERY": 1000}
 

@@ -35,9 +35,9 @@ Model, data, devices, phases and loop are the rows in capitals.
 |                 | peers, the writer and what only the chief does (role); local   |                                   |
 |                 | workers (launch)                                               |                                   |
 | data/           | DATA: DATASET opened, or written once (opening, local,         | import the model, the step or the |
-|                 | written), each image's structure checked (intact); the copies  | run directory                     |
-|                 | in TFDS_DATA_DIR listed and pruned (prepared); what it holds   |                                   |
-|                 | (spec); held in memory (in_memory) or streamed (streamed); the |                                   |
+|                 | written), each image's structure checked (intact); what it     | run directory                     |
+|                 | holds (spec); held in memory (in_memory) or streamed           |                                   |
+|                 | (streamed); the                                                |                                   |
 |                 | general path's examples and preprocess (examples); batches     |                                   |
 |                 | behind the Feed protocol, in an order fixed by (SEED, step)    |                                   |
 |                 | (feeds)                                                        |                                   |
@@ -98,7 +98,8 @@ Model, data, devices, phases and loop are the rows in capitals.
 |                 | (tune); storage, objective, TUNE_TRIAL (study); a fit run as a |                                   |
 |                 | trial: each epoch reported, pruned (trial: a hook)             |                                   |
 | errors          | the one-line failures, and every exit code                     | import TensorFlow                 |
-| tools/          | the doctor, check and its probe, the benchmark                 | be imported by the engine         |
+| tools/          | the doctor, check and its probe, the benchmark; the copies in  | be imported by the engine         |
+|                 | TFDS_DATA_DIR listed and pruned (prepared: data list, prune)   |                                   |
 
 The modules stand in seven layers, top to bottom, each importing only its own or those below (import-linter's
 `layers` contract in pyproject.toml): the command line (cli, command); tools and tune; the run (fit, start,

@@ -342,7 +342,7 @@ DataDir = Annotated[
 @data_app.command("list", short_help="Each prepared dataset, its source, size, date and runs.")
 def data_list(runs: RunsRoot = Path("runs"), tfds_data_dir: DataDir = None, json_path: JsonPath = None) -> None:
     """Each prepared dataset: its source, size, date, and the run directories under --runs that use it."""
-    from train.data.prepared import format_list, listed
+    from train.tools.prepared import format_list, listed
     from train.settings.layers import data_dir
 
     try:
@@ -362,7 +362,7 @@ def data_prune(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
 ) -> None:
     """Remove the copies written from a folder or table that no run under --runs records; say what was freed."""
-    from train.data.prepared import format_pruned, prune
+    from train.tools.prepared import format_pruned, prune
     from train.settings.layers import data_dir
 
     try:

@@ -3,8 +3,8 @@
 and `Dataset.load` are what `fit` calls; `load_data` does both on one host.
 
 Each name is imported from its home module (`from train.data.feeds import make_feed`): this package re-exports
-none, and imports TensorFlow only inside its functions, so that the modules without it (`local`, `written`,
-`prepared`: `data list|prune`) import without it. What the data reads of the settings is
+none, and imports TensorFlow only inside its functions, so that the modules without it (`local`, `written`: what
+`data list|prune`, train.tools.prepared, reads) import without it. What the data reads of the settings is
 `data_settings.DataSettings`; train.settings, above, is not imported here."""
 
 from __future__ import annotations
