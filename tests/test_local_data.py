@@ -275,7 +275,8 @@ def test_the_same_files_are_reused_not_written_again(trained_folder, monkeypatch
     for name, value in settings.items():
         monkeypatch.setenv(name, str(value))
     started = time.perf_counter()
-    reused = written.prepare_path(load_settings(), lambda line: pytest.fail(f"written again: {line}"))
+    loaded = load_settings()
+    reused = written.prepare_path(loaded, loaded.source, lambda line: pytest.fail(f"written again: {line}"))
     print(f"reused in {time.perf_counter() - started:.3f} s")  # a timing is printed, not asserted
     assert reused.identity == json.loads((tmp_path / "run" / "run.json").read_text())["data"]
 

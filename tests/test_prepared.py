@@ -34,7 +34,7 @@ def test_data_list_names_each_copy_and_its_runs_and_prune_removes_what_no_run_us
     used = json.loads((tmp_path / "runs" / "photos" / "run.json").read_text())["data"]["name"]
     shutil.copy(tmp_path / "photos" / "cat" / "1.jpg", tmp_path / "photos" / "dog" / "new.jpg")  # changed: another
     write = "from train.data import written\nfrom train.settings import load_settings\n"  # copy, no run uses it
-    write += "written.prepare_path(load_settings(), print)\n"
+    write += "settings = load_settings()\nwritten.prepare_path(settings, settings.source, print)\n"
     wrote = run_python(["-c", write], cwd=tmp_path, env=clean_env(TFDS_DATA_DIR=data_dir, **images))
     assert wrote.returncode == 0, wrote.stderr[-3000:]
     [unused] = [name for name in _copies(data_dir) if name != used]

@@ -12,10 +12,11 @@ Model, data, devices, phases and loop are the rows in capitals.
 | settings/       | each setting declared once (table), parsed (parse), layered:   | import TensorFlow or train.data;  |
 |                 | flag > environment > the run's settings.json > .env > default  | write a file                      |
 |                 | (layers; run); checked before TF loads; TF_CONFIG (tf_config)  |                                   |
-| dataset_path,   | DATASET's reader, one per kind, chosen once (reader_for): a    | import settings, data or TF at    |
-| datasets/       | TFDS name's, or a path's from its stat survey (dataset_path);  | import time                       |
-|                 | the template's offline TFDS builders, with the fork's          |                                   |
-|                 | registered (datasets)                                          |                                   |
+| dataset_path,   | DATASET's kind, decided once as load_settings checks it        | import settings, data or TF at    |
+| datasets/       | (source): TFDS for a TFDS name, or a path's stat survey with   | import time; be asked again       |
+|                 | its reader, one per kind (dataset_path), passed down as        | (below, Settings.source is read)  |
+|                 | Settings.source; the template's offline TFDS builders, with    |                                   |
+|                 | the fork's registered (datasets)                               |                                   |
 | signals         | SIGTERM and Ctrl-C heard once (StopRequest, stop_heard)        | import TensorFlow                 |
 | run_files       | settings.json's name, which settings/ and rundir both read     | import anything                   |
 | model_file      | MODEL's file: found, parsed, hashed, imported once: the        | import train.settings, or TF at   |

@@ -342,8 +342,8 @@ DataDir = Annotated[
 @data_app.command("list", short_help="Each prepared dataset, its source, size, date and runs.")
 def data_list(runs: RunsRoot = Path("runs"), tfds_data_dir: DataDir = None, json_path: JsonPath = None) -> None:
     """Each prepared dataset: its source, size, date, and the run directories under --runs that use it."""
-    from train.tools.prepared import format_list, listed
     from train.settings.layers import data_dir
+    from train.tools.prepared import format_list, listed
 
     try:
         _check_json_path(json_path)
@@ -362,8 +362,8 @@ def data_prune(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
 ) -> None:
     """Remove the copies written from a folder or table that no run under --runs records; say what was freed."""
-    from train.tools.prepared import format_pruned, prune
     from train.settings.layers import data_dir
+    from train.tools.prepared import format_pruned, prune
 
     try:
         root = data_dir(tfds_data_dir)

@@ -1,17 +1,18 @@
-"""DATASET told and surveyed before TensorFlow loads: whether it names a path or a TFDS name (`is_path`), and what
-a path holds, from `stat` alone (`survey`): its reader, the layout (classes, splits), every file's size and mtime.
+"""DATASET's kind, decided once before TensorFlow loads (`source`, which load_settings calls to make
+Settings.source): a TFDS name (TFDS), or a path (`is_path`) and what it holds, from `stat` alone (`survey`): its
+reader, the layout (classes, splits), every file's size and mtime. Nothing else tells DATASET's kind from its text:
+the rest of the engine reads Settings.source.
 
 The readers: one object per kind of data (a folder of images, a CSV file, a JSON Lines file, a prepared TFDS
 folder, a TFDS name). A path's are registered once in READERS, by kind and by the file suffixes each claims; a TFDS
-name's is TFDS (`TfdsName`: no file here, TFDS's builder reads it). `reader_for` chooses DATASET's, whatever its
-kind: the one choice fit, evaluate and predict make alike (train.data.opening). The survey, the writing of the
-records (train.data.written, through `Reader.write`), the reading of the files (train.data.local) and predict's
-INPUT (train.predict_inputs) all ask READERS; none tests a kind's name. Adding a kind (Parquet) is one subclass of
+name's is TFDS (`TfdsName`: no file here, TFDS's builder reads it). The writing of the records
+(train.data.written, through `Reader.write`), the reading of the files (train.data.local) and predict's INPUT
+(train.predict_inputs) all ask READERS; none tests a kind's name. Adding a kind (Parquet) is one subclass of
 `TableReader` and one entry in READERS.
 
-Below the settings (DATASET's parser, the workers' agreed settings) and the data (train.data.local reads the files
-`survey` lists; train.data.written writes them once), which both ask it; it imports neither. A bare name that
-names a folder here too is TFDS's where TFDS has a builder of that name (train.datasets.registered).
+Below the settings (which make the source) and the data (train.data.local reads the files the survey lists;
+train.data.written writes them once), which both ask it; it imports neither. A bare name that names a folder here
+too is TFDS's where TFDS has a builder of that name (train.datasets.registered).
 """
 
 from __future__ import annotations
@@ -159,10 +160,6 @@ class TfdsName:
     it, prepared once in TFDS_DATA_DIR (train.data.opening), its records read where TFDS keeps them."""
 
     kind = "tfds"
-    suffixes = ()
-
-    def write(self, writing: Writing[W]) -> W:
-        return writing.in_place()
 
 
 IMAGES, PREPARED, TFDS = ImageFolder(), PreparedFolder(), TfdsName()
@@ -285,36 +282,25 @@ def _entries(root: Path) -> tuple[list[Entry], list[str]]:
     return sorted(found, key=lambda entry: entry.path), sorted(empty)
 
 
-_CHECKED: dict[tuple[str, str], Survey] = {}  # the survey settings validation made, for `checked` to take once
+TFDS_NAME = re.compile(r"[a-z][a-z0-9_]*(/[A-Za-z0-9_.\-]+)?(:[0-9]+\.[0-9]+\.[0-9]+)?")  # name/config:1.2.3
+Source = Survey | TfdsName  # DATASET's kind: a path's survey, or TFDS for a TFDS name
 
 
-def checked(text: str) -> Survey:
-    """The survey made when the settings were validated, in this process (taken once: a walk of 20,000 files costs
-    a quarter of a second), else a new one."""
-    return _CHECKED.pop((os.getcwd(), text), None) or survey(text)
-
-
-def reader_for(text: str) -> Reader:
-    """DATASET's reader, whatever it names: TFDS for a TFDS name, else the reader of what the path holds (its
-    survey, the one the settings' check made where there is one). Raises SettingsError as `survey` does."""
-    if not is_path(text):
-        return TFDS
-    return (_CHECKED.get((os.getcwd(), text)) or survey(text)).reader
-
-
-def is_table(text: str) -> bool:
-    """Whether DATASET names a table: a CSV or JSON Lines file, or a folder of them. Raises SettingsError as
-    `survey` does."""
-    return isinstance(reader_for(text), TableReader)
+def source(name: str, text: str) -> Source:
+    """DATASET's kind, decided once (load_settings makes Settings.source with it): a path's survey (`stat` alone,
+    before TensorFlow loads), else TFDS for a TFDS name: `name`, `name/config`, `name:1.2.3`. Raises SettingsError."""
+    if is_path(text):
+        return survey(text)
+    if not TFDS_NAME.fullmatch(text):
+        raise SettingsError(
+            f"{name}={text!r} is not allowed: use a TFDS dataset name, optionally with config and version, "
+            "like mnist, or name/config:1.0.0, or a path (./photos, /data/table.csv)"
+        )
+    return TFDS
 
 
 def survey(text: str) -> Survey:
     """The layout of the path DATASET names, told from its folders and file names. Raises SettingsError."""
-    _CHECKED[os.getcwd(), text] = found = _survey(text)
-    return found
-
-
-def _survey(text: str) -> Survey:
     root = Path(text).expanduser()
     if not root.exists():
         raise SettingsError(f"DATASET={text!r} does not exist: name a folder of images, a CSV or JSON Lines file, "

@@ -33,7 +33,7 @@ from train.data.feeds import make_feed
 from train.data.in_memory import SerializedSplit, Split
 from train.data.opening import open_builder, open_source
 from train.data.spec import inspect
-from train.dataset_path import is_path
+from train.dataset_path import Survey
 from train.errors import SettingsError, TrainingError, first_line
 from train.model import export
 from train.model_file import load_model_file
@@ -65,7 +65,8 @@ def main(output_dir: Path) -> dict:
     # project/defaults.env and what the caller's environment sets (tests/test_project.py passes none of the user's)
     settings = load_settings({"OUTPUT_DIR": str(output_dir)}, dotenv_path="/nonexistent")
     preprocess = load_model_file(settings.model).preprocess
-    if is_path(settings.dataset):  # a folder or file: written once as TFDS records (docs/data.md), then as any
+    # a folder or file: written once as TFDS records (docs/data.md), then as any
+    if isinstance(settings.source, Survey):
         opened = open_source(settings, lambda line: print(line, file=sys.stderr))
         builder, settings, preprocess = opened.builder, opened.settings, preprocess or opened.columns(settings)
     else:  # a TFDS name: its features alone, not prepared here

@@ -10,15 +10,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol, Self, runtime_checkable
 
+from train.dataset_path import Source
+
 
 @runtime_checkable
 class DataSettings(Protocol):
-    """DATASET and how it is read: its splits, keys, label kind, broken files, memory; MODEL and SEED for the
-    general path's examples; OUTPUT_DIR for a refusal's words. `replace` gives a copy with some of them changed (a
-    one-split dataset's slices), of the caller's own type."""
+    """DATASET, its kind (`source`) and how it is read: its splits, keys, label kind, broken files, memory; MODEL and
+    SEED for the general path's examples; OUTPUT_DIR for a refusal's words. `replace` gives a copy with some of them
+    changed (a one-split dataset's slices), of the caller's own type."""
 
     @property
     def dataset(self) -> str: ...
+    @property
+    def source(self) -> Source | None: ...  # DATASET's kind, decided once (train.dataset_path.source)
     @property
     def tfds_data_dir(self) -> Path | None: ...
     @property

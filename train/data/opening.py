@@ -1,9 +1,9 @@
 """DATASET opened: a TFDS name (registered builders, the fork's `project.datasets`, prepared once) or a path
 (written once, train.data.written), with the data's identity that run.json records and a restart must match.
 
-Its reader, a path's or a TFDS name's, is chosen by train.dataset_path.reader_for, before TensorFlow loads. Either
-way what `inspect` then reads is a TFDS builder, so everything after (slices, in memory or streamed, workers,
-preprocess, resume) is the same.
+Which of the two DATASET is was decided once, before TensorFlow loads: the settings' `source` (a path's survey, or
+TFDS; train.dataset_path.source). Either way what `inspect` then reads is a TFDS builder, so everything after
+(slices, in memory or streamed, workers, preprocess, resume) is the same.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import tensorflow as tf
 import train.data.written as written
 from train.data.data_settings import DataSettings
 from train.data.written import Identity, LeftOut
-from train.dataset_path import SHOWN, TFDS, TableReader, data_dir, reader_for
+from train.dataset_path import SHOWN, Survey, TableReader, data_dir, survey
 from train.datasets import registered
 from train.errors import SettingsError, first_line
 from train.model_file import TABLE_MODEL, TABULAR_TEXT_EXAMPLE
@@ -78,10 +78,11 @@ def open_source(settings: DataSettings, say) -> Opened:
 
     notes: tuple[str, ...] = ()
     left_out: LeftOut = {}
-    named = open_builder(settings.dataset, settings.tfds_data_dir) if reader_for(settings.dataset) is TFDS else None
+    path = settings.source if isinstance(settings.source, Survey) else None
+    named = open_builder(settings.dataset, settings.tfds_data_dir) if path is None else None
     if named is None or named.info.file_format is None:  # a path, or a tfds.ImageFolder: its folder written once
         folder = settings if named is None else settings.replace(dataset=image_folder_root(named, settings.dataset))
-        source = written.prepare_path(folder, say)
+        source = written.prepare_path(folder, path or survey(folder.dataset), say)  # the ImageFolder's: surveyed now
         builder = tfds.builder_from_directory(str(source.directory))
         identity, notes, left_out = source.identity, source.notes, source.left_out
         if named is not None:  # the builder's name, and the written copy's fingerprint: its folder changed is refused

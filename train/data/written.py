@@ -169,10 +169,9 @@ def _name(survey: dataset_path.Survey, fingerprint: str, label_key: str, label_k
     return f"{stem[:40]}_{key}"
 
 
-def prepare_path(settings: DataSettings, say: Callable[[str], None]) -> Written:
-    """The TFDS dataset of the path DATASET names, as its reader says (train.dataset_path's READERS): read in place,
-    reused, or written once now. Raises SettingsError."""
-    survey = dataset_path.checked(settings.dataset)
+def prepare_path(settings: DataSettings, survey: dataset_path.Survey, say: Callable[[str], None]) -> Written:
+    """The TFDS dataset of the path DATASET names, from its `survey` (Settings.source), as its reader says
+    (train.dataset_path's READERS): read in place, reused, or written once now. Raises SettingsError."""
     return survey.reader.write(_Writing(settings, survey, say))
 
 

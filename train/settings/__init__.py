@@ -7,15 +7,17 @@
 |            | (`check_together`)                                             |                                |
 | `parse`    | the parsers that turn a setting's text into its value          | know where the text came from  |
 |            | (`positive_int`, `true_or_false`, ...)                         |                                |
-| `layers`   | the precedence (`load_settings`), `.env` files, likely typos,  | parse or check a value itself  |
-|            | build_model's flags before parsing; TFDS_DATA_DIR alone, for   |                                |
-|            | `data list|prune` (`data_dir`)                                 |                                |
+| `layers`   | the precedence (`load_settings`, which makes Settings.source), | parse or check a value itself  |
+|            | `.env` files, likely typos, build_model's flags before         |                                |
+|            | parsing; TFDS_DATA_DIR alone, for `data list|prune`            |                                |
+|            | (`data_dir`)                                                   |                                |
 | `run`      | a run's settings.json; RUN_DEFINING and WORKERS_AGREE; agreed  | write a file                   |
 |            | and changed settings                                           |                                |
 
 MODEL's file (its syntax tree, hash and hyperparameters) is train.model_file's; build_model's settings, HP_<NAME>,
-are train.hparams'; whether DATASET names a path, and what the path holds, train.dataset_path's. Nothing here
-imports TensorFlow or train.data, so `--help` and a bad value answer at once.
+are train.hparams'; DATASET's kind (a TFDS name, or a path and what it holds) is train.dataset_path's, decided once
+by `load_settings` and kept as Settings.source, which is not a setting (never written to settings.json nor
+compared). Nothing here imports TensorFlow or train.data, so `--help` and a bad value answer at once.
 """
 
 from train.model_file import DEFAULT_MODEL

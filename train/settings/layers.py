@@ -19,10 +19,11 @@ from pathlib import Path
 # and a typo that silently drops a setting is what this template refuses to do.
 from dotenv.parser import parse_stream
 
-from train import hparams
-from train.dataset_path import DEFAULT_DATA_DIR, is_table
+from train import dataset_path, hparams
+from train.dataset_path import DEFAULT_DATA_DIR, TableReader
 from train.errors import SettingsError
 from train.model_file import model_for_data, model_hyperparameters
+from train.settings.parse import Parser
 from train.settings.run import MACHINE, RUN_LAYER_OF_FIT, RUN_SETTINGS, run_layer
 from train.settings.table import FIELDS, FIELDS_BY_ENV, Field, Settings, check_together
 from train.settings.tf_config import parse_tf_config
@@ -85,9 +86,10 @@ def _typo_warnings(names: Iterable[str], where: str, cutoff: float = 0.8) -> lis
     ]
 
 
-def _value(field: Field, text: str) -> object:
+def _value(field: Field, text: str, parser: Parser | None = None) -> object:
+    """The setting's value, by its parser (or `parser`). Raises SettingsError."""
     try:
-        return field.parse(field.env, text)
+        return (parser or field.parse)(field.env, text)
     except SettingsError as error:
         if text == "" and field.default:  # `GPUS=` is a value, not "unset": say how to get the default
             raise SettingsError(f"{error}; or leave {field.env} out for its default, {field.default}") from None
@@ -134,7 +136,8 @@ def load_settings(
     resolve to supplies what neither a flag nor the environment sets, so evaluate scores the run as it was trained.
     `from_run="defining"` (fit): only what defines the run (RUN_LAYER_OF_FIT); the machine's settings come from this
     host. A value of .env or project/defaults.env that the run's layer overrides is said in one warning line.
-    `data=False` (predict on files through the export): DATASET is taken as text, its path not surveyed.
+    `data=False` (predict on files through the export): DATASET is taken as text, its path not surveyed (no
+    Settings.source).
     `defaults_path`: the fork's defaults file ("project": the `project` package's `defaults.env`; None: none).
     """
     flags = {name: value for name, value in (flags or {}).items() if value is not None}
@@ -155,29 +158,24 @@ def load_settings(
             for message in _overridden_by_run(layers, places):
                 warn(message)
 
-    # not `data`: DATASET as text, so that a path that moved since the run is no error
-    values = {field.attr: _value(field, _resolve(field.env, layers)) if data or field.env != "DATASET"
-              else _resolve(field.env, layers) for field in FIELDS}  # fmt: skip
+    values = {field.attr: _value(field, _resolve(field.env, layers)) for field in FIELDS}
+    # DATASET's kind, decided once: Settings.source (not `data`: DATASET as text, so that a path that moved since the
+    # run is no error)
+    source = _value(FIELDS_BY_ENV["DATASET"], values["dataset"], dataset_path.source) if data else None
     # the documented MLP on a table's columns: behind their preprocessing (FEATURE_KEY set: on that one column)
     # (not `data`: the run's settings.json already names the model it trained)
-    table = data and not values["feature_key"] and _is_table(values["dataset"])
+    table = source is not None and source.kind == TableReader.kind and not values["feature_key"]
     values["model"] = model_for_data(values["model"], table)
     batch_from = _batch_sizes(values, layers, places)
     declared = model_hyperparameters(values["model"])
     if warn:
         for message in _hyperparameter_hints(declared, dict(files)):
             warn(message)
-    hyperparameters = hparams.resolve(declared, zip(places, layers, strict=True), values["model"])
-    settings = Settings(**values, cluster=parse_tf_config(environ.get("TF_CONFIG")), hyperparameters=hyperparameters,
-                        batch_from=batch_from)  # fmt: skip
-
+    resolved = hparams.resolve(declared, zip(places, layers, strict=True), values["model"])
+    cluster = parse_tf_config(environ.get("TF_CONFIG"))
+    settings = Settings(**values, cluster=cluster, hyperparameters=resolved, batch_from=batch_from, source=source)
     check_together(settings)
     return settings
-
-
-def _is_table(dataset: str) -> bool:
-    """Whether DATASET names a CSV or JSON Lines path (told as its validation told it: train.dataset_path)."""
-    return is_table(dataset)
 
 
 def _read_files(

@@ -2,7 +2,8 @@
 
 A parser raises SettingsError with one line that names the setting, the value and what is allowed, whatever layer
 the text came from (a flag, the environment, `.env`). Each carries `metavar`, the form --help shows (N, PATH, ...).
-Nothing here imports TensorFlow: a path DATASET is checked by train.dataset_path, MODEL by train.model_file.
+Nothing here imports TensorFlow: DATASET's kind is train.dataset_path.source's (load_settings), MODEL's file
+train.model_file's.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from train import dataset_path, hparams
+from train import hparams
 from train.errors import SettingsError
 from train.model_file import DEFAULT_MODEL, is_model_path, model_fingerprint, model_source
 
@@ -132,16 +133,8 @@ def text_or_empty(name: str, text: str) -> str:
 
 
 def dataset(name: str, text: str) -> str:
-    # A path (train.dataset_path: a folder of images, a CSV or JSON Lines file, a prepared TFDS folder), checked for
-    # what `stat` tells before TensorFlow loads; else a TFDS name: `name`, `name/config`, `name:1.2.3`, ...
-    if dataset_path.is_path(text):
-        dataset_path.survey(text)
-        return text
-    if not re.fullmatch(r"[a-z][a-z0-9_]*(/[A-Za-z0-9_.\-]+)?(:[0-9]+\.[0-9]+\.[0-9]+)?", text):
-        raise SettingsError(
-            f"{name}={text!r} is not allowed: use a TFDS dataset name, optionally with config and version, "
-            "like mnist, or name/config:1.0.0, or a path (./photos, /data/table.csv)"
-        )
+    """DATASET as text: its kind (a TFDS name, or a path and what it holds) is decided once by load_settings
+    (train.dataset_path.source, Settings.source), not here."""
     return text
 
 

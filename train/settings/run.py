@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from train import hparams
-from train.dataset_path import is_path
+from train.dataset_path import Survey
 from train.errors import SettingsError, first_line
 from train.run_files import RUN_SETTINGS
 from train.settings.table import FIELDS, FIELDS_BY_ENV, Settings
@@ -97,7 +97,7 @@ WORKERS_AGREE = tuple(field.env for field in FIELDS if field.workers_agree)
 def agreed_settings(settings: Settings) -> dict[str, str]:
     """The settings every worker must have alike, as text: WORKERS_AGREE's and build_model's hyperparameters."""
     text = settings.to_json()
-    if is_path(settings.dataset):  # a path can differ between hosts: the workers compare the data's fingerprint
+    if isinstance(settings.source, Survey):  # a path can differ between hosts: the workers compare its fingerprint
         text["DATASET"] = "(a path: its data's fingerprint is compared)"
     return {name: text[name] for name in WORKERS_AGREE} | {
         hparams.env_name(name): text[hparams.env_name(name)] for name, _ in settings.hyperparameters

@@ -20,6 +20,7 @@ from typing import TypeVar
 
 import train.settings.parse as parse
 from train import hparams
+from train.dataset_path import Source
 from train.errors import SettingsError
 from train.model_file import DEFAULT_MODEL
 from train.settings.tf_config import EXAMPLE, Cluster
@@ -149,6 +150,10 @@ class Settings:
     hyperparameters: tuple[tuple[str, hparams.Value], ...] = ()
     # Not a setting: where BATCH_SIZE and GLOBAL_BATCH_SIZE came from ((name, place), ...), for the start line.
     batch_from: tuple[tuple[str, str], ...] = dataclasses.field(default=(), compare=False)
+    # Not a setting: DATASET's kind, decided once by load_settings (train.dataset_path.source): a path's survey, or
+    # TFDS; None where DATASET is taken as text (data=False). Derived from DATASET and the working directory: never
+    # written (to_json) nor compared.
+    source: Source | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def labeled(self) -> bool:
@@ -165,7 +170,6 @@ class Settings:
 
     def to_json(self) -> dict[str, str]:
         """The resolved settings as environment-style text, ready to paste into a `.env`."""
-        values = dataclasses.asdict(self)
 
         def text(value: object, separator: str) -> str:
             if value is None:
@@ -177,7 +181,10 @@ class Settings:
             return str(value)
 
         # GPUS=0,1 but PROFILE_STEPS=100-110: each tuple as its setting writes it
-        fixed = {field.env: text(values[field.attr], "-" if field.attr == "profile_steps" else ",") for field in FIELDS}
+        fixed = {
+            field.env: text(getattr(self, field.attr), "-" if field.attr == "profile_steps" else ",")
+            for field in FIELDS
+        }
         return fixed | {hparams.env_name(name): hparams.text(value) for name, value in self.hyperparameters}
 
     def typed(self) -> dict[str, bool | int | float | str]:

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from train.dataset_path import is_path
+from train.dataset_path import Survey
 from train.errors import SettingsError, TrainingError
 from train.settings import FIELDS, Settings
 
@@ -122,7 +122,8 @@ def _child_env(settings: Settings, **overrides: object) -> dict[str, str]:
     """This environment with every setting spelled out (so no .env is needed) and this package importable."""
     env = {name: value for name, value in os.environ.items() if name not in {f.env for f in FIELDS}}
     env.update({name: value for name, value in settings.to_json().items() if value != ""})  # empty: unset
-    if is_path(settings.dataset):  # the children run in a folder of their own: the same files, wherever they run
+    # a path: the children run in a folder of their own, and read the same files wherever they run
+    if isinstance(settings.source, Survey):
         env["DATASET"] = str(Path(settings.dataset).expanduser().resolve())
     env.update({name: str(value) for name, value in overrides.items()})
     package_root = str(Path(__file__).resolve().parents[2])  # the folder that holds train/
