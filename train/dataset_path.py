@@ -6,7 +6,7 @@ the rest of the engine reads Settings.source.
 The readers: one object per kind of data (a folder of images, a CSV file, a JSON Lines file, a prepared TFDS
 folder, a TFDS name). A path's are registered once in READERS, by kind and by the file suffixes each claims; a TFDS
 name's is TFDS (`TfdsName`: no file here, TFDS's builder reads it). The writing of the records
-(train.data.written, through `Reader.write`), the reading of the files (train.data.local) and predict's INPUT
+(train.data.written, by the reader's class), the reading of the files (train.data.local) and predict's INPUT
 (train.predict_inputs) all ask READERS; none tests a kind's name. Adding a kind (Parquet) is one subclass of
 `TableReader` and one entry in READERS.
 
@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from train.datasets import registered
 from train.errors import SettingsError
@@ -38,7 +38,6 @@ SPLIT_NAME = re.compile(r"[A-Za-z0-9_]+")  # what TFDS takes as a split's name
 DEFAULT_DATA_DIR = "~/tensorflow_datasets"  # TFDS's own, where TFDS_DATA_DIR is unset or empty
 
 
-W = TypeVar("W")
 Row = dict[str, object]  # a table's row: column -> its value as written (CSV: text; JSON: any JSON value)
 MAGIC = (
     (b"\xff\xd8\xff", "jpeg"),
@@ -49,23 +48,12 @@ MAGIC = (
 )
 
 
-class Writing(Protocol[W]):
-    """How a reader's data becomes TFDS records (train.data.written's): each reader says which of these it takes."""
-
-    def images(self) -> W: ...  # one record per image file, labelled by its class folder
-
-    def table(self) -> W: ...  # one record per row, the rows read by the survey's TableReader
-
-    def in_place(self) -> W: ...  # records already: read where they are
-
-
 class Reader(Protocol):
-    """What every reader answers: its kind, the file suffixes it claims, and how its data is written as records."""
+    """What every reader answers: its kind and the file suffixes it claims. How its data is written as records is
+    train.data.written's, by its class: images, a TableReader's rows, or a PreparedFolder read in place."""
 
     kind: str  # run.json's "data" kind: images, table or tfds (runs and tests read it: never renamed)
     suffixes: tuple[str, ...]  # the file names it claims (lower case); () for a folder's kind
-
-    def write(self, writing: Writing[W]) -> W: ...
 
 
 class ImageFolder:
@@ -78,9 +66,6 @@ class ImageFolder:
         """jpeg, png, gif or bmp, told from a file's first bytes; None for anything else."""
         return next((kind for magic, kind in MAGIC if head.startswith(magic)), None)
 
-    def write(self, writing: Writing[W]) -> W:
-        return writing.images()
-
 
 class TableReader(ABC):
     """A file of rows (one a split in a folder, <split><suffix>): a reader of tables answers `rows`."""
@@ -91,9 +76,6 @@ class TableReader(ABC):
     @abstractmethod
     def rows(self, name: str, data: bytes) -> Iterator[tuple[int, Row]]:
         """A file's rows, each with its line number. Raises SettingsError naming `name` and the line."""
-
-    def write(self, writing: Writing[W]) -> W:
-        return writing.table()
 
 
 class Csv(TableReader):
@@ -150,9 +132,6 @@ class PreparedFolder:
     kind = "tfds"
     suffixes = ()
     marker = "dataset_info.json"
-
-    def write(self, writing: Writing[W]) -> W:
-        return writing.in_place()
 
 
 class TfdsName:

@@ -170,57 +170,50 @@ def _name(survey: dataset_path.Survey, fingerprint: str, label_key: str, label_k
 
 
 def prepare_path(settings: DataSettings, survey: dataset_path.Survey, say: Callable[[str], None]) -> Written:
-    """The TFDS dataset of the path DATASET names, from its `survey` (Settings.source), as its reader says
-    (train.dataset_path's READERS): read in place, reused, or written once now. Raises SettingsError."""
-    return survey.reader.write(_Writing(settings, survey, say))
+    """The TFDS dataset of the path DATASET names, from its `survey` (Settings.source), as its reader's class says
+    (train.dataset_path's READERS): a prepared folder read in place; images and tables written once into
+    TFDS_DATA_DIR, reused while their files keep their sizes and mtimes. Raises SettingsError."""
+    if isinstance(survey.reader, dataset_path.PreparedFolder):
+        return _prepared_folder(settings, survey)
+    label_key = settings.label_key or "label"
+    if isinstance(survey.reader, dataset_path.TableReader):
+        return _written(
+            settings, survey, lambda temp, read, tf: _write_table(settings, survey, temp, read, label_key, tf)
+        )
+    _check_classes(settings, survey)
+    return _written(settings, survey, lambda temp, read, tf: _write_images(settings, survey, temp, read, say, tf))
 
 
-@dataclass(frozen=True)
-class _Writing:
-    """dataset_path.Writing: a prepared folder read in place; images and tables written once into TFDS_DATA_DIR,
-    reused while their files keep their sizes and mtimes."""
-
-    settings: DataSettings
-    survey: dataset_path.Survey
-    say: Callable[[str], None]
-
-    def in_place(self) -> Written:
-        return _prepared_folder(self.settings, self.survey)
-
-    def images(self) -> Written:
-        _check_classes(self.settings, self.survey)
-        return self._written(lambda temporary, read, tf: _write_images(self.settings, self.survey, temporary, read,
-                                                                       self.say, tf))  # fmt: skip
-
-    def table(self) -> Written:
-        label_key = self.settings.label_key or "label"
-        return self._written(lambda temporary, read, tf: _write_table(self.settings, self.survey, temporary, read,
-                                                                      label_key, tf))  # fmt: skip
-
-    def _written(self, records: Records) -> Written:
-        settings, survey = self.settings, self.survey
-        label_key = settings.label_key or "label"
-        root = dataset_path.data_dir(settings.tfds_data_dir)
-        index = _index_path(root, survey, label_key, settings.label_kind)
-        reused = _reused(root, index, survey)
+def _written(settings: DataSettings, survey: dataset_path.Survey, records: Records) -> Written:
+    """Reused where the index names a dataset written from the same files, else written now, under the lock."""
+    label_key = settings.label_key or "label"
+    root = dataset_path.data_dir(settings.tfds_data_dir)
+    index = _index_path(root, survey, label_key, settings.label_kind)
+    reused = _reused(root, index, survey)
+    if reused is not None:
+        _check_broken(settings, reused.broken)  # written with BAD_FILES=skip, started now with refuse
+        return reused
+    with locked(root, f"DATASET={settings.dataset!r}"):
+        reused = _reused(root, index, survey)  # another process wrote it while this one waited
         if reused is not None:
-            _check_broken(settings, reused.broken)  # written with BAD_FILES=skip, started now with refuse
+            _check_broken(settings, reused.broken)
             return reused
-        with locked(root, f"DATASET={settings.dataset!r}"):
-            reused = _reused(root, index, survey)  # another process wrote it while this one waited
-            if reused is not None:
-                _check_broken(settings, reused.broken)
-                return reused
-            temporary = root / f"{WRITING}{os.getpid()}"
-            try:
-                written = _write(settings, survey, temporary, root, label_key, records)
-            finally:
-                shutil.rmtree(temporary, ignore_errors=True)
-            record = {"name": written.directory.parent.name, "listing": survey.listing, "identity": written.identity,
-                      "skipped": written.skipped, "broken": written.broken, "missing": written.missing,
-                      "source": str(survey.root.resolve())}  # fmt: skip
-            _write_index(index, record)
-            return written
+        temporary = root / f"{WRITING}{os.getpid()}"
+        try:
+            written = _write(settings, survey, temporary, root, label_key, records)
+        finally:
+            shutil.rmtree(temporary, ignore_errors=True)
+        record = {
+            "name": written.directory.parent.name,
+            "listing": survey.listing,
+            "identity": written.identity,
+            "skipped": written.skipped,
+            "broken": written.broken,
+            "missing": written.missing,
+            "source": str(survey.root.resolve()),
+        }
+        _write_index(index, record)
+        return written
 
 
 def _check_classes(settings, survey: dataset_path.Survey) -> None:
