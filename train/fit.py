@@ -96,7 +96,7 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say, hooks: Sequence[
             if not outcome.interrupted:  # not by a signal (model.stop_training, a pruned trial: finished)
                 callbacks.end(outcome.step)
             with streamed_files_intact(start, checkpoint), preprocess_shapes_hold(start, checkpoint):
-                added = {key: value for hook in plugged for key, value in hook.summary().items()}  # a trial's
+                added = {key: value for hook in plugged for key, value in (hook.summary() or {}).items()}  # a trial's
                 summary = finish(start, position, checkpoint, callbacks, role, scalars, evaluate, outcome, added)
                 return summary
     finally:

@@ -73,7 +73,7 @@ class Hook:
     chief_only = False
 
     def run_begin(self, run: RunInfo) -> Json:
-        """Once a start, before the first call: what to add to run.json (keys of its own)."""
+        """Once a start, before the first call: what to add to run.json (keys of its own; None adds nothing)."""
         return {}
 
     def should_stop(self, step: int, saved_step: int, skipped: int) -> bool:
@@ -99,7 +99,7 @@ class Hook:
         """The loop is left, whichever way (an error included)."""
 
     def summary(self) -> Json:
-        """The run's end, a stop included, before summary.json is written: what to add to it (keys of its own)."""
+        """The run's end, a stop included, before summary.json is written: what to add to it (as run_begin's)."""
         return {}
 
     def run_end(self, summary: Json | None) -> None:

@@ -70,7 +70,7 @@ def open_run_dir(
         lambda metric: monitor_direction(start.built.network, metric),
         say,
     )
-    position.from_hooks = {key: value for hook in hooks for key, value in hook.run_begin(run).items()}
+    position.from_hooks = {key: value for hook in hooks for key, value in (hook.run_begin(run) or {}).items()}
     writer.settings(settings)
     writer.run(run_record(start, position))
     _say_model(start.built.serving, writer, resumed=bool(restored))
