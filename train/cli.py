@@ -137,13 +137,12 @@ def _write_json(path: Path | None, payload: object) -> None:
 def fit(settings: Settings) -> None:
     """Train, checkpointing as it goes; resumes from OUTPUT_DIR's latest checkpoint."""
     from train.plugins import fit_hooks
-    from train.plugins.study import check_trial
 
     # the run directory's problems in the first second, before TensorFlow loads
     preflight(settings.output_dir, settings.model, settings.sync_batch_norm, settings.resume, settings.multi_worker,
               settings.cluster is not None and settings.cluster.is_chief, warn)  # fmt: skip
     check_run_settings(settings.output_dir, warn)
-    check_trial(settings.multi_worker)  # TUNE_TRIAL: a tune's trial, one process
+    hooks = fit_hooks(settings.tracking, settings.multi_worker)  # a tune's trial (one process), TRACKING's tracker
     check_same_phase_settings(settings.output_dir, settings)  # another FREEZE or UNFREEZE_*: refused, as DATASET is
     check_init_from(settings.init_from, settings.init_layers, read_run(settings.output_dir),
                     bool(checkpoints_newest_first(settings.output_dir / "checkpoints")))  # fmt: skip
@@ -151,7 +150,7 @@ def fit(settings: Settings) -> None:
         _load_tensorflow()
         from train.fit import fit as run_fit
 
-        summary = run_fit(settings, stop, hooks=fit_hooks(settings.tracking))  # a tune's trial, TRACKING's tracker
+        summary = run_fit(settings, stop, hooks=hooks)
     if summary["interrupted"]:
         raise typer.Exit(EXIT_PREEMPTED)
 

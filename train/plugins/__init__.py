@@ -15,14 +15,21 @@ None imports TensorFlow: the command line makes their hooks before it loads.
 
 from __future__ import annotations
 
+from train.errors import SettingsError
 from train.hooks import Hook
-from train.plugins.study import TrialRef
+from train.plugins.study import TRIAL_ENV, TrialRef
 from train.plugins.tracking import MlflowTracking
 from train.plugins.trial import TrialReport
 
 
-def fit_hooks(tracking: str) -> list[Hook]:
+def fit_hooks(tracking: str, multi_worker: bool) -> list[Hook]:
     """The plug-ins' hooks a fit runs with, in this order: the tune's trial it runs as (TUNE_TRIAL), TRACKING's
-    tracker (`tracking`: its value). Raises SettingsError for a TUNE_TRIAL `tune` did not write."""
+    tracker (`tracking`: its value). Made before TensorFlow loads. Raises SettingsError for a TUNE_TRIAL `tune` did
+    not write, and for one on a multi-worker run (each worker would report to the trial, and be pruned, alone)."""
     trial = TrialRef.from_env()
+    if trial is not None and multi_worker:
+        raise SettingsError(
+            f"{TRIAL_ENV} is set on a multi-worker run (TF_CONFIG, STRATEGY=multi_worker), but a tune's trial is one "
+            "process: unset TF_CONFIG where `tune` starts"
+        )
     return [*([TrialReport(trial)] if trial else []), *([MlflowTracking()] if tracking == "mlflow" else [])]
