@@ -32,11 +32,15 @@ class Profiler(Hook):
         self.profiling = False
         if self.range:
             if start >= self.range[1]:
-                say(f"PROFILE_STEPS={self.text}: those steps were trained before this start (at step {start}): no "
-                    "trace.")  # fmt: skip
+                say(
+                    f"PROFILE_STEPS={self.text}: those steps were trained before this start (at step {start}): no "
+                    "trace."
+                )
             elif start >= self.range[0]:
-                say(f"PROFILE_STEPS={self.text}: resumed at step {start}, inside the range: tracing steps "
-                    f"{start + 1}-{self.range[1]}.")  # fmt: skip
+                say(
+                    f"PROFILE_STEPS={self.text}: resumed at step {start}, inside the range: tracing steps "
+                    f"{start + 1}-{self.range[1]}."
+                )
 
     def before_call(self, step: int) -> None:
         if self.range and not self.profiling and self.range[0] - 1 <= step < self.range[1]:

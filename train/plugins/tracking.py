@@ -186,8 +186,11 @@ class MlflowTracking(Hook):
             run_id = client.create_run(experiment_id, tags=run_tags, run_name=run.output_dir.name).info.run_id
         logged = logged or {}
         new = [Param(name, value) for name, value in params.items() if name not in logged]
-        changed = {f"changed.{name}": f"{logged[name]} -> {value}" for name, value in params.items()
-                   if name in logged and logged[name] != value}  # fmt: skip
+        changed = {
+            f"changed.{name}": f"{logged[name]} -> {value}"
+            for name, value in params.items()
+            if name in logged and logged[name] != value
+        }
         run_tags = [RunTag(name, value) for name, value in (tags | changed).items()]
         for params_part in _chunks(new):
             client.log_batch(run_id, params=params_part)
@@ -210,8 +213,11 @@ class MlflowTracking(Hook):
         values = []
         for name, value in metrics.items():
             each = enumerate(value) if isinstance(value, list) else [(None, value)]
-            values += [Metric(name if index is None else f"{name}/{index}", float(number), now, step)
-                       for index, number in each if isinstance(number, float | int)]  # fmt: skip
+            values += [
+                Metric(name if index is None else f"{name}/{index}", float(number), now, step)
+                for index, number in each
+                if isinstance(number, float | int)
+            ]
         if values:
             self._call("log metrics", lambda: self.client.log_batch(self.run_id, metrics=values))
 
