@@ -407,6 +407,23 @@ FORK_MISTAKES = {
         1,
         "its callback Broken raised RuntimeError in on_epoch_end: my callback broke; the last checkpoint is intact",
     ),
+    "a hook that raises": (
+        "from examples.mlp import build_model\n"
+        "from train.hooks import Hook\n"
+        "class Broken(Hook):\n"
+        "    def epoch_end(self, epoch, step, metrics):\n"
+        "        raise RuntimeError('my hook broke')\n"
+        "def build_hooks(context):\n"
+        "    return [Broken()]\n",
+        1,
+        "its hook Broken raised RuntimeError in epoch_end: my hook broke; the last checkpoint is intact",
+    ),
+    "build_hooks returning what is not a hook": (
+        "from examples.mlp import build_model\ndef build_hooks(context):\n    return [print]\n",
+        2,
+        "build_hooks returned a list holding builtin_function_or_method: return a list of train.hooks.Hook (see "
+        "docs/fork.md, Hooks)",
+    ),
 }
 
 

@@ -388,3 +388,129 @@ def test_bad_callbacks_are_one_line_and_exit_2_before_the_run_directory(tmp_path
         "list of keras.callbacks.Callback (see examples/early_stopping.py)"
     )
     assert not (tmp_path / "run").exists()
+
+
+# --- the fork's own hooks (build_hooks: docs/fork.md, Hooks) ----------------------------------------------------
+
+# A hook (train.hooks) and a Keras callback noting, in one list, every moment they are called at and what they get;
+# the list is written at the hook's run_end, one file a start (named by the step it began at).
+HOOKED = """import json
+from pathlib import Path
+import keras
+from examples.mlp import build_model
+from train.hooks import CallResult, Hook, RunInfo
+
+EVENTS = []
+
+
+class Noted(Hook):
+    def __init__(self, folder):
+        self.folder = folder
+
+    def run_begin(self, run):
+        self.first = run.step
+        EVENTS.append(["run_begin", isinstance(run, RunInfo), str(run.output_dir), run.settings["EPOCHS"], run.step,
+                       run.resumed, run.data, run.recorded.get("noted"), run.hyperparameters["replicas"],
+                       run.direction("val_accuracy"), run.direction("val_loss")])
+        return {"noted": f"begun at {run.step}"}
+
+    def should_stop(self, step, saved_step, skipped):
+        EVENTS.append(["should_stop", step, saved_step, skipped])
+        return False
+
+    def before_call(self, step):
+        EVENTS.append(["before_call", step])
+
+    def after_call(self, step, result, skipped, examples_per_sec):
+        EVENTS.append(["after_call", step, isinstance(result, CallResult), sorted(result.metrics),
+                       all(type(v) is float for v in result.metrics.values()), skipped])
+
+    def log(self, step, result, examples_per_sec):
+        EVENTS.append(["log", step, sorted(result.metrics)])
+
+    def epoch_end(self, epoch, step, metrics):
+        EVENTS.append(["epoch_end", epoch, step, sorted(metrics)])
+
+    def save(self, step, skipped):
+        EVENTS.append(["save", step])
+
+    def close(self):
+        EVENTS.append(["close"])
+
+    def summary(self):
+        EVENTS.append(["summary"])
+        return {"noted_moments": len(EVENTS)}
+
+    def run_end(self, summary):
+        EVENTS.append(["run_end", summary["steps"], summary["noted_moments"]])
+        (self.folder / f"hooked-{self.first}.json").write_text(json.dumps(EVENTS))
+
+
+class Batches(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        EVENTS.append(["on_train_begin"])
+
+    def on_train_batch_begin(self, batch, logs=None):
+        EVENTS.append(["on_train_batch_begin", batch])
+
+    def on_train_batch_end(self, batch, logs=None):
+        EVENTS.append(["on_train_batch_end", batch])
+
+    def on_epoch_end(self, epoch, logs=None):
+        EVENTS.append(["on_epoch_end", epoch])
+
+
+def build_callbacks(context):
+    return [Batches()]
+
+
+def build_hooks(context):
+    return [Noted(context.output_dir.parent)]
+"""
+
+
+def noted_call(step: int, end: list) -> list:
+    """What Noted and Batches note of one call of 2 steps from `step` (4 steps an epoch), then `end`."""
+    return [
+        ["should_stop", step, step - step % 4, 0],  # saved at each epoch's end
+        ["on_train_batch_begin", step % 4],  # the callbacks are outside the hook: they hear a call's start first
+        ["before_call", step],
+        ["after_call", step + 2, True, ["accuracy", "loss"], True, 0],
+        ["on_train_batch_end", (step + 1) % 4],  # ... and its end after it
+        *end,
+    ]
+
+
+def noted_epoch_end(epoch: int, step: int) -> list:
+    metrics = ["accuracy", "loss"]
+    return [["log", step, metrics], ["epoch_end", epoch, step, metrics], ["on_epoch_end", epoch - 1], ["save", step]]
+
+
+def test_a_hook_from_the_model_file_is_called_in_order_with_the_runs_typed_values(tmp_path, tfds_data_dir):
+    """MODEL's build_hooks: its hooks hear the run's moments where the engine's hooks do (inside the callbacks: a
+    call's start after them, its end and an epoch's end before them), with RunInfo and CallResult; what run_begin
+    and summary return goes into run.json and summary.json; a resume tells them it resumed, at which step."""
+    model = write(tmp_path, "hooked.py", HOOKED)
+    settings = {"MODEL": model, "STEPS_PER_EPOCH": 4, "STEPS_PER_CALL": 2, "LOG_EVERY": 1000, "CHECKPOINT_EVERY": 1000}
+    settings |= {"EVAL_SPLIT": "test[:256]", "BATCH_SIZE": 32}
+    fit(tmp_path, tfds_data_dir, EPOCHS=2, **settings)
+    run = tmp_path / "run"
+    recorded, summary = json.loads((run / "run.json").read_text()), read_summary(run)
+    events = json.loads((tmp_path / "hooked-0.json").read_text())
+    assert events == [
+        ["run_begin", True, str(run), "2", 0, False, recorded["data"], None, 1, "max", "min"],
+        ["on_train_begin"],
+        *noted_call(0, []),
+        *noted_call(2, noted_epoch_end(1, 4)),
+        *noted_call(4, []),
+        *noted_call(6, noted_epoch_end(2, 8)),
+        ["close"],
+        ["summary"],
+        ["run_end", 8, len(events) - 1],
+    ]
+    assert recorded["noted"] == "begun at 0" and summary["noted_moments"] == len(events) - 1
+
+    fit(tmp_path, tfds_data_dir, EPOCHS=3, **settings)
+    resumed = json.loads((tmp_path / "hooked-8.json").read_text())
+    assert resumed[0][:6] == ["run_begin", True, str(run), "3", 8, True] and resumed[0][7] == "begun at 0"
+    assert json.loads((run / "run.json").read_text())["noted"] == "begun at 8"

@@ -1,4 +1,4 @@
-"""TRACKING=mlflow (train/tracking.py): a run and its resume as one MLflow run on a sqlite store, nested under a
+"""TRACKING=mlflow (train/plugins/tracking.py): a run and its resume as one MLflow run on a sqlite store, nested under a
 parent run as `tune`'s trials are; a real `mlflow server` logged to over HTTP, then the same server stopped.
 
 Each fit is the default tiny model for a few steps. MLflow is the track extra (make setup EXTRAS=dev,track; .ci/run
@@ -48,8 +48,8 @@ def the_run(uri: str, experiment: str):
 
 def test_the_params_are_every_setting_and_every_hp_flat_in_lower_case(tmp_path, monkeypatch):
     from tests.test_hparams import MODEL, load
+    from train.plugins.tracking import params_of
     from train.settings import FIELDS
-    from train.tracking import params_of
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "model.py").write_text(MODEL)
@@ -60,7 +60,7 @@ def test_the_params_are_every_setting_and_every_hp_flat_in_lower_case(tmp_path, 
 
 @pytest.mark.slow
 def test_a_fit_and_its_resume_are_one_mlflow_run_on_the_local_sqlite_store(tmp_path):
-    from train.tracking import start_parent_run
+    from train.plugins.tracking import start_parent_run
 
     store = tmp_path / "runs" / "mlflow.db"  # the default: beside OUTPUT_DIR, named for its parent folder
     parent = start_parent_run(f"sqlite:///{store}", "runs", "study")  # as `tune` does before its trials

@@ -2,7 +2,7 @@
 
 The engine's map: what each module or package owns, and what it must not do. A fork edits `project/` (its MODEL
 file, its datasets) and never a row of this table: docs/fork.md is its guide, docs/design.md gives the reasons.
-Model, data, devices, phases and loop are the rows in capitals.
+Model, data, devices, phases, the loop, its hook interface and the plug-ins are the rows in capitals.
 
 | where           | owns                                                           | must not                          |
 |-----------------|----------------------------------------------------------------|-----------------------------------|
@@ -22,8 +22,8 @@ Model, data, devices, phases and loop are the rows in capitals.
 | model_file      | MODEL's file: found, parsed, hashed, imported once: the        | import train.settings, or TF at   |
 |                 | Experiment, loaded once a command (load_model_file) and passed | import time; be loaded again      |
 |                 | down, with its seams (build_model, preprocess, adapt,          | below a command                   |
-|                 | build_callbacks, export_model) and whether a model has its own |                                   |
-|                 | train_step                                                     |                                   |
+|                 | build_callbacks, build_hooks, export_model) and whether a      |                                   |
+|                 | model has its own train_step                                   |                                   |
 | hparams         | build_model's keyword defaults as HP_<NAME> settings           | import train.settings             |
 | devices/        | DEVICES: visible GPUs and memory growth, then the strategy, in | be called after other TF work;    |
 |                 | that order, and the global batch, once (runtime); the one seam | call TF's device API outside      |
@@ -43,8 +43,7 @@ Model, data, devices, phases and loop are the rows in capitals.
 |                 | behind the Feed protocol, in an order fixed by (SEED, step)    |                                   |
 |                 | (feeds)                                                        |                                   |
 | data/adapt,     | MODEL's adapt(context), once a process; the run's facts handed | train; write                      |
-| context         |                                                                |                                   |
-|                 | to build_model and build_callbacks                             |                                   |
+| context         | to build_model, build_callbacks and build_hooks                |                                   |
 | model           | MODEL: the fork's compiled model checked against the data,     | run a training step, or import    |
 |                 | wrapped in its input and scaling; seeds, averages, export      | the step's modules                |
 | built           | the model made (model.make), then its step chosen: the Built   | restore or train                  |
@@ -77,15 +76,15 @@ Model, data, devices, phases and loop are the rows in capitals.
 |                 | by layer name or by Keras's paths, applied once before step 0  | the kagglehub cache only)         |
 |                 | (init_from); a KerasHub preset's folder, found in kagglehub's  |                                   |
 |                 | cache by name (presets: resolve_preset)                        |                                   |
-| loop, hooks     | THE LOOP: calls on time (loop); between them an ordered list   | run a training call (hooks); know |
-|                 | of typed hooks: profiler, the fork's callbacks, stop requests, | files or workers (loop)           |
-|                 | scalars, tracking, progress, finite loss, checkpoints (hooks)  |                                   |
+| hooks           | THE HOOK INTERFACE, public: Hook (its moments: run_begin, the  | import TensorFlow or the engine   |
+|                 | loop's between calls, summary, run_end), RunInfo, CallResult   |                                   |
+| loop,           | THE LOOP: calls on time (loop); between them an ordered list   | run a training call (run_hooks);  |
+| run_hooks       | of hooks: profiler, the fork's callbacks, stop requests, the   | know files or workers (loop)      |
+|                 | plug-ins' and MODEL's (build_hooks), scalars, progress, finite |                                   |
+|                 | loss, checkpoint, in between_calls' order (run_hooks)          |                                   |
 | callbacks,      | the fork's Keras callbacks, MONITOR, epochs.json (a hook);     | write but through the writer      |
-| progress        | what a run says while it trains                                |                                   |
-| tracking        | TRACKING's tracker, chosen once: none does nothing, mlflow     | import TF, or mlflow at import    |
-|                 | logs the chief's run (params, metrics, tags, summary.json) to  | time; cost the training (a        |
-|                 | one MLflow run a run directory, a resume's too; `tune`'s       | failing tracker goes off)         |
-|                 | parent run (start_parent_run)                                  |                                   |
+| progress        | MODEL's build_hooks checked, each moment guarded (callbacks);  |                                   |
+|                 | what a run says while it trains (progress: a hook)             |                                   |
 | writer          | what the chief writes (settings.json, run.json, epochs.json,   | be bypassed (a checkpoint is a    |
 |                 | summary.json, logs, exports), decided once; the other workers' | collective: checkpoints, peers)   |
 |                 | Writer does nothing                                            |                                   |
@@ -93,20 +92,25 @@ Model, data, devices, phases and loop are the rows in capitals.
 | finish          | evaluation, the export, summary.json                           |                                   |
 | predict,        | `predict`: the export run on files, rows or a split, as JSON   | train; write into OUTPUT_DIR      |
 | predict_inputs  | Lines                                                          |                                   |
-| tune, study,    | `tune`: an Optuna study over --space (search_space) or MODEL's | import TensorFlow (tune, study,   |
-| search_space,   | search_space(trial), its trials `fit` processes in run         | search_space: the trials train);  |
-| trial           | directories of STUDY_DIR, claimed, resumed and told by number  | train but through `fit` (tune)    |
-|                 | (tune); storage, objective, TUNE_TRIAL (study); a fit run as a |                                   |
-|                 | trial: each epoch reported, pruned (trial: a hook)             |                                   |
+| plugins/        | PLUG-INS over the hook interface, imported by the command line | import TensorFlow, or of the      |
+|                 | alone: `tune`, an Optuna study over --space (search_space) or  | engine more than hooks, errors,   |
+|                 | MODEL's search_space(trial), its trials `fit` processes in run | settings, model_file, rundir; be  |
+|                 | directories of STUDY_DIR, claimed, resumed and told by number  | imported by the engine; train but |
+|                 | (tune); storage, objective, TUNE_TRIAL (study); a fit run as a | through `fit` (tune); import      |
+|                 | trial, each epoch reported, pruned (trial: a hook);            | mlflow at import time, or cost    |
+|                 | TRACKING=mlflow, the chief's params, metrics, tags and files   | the training (a failing tracker   |
+|                 | in one MLflow run a run directory, a resume's too; `tune`'s    | goes off)                         |
+|                 | parent run (tracking: a hook)                                  |                                   |
 | errors          | the one-line failures, and every exit code                     | import TensorFlow                 |
 | tools/          | the doctor, check and its probe, the benchmark; the copies in  | be imported by the engine         |
 |                 | TFDS_DATA_DIR listed and pruned (prepared: data list, prune)   |                                   |
 
 The modules stand in seven layers, top to bottom, each importing only its own or those below (import-linter's
-`layers` contract in pyproject.toml): the command line (cli, command); tools and tune; the run (fit, start,
-agreement, resume, finish, predict); the loop and its hooks (loop, hooks, callbacks, tracking, trial); the step,
+`layers` contract in pyproject.toml): the command line (cli, command); tools, and the plug-ins; the run (fit,
+start, agreement, resume, finish, predict); the loop and the engine's hooks (loop, run_hooks, callbacks); the step,
 the model, the data and the checkpoints; devices and cluster; settings and what every layer reads (settings,
-model_file, hparams, rundir, errors, phases, timeline, progress, keras_seams).
+model_file, hparams, dataset_path, rundir, errors, phases, timeline, progress, keras_seams, and hooks, the hook
+interface).
 
 The "must not" column that imports can show is enforced by import-linter (pyproject.toml's [tool.importlinter],
 `make lint`); what they cannot show, and issue 44's counts, by tests/test_layout.py.

@@ -31,10 +31,11 @@ MONITOR; `Callbacks`, the hook, calls them in the order above.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Callable
-from typing import TypedDict
+from typing import ParamSpec, TypedDict, TypeVar
 
 import keras
 import tensorflow as tf
@@ -43,15 +44,15 @@ from train.checkpoints import RunCheckpoint
 from train.cluster.role import Peers, Role
 from train.context import Context
 from train.errors import SettingsError, TrainingError, first_line
-from train.hooks import Hook, Metrics
+from train.hooks import MOMENTS, CallResult, Hook, Metrics, Say
 from train.keras_seams import monitor_direction
-from train.model_file import CALLBACKS_EXAMPLE, Experiment
+from train.model_file import OPTIONAL_SEAMS, Experiment
 from train.rundir import EPOCHS
-from train.step import CallResult
 from train.timeline import Segment
 from train.writer import Writer
 
-Say = Callable[[str], None]
+T = TypeVar("T")
+P = ParamSpec("P")
 Logs = dict[str, object]  # an epoch's logs, as Keras's callbacks get them: metric names to numbers (or lists)
 
 
@@ -64,30 +65,61 @@ class Epoch(TypedDict):
     phase: int  # its phase (train.phases), 0 for a run of one phase
 
 
-def build_callbacks(experiment: Experiment, context: Context) -> list[keras.callbacks.Callback]:
-    """The `experiment`'s (MODEL's file's) `build_callbacks(context)`, checked: a list of Keras callbacks ([]
-    without one). Raises SettingsError."""
-    model, function = experiment.text, experiment.build_callbacks
+def _fork_list(experiment: Experiment, seam: str, kind: type[T], context: Context) -> list[T]:
+    """MODEL's `seam(context)` (build_callbacks, build_hooks), checked: a list of `kind` ([] where the file has no
+    such function). Raises SettingsError."""
+    model, function = experiment.text, getattr(experiment, seam)
     if function is None:
         return []
     try:
-        callbacks = function(context)
+        made = function(context)
     except Exception as error:
         raise SettingsError(
-            f"MODEL={model!r}: build_callbacks(context) raised {type(error).__name__}: {first_line(error, 240)}"
+            f"MODEL={model!r}: {seam}(context) raised {type(error).__name__}: {first_line(error, 240)}"
         ) from None
-    if not isinstance(callbacks, list | tuple) or not all(isinstance(c, keras.callbacks.Callback) for c in callbacks):
+    if not isinstance(made, list | tuple) or not all(isinstance(each, kind) for each in made):
         got = (
-            type(callbacks).__name__
-            if not isinstance(callbacks, list | tuple)
+            type(made).__name__
+            if not isinstance(made, list | tuple)
             else "a list holding "
-            + ", ".join(sorted({type(c).__name__ for c in callbacks if not isinstance(c, keras.callbacks.Callback)}))
+            + ", ".join(sorted({type(each).__name__ for each in made if not isinstance(each, kind)}))
         )
+        signature, example = OPTIONAL_SEAMS[seam]
         raise SettingsError(
-            f"MODEL={model!r}: build_callbacks returned {got}: return a list of keras.callbacks.Callback "
-            f"(see {CALLBACKS_EXAMPLE})"
+            f"MODEL={model!r}: {seam} returned {got}: return {signature.split(' -> ')[1]} (see {example})"
         )
-    return list(callbacks)
+    return list(made)
+
+
+def build_callbacks(experiment: Experiment, context: Context) -> list[keras.callbacks.Callback]:
+    """The `experiment`'s (MODEL's file's) `build_callbacks(context)`, checked: a list of Keras callbacks ([]
+    without one). Raises SettingsError."""
+    return _fork_list(experiment, "build_callbacks", keras.callbacks.Callback, context)
+
+
+def build_hooks(experiment: Experiment, context: Context) -> list[Hook]:
+    """MODEL's `build_hooks(context)`, checked: its hooks (train.hooks), each moment guarded (`_guarded`). Raises
+    SettingsError."""
+    hooks = _fork_list(experiment, "build_hooks", Hook, context)
+    for hook, moment in itertools.product(hooks, MOMENTS):
+        setattr(hook, moment, _guarded(getattr(hook, moment), experiment.text, f"hook {type(hook).__name__}", moment))
+    return hooks
+
+
+def _guarded(call: Callable[P, T], model: str, what: str, moment: str) -> Callable[P, T]:
+    """`call`, one of the moments of `what` (a hook or a callback of MODEL's): what it raises is the fork's code, not
+    the engine's, told in one line naming MODEL, it and the moment (TrainingError: the last checkpoint is intact)."""
+
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return call(*args, **kwargs)
+        except Exception as error:
+            raise TrainingError(
+                f"MODEL={model!r}: its {what} raised {type(error).__name__} in {moment}: "
+                f"{first_line(error, 240)}; the last checkpoint is intact"
+            ) from None
+
+    return guarded
 
 
 class ForkCallbacks:
@@ -112,13 +144,7 @@ class ForkCallbacks:
         """`hook` (on_epoch_end, ...) of every callback, in the order MODEL's build_callbacks gave them. Raises
         TrainingError where one raises: the fork's code, not the engine's (the last checkpoint is intact)."""
         for callback in self.callbacks:
-            try:
-                getattr(callback, hook)(*args)
-            except Exception as error:
-                raise TrainingError(
-                    f"MODEL={self.model!r}: its callback {type(callback).__name__} raised {type(error).__name__} in "
-                    f"{hook}: {first_line(error, 240)}; the last checkpoint is intact"
-                ) from None
+            _guarded(getattr(callback, hook), self.model, f"callback {type(callback).__name__}", hook)(*args)
 
     def stop_requested(self, step: int) -> bool:
         """Whether a callback set `model.stop_training` (the chief's, across workers)."""

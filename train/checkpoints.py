@@ -9,10 +9,9 @@ from pathlib import Path
 import tensorflow as tf
 
 from train.errors import TrainingError, first_line, storage_fix
+from train.hooks import Hook, Say
 from train.model import Built, spread_seeds
 from train.rundir import restore_newest
-
-Say = Callable[[str], None]
 
 
 def make_checkpoint(built: Built, phased: bool = False) -> tf.train.Checkpoint:
@@ -38,10 +37,11 @@ def make_checkpoint(built: Built, phased: bool = False) -> tf.train.Checkpoint:
     )
 
 
-class RunCheckpoint:
+class RunCheckpoint(Hook):
     """The run's checkpoint and its manager (`peers.checkpoint_manager`'s), under `directory`. Every restore gives
     each replica its random stream again (spread_seeds), wherever it happens: the run's start, AUTO_BATCH's
-    retry, the callbacks' replay."""
+    retry, the callbacks' replay. The loop's innermost hook (train.run_hooks): the step saved at every
+    CHECKPOINT_EVERY step, epoch end and the end (a collective across workers)."""
 
     def __init__(self, checkpoint: tf.train.Checkpoint, manager, built: Built, strategy, directory: Path) -> None:
         self.checkpoint, self.manager, self.built, self.strategy = checkpoint, manager, built, strategy

@@ -10,7 +10,7 @@
     python -m train data list --runs runs     # the prepared datasets, and which runs use each (data prune)
     python -m train tune --trials 20 --space LEARNING_RATE=1e-4..1e-2:log   # Optuna: each trial a run
 
-Each command only resolves the settings and calls the library (`train.fit`, `train.tools`).
+Each command only resolves the settings and calls the library (`train.fit`, `train.tools`, `train.plugins`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from train.init_from import check_init_from
 from train.rundir import check_same_model, checkpoints_newest_first, preflight, read_run, write_json
 from train.settings import FIELDS, Settings, check_run_settings, check_same_phase_settings
 from train.signals import StopRequest
-from train.study import check_trial
 
 app = typer.Typer(
     help=__doc__.split("\n\n")[0],
@@ -137,11 +136,13 @@ def _write_json(path: Path | None, payload: object) -> None:
 @settings_command("Train; resume from OUTPUT_DIR's latest checkpoint.", from_run="defining")
 def fit(settings: Settings) -> None:
     """Train, checkpointing as it goes; resumes from OUTPUT_DIR's latest checkpoint."""
+    from train.plugins import fit_hooks
+
     # the run directory's problems in the first second, before TensorFlow loads
     preflight(settings.output_dir, settings.model, settings.sync_batch_norm, settings.resume, settings.multi_worker,
               settings.cluster is not None and settings.cluster.is_chief, warn)  # fmt: skip
     check_run_settings(settings.output_dir, warn)
-    check_trial(settings.multi_worker)  # TUNE_TRIAL: a tune's trial, one process
+    hooks = fit_hooks(settings.tracking, settings.multi_worker)  # a tune's trial (one process), TRACKING's tracker
     check_same_phase_settings(settings.output_dir, settings)  # another FREEZE or UNFREEZE_*: refused, as DATASET is
     check_init_from(settings.init_from, settings.init_layers, read_run(settings.output_dir),
                     bool(checkpoints_newest_first(settings.output_dir / "checkpoints")))  # fmt: skip
@@ -149,7 +150,7 @@ def fit(settings: Settings) -> None:
         _load_tensorflow()
         from train.fit import fit as run_fit
 
-        summary = run_fit(settings, stop)
+        summary = run_fit(settings, stop, hooks=hooks)
     if summary["interrupted"]:
         raise typer.Exit(EXIT_PREEMPTED)
 
@@ -308,7 +309,7 @@ def tune(
     """Optuna's TPE over --space (or MODEL's search_space): each trial a run directory STUDY_DIR/trial-<number>,
     trained by `fit`; run it again to go on; the best in STUDY_DIR/best.json."""
     from train.model_file import model_hyperparameters
-    from train.tune import Given, TuneFailed, format_table, plan_tune, run_tune
+    from train.plugins.tune import Given, TuneFailed, format_table, plan_tune, run_tune
 
     given = Given(settings.to_json(), {field.env: field.parse for field in FIELDS}, settings.model, settings.seed,
                   settings.monitor, settings.monitor_mode, settings.gpus, settings.study_dir,

@@ -69,18 +69,26 @@ def summary(start: Start, position: Position, checkpoint: RunCheckpoint, outcome
 
 
 def finish(
-    start: Start, position: Position, checkpoint: RunCheckpoint, callbacks: Callbacks, role: Role[Writer],
-    scalars: SummaryWriters, evaluate: Evaluate, outcome: Outcome, trial: Json | None = None,
-) -> Json:  # fmt: skip
-    """Evaluate both splits (every worker takes part), export and write the summary (the chief). `trial`: a tune's
-    trial's own keys ("trial", "pruned": train.trial), None where the fit is not one."""
+    start: Start,
+    position: Position,
+    checkpoint: RunCheckpoint,
+    callbacks: Callbacks,
+    role: Role[Writer],
+    scalars: SummaryWriters,
+    evaluate: Evaluate,
+    outcome: Outcome,
+    added: Json | None = None,
+) -> Json:
+    """Evaluate both splits (every worker takes part), export and write the summary (the chief), with what the
+    callbacks add to it and `added` (what the plug-ins' and MODEL's hooks' `summary()` return: a tune's trial's
+    "trial" and "pruned")."""
     writer = role.writer
     for each in scalars.values():
         each.flush()
     say, peers, built = start.say, start.peers, start.built
     built.average_statistics()  # what is evaluated, exported and compared across workers: the replicas' mean
     fingerprint = weights_fingerprint(built)
-    result = summary(start, position, checkpoint, outcome, fingerprint) | callbacks.summary() | (trial or {})
+    result = summary(start, position, checkpoint, outcome, fingerprint) | callbacks.summary() | (added or {})
     if outcome.interrupted:
         say(f"Stopped {peers.stopped_by()} at step {outcome.step}; checkpoint saved. Run the same "
             "command again to resume.")  # fmt: skip

@@ -22,8 +22,7 @@ Which worker this is, chief or not, is decided once: its `Role` (train.cluster.r
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+from collections.abc import Sequence
 
 import keras
 import tensorflow as tf
@@ -43,57 +42,47 @@ from train.devices.runtime import Runtime, setup_runtime
 from train.errors import SettingsError, first_line
 from train.failures import halve_batch, preprocess_shapes_hold, streamed_files_intact
 from train.finish import Evaluate, Metrics, finish
-from train.hooks import (
-    Checkpoints,
-    FiniteLoss,
-    Hook,
-    Profiler,
-    Progress,
-    Scalars,
-    StopRequests,
-    Tracking,
-    between_calls,
-)
+from train.hooks import Hook, Say
 from train.loop import Outcome, Schedule, longest_call, run_loop
 from train.model import averaged_weights, use_averaged_weights
 from train.model_file import load_model_file
 from train.phased import PhaseCalls
 from train.progress import Lines
 from train.resume import hparams, open_run_dir
+from train.run_hooks import FiniteLoss, Profiler, Scalars, StopRequests, between_calls
 from train.run_state import Position, Start
 from train.rundir import RunLock, check_same_model, read_run, restore_newest
 from train.settings import Settings
 from train.signals import StopRequest
 from train.start import batch_of, cadence_of, run_context, start_run, steps_per_epoch
-from train.tracking import Tracker, tracker
-from train.trial import TrialReport, trial_report
 from train.writer import Json, SummaryWriters, Writer, Writers
-
-Say = Callable[[str], None]
 
 
 def _say(message: str) -> None:
     print(message, flush=True)
 
 
-def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> Json:
+def fit(settings: Settings, stop: StopRequest, say: Say = _say, hooks: Sequence[Hook] = ()) -> Json:
     """Train (or resume) to EPOCHS x steps per epoch; returns the summary also written to summary.json.
 
     `stop` is the SIGTERM/Ctrl-C flag (the CLI installs it before TensorFlow loads). The caller has run
     `train.rundir.preflight` (the CLI does, before TensorFlow loads); a lock taken since is found
     when the run directory is opened. Multi-worker (TF_CONFIG): every worker calls this; the chief writes the
-    run directory, the others only train.
+    run directory, the others only train. `hooks`: the plug-ins' (train.plugins.fit_hooks), called with MODEL's
+    (build_hooks) where train.run_hooks.between_calls places them; a `chief_only` one on the chief alone.
     """
     runtime = setup_runtime(settings)
     role = take_role(runtime, stop, settings.worker_start_timeout, Writers(settings.output_dir, say))
     peers, writer, lock = role.peers, role.writer, RunLock(settings.output_dir)
-    tracked = role.chief_only(tracker, settings.tracking, settings.output_dir, say) or Tracker()  # the chief's alone
+    plugged: list[Hook] = []  # the hooks this worker calls, beside the engine's: the plug-ins', then MODEL's
     summary = None
     try:
         with peers.guard("starting"):
             peers.refuse_if_busy(settings.output_dir)
             start, runtime = start_run(settings, runtime, role, say)
-            position, checkpoint = open_run_dir(start, runtime, lock, role, tracked)
+            every = [*hooks, *start.hooks]
+            plugged = role.chief_only(list, every) or [hook for hook in every if not hook.chief_only]
+            position, checkpoint = open_run_dir(start, runtime, lock, role, plugged)
             scalars = writer.scalars()
             writer.hparams(hparams(start, runtime))
             evaluate = make_evaluator(start.built, runtime.strategy)
@@ -101,30 +90,34 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say) -> Json:
                                   start.context.steps_per_epoch, start.settings.monitor, start.settings.monitor_mode,
                                   role, checkpoint, say, settings.model, start.phases.plan.index_at_epoch)  # fmt: skip
             callbacks.begin(checkpoint.step, position.segment)  # on_train_begin, the recorded epochs replayed
-            trial = trial_report(start.built.network, settings.monitor_mode, say)  # TUNE_TRIAL: a tune's trial
         with peers.guard("training", start.checkpoint_dir):
-            outcome = _train(start, position, checkpoint, callbacks, role, scalars, evaluate, tracked, trial)
+            outcome = _train(start, position, checkpoint, callbacks, role, scalars, evaluate, plugged)
             start.phases.rates_as_built()  # a schedule unscaled: what the export holds
-            if callbacks.stopped_early or (trial and trial.pruned):  # model.stop_training, or pruned: done
-                outcome = dataclasses.replace(outcome, interrupted=False)
-            if not outcome.interrupted:
+            if not outcome.interrupted:  # not by a signal (model.stop_training, a pruned trial: finished)
                 callbacks.end(outcome.step)
             with streamed_files_intact(start, checkpoint), preprocess_shapes_hold(start, checkpoint):
-                trial_keys = trial.summary() if trial else None
-                summary = finish(start, position, checkpoint, callbacks, role, scalars, evaluate, outcome, trial_keys)
+                added = {key: value for hook in plugged for key, value in (hook.summary() or {}).items()}  # a trial's
+                summary = finish(start, position, checkpoint, callbacks, role, scalars, evaluate, outcome, added)
                 return summary
     finally:
-        tracked.end(settings.output_dir, summary)
+        for hook in plugged:
+            hook.run_end(summary)
         peers.close()
         lock.release()
 
 
 def _train(
-    start: Start, position: Position, checkpoint: RunCheckpoint, callbacks: Callbacks, role: Role[Writer],
-    scalars: SummaryWriters, evaluate: Evaluate, tracker: Tracker, trial: TrialReport | None,
-) -> Outcome:  # fmt: skip
-    """The loop, at BATCH_SIZE; on out-of-memory with AUTO_BATCH, again from the last checkpoint at half. `trial`:
-    the tune's trial this fit runs as (train.trial), None where it is not one."""
+    start: Start,
+    position: Position,
+    checkpoint: RunCheckpoint,
+    callbacks: Callbacks,
+    role: Role[Writer],
+    scalars: SummaryWriters,
+    evaluate: Evaluate,
+    plugged: Sequence[Hook],
+) -> Outcome:
+    """The loop, at BATCH_SIZE; on out-of-memory with AUTO_BATCH, again from the last checkpoint at half.
+    `plugged`: the plug-ins' and MODEL's hooks, in their place among the engine's (between_calls)."""
     settings, say, data = start.settings, start.say, start.data
     role.peers.watch_stops(lambda step: checkpoint.save(step, checkpoint.skipped))
     while True:
@@ -149,12 +142,11 @@ def _train(
             profiler=profiler,
             callbacks=callbacks,
             stops=StopRequests(role.peers),
-            trial=trial or Hook(),
+            plugged=plugged,
             scalars=Scalars(scalars),
-            tracking=Tracking(tracker),
-            progress=Progress(progress),
+            progress=progress,
             finite_loss=FiniteLoss(start.built, checkpoint),
-            checkpoints=Checkpoints(checkpoint),
+            checkpoints=checkpoint,
         )
         try:
             with (  # the innermost hears an error first: an odd shape, then a damaged or undecodable file

@@ -1,43 +1,80 @@
-"""What happens between training calls: a short, ordered list of typed hooks (train.loop.run_loop calls them).
+"""The hook interface: what happens around and between a run's training calls, as an ordered list of typed hooks.
 
-Each of the engine's duties between calls is one `Hook`; a hook overrides only the moments it acts at. The list
-is ordered outermost first, and the loop calls it as nested context managers would run:
+A `Hook` overrides only the moments it acts at. The engine's own duties between calls are hooks (train.run_hooks),
+and so are the plug-ins' (train/plugins: TRACKING's tracker, a tune's trial) and those a fork's MODEL file returns
+from `build_hooks(context)` (docs/fork.md, Hooks). A run meets the moments in this order:
 
-    should_stop, before_call          outermost first (the first hook that says stop ends the loop)
-    after_call, log, epoch_end, save, close     innermost first
+    run_begin(run)                     once a start, its run directory open: what it returns goes into run.json
+    should_stop, before_call           before every call, outermost first (the first hook that says stop ends it)
+    after_call, log, epoch_end, save   after a call, innermost first
+    close                              the loop is left, whichever way (an error included), innermost first
+    summary()                          the run's end (a stop included): what it returns goes into summary.json
+    run_end(summary)                   the run is over: summary.json as written, None where the run failed
 
-`between_calls` makes the list, for each attempt of `fit`'s loop (AUTO_BATCH retries at a smaller batch): the
-order, and why, are written there and nowhere else.
+Where each hook sits in the list, and why, is written once: train.run_hooks.between_calls. Nothing here imports
+TensorFlow or the engine, so a plug-in that imports this module reaches the run through it alone.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-import tensorflow as tf
-
-from train.checkpoints import RunCheckpoint
-from train.cluster.role import Peers
-from train.errors import TrainingError
-from train.model import Built
-from train.progress import Lines
-from train.step import CallResult
-from train.tracking import Tracker
-from train.writer import SummaryWriters
-
-Metrics = dict[str, float | list]
+Metrics = dict[str, float | list]  # metric names to numbers (a metric of several values: a list), JSON-ready
+Json = dict[str, object]
 Say = Callable[[str], None]
 
 
+@dataclass(frozen=True)
+class CallResult:
+    """What a training call reports: the metrics since their last reset (the epoch's start) and how many of its
+    steps float16 loss scaling skipped because the gradients overflowed."""
+
+    metrics: Metrics
+    skipped: int
+
+    @property
+    def loss(self) -> float:
+        """The "loss" metric. A model's own train_step may name its losses otherwise (a GAN's d_loss, g_loss):
+        then the first of those that is not finite, else the first, else 0.0 (no loss to watch)."""
+        if "loss" in self.metrics:
+            return float(self.metrics["loss"])
+        losses = [value for name, value in self.metrics.items() if name.endswith("loss") and isinstance(value, float)]
+        return next((value for value in losses if not math.isfinite(value)), losses[0] if losses else 0.0)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """The run as a hook is told of it at `run_begin`: once a start, its run directory open and its checkpoint
+    restored, before run.json is written."""
+
+    output_dir: Path
+    settings: dict[str, str]  # every setting as text, HP_ ones included: as settings.json holds them
+    hyperparameters: Json  # the settings typed, and what the run resolved (replicas, global_batch, precision, xla...)
+    data: Json  # the data's identity: run.json's "data"
+    recorded: Json  # run.json as this start found it ({} at a run's first start, and on the workers but the chief)
+    step: int  # the step this start trains from
+    resumed: bool  # whether a checkpoint was restored (False: the run's first start)
+    direction: Callable[[str], str | None]  # a metric's "max" or "min" on this model, as Keras's mode="auto" tells
+    say: Say  # the run's lines (stdout)
+
+
 class Hook:
-    """One duty between calls. Every method does nothing unless a hook overrides it.
+    """One duty around and between calls. Every method does nothing unless a hook overrides it.
 
     `save_on_stop`: where this hook's `should_stop` ends the run, the loop first saves the step (through every
-    hook's `save`) unless it is saved already; a hook that saves on its own (a cluster's stop) leaves it False."""
+    hook's `save`) unless it is saved already, and the run ends as finished (evaluated, exported); a hook that
+    saves on its own and leaves the run to resume (a signal's stop) leaves it False. `chief_only`: called on the
+    chief alone, where several workers train (a tracker's), not on the others."""
 
     save_on_stop = False
+    chief_only = False
+
+    def run_begin(self, run: RunInfo) -> Json:
+        """Once a start, before the first call: what to add to run.json (keys of its own; None adds nothing)."""
+        return {}
 
     def should_stop(self, step: int, saved_step: int, skipped: int) -> bool:
         """Before every call, on every worker alike."""
@@ -53,7 +90,7 @@ class Hook:
         """Every LOG_EVERY steps, at an epoch's end and at the end of training."""
 
     def epoch_end(self, epoch: int, step: int, metrics: Metrics) -> None:
-        """Epoch `epoch` (from 1) ended at `step` and was evaluated: `metrics`."""
+        """Epoch `epoch` (from 1) ended at `step` and was evaluated: `metrics` (evaluation's, without val_)."""
 
     def save(self, step: int, skipped: int) -> None:
         """Every CHECKPOINT_EVERY steps, at an epoch's end and at the end of training."""
@@ -61,168 +98,12 @@ class Hook:
     def close(self) -> None:
         """The loop is left, whichever way (an error included)."""
 
+    def summary(self) -> Json:
+        """The run's end, a stop included, before summary.json is written: what to add to it (as run_begin's)."""
+        return {}
 
-class Profiler(Hook):
-    """PROFILE_STEPS: the trace starts before step START (counted from 1) and stops after step END, into logs/;
-    said where a start resumes past or inside the range. The chief's alone (its role makes it: train.fit)."""
-
-    def __init__(self, steps: tuple[int, int] | None, text: str, output_dir: Path, say: Say, start: int) -> None:
-        """`steps`: PROFILE_STEPS, (START, END); `text`: as the setting was written."""
-        self.range, self.text, self.output_dir, self.say = steps, text, output_dir, say
-        self.profiling = False
-        if self.range:
-            if start >= self.range[1]:
-                say(f"PROFILE_STEPS={self.text}: those steps were trained before this start (at step {start}): no "
-                    "trace.")  # fmt: skip
-            elif start >= self.range[0]:
-                say(f"PROFILE_STEPS={self.text}: resumed at step {start}, inside the range: tracing steps "
-                    f"{start + 1}-{self.range[1]}.")  # fmt: skip
-
-    def before_call(self, step: int) -> None:
-        if self.range and not self.profiling and self.range[0] - 1 <= step < self.range[1]:
-            tf.profiler.experimental.start(str(self.output_dir / "logs"))
-            self.profiling = True
-
-    def after_call(self, step: int, result: CallResult, skipped: int, examples_per_sec: float | None) -> None:
-        if self.profiling and self.range and step >= self.range[1]:
-            tf.profiler.experimental.stop()
-            self.profiling = False
-            where = self.output_dir / "logs" / "plugins" / "profile"
-            self.say(f"PROFILE_STEPS={self.text}: trace written to {where} (make tensorboard, its Profile tab)")
-
-    def close(self) -> None:
-        if self.profiling:
-            tf.profiler.experimental.stop()
-            self.profiling = False
+    def run_end(self, summary: Json | None) -> None:
+        """The run is over: `summary` as summary.json holds it, or None where the run failed."""
 
 
-class StopRequests(Hook):
-    """SIGTERM or Ctrl-C (train.signals.StopRequest), heard on every worker at the same call: `peers` saves the
-    step (a collective across workers) and says stop."""
-
-    def __init__(self, peers: Peers) -> None:
-        self.peers = peers
-
-    def should_stop(self, step: int, saved_step: int, skipped: int) -> bool:
-        return self.peers.should_stop(step, saved_step)
-
-
-def write_scalars(writer, step: int, metrics: Metrics, **extra: float | None) -> None:
-    """TensorBoard scalars: every metric, and the extras given. A metric of several values (an F1 score per
-    class) is one scalar per value, NAME/0, NAME/1, ...: TensorBoard charts one number per tag."""
-    with writer.as_default(step=step):
-        for name, value in {**metrics, **extra}.items():
-            if isinstance(value, float | int):
-                tf.summary.scalar(name, value)
-            elif isinstance(value, list):
-                for index, each in enumerate(value):
-                    if isinstance(each, float | int):
-                        tf.summary.scalar(f"{name}/{index}", each)
-
-
-class Scalars(Hook):
-    """TensorBoard: the training metrics and examples/s at every log step, evaluation's at every epoch's end
-    (`writers`: train and eval, the writer's: train.writer)."""
-
-    def __init__(self, writers: SummaryWriters) -> None:
-        self.writers = writers
-
-    def log(self, step: int, result: CallResult, examples_per_sec: float | None) -> None:
-        write_scalars(self.writers["train"], step, result.metrics, examples_per_sec=examples_per_sec or 0.0)
-
-    def epoch_end(self, epoch: int, step: int, metrics: Metrics) -> None:
-        write_scalars(self.writers["eval"], step, metrics)
-
-
-class Tracking(Hook):
-    """TRACKING's tracker (train.tracking): the training metrics at every log step, evaluation's at every epoch's
-    end, named as epochs.json names them (val_ for evaluation's). The chief's alone (train.fit)."""
-
-    def __init__(self, tracker: Tracker) -> None:
-        self.tracker, self.logged_step = tracker, -1
-
-    def log(self, step: int, result: CallResult, examples_per_sec: float | None) -> None:
-        if step != self.logged_step:  # an epoch's end and the end of training may log the same step
-            self.tracker.metrics(step, result.metrics)
-            self.logged_step = step
-
-    def epoch_end(self, epoch: int, step: int, metrics: Metrics) -> None:
-        self.tracker.metrics(step, {f"val_{name}": value for name, value in metrics.items()})
-
-
-class Progress(Hook):
-    """The bar or the lines (train.progress, PROGRESS)."""
-
-    def __init__(self, reporter: Lines) -> None:
-        self.reporter = reporter
-
-    def after_call(self, step: int, result: CallResult, skipped: int, examples_per_sec: float | None) -> None:
-        self.reporter.called(step, result.metrics, examples_per_sec)
-
-    def log(self, step: int, result: CallResult, examples_per_sec: float | None) -> None:
-        self.reporter.log(step, result.metrics, examples_per_sec)
-
-    def epoch_end(self, epoch: int, step: int, metrics: Metrics) -> None:
-        self.reporter.evaluated(epoch, metrics)
-
-    def close(self) -> None:
-        self.reporter.close()
-
-
-def check_finite(result: CallResult, step: int, loss_scale: float | None, skipped: int, last_checkpoint) -> None:
-    """Stop on a loss that is no longer a number, telling a float16 overflow from a divergence.
-
-    Under loss scaling an overflowed step is skipped (and counts in no metric): that is an overflow, and
-    training goes on. A non-finite loss at a finite scale, or a scale that fell below 1, is a divergence.
-    """
-    loss = result.loss
-    kept = f"stopped without saving these weights (last good checkpoint: {last_checkpoint})"
-    if loss_scale is None:
-        if not math.isfinite(loss):
-            raise TrainingError(f"the training loss became {loss} by step {step}; {kept}. Try a lower LEARNING_RATE.")
-        return
-    if loss_scale < 1:
-        raise TrainingError(
-            f"training diverged by step {step}: float16 overflowed so often that the loss scale fell to "
-            f"{loss_scale:g} ({skipped} steps skipped); {kept}. Try a lower LEARNING_RATE, or "
-            "MIXED_PRECISION=mixed_bfloat16 (compute capability 8.0+) or off."
-        )
-    if not math.isfinite(loss):
-        raise TrainingError(
-            f"training diverged by step {step}: the loss became {loss} at loss scale {loss_scale:g} (an overflow "
-            f"would have been skipped: {skipped} were); {kept}. Try a lower LEARNING_RATE."
-        )
-
-
-class FiniteLoss(Hook):
-    """After every call, before anything reports it: a loss that is not a number ends the run (`check_finite`)."""
-
-    def __init__(self, built: Built, checkpoint: RunCheckpoint) -> None:
-        self.built, self.checkpoint = built, checkpoint
-
-    def after_call(self, step: int, result: CallResult, skipped: int, examples_per_sec: float | None) -> None:
-        check_finite(result, step, self.built.loss_scale, skipped, self.checkpoint.latest)
-
-
-class Checkpoints(Hook):
-    """The step saved at every CHECKPOINT_EVERY step, epoch end and the end (a collective across workers)."""
-
-    def __init__(self, checkpoint: RunCheckpoint) -> None:
-        self.checkpoint = checkpoint
-
-    def save(self, step: int, skipped: int) -> None:
-        self.checkpoint.save(step, skipped)
-
-
-def between_calls(
-    *, profiler: Hook, callbacks: Hook, stops: Hook, trial: Hook, scalars: Hook, tracking: Hook, progress: Hook,
-    finite_loss: Hook, checkpoints: Hook,
-) -> list[Hook]:  # fmt: skip
-    """The hooks between calls, outermost first: the one place their order is written. So, as the loop has always
-    run them: the profiler starts before the callbacks' batch hook and stops after it; a callback's
-    `model.stop_training` is heard before a signal; the loss is checked before anything reports it; the progress
-    line comes before the tracker's metrics (TRACKING) and TensorBoard's scalars; an epoch's evaluation is shown
-    and recorded before the callbacks hear of it; and a checkpoint is saved before the callbacks keep it as
-    MONITOR's best. A tune's trial (train.trial) says stop after a signal, and hears an epoch's end after it is
-    shown and recorded."""
-    return [profiler, callbacks, stops, trial, scalars, tracking, progress, finite_loss, checkpoints]
+MOMENTS = tuple(name for name in vars(Hook) if not name.startswith("_") and callable(vars(Hook)[name]))

@@ -16,8 +16,6 @@ from train.hooks import Hook
 from train.step import TrainCalls
 from train.timeline import Segment
 
-Say = Callable[[str], None]
-
 
 def _next_multiple(step: int, every: int) -> int:
     return (step // every + 1) * every
@@ -100,7 +98,7 @@ class Calls(Protocol):
 class Outcome:
     step: int
     examples_per_sec: float | None
-    interrupted: bool
+    interrupted: bool  # stopped by a hook that leaves the run to resume (a signal's), not one that finishes it
     skipped: int
 
 
@@ -152,7 +150,7 @@ def run_loop(
             if stopping is not None:
                 if stopping.save_on_stop and saved_step != step:
                     _saved_by_every_hook(hooks, step, skipped)
-                return Outcome(step, throughput.per_sec, True, skipped)
+                return Outcome(step, throughput.per_sec, not stopping.save_on_stop, skipped)
             steps = call_steps(
                 schedule.cadence, step, schedule.steps_per_epoch, schedule.total_steps, schedule.segment.origin_step
             )

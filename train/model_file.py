@@ -3,6 +3,7 @@
     build_model(input_shape, num_classes, learning_rate) -> a compiled keras.Model      (required)
     preprocess(example, training, seed) -> (inputs, label)                              (optional)
     build_callbacks(context) -> a list of keras.callbacks.Callback                       (optional)
+    build_hooks(context) -> a list of train.hooks.Hook: the fork's own between the calls  (optional)
     export_model(model) -> the keras.Model to export in the trained model's place        (optional)
     adapt(context): fits the layers preprocess uses, on the raw training data (train.data.adapt)  (optional)
     phases(context, *, ...) -> a list of train.Phase(epochs, trainable, learning_rate)    (optional)
@@ -17,7 +18,8 @@ both declare is one setting). `from train import Phase` imports no TensorFlow. I
 `build_model` is what train.model calls (its keyword-only parameters: hyperparameters, train.hparams, and
 `context`, train.context); `preprocess` is what the data path (train.data.examples) runs per example, in
 tf.data, in training, evaluation and the export; `build_callbacks` gives the callbacks the loop calls
-(train.callbacks). examples/mlp.py, examples/resnet.py and examples/early_stopping.py say each in full.
+(train.callbacks), `build_hooks` hooks of the engine's own kind (train.hooks; docs/fork.md, Hooks).
+examples/mlp.py, examples/resnet.py and examples/early_stopping.py say each in full.
 
 | concern                                     | where                                                      |
 |---------------------------------------------|------------------------------------------------------------|
@@ -147,6 +149,7 @@ class Experiment:
     build_model: Callable
     preprocess: Callable | None = None
     build_callbacks: Callable | None = None
+    build_hooks: Callable | None = None  # the fork's own hooks (train.hooks), called where the engine's are
     export_model: Callable | None = None  # a GAN's: its generator (examples/gan.py)
     adapt: Callable | None = None
     phases: Callable | None = None  # phases(context, *, ...) -> a list of train.Phase (train.phases, train.phased)
@@ -179,6 +182,7 @@ class Experiment:
 OPTIONAL_SEAMS = {
     "preprocess": ("preprocess(example, training, seed) -> (inputs, label)", RESNET_EXAMPLE),
     "build_callbacks": ("build_callbacks(context) -> a list of keras.callbacks.Callback", CALLBACKS_EXAMPLE),
+    "build_hooks": ("build_hooks(context) -> a list of train.hooks.Hook", "docs/fork.md, Hooks"),
     "export_model": ("export_model(model) -> the keras.Model to export", "examples/gan.py"),
     "adapt": ("adapt(context) that fits the layers preprocess uses on context.examples(n)", TEXT_EXAMPLE),
     "phases": ("phases(context, *, ...) -> a list of train.Phase", PHASES_DOC),

@@ -16,7 +16,8 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-Say = Callable[[str], None]
+from train.hooks import CallResult, Hook, Metrics, Say
+
 EVALUATION_NOTICE_SECONDS = 2.0  # an evaluation that takes longer than this says that it runs
 
 
@@ -49,37 +50,32 @@ def evaluation_notice(say: Say, split: str, examples: int) -> Iterator[None]:
         timer.cancel()
 
 
-class Lines:
-    """Plain lines: container logs, CI, `| tee`."""
+class Lines(Hook):
+    """Plain lines: container logs, CI, `| tee`. A hook between the loop's calls (train.hooks): the lines wait for
+    `log` and an epoch's end, where the bar moves after every call."""
 
     def __init__(self, say: Say, total_steps: int, epoch_of: Callable[[int], int], epochs: int) -> None:
         self.say, self.total, self.epoch_of, self.epochs = say, total_steps, epoch_of, epochs
 
-    def called(self, step: int, metrics: dict[str, float | list], examples_per_sec: float | None) -> None:
-        """After every call (the bar moves; lines wait for `log`)."""
-
-    def log(self, step: int, metrics: dict[str, float | list], examples_per_sec: float | None) -> None:
-        epoch = self.epoch_of(step)
+    def log(self, step: int, result: CallResult, examples_per_sec: float | None) -> None:
+        epoch, metrics = self.epoch_of(step), format_metrics(result.metrics)
         speed = f"{examples_per_sec:,.0f} examples/s" if examples_per_sec else "(first call: tracing)"
-        self.say(f"step {step:>7}/{self.total}  epoch {epoch}/{self.epochs}  {format_metrics(metrics)}  {speed}")
+        self.say(f"step {step:>7}/{self.total}  epoch {epoch}/{self.epochs}  {metrics}  {speed}")
 
     def evaluating(self, split: str, examples: int):
         return evaluation_notice(self.say, split, examples)
 
-    def evaluated(self, epoch: int, metrics: dict[str, float | list]) -> None:
+    def epoch_end(self, epoch: int, step: int, metrics: Metrics) -> None:
         self.say(f"epoch {epoch} eval: {format_metrics(metrics)}")
-
-    def close(self) -> None:
-        pass
 
 
 class Quiet(Lines):
     """A worker other than the chief: its start and end, not every step (the chief shows those)."""
 
-    def log(self, step: int, metrics: dict[str, float | list], examples_per_sec: float | None) -> None:
+    def log(self, step: int, result: CallResult, examples_per_sec: float | None) -> None:
         pass
 
-    def evaluated(self, epoch: int, metrics: dict[str, float | list]) -> None:
+    def epoch_end(self, epoch: int, step: int, metrics: Metrics) -> None:
         pass
 
 
@@ -106,21 +102,21 @@ class Bar(Lines):
     def _epoch(self, step: int) -> str:
         return f"{max(1, self.epoch_of(step))}/{self.epochs}"
 
-    def called(self, step: int, metrics: dict[str, float | list], examples_per_sec: float | None) -> None:
+    def after_call(self, step: int, result: CallResult, skipped: int, examples_per_sec: float | None) -> None:
         speed = f"{examples_per_sec:,.0f} examples/s" if examples_per_sec else ""
         self.progress.update(
-            self.task, completed=step, epoch=self._epoch(step), metrics=format_metrics(metrics), speed=speed
+            self.task, completed=step, epoch=self._epoch(step), metrics=format_metrics(result.metrics), speed=speed
         )
 
-    def log(self, step: int, metrics: dict[str, float | list], examples_per_sec: float | None) -> None:
-        self.called(step, metrics, examples_per_sec)
+    def log(self, step: int, result: CallResult, examples_per_sec: float | None) -> None:
+        self.after_call(step, result, 0, examples_per_sec)
 
     @contextmanager
     def evaluating(self, split: str, examples: int) -> Iterator[None]:
         with self.console.status(f"evaluating {split} ({examples:,} examples)..."):
             yield
 
-    def evaluated(self, epoch: int, metrics: dict[str, float | list]) -> None:
+    def epoch_end(self, epoch: int, step: int, metrics: Metrics) -> None:
         self.progress.console.print(f"epoch {epoch} eval: {format_metrics(metrics)}", highlight=False, markup=False)
 
     def close(self) -> None:

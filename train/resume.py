@@ -19,20 +19,22 @@ from train.data.feeds import batches_per_pass, input_pipelines
 from train.data.streamed import StreamedSplit
 from train.devices.runtime import Runtime
 from train.errors import SettingsError, TrainingError
+from train.hooks import Hook, RunInfo
+from train.keras_seams import monitor_direction
 from train.model_file import model_fingerprint
 from train.run_state import Position, Start
 from train.rundir import RunLock
 from train.start import moved, steps_per_epoch, topology
 from train.timeline import Segment, first_segment, resume, segment_at, unread_pass, with_remainder
-from train.tracking import Tracker
 from train.writer import Json, Writer
 
 
 def open_run_dir(
-    start: Start, runtime: Runtime, lock: RunLock, role: Role[Writer], tracker: Tracker
+    start: Start, runtime: Runtime, lock: RunLock, role: Role[Writer], hooks: list[Hook]
 ) -> tuple[Position, RunCheckpoint]:
-    """From here on the run directory is written (by the chief only): lock, settings, checkpoints, logs. `tracker`
-    (TRACKING's) begins its run, or takes up run.json's, once the checkpoints have loaded."""
+    """From here on the run directory is written (by the chief only): lock, settings, checkpoints, logs. `hooks`
+    (the plug-ins' and MODEL's: train.hooks) hear of the run once the checkpoints have loaded, and what their
+    `run_begin` returns goes into run.json."""
     settings, say, writer = start.settings, start.say, role.writer
     writer.lock(lock)
     changed = writer.changed_settings(settings)
@@ -57,10 +59,18 @@ def open_run_dir(
     position = _take_up_segment(start, runtime, step, list(start.recorded.get("starts") or []), role)
     # INIT_FROM, once: at a first start, before the step-0 checkpoint; a resume restores it (train.init_from)
     position.initialized_from = start.recorded.get("initialized_from") if restored else _initialize(start)
-    recorded_run = start.recorded.get("mlflow_run_id")  # kept while tracking is off or fails: a later start goes on
-    position.mlflow_run_id = (
-        tracker.begin(start, recorded_run if isinstance(recorded_run, str) else None) or recorded_run
+    run = RunInfo(
+        start.output_dir,
+        settings.to_json(),
+        hparams(start, runtime),
+        start.identity,
+        start.recorded,
+        step,
+        bool(restored),
+        lambda metric: monitor_direction(start.built.network, metric),
+        say,
     )
+    position.from_hooks = {key: value for hook in hooks for key, value in (hook.run_begin(run) or {}).items()}
     writer.settings(settings)
     writer.run(run_record(start, position))
     _say_model(start.built.serving, writer, resumed=bool(restored))
@@ -101,9 +111,10 @@ def _say_model(model: keras.Model, writer: Writer, resumed: bool) -> None:
 
 def run_record(start: Start, position: Position) -> Json:
     """run.json: what the first start resolved (kept from the file as this start found it), every start (this
-    one last)."""
+    one last), what this start's hooks added; the rest of the file as found (an earlier start's hooks' entries, like
+    TRACKING=mlflow's run, kept by a start without them)."""
     settings, recorded = start.settings, start.recorded
-    return {
+    return recorded | {
         "model": settings.model, "model_sha256": model_fingerprint(settings.model),
         "jit_compile": start.jit_compile, "data_in_memory": start.data.in_memory,
         "precision": position.runtime.precision, "data": start.identity, "sync_batch_norm": settings.sync_batch_norm,
@@ -111,7 +122,7 @@ def run_record(start: Start, position: Position) -> Json:
         "adapted": start.adapted,  # what MODEL's adapt fitted (train.data.adapt): a later start must fit the same
         **({"phases": start.phases.plan.to_json(position.segment)} if start.phases.plan.phased else {}),
         "initialized_from": position.initialized_from,  # INIT_FROM, applied at step 0 (train.init_from)
-        **({"mlflow_run_id": position.mlflow_run_id} if position.mlflow_run_id else {}),  # TRACKING=mlflow's
+        **position.from_hooks,  # what this start's hooks' run_begin added (TRACKING=mlflow's mlflow_run_id)
         **{key: recorded[key] for key in ("jit_compile", "data_in_memory", "precision", "adapted") if key in recorded},
         "starts": position.starts,
     }  # fmt: skip

@@ -8,7 +8,6 @@ What happens between training calls is not here: it is the hooks' (train.hooks).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,13 +18,12 @@ from train.cluster.workers import SingleHost
 from train.context import Context
 from train.data.source import Data
 from train.devices.runtime import Runtime
+from train.hooks import Hook, Json, Say
 from train.init_from import Matched
 from train.model import Built
 from train.phased import Phased
 from train.settings import Settings
 from train.timeline import Segment
-
-Json = dict[str, object]
 
 
 @dataclass(frozen=True)
@@ -37,18 +35,19 @@ class Start:
     peers: SingleHost
     data: Data
     built: Built
-    context: Context  # the run's facts, as build_model and build_callbacks got them
+    context: Context  # the run's facts, as build_model, build_callbacks and build_hooks got them
     callbacks: tuple[keras.callbacks.Callback, ...]  # MODEL's build_callbacks(context), checked
     jit_compile: bool
     jit_why: str
     identity: Json  # the data's (train.data.opening): run.json's "data"
     adapted: Json  # what MODEL's adapt fitted (train.data.adapt.fingerprint)
     recorded: Json  # run.json as this start found it (the chief's; {} on other workers)
-    say: Callable[[str], None]
+    say: Say
     phases: Phased  # which layers train when, and at what rate (train.phased): one phase unless FREEZE or phases()
     left_out: Json = field(default_factory=dict)  # a folder's files not in the data: summary.json's "left_out"
     features: Json = field(default_factory=dict)  # what predict needs of the data (train.data.spec.features_record)
     init: Matched | None = None  # INIT_FROM's values matched to the model, applied at step 0 (train.init_from)
+    hooks: tuple[Hook, ...] = ()  # MODEL's build_hooks(context), checked, each behind a ForkHook (train.callbacks)
 
     @property
     def output_dir(self) -> Path:
@@ -70,4 +69,4 @@ class Position:
     starts: list[Json] = field(default_factory=list)  # every start of the run (run.json), this one last
     resumed_from: int | None = None  # the step this start restored, None for a run's first
     initialized_from: Json | None = None  # INIT_FROM's record (train.init_from): run.json's and summary.json's
-    mlflow_run_id: str | None = None  # the MLflow run this run logs to, kept in run.json (train.tracking)
+    from_hooks: Json = field(default_factory=dict)  # what the hooks' run_begin added to run.json (train.hooks)

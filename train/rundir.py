@@ -210,7 +210,7 @@ RUN_VALUES = {
         value is None or (isinstance(value, dict) and isinstance(value.get("source"), str))
     ),
     "phases": lambda value: value is None or (isinstance(value, list) and all(isinstance(e, dict) for e in value)),
-    "mlflow_run_id": lambda value: value is None or (isinstance(value, str) and value != ""),  # train.tracking
+    "mlflow_run_id": lambda value: value is None or (isinstance(value, str) and value != ""),  # train.plugins.tracking
     "starts": lambda value: (
         isinstance(value, list)
         and all(isinstance(start, dict) and isinstance(start.get("segment", {}), dict) for start in value)

@@ -1,5 +1,5 @@
 """SIGTERM (docker stop, Kubernetes, spot preemption) or Ctrl-C, heard while a command works: `StopRequest`, in
-force for `fit` (train.cli), and `stop_heard`, what the loop (train.hooks) and a path DATASET's writing
+force for `fit` (train.cli), and `stop_heard`, what the loop (train.run_hooks) and a path DATASET's writing
 (train.data.written) ask between their pieces of work.
 
 Below the run directory and the data, which ask it; it imports nothing of the engine. No TensorFlow here.

@@ -12,7 +12,7 @@ from train.accumulation import refuse_custom_train_step
 from train.agreement import Decision, reconcile, report
 from train.batches import Batch
 from train.built import build
-from train.callbacks import build_callbacks
+from train.callbacks import build_callbacks, build_hooks
 from train.cluster.role import Peers, Role
 from train.context import Context, sample_function
 from train.custom_step import refuse_unevaluated_monitor
@@ -188,13 +188,13 @@ def start_run(settings: Settings, runtime: Runtime, role: Role[Writer], say: Say
     if jit and decision.jit_compile == "auto" and built.custom_step is not None and not built.network.jit_compile:
         # as model.fit runs it: a step of the fork's own may hold what XLA cannot compile (a tf.print)
         jit, why = False, "auto: off, as model.fit runs this model's own train_step (its jit_compile is False)"
-    callbacks = tuple(build_callbacks(experiment, context))  # bad callbacks: before writing
+    callbacks = tuple(build_callbacks(experiment, context))  # bad callbacks (and hooks, below): before writing
     phases = make_phases(settings, experiment, built, context)  # a FREEZE glob matching no layer: before writing
     check_same_phases(settings, phases, recorded)
     init = source.match(built.network, settings.init_layers)  # a bad file, nothing to load: before writing
     start = Start(settings, peers, data, built, context, callbacks, jit, why, dataset.identity, dataset.adapted,
                   recorded, say, phases, dataset.left_out, features_record(dataset.builder, settings),
-                  init)  # fmt: skip
+                  init, tuple(build_hooks(experiment, context)))  # fmt: skip
     return start, runtime
 
 

@@ -29,10 +29,11 @@ from train.data.examples import Inputs
 from train.data.feeds import Feed, eval_dataset
 from train.data.source import TrainSplit
 from train.data.spec import DatasetSpec
+from train.hooks import CallResult
+from train.hooks import Metrics as MetricValues  # ... as JSON-ready numbers
 from train.keras_seams import loss_tracker
 
 Metrics = dict[str, tf.Tensor]  # compiled metrics (or a model's own step's logs) by name, as tensors
-MetricValues = dict[str, float | list]  # ... as JSON-ready numbers
 
 
 class BuiltModel(Protocol):
@@ -84,24 +85,6 @@ def metric_values(results: Metrics) -> MetricValues:
         array = np.asarray(value.numpy() if hasattr(value, "numpy") else value, dtype=np.float64)
         values[name] = float(array) if array.ndim == 0 else array.tolist()
     return values
-
-
-@dataclass(frozen=True)
-class CallResult:
-    """What a training call reports: the metrics since their last reset (the epoch's start) and how many of its
-    steps float16 loss scaling skipped because the gradients overflowed."""
-
-    metrics: MetricValues
-    skipped: int
-
-    @property
-    def loss(self) -> float:
-        """The "loss" metric. A model's own train_step may name its losses otherwise (a GAN's d_loss, g_loss):
-        then the first of those that is not finite, else the first, else 0.0 (no loss to watch)."""
-        if "loss" in self.metrics:
-            return float(self.metrics["loss"])
-        losses = [value for name, value in self.metrics.items() if name.endswith("loss") and isinstance(value, float)]
-        return next((value for value in losses if not np.isfinite(value)), losses[0] if losses else 0.0)
 
 
 @dataclass

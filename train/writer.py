@@ -8,7 +8,7 @@ the engine says what is written once, and never asks which worker it is on to wr
 |-------------------------------|----------------------|-----------------------------------------------------------|
 | `.lock`                       | `lock`               | the run directory is opened (train.resume)                |
 | `settings.json`, `run.json`   | `settings`, `run`    | once the checkpoints loaded; run.json again on AUTO_BATCH |
-| `logs/` (TensorBoard)         | `scalars`, `hparams` | while training (train.hooks.Scalars)                      |
+| `logs/` (TensorBoard)         | `scalars`, `hparams` | while training (train.run_hooks.Scalars)                  |
 | `epochs.json`                 | `epochs`             | every epoch's end (train.callbacks)                       |
 | `model.keras`, `saved_model/` | `export`             | the end (train.finish), tried before the first step       |
 | `summary.json`                | `summary`            | the end, or a stop                                        |
@@ -34,7 +34,7 @@ from train.settings import RUN_SETTINGS, Settings, changed_settings
 
 Say = Callable[[str], None]
 Json = dict[str, object]  # a JSON document's object
-SummaryWriters = dict[str, tf.summary.SummaryWriter]  # "train", "eval" (train.hooks.Scalars writes to them)
+SummaryWriters = dict[str, tf.summary.SummaryWriter]  # "train", "eval" (train.run_hooks.Scalars writes to them)
 
 
 class Writer:

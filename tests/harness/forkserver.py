@@ -32,7 +32,7 @@ SERVER_PYTHONPATH = [entry for entry in os.environ.get("PYTHONPATH", "").split(o
 # rather than in each of the suite's forked runs: about 0.7 s of CPU off each small fit (219 modules a run before).
 PRELOAD = (
     "tensorflow", "keras", "tensorflow_datasets", "train.fit", "train.tools.check", "train.tools.bench",
-    "train.cli", "typer._coercion", "typer._adapters", "typer._param_types", "tensorboard.summary",
+    "train.cli", "train.plugins", "typer._coercion", "typer._adapters", "typer._param_types", "tensorboard.summary",
     "tensorflow.saved_model.experimental", "tree",
 )  # fmt: skip
 

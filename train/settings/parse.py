@@ -87,7 +87,7 @@ TRACKERS = ("none", "mlflow")
 
 def tracking(name: str, text: str) -> str:
     """TRACKING: none, or mlflow where the track extra is installed (found, not imported: mlflow loads in seconds,
-    inside train.tracking, on the chief of a run that tracks)."""
+    inside train.plugins.tracking, on the chief of a run that tracks)."""
     chosen = choice(TRACKERS)(name, text)
     if chosen == "mlflow" and importlib.util.find_spec("mlflow") is None:
         raise SettingsError(

@@ -1,7 +1,7 @@
-"""TRACKING: where a run's params, metrics, tags and artifacts go besides its run directory, chosen once (`tracker`).
+"""TRACKING: where a run's params, metrics, tags and artifacts go besides its run directory: a hook (train.hooks).
 
-`none` is `Tracker`, which does nothing. `mlflow` is `MlflowTracker`: on the chief alone (train.fit asks the role),
-it logs to MLFLOW_TRACKING_URI (unset: `sqlite:///<OUTPUT_DIR's parent>/mlflow.db`) under MLFLOW_EXPERIMENT_NAME
+`none` tracks nothing (no hook). `mlflow` is `MlflowTracking`, a hook on the chief alone (`chief_only`): it logs to
+MLFLOW_TRACKING_URI (unset: `sqlite:///<OUTPUT_DIR's parent>/mlflow.db`) under MLFLOW_EXPERIMENT_NAME
 (unset: that folder's name), one MLflow run per run directory: its id is run.json's "mlflow_run_id", and a resume
 logs to the same MLflow run. MLflow refuses to change a logged param: a resume logs the params not logged yet, and
 each changed value as the tag `changed.<name>` ("before -> now").
@@ -11,8 +11,9 @@ MLflow's own retries (7 tries with backoff, 120 s a call) are bounded to a few s
 MLFLOW_HTTP_REQUEST_MAX_RETRIES or MLFLOW_HTTP_REQUEST_TIMEOUT (`bound_retries`).
 
 No TensorFlow here, and mlflow is imported inside functions only (the track extra; TRACKING=mlflow without it is
-refused before TensorFlow loads, by train.settings.parse.tracking). The loop hears of a tracker through
-train.hooks.Tracking; `start_parent_run` is for `tune`, before its trials start.
+refused before TensorFlow loads, by train.settings.parse.tracking). The run reaches it through the hook interface
+alone (train.hooks: `RunInfo`, the metrics at each log and epoch's end, the summary); `start_parent_run` is for
+`tune`, before its trials start.
 """
 
 from __future__ import annotations
@@ -27,16 +28,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from train.errors import first_line
+from train.hooks import CallResult, Hook, Json, Metrics, RunInfo
 from train.model_file import model_fingerprint
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
-
-    from train.run_state import Start
-
-Say = Callable[[str], None]
-Metrics = dict[str, float | list]
-Json = dict[str, object]
 
 PARENT_RUN = "MLFLOW_PARENT_RUN_ID"  # set by `tune` for each trial: the study's run, which the trial's nests under
 # MLflow's own variables, bounded where the user has not set them: a tracker that cannot reach its store costs
@@ -44,25 +40,6 @@ PARENT_RUN = "MLFLOW_PARENT_RUN_ID"  # set by `tune` for each trial: the study's
 # tracking anyway, and urllib3 would warn of each retry on a line of its own.
 BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
 BATCH = 100  # MLflow's limit of params (and tags) in one log_batch call
-
-
-class Tracker:
-    """TRACKING=none (and every worker but the chief): nothing is tracked."""
-
-    def begin(self, start: Start, recorded_run: str | None) -> str | None:
-        """The run directory is opened: the tracked run begun, or run.json's `recorded_run` taken up; its id."""
-        return None
-
-    def metrics(self, step: int, metrics: Metrics) -> None:
-        """`metrics` at `step`, named as epochs.json names them."""
-
-    def end(self, output_dir: Path, summary: Json | None) -> None:
-        """The run ended: `summary` as summary.json holds it, or None where the run failed."""
-
-
-def tracker(tracking: str, output_dir: Path, say: Say) -> Tracker:
-    """TRACKING's tracker, made once (on the chief: train.fit) and passed down."""
-    return MlflowTracker(output_dir, say) if tracking == "mlflow" else Tracker()
 
 
 def bound_retries() -> None:
@@ -124,15 +101,15 @@ def params_of(settings: dict[str, str]) -> dict[str, str]:
     return {name.lower(): value for name, value in settings.items()}
 
 
-def tags_of(start: Start) -> dict[str, str]:
+def tags_of(run: RunInfo) -> dict[str, str]:
     """The data's identity, the MODEL file's sha256, the commit (where there is one) and OUTPUT_DIR."""
-    identity = json.dumps(start.identity, sort_keys=True, default=str)
+    identity = json.dumps(run.data, sort_keys=True, default=str)
     tags = {
-        "dataset": start.settings.dataset,
+        "dataset": run.settings["DATASET"],
         "data.identity": identity if len(identity) <= 5000 else identity[:4990] + " ...",
-        "model": start.settings.model,
-        "model_sha256": model_fingerprint(start.settings.model),
-        "output_dir": str(start.output_dir.resolve()),
+        "model": run.settings["MODEL"],
+        "model_sha256": model_fingerprint(run.settings["MODEL"]),
+        "output_dir": str(run.output_dir.resolve()),
     }
     commit = git_commit(Path.cwd())
     return tags | ({"mlflow.source.git.commit": commit} if commit else {})
@@ -153,13 +130,16 @@ def _chunks(items: list, size: int = BATCH) -> Iterator[list]:
         yield items[index : index + size]
 
 
-class MlflowTracker(Tracker):
-    """TRACKING=mlflow, on the chief. Each call to MLflow goes through `_call`: the first that fails says one
-    warning line and turns tracking off for the rest of the run."""
+class MlflowTracking(Hook):
+    """TRACKING=mlflow, on the chief: the run's params and tags at `run_begin`, the training metrics at every log
+    step and evaluation's at every epoch's end (named as epochs.json names them: val_ for evaluation's), the run's
+    files at `run_end`. Each call to MLflow goes through `_call`: the first that fails says one warning line and
+    turns tracking off for the rest of the run."""
 
-    def __init__(self, output_dir: Path, say: Say) -> None:
-        self.uri, self.experiment = tracking_uri(output_dir), experiment_name(output_dir)
-        self.say, self.run_id, self.client = say, None, None
+    chief_only = True
+
+    def __init__(self) -> None:
+        self.run_id, self.client, self.logged_step = None, None, -1
         self.on = True  # until a call fails
 
     def _call(self, what: str, work: Callable[[], object]) -> object:
@@ -175,33 +155,42 @@ class MlflowTracker(Tracker):
             self.on = False
             return None
 
-    def begin(self, start: Start, recorded_run: str | None) -> str | None:
+    def run_begin(self, run: RunInfo) -> Json:
+        """The MLflow run begun, or run.json's taken up: its id, run.json's "mlflow_run_id" (kept there by a start
+        whose tracking is off or fails, so a later start goes on with it)."""
+        self.uri, self.experiment = tracking_uri(run.output_dir), experiment_name(run.output_dir)
+        self.say, self.output_dir = run.say, run.output_dir
+        recorded = run.recorded.get("mlflow_run_id")
+        recorded_run = recorded if isinstance(recorded, str) else None
         self.client = self._call("open the store", lambda: _client(self.uri))
-        self.run_id = self._call("start its run", lambda: self._take_up(start, recorded_run))
+        self.run_id = self._call("start its run", lambda: self._take_up(run, recorded_run))
         if self.run_id:
             went_on = " (going on)" if recorded_run else ""
             self.say(f"Tracking to MLflow: run {self.run_id}{went_on} of experiment {self.experiment} at {self.uri}.")
-        return self.run_id
+        return {"mlflow_run_id": self.run_id} if self.run_id else {}
 
-    def _take_up(self, start: Start, recorded_run: str | None) -> str:
+    def _take_up(self, run: RunInfo, recorded_run: str | None) -> str:
         """run.json's MLflow run, resumed, or a new one; the params not logged yet, and the changed ones as tags."""
         from mlflow.entities import Param, RunTag
 
-        client, params, tags = self.client, params_of(start.settings.to_json()), tags_of(start)
+        client, params, tags = self.client, params_of(run.settings), tags_of(run)
         logged: dict[str, str] | None = None
         if recorded_run:
-            run = client.get_run(recorded_run)  # an id this store does not hold raises: said, and tracking is off
+            found = client.get_run(recorded_run)  # an id this store does not hold raises: said, and tracking is off
             client.update_run(recorded_run, status="RUNNING")
-            run_id, logged = recorded_run, run.data.params
+            run_id, logged = recorded_run, found.data.params
         else:
             parent = os.environ.get(PARENT_RUN)
             run_tags = {"mlflow.parentRunId": parent} if parent else {}
             experiment_id = _experiment_id(client, self.uri, self.experiment)
-            run_id = client.create_run(experiment_id, tags=run_tags, run_name=start.output_dir.name).info.run_id
+            run_id = client.create_run(experiment_id, tags=run_tags, run_name=run.output_dir.name).info.run_id
         logged = logged or {}
         new = [Param(name, value) for name, value in params.items() if name not in logged]
-        changed = {f"changed.{name}": f"{logged[name]} -> {value}" for name, value in params.items()
-                   if name in logged and logged[name] != value}  # fmt: skip
+        changed = {
+            f"changed.{name}": f"{logged[name]} -> {value}"
+            for name, value in params.items()
+            if name in logged and logged[name] != value
+        }
         run_tags = [RunTag(name, value) for name, value in (tags | changed).items()]
         for params_part in _chunks(new):
             client.log_batch(run_id, params=params_part)
@@ -209,22 +198,33 @@ class MlflowTracker(Tracker):
             client.log_batch(run_id, tags=tags_part)
         return run_id
 
-    def metrics(self, step: int, metrics: Metrics) -> None:
+    def log(self, step: int, result: CallResult, examples_per_sec: float | None) -> None:
+        if step != self.logged_step:  # an epoch's end and the end of training may log the same step
+            self._metrics(step, result.metrics)
+            self.logged_step = step
+
+    def epoch_end(self, epoch: int, step: int, metrics: Metrics) -> None:
+        self._metrics(step, {f"val_{name}": value for name, value in metrics.items()})
+
+    def _metrics(self, step: int, metrics: Metrics) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         values = []
         for name, value in metrics.items():
             each = enumerate(value) if isinstance(value, list) else [(None, value)]
-            values += [Metric(name if index is None else f"{name}/{index}", float(number), now, step)
-                       for index, number in each if isinstance(number, float | int)]  # fmt: skip
+            values += [
+                Metric(name if index is None else f"{name}/{index}", float(number), now, step)
+                for index, number in each
+                if isinstance(number, float | int)
+            ]
         if values:
             self._call("log metrics", lambda: self.client.log_batch(self.run_id, metrics=values))
 
-    def end(self, output_dir: Path, summary: Json | None) -> None:
+    def run_end(self, summary: Json | None) -> None:
         if self.run_id is None:  # never begun (the start was refused), or tracking went off as it began
             return
-        for path in (output_dir / "summary.json", output_dir / "run.json"):
+        for path in (self.output_dir / "summary.json", self.output_dir / "run.json"):
             if summary is not None and path.is_file():
                 self._call(f"log {path.name}", lambda path=path: self.client.log_artifact(self.run_id, str(path)))
         status = "FAILED" if summary is None else "KILLED" if summary.get("interrupted") else "FINISHED"

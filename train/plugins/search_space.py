@@ -49,8 +49,9 @@ class Dimension:
         return trial.suggest_categorical(self.name, list(self.choices))
 
 
-def name_checker(parsers: Parsers, hyperparameters: Mapping[str, hparams.HyperParameter] | None, model: str
-                 ) -> Callable[[str], Check]:  # fmt: skip
+def name_checker(
+    parsers: Parsers, hyperparameters: Mapping[str, hparams.HyperParameter] | None, model: str
+) -> Callable[[str], Check]:
     """For a NAME, the parser of its value: a setting's (`parsers`), or a hyperparameter's of MODEL. Raises
     SettingsError for a NAME that is neither, or one that is not searched (OUTPUT_DIR, STUDY_DIR)."""
     declared = dict(hyperparameters or {})

@@ -152,13 +152,3 @@ class TrialRef:
 
         study = optuna.load_study(study_name=self.study, storage=open_storage(self.storage), pruner=pruner(self.prune))
         return optuna.trial.Trial(study, self.trial_id)
-
-
-def check_trial(multi_worker: bool) -> None:
-    """Before TensorFlow loads: TUNE_TRIAL, where set, is a trial `tune` wrote, and the fit is one process (each
-    worker would report to the trial, and be pruned, on its own). Raises SettingsError."""
-    if TrialRef.from_env() is not None and multi_worker:
-        raise SettingsError(
-            f"{TRIAL_ENV} is set on a multi-worker run (TF_CONFIG, STRATEGY=multi_worker), but a tune's trial is one "
-            "process: unset TF_CONFIG where `tune` starts"
-        )

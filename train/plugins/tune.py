@@ -2,13 +2,13 @@
 
     python -m train tune --trials 20 --jobs 2 --space LEARNING_RATE=1e-4..1e-2:log --space BATCH_SIZE=32|64
 
-- Checked first, in one line each, exit 2, before any trial (`plan_tune`): the space (train.search_space), --jobs
-  against --trials and GPUS, the objective's direction (train.study), the storage.
-- The study is STUDY_DIR's (train.study.open_storage). `--jobs J` threads here each loop: claim a trial, run
+- Checked first, in one line each, exit 2, before any trial (`plan_tune`): the space (train.plugins.search_space),
+  --jobs against --trials and GPUS, the objective's direction (train.plugins.study), the storage.
+- The study is STUDY_DIR's (train.plugins.study.open_storage). `--jobs J` threads here each loop: claim a trial, run
   `python -m train fit` on it in a process of its own (OUTPUT_DIR=STUDY_DIR/trial-<number>, the trial's values as
   settings in its environment, TUNE_TRIAL naming the trial, GPUS its share), tell the study how it ended. Each job
   samples with its own TPE(constant_liar=True), seeded apart from the other jobs' and from earlier runs' (`_seed`).
-- A trial's end, from its exit code: 0 is complete (its value: train.study.trial_value), or pruned where its
+- A trial's end, from its exit code: 0 is complete (its value: train.plugins.study.trial_value), or pruned where its
   summary.json says `"pruned": true`; 42 (stopped by SIGTERM) leaves it RUNNING, to be resumed; any other code
   fails it, with its log's last line as its "error" user attribute. FAILURES_IN_A_ROW failures stop the tune.
 - Ownership: a trial's user attributes "owner" ({host, pid} of the tune running it) and "heartbeat" (time, every
@@ -35,9 +35,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from train import hparams
 from train.errors import EXIT_BUSY, EXIT_PREEMPTED, SettingsError, TrainingError, first_line
-from train.rundir import holder, write_json
-from train.search_space import (
+from train.plugins.search_space import (
     Check,
     Dimension,
     Parsers,
@@ -46,7 +46,7 @@ from train.search_space import (
     name_checker,
     parse_space,
 )
-from train.study import (
+from train.plugins.study import (
     STUDY_NAME,
     TrialRef,
     default_storage,
@@ -56,6 +56,7 @@ from train.study import (
     storage_failure,
     trial_value,
 )
+from train.rundir import holder, write_json
 
 FAILURES_IN_A_ROW = 3
 SEED_STRIDE = 1_000_003  # the sampler seed's step per trial the study holds (above any machines x jobs)
@@ -160,13 +161,13 @@ def gpu_shares(gpus: str | tuple[int, ...], jobs: int) -> tuple[str | None, ...]
 
 def parent_run_environment(tune: Tune, study, say: Say) -> dict[str, str]:
     """What every trial's environment gets from the study as a whole, made once before the jobs start: with
-    TRACKING=mlflow, the study's parent run (train.tracking.start_parent_run; its id kept in the study, so a tune
-    run again, or another machine's, nests its trials under the same run), handed to each trial as
+    TRACKING=mlflow, the study's parent run (train.plugins.tracking.start_parent_run; its id kept in the study, so a
+    tune run again, or another machine's, nests its trials under the same run), handed to each trial as
     MLFLOW_PARENT_RUN_ID. A tracker that fails costs nothing but the nesting: one warning line. Without
     tracking, nothing."""
     if tune.settings.environment.get("TRACKING") != "mlflow":
         return {}
-    from train.tracking import experiment_name, start_parent_run, tracking_uri
+    from train.plugins.tracking import experiment_name, start_parent_run, tracking_uri
 
     run_id = study.user_attrs.get(PARENT_RUN)
     if run_id is None:
@@ -310,7 +311,7 @@ class Jobs:
         study._storage.set_trial_user_attr(trial._trial_id, "heartbeat", now)
         try:
             if self.search_space is None:
-                values = {d.name: _text(d.suggest(trial)) for d in self.tune.space}
+                values = {d.name: hparams.text(d.suggest(trial)) for d in self.tune.space}
             else:
                 values = checked_values(self._space_of(trial), self.tune.checker, self.tune.settings.model)
         except BaseException as error:  # MODEL's search_space: the trial it was asked for is failed, not left RUNNING
@@ -401,12 +402,6 @@ class Jobs:
             self.stop.set()
             for child in self.children:
                 child.send_signal(signal.SIGTERM)
-
-
-def _text(value: object) -> str:
-    from train import hparams
-
-    return hparams.text(value)  # type: ignore[arg-type]
 
 
 def _last_line(log: Path) -> str:
