@@ -275,3 +275,13 @@ def test_batch_size_and_global_batch_size_each_come_from_their_own_highest_layer
     assert (chosen.batch_size, chosen.global_batch_size) == (None, 512)  # alone: the global batch / the replicas
     chosen = load_settings({}, environ={}, dotenv_path=none, defaults_path=None)
     assert (chosen.batch_size, chosen.batch_from) == (128, (("BATCH_SIZE", "the default"),))
+
+
+def test_of_two_bad_values_the_first_in_the_table_is_told_dataset_included(tmp_path):
+    """DATASET's kind is decided while the settings are read (Settings.source), in the table's order: a path that
+    does not exist is told before a bad value of a later setting, as every other setting's is."""
+    missing = str(tmp_path / "no-such-folder")
+    with pytest.raises(SettingsError, match=r"^DATASET='.*no-such-folder' does not exist"):
+        load(environ={"DATASET": missing, "EPOCHS": "many"})
+    with pytest.raises(SettingsError, match=r"^DATASET='no such name' is not allowed"):
+        load(environ={"DATASET": "no such name", "EPOCHS": "many"})

@@ -100,10 +100,12 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say, hooks: Sequence[
                 summary = finish(start, position, checkpoint, callbacks, role, scalars, evaluate, outcome, added)
                 return summary
     finally:
-        for hook in plugged:
-            hook.run_end(summary)
-        peers.close()
-        lock.release()
+        try:
+            for hook in plugged:
+                hook.run_end(summary)
+        finally:  # a fork's hook that raises in run_end still leaves the peers closed and the run directory free
+            peers.close()
+            lock.release()
 
 
 def _train(

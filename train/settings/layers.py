@@ -158,10 +158,11 @@ def load_settings(
             for message in _overridden_by_run(layers, places):
                 warn(message)
 
-    values = {field.attr: _value(field, _resolve(field.env, layers)) for field in FIELDS}
-    # DATASET's kind, decided once: Settings.source (not `data`: DATASET as text, so that a path that moved since the
-    # run is no error)
-    source = _value(FIELDS_BY_ENV["DATASET"], values["dataset"], dataset_path.source) if data else None
+    values, source = {}, None
+    for field in FIELDS:  # in the table's order: the first bad value is the one told
+        values[field.attr] = _value(field, _resolve(field.env, layers))
+        if field.env == "DATASET" and data:  # DATASET's kind, decided once: Settings.source (not `data`: DATASET as
+            source = _value(field, values["dataset"], dataset_path.source)  # text: a path moved since is no error)
     # the documented MLP on a table's columns: behind their preprocessing (FEATURE_KEY set: on that one column)
     # (not `data`: the run's settings.json already names the model it trained)
     table = source is not None and source.kind == TableReader.kind and not values["feature_key"]
