@@ -329,7 +329,7 @@ def test_auto_precision_runs_a_custom_step_in_float32_where_it_would_pick_float1
 PREDICATES = """
 import keras
 from examples.custom_step import build_model
-from train.model_file import overrides_test_step, overrides_train_step
+from train.model_file import Experiment
 class Below(keras.Model):
     def train_step(self, data):
         return super().train_step(data)
@@ -339,7 +339,8 @@ plain = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
 inputs = keras.Input((2,))
 above = Above(inputs, keras.layers.Dense(1)(inputs))
 guide = build_model((4,), 3, 0.1)
-print(overrides_train_step(guide), overrides_train_step(above), overrides_train_step(plain), overrides_test_step(guide))
+own_train, own_test = Experiment.own_train_step, Experiment.own_test_step
+print(own_train(guide), own_train(above), own_train(plain), own_test(guide))
 """
 
 

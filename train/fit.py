@@ -99,13 +99,11 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say, hooks: Sequence[
                 added = {key: value for hook in plugged for key, value in (hook.summary() or {}).items()}  # a trial's
                 summary = finish(start, position, checkpoint, callbacks, role, scalars, evaluate, outcome, added)
                 return summary
-    finally:
-        try:
-            for hook in plugged:
-                hook.run_end(summary)
-        finally:  # a fork's hook that raises in run_end still leaves the peers closed and the run directory free
-            peers.close()
-            lock.release()
+    finally:  # the peers closed and the run directory freed first: a fork's hook may raise in run_end
+        peers.close()
+        lock.release()
+        for hook in plugged:
+            hook.run_end(summary)
 
 
 def _train(

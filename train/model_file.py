@@ -28,7 +28,7 @@ examples/mlp.py, examples/resnet.py and examples/early_stopping.py say each in f
 | its syntax tree and hash (nothing imported) | `model_tree`, `model_fingerprint`                          |
 | build_model's hyperparameters (the same)    | `model_hyperparameters` (train.hparams reads the tree)     |
 | its functions, imported once per version    | `load_model_file`, `Experiment`, `OPTIONAL_SEAMS`          |
-| whether a built model brings its own step   | `Experiment.own_train_step`, `overrides_train_step`, ...   |
+| whether a built model brings its own step   | `Experiment.own_train_step`, `own_test_step` (`overrides`) |
 
 Nothing here imports TensorFlow (Keras is imported by `overrides`, called on a built model), nor train.settings:
 the settings' validation reads MODEL's file through this module before TensorFlow loads.
@@ -159,13 +159,15 @@ class Experiment:
 
     @staticmethod
     def own_train_step(network: keras.Model) -> bool:
-        """Whether the model built from this file brings its own `train_step` (`overrides_train_step`)."""
-        return overrides_train_step(network)
+        """Whether the model built from this file brings its own `train_step` (its class or a base below
+        keras.Model): it is then the training step, and what holds only for the engine's own step (gradient
+        accumulation) does not apply."""
+        return overrides(network, "train_step")
 
     @staticmethod
     def own_test_step(network: keras.Model) -> bool:
-        """Whether the model built from this file brings its own `test_step` (`overrides_test_step`)."""
-        return overrides_test_step(network)
+        """Whether the model built from this file brings its own `test_step`: it is then evaluation's step."""
+        return overrides(network, "test_step")
 
     def declares_own_train_step(self) -> bool:
         """Whether the file holds a keras.Model class with its own train_step: what `own_train_step` finds on the
@@ -308,14 +310,3 @@ def class_overrides(model_class: type, name: str) -> bool:
         if name in vars(cls):
             return True
     return False
-
-
-def overrides_train_step(model: keras.Model) -> bool:
-    """Whether the model brings its own `train_step` (its class or a base below keras.Model): it is then the
-    training step, and what holds only for the engine's own step (gradient accumulation) does not apply."""
-    return overrides(model, "train_step")
-
-
-def overrides_test_step(model: keras.Model) -> bool:
-    """Whether the model brings its own `test_step`: it is then evaluation's step."""
-    return overrides(model, "test_step")
