@@ -93,7 +93,7 @@ PYTEST := $(BIN)/python -m pytest $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WO
 test: setup ## The fast tier: every test not marked slow, each command end to end (about 9 minutes on 2 cores)
 	$(PYTEST) -m "not slow"
 
-test-all: setup ## Every test, the slow end-to-end runs included: what CI runs (about 21 minutes on 2 cores)
+test-all: setup ## Every test, the slow end-to-end runs included: what CI runs (about 22 minutes on 2 cores)
 	$(PYTEST)
 
 test-gpu: setup ## Run the GPU tests (they skip where TensorFlow sees no GPU)
