@@ -93,7 +93,7 @@ KERAS_HUB_IMPORTERS = {"train/init_from.py", "train/presets.py", "examples/finet
 # TYPE_CHECKING at its top: its client's type).
 MLFLOW_IMPORTERS = {"train/plugins/tracking.py"}
 # optuna is the tune extra's (EXTRAS=dev,tune): imported inside functions of these files only (`tune`, its study).
-OPTUNA_IMPORTERS = {"train/plugins/study.py", "train/plugins/tune.py"}
+OPTUNA_IMPORTERS = {"train/plugins/search_space.py", "train/plugins/study.py", "train/plugins/tune.py"}
 
 
 def top_level_imports(path: Path) -> set[str]:

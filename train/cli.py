@@ -309,7 +309,8 @@ def tune(
     """Optuna's TPE over --space (or MODEL's search_space): each trial a run directory STUDY_DIR/trial-<number>,
     trained by `fit`; run it again to go on; the best in STUDY_DIR/best.json."""
     from train.model_file import model_hyperparameters
-    from train.plugins.tune import Given, TuneFailed, format_table, plan_tune, run_tune
+    from train.plugins.study import format_table
+    from train.plugins.tune import Given, TuneFailed, plan_tune, run_tune
 
     given = Given(settings.to_json(), {field.env: field.parse for field in FIELDS}, settings.model, settings.seed,
                   settings.monitor, settings.monitor_mode, settings.gpus, settings.study_dir,

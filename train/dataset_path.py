@@ -88,19 +88,24 @@ class Csv(TableReader):
         try:
             header = next(reader, None)
             if not header or not all(column.strip() for column in header) or number(header[0]) is not None:
-                raise SettingsError(f"{name} has no header row: its first line must name the columns, like "
-                                    "age,fare,label")  # fmt: skip
+                raise SettingsError(
+                    f"{name} has no header row: its first line must name the columns, like age,fare,label"
+                )
             twice = sorted({column for column in header if header.count(column) > 1})
             if twice:  # a dict of the row would keep one of them
-                raise SettingsError(f"{name}'s header names the column {twice[0]!r} {header.count(twice[0])} times: "
-                                    "give each column its own name")  # fmt: skip
+                raise SettingsError(
+                    f"{name}'s header names the column {twice[0]!r} {header.count(twice[0])} times: "
+                    "give each column its own name"
+                )
             for row in reader:
                 if not row:
                     continue
                 if len(row) != len(header):
-                    raise SettingsError(f"{name} line {reader.line_num} has {len(row)} values, the header "
-                                        f"{len(header)} columns ({','.join(header)}): every row needs one value "
-                                        "per column")  # fmt: skip
+                    raise SettingsError(
+                        f"{name} line {reader.line_num} has {len(row)} values, the header "
+                        f"{len(header)} columns ({','.join(header)}): every row needs one value "
+                        "per column"
+                    )
                 yield reader.line_num, dict(zip(header, row, strict=True))
         except csv.Error as error:  # a NUL byte, a cell over csv's field size limit, ...
             raise SettingsError(f"{name} line {reader.line_num} is not CSV ({error})") from None
@@ -118,11 +123,13 @@ class JsonLines(TableReader):
             try:
                 row = json.loads(line)
             except ValueError as error:
-                raise SettingsError(f"{name} line {line_number} is not JSON ({error.msg}): one JSON object per "
-                                    "line") from None  # fmt: skip
+                raise SettingsError(
+                    f"{name} line {line_number} is not JSON ({error.msg}): one JSON object per line"
+                ) from None
             if not isinstance(row, dict):
-                raise SettingsError(f"{name} line {line_number} is a JSON {type(row).__name__}, not an object: "
-                                    "one object a line")  # fmt: skip
+                raise SettingsError(
+                    f"{name} line {line_number} is a JSON {type(row).__name__}, not an object: one object a line"
+                )
             yield line_number, row
 
 
@@ -282,8 +289,10 @@ def survey(text: str) -> Survey:
     """The layout of the path DATASET names, told from its folders and file names. Raises SettingsError."""
     root = Path(text).expanduser()
     if not root.exists():
-        raise SettingsError(f"DATASET={text!r} does not exist: name a folder of images, a CSV or JSON Lines file, "
-                            "a folder of <split>.csv or <split>.jsonl, or a prepared TFDS folder")  # fmt: skip
+        raise SettingsError(
+            f"DATASET={text!r} does not exist: name a folder of images, a CSV or JSON Lines file, "
+            "a folder of <split>.csv or <split>.jsonl, or a prepared TFDS folder"
+        )
     try:
         entries, empty = _entries(root)
     except OSError as error:
@@ -291,8 +300,10 @@ def survey(text: str) -> Survey:
     if root.is_file():
         table = TABLES.get(root.suffix.lower())
         if table is None:
-            raise SettingsError(f"DATASET={text!r} is a file that is neither .csv nor .jsonl: name a CSV or JSON "
-                                "Lines file, or a folder of images")  # fmt: skip
+            raise SettingsError(
+                f"DATASET={text!r} is a file that is neither .csv nor .jsonl: name a CSV or JSON "
+                "Lines file, or a folder of images"
+            )
         return Survey(root, table, {"train": [(entries[0], None)]}, entries=tuple(entries))
     if (root / PREPARED.marker).is_file():
         return Survey(root, PREPARED, {}, entries=tuple(entries))
@@ -303,15 +314,19 @@ def survey(text: str) -> Survey:
     if tables:
         others = [entry.path for entry in entries if entry not in tables and not Path(entry.path).name.startswith(".")]
         if others:
-            raise SettingsError(f"DATASET={text!r} mixes tables ({tables[0].path}) with other files ({others[0]}): "
-                                "keep only <split>.csv or <split>.jsonl files in it")  # fmt: skip
+            raise SettingsError(
+                f"DATASET={text!r} mixes tables ({tables[0].path}) with other files ({others[0]}): "
+                "keep only <split>.csv or <split>.jsonl files in it"
+            )
         kinds = {Path(entry.path).suffix.lower() for entry in tables}
         if len(kinds) > 1:
             raise SettingsError(f"DATASET={text!r} mixes .csv and .jsonl files: keep one kind")
         wrong = [entry.path for entry in tables if not SPLIT_NAME.fullmatch(Path(entry.path).stem)]
         if wrong:
-            raise SettingsError(f"DATASET={text!r}: {wrong[0]} does not name a split: use <split>.csv or "
-                                "<split>.jsonl, the split in letters, digits and _ (train.csv, test.csv)")  # fmt: skip
+            raise SettingsError(
+                f"DATASET={text!r}: {wrong[0]} does not name a split: use <split>.csv or "
+                "<split>.jsonl, the split in letters, digits and _ (train.csv, test.csv)"
+            )
         table = TABLES[kinds.pop()]
         return Survey(root, table, {Path(e.path).stem: [(e, None)] for e in tables}, entries=tuple(entries))
     return _image_layout(text, root, entries, empty)
@@ -324,9 +339,11 @@ def _image_layout(text: str, root: Path, entries: list[Entry], empty: list[str])
         if "/" in entry.path:
             below.setdefault(entry.path.split("/")[0], []).append(entry)
     if not below:
-        raise SettingsError(f"DATASET={text!r} holds no folders: put the images in one folder per class, like "
-                            f"{text}/cat/1.jpg (images without labels, for LABEL_KEY=none: in one folder, like "
-                            f"{text}/images/1.jpg)")  # fmt: skip
+        raise SettingsError(
+            f"DATASET={text!r} holds no folders: put the images in one folder per class, like "
+            f"{text}/cat/1.jpg (images without labels, for LABEL_KEY=none: in one folder, like "
+            f"{text}/images/1.jpg)"
+        )
     # a subfolder with files of its own holds images: a class; one with only folders holds classes: a split
     as_splits = all(all(entry.path.count("/") >= 2 for entry in files) for files in below.values())
     splits: dict[str, list[tuple[Entry, str | None]]] = {}
@@ -339,16 +356,21 @@ def _image_layout(text: str, root: Path, entries: list[Entry], empty: list[str])
             class_sets.setdefault(split, set()).add(name)
     for relative in empty:
         if relative.count("/") == (1 if as_splits else 0):
-            raise SettingsError(f"DATASET={text!r}: the class folder {relative} is empty: put its images in it "
-                                "or remove it")  # fmt: skip
+            raise SettingsError(
+                f"DATASET={text!r}: the class folder {relative} is empty: put its images in it or remove it"
+            )
     classes = sorted(set().union(*class_sets.values()))
     for split, names in class_sets.items():
         if names != set(classes):
             missing = sorted(set(classes) - names)
-            raise SettingsError(f"DATASET={text!r}: the splits' class folders differ: {split} has no "
-                                f"{', '.join(missing[:SHOWN])}; every split needs the same class folders")  # fmt: skip
+            raise SettingsError(
+                f"DATASET={text!r}: the splits' class folders differ: {split} has no "
+                f"{', '.join(missing[:SHOWN])}; every split needs the same class folders"
+            )
     for split in splits:
         if not SPLIT_NAME.fullmatch(split):
-            raise SettingsError(f"DATASET={text!r}: the split folder {split!r} is not a split name: use letters, "
-                                "digits and _ (train, test, validation)")  # fmt: skip
+            raise SettingsError(
+                f"DATASET={text!r}: the split folder {split!r} is not a split name: use letters, "
+                "digits and _ (train, test, validation)"
+            )
     return Survey(root, IMAGES, splits, tuple(classes), tuple(entries))

@@ -43,7 +43,7 @@ class ReplicaStatistics:
     On one replica it does nothing. Across workers it is a collective: every worker calls it at the same point,
     as it calls a checkpoint's save."""
 
-    def __init__(self, variables: tuple[keras.Variable, ...], strategy) -> None:
+    def __init__(self, variables: tuple[keras.Variable, ...], strategy: tf.distribute.Strategy) -> None:
         self.variables, self.strategy = variables, strategy
         self._average = None
         if variables and strategy.num_replicas_in_sync > 1:
@@ -78,5 +78,7 @@ def synchronize_batch_norm(model: keras.Model, say: Say) -> None:
             continue
         layer.synchronized = True  # read when the step is traced (BatchNormalization._moments)
         if called_with_mask(layer):
-            say(f"warning: SYNC_BATCH_NORM=true: layer {layer.name!r} (BatchNormalization) is called with a mask, "
-                "whose moments Keras does not synchronise: it normalises each replica's batch on its own.")  # fmt: skip
+            say(
+                f"warning: SYNC_BATCH_NORM=true: layer {layer.name!r} (BatchNormalization) is called with a mask, "
+                "whose moments Keras does not synchronise: it normalises each replica's batch on its own."
+            )

@@ -14,10 +14,14 @@ import ast
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from train import hparams
 from train.errors import SettingsError
 from train.model_file import model_tree
+
+if TYPE_CHECKING:  # optuna is the tune extra's
+    import optuna
 
 FORMS = "low..high, low..high:log, int:low..high or a|b|c"
 NOT_SEARCHED = ("OUTPUT_DIR", "STUDY_DIR")  # each trial has its own run directory, in the study's
@@ -40,7 +44,7 @@ class Dimension:
     log: bool = False
     choices: tuple[Choice, ...] = ()
 
-    def suggest(self, trial) -> Choice:
+    def suggest(self, trial: optuna.Trial) -> Choice:
         """This dimension's value for an optuna trial (its `suggest_*`)."""
         if self.kind == "float":
             return trial.suggest_float(self.name, self.low, self.high, log=self.log)

@@ -14,12 +14,18 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from train.errors import SettingsError, first_line
 from train.rundir import read_epochs
 
+if TYPE_CHECKING:  # optuna is the tune extra's, imported where it is used
+    import optuna
+
+STALE_SECONDS = 180.0  # another host's trial whose heartbeat is older than this has lost its tune
 TRIAL_ENV = "TUNE_TRIAL"  # {"storage", "study", "trial_id", "number", "objective", "direction", "prune"}: a trial's fit
 JOURNAL = "journal:"  # --storage journal:PATH: optuna's journal file, for a shared filesystem without a database
 STUDY_NAME = "study"  # one study per storage: what every machine's tune loads
@@ -35,7 +41,7 @@ def default_storage(study_dir: Path) -> str:
     return f"sqlite:///{study_dir.resolve() / 'study.db'}"
 
 
-def open_storage(text: str):
+def open_storage(text: str) -> optuna.storages.BaseStorage:
     """The optuna storage `text` names (a database URL or journal:PATH), opened: what cannot be is refused here in
     one line naming --storage, before any trial."""
     import optuna
@@ -110,7 +116,7 @@ def trial_value(output_dir: Path, objective: str, direction: str, best: bool) ->
     return max(values) if direction == "maximize" else min(values)
 
 
-def pruner(prune: bool):
+def pruner(prune: bool) -> optuna.pruners.BasePruner:
     """The study's pruner, the same in the tune and in each trial's fit: the median of the finished trials' values at
     the same epoch, once PRUNE_AFTER trials have finished; none with --no-prune."""
     import optuna
@@ -146,9 +152,80 @@ class TrialRef:
         except (ValueError, TypeError) as error:
             raise SettingsError(f"{TRIAL_ENV} is not a trial written by `python -m train tune` ({error})") from None
 
-    def trial(self):
+    def trial(self) -> optuna.Trial:
         """The optuna trial, with its study's median pruner (or none): what the fit reports each epoch to."""
         import optuna
 
         study = optuna.load_study(study_name=self.study, storage=open_storage(self.storage), pruner=pruner(self.prune))
         return optuna.trial.Trial(study, self.trial_id)
+
+
+def this_owner() -> dict[str, object]:
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def owner_gone(attrs: dict[str, object], now: float) -> bool:
+    """Whether a RUNNING trial's tune is gone (train.plugins.tune's docstring: ownership)."""
+    owner, heartbeat = attrs.get("owner"), attrs.get("heartbeat")
+    if isinstance(owner, dict) and owner.get("pid") == os.getpid() and owner.get("host") == socket.gethostname():
+        return False  # this tune's own
+    if not isinstance(heartbeat, int | float) or now - heartbeat > STALE_SECONDS:
+        return True  # on any host, a tune that stopped beating (its pid reused by another process included)
+    if isinstance(owner, dict) and owner.get("host") == socket.gethostname():
+        try:
+            os.kill(int(owner.get("pid")), 0)  # type: ignore[arg-type]
+        except ProcessLookupError:
+            return True
+        except (PermissionError, TypeError, ValueError):
+            return False
+    return False
+
+
+def report(study: optuna.Study, study_dir: Path) -> dict[str, object]:
+    """Every trial (number, state, params, value, steps, error) and the best complete one."""
+    from optuna.trial import TrialState
+
+    rows = []
+    for each in study.get_trials(deepcopy=False):
+        summary = study_dir / f"trial-{each.number}" / "summary.json"
+        try:
+            steps = json.loads(summary.read_text()).get("steps")
+        except (OSError, ValueError):
+            steps = None
+        rows.append(
+            {
+                "number": each.number,
+                "state": each.state.name.lower(),
+                "params": each.params,
+                "value": each.value,
+                "steps": steps,
+                "error": each.user_attrs.get("error"),
+            }
+        )
+    complete = [each for each in study.get_trials(deepcopy=False) if each.state == TrialState.COMPLETE]
+    best = None
+    if complete:
+        chosen = study.best_trial
+        output_dir = study_dir / f"trial-{chosen.number}"
+        best = {
+            "number": chosen.number,
+            "value": chosen.value,
+            "params": chosen.params,
+            "output_dir": str(output_dir),
+            "export": str(output_dir / "saved_model"),
+        }
+    return {"trials": rows, "best": best}
+
+
+def format_table(result: dict[str, object]) -> str:
+    """The trials as a table, then the best."""
+    rows = result["trials"]
+    lines = [f"{'trial':>5}  {'state':<8}  {'value':>12}  {'steps':>6}  params"]
+    for row in rows:  # type: ignore[union-attr]
+        value = "" if row["value"] is None else f"{row['value']:.6g}"
+        params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row["params"].items())
+        lines.append(f"{row['number']:>5}  {row['state']:<8}  {value:>12}  {row['steps'] or '':>6}  {params}")
+    best = result["best"]
+    if best:
+        lines.append(f"best: trial {best['number']}, value {best['value']:.6g}, export {best['export']}")  # type: ignore[index]
+    return "\n".join(lines)

@@ -27,13 +27,14 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from train import hparams
 from train.errors import EXIT_BUSY, EXIT_PREEMPTED, SettingsError, TrainingError, first_line
@@ -52,16 +53,21 @@ from train.plugins.study import (
     default_storage,
     objective_of,
     open_storage,
+    owner_gone,
     pruner,
+    report,
     storage_failure,
+    this_owner,
     trial_value,
 )
 from train.rundir import holder, write_json
 
+if TYPE_CHECKING:  # optuna is the tune extra's, imported where it is used
+    import optuna
+
 FAILURES_IN_A_ROW = 3
 SEED_STRIDE = 1_000_003  # the sampler seed's step per trial the study holds (above any machines x jobs)
 HEARTBEAT_SECONDS = 30.0
-STALE_SECONDS = 180.0  # another host's trial whose heartbeat is older than this has lost its tune
 LOCK_WAIT_SECONDS = 120.0  # an interrupted trial's fit may still be saving (SIGTERM as its tune died)
 BEST = "best.json"
 PARENT_RUN = "mlflow_parent_run_id"  # the study's user attribute: TRACKING=mlflow's parent run of every trial
@@ -112,8 +118,16 @@ class Tune:
         return self.settings.study_dir
 
 
-def plan_tune(settings: Given, space: list[str], trials: int, jobs: int, storage: str | None, prune: bool,
-              hyperparameters, index: int = 0) -> Tune:  # fmt: skip
+def plan_tune(
+    settings: Given,
+    space: list[str],
+    trials: int,
+    jobs: int,
+    storage: str | None,
+    prune: bool,
+    hyperparameters: dict[str, hparams.HyperParameter] | None,
+    index: int = 0,
+) -> Tune:
     """Every check of a tune, in one line each (SettingsError), before any trial; then STUDY_DIR and the storage
     opened. `hyperparameters`: MODEL's HP_ settings (train.model_file.model_hyperparameters)."""
     if importlib.util.find_spec("optuna") is None:  # found, not imported: the tune extra is optional
@@ -153,13 +167,15 @@ def gpu_shares(gpus: str | tuple[int, ...], jobs: int) -> tuple[str | None, ...]
         return (None,) * jobs
     if len(gpus) % jobs:
         listed = ",".join(map(str, gpus))
-        raise SettingsError(f"--jobs {jobs} cannot share GPUS={listed} ({len(gpus)} devices) evenly: use a --jobs "
-                            f"that divides {len(gpus)}")  # fmt: skip
+        raise SettingsError(
+            f"--jobs {jobs} cannot share GPUS={listed} ({len(gpus)} devices) evenly: use a --jobs "
+            f"that divides {len(gpus)}"
+        )
     size = len(gpus) // jobs
     return tuple(",".join(map(str, gpus[i * size : (i + 1) * size])) for i in range(jobs))
 
 
-def parent_run_environment(tune: Tune, study, say: Say) -> dict[str, str]:
+def parent_run_environment(tune: Tune, study: optuna.Study, say: Say) -> dict[str, str]:
     """What every trial's environment gets from the study as a whole, made once before the jobs start: with
     TRACKING=mlflow, the study's parent run (train.plugins.tracking.start_parent_run; its id kept in the study, so a
     tune run again, or another machine's, nests its trials under the same run), handed to each trial as
@@ -176,8 +192,10 @@ def parent_run_environment(tune: Tune, study, say: Say) -> dict[str, str]:
         try:
             run_id = start_parent_run(uri, experiment, f"study {tune.study_dir.resolve().name}")
         except Exception as error:  # whatever MLflow raises: the tune goes on, each trial tracked on its own
-            say(f"warning: TRACKING=mlflow could not create the study's parent run at {uri} ({first_line(error)}); "
-                "each trial is tracked without one")  # fmt: skip
+            say(
+                f"warning: TRACKING=mlflow could not create the study's parent run at {uri} ({first_line(error)}); "
+                "each trial is tracked without one"
+            )
             return {}
         study.set_user_attr(PARENT_RUN, run_id)
     return {"MLFLOW_PARENT_RUN_ID": run_id}
@@ -193,27 +211,6 @@ class Claim:
     resumed: bool
 
 
-def _me() -> dict[str, object]:
-    return {"host": socket.gethostname(), "pid": os.getpid()}
-
-
-def owner_gone(attrs: dict[str, object], now: float) -> bool:
-    """Whether a RUNNING trial's tune is gone (the module's docstring: ownership)."""
-    owner, heartbeat = attrs.get("owner"), attrs.get("heartbeat")
-    if isinstance(owner, dict) and owner.get("pid") == os.getpid() and owner.get("host") == socket.gethostname():
-        return False  # this tune's own
-    if not isinstance(heartbeat, int | float) or now - heartbeat > STALE_SECONDS:
-        return True  # on any host, a tune that stopped beating (its pid reused by another process included)
-    if isinstance(owner, dict) and owner.get("host") == socket.gethostname():
-        try:
-            os.kill(int(owner.get("pid")), 0)  # type: ignore[arg-type]
-        except ProcessLookupError:
-            return True
-        except (PermissionError, TypeError, ValueError):
-            return False
-    return False
-
-
 def _die_with_parent() -> None:  # pragma: no cover (runs in the child, between fork and exec)
     """The trial's fit hears SIGTERM (saves, exits 42) when the job that started it dies, SIGKILL included."""
     import ctypes
@@ -224,7 +221,7 @@ def _die_with_parent() -> None:  # pragma: no cover (runs in the child, between 
 class Jobs:
     """--jobs J threads, each running trials in processes of their own, until --trials N have finished."""
 
-    def __init__(self, tune: Tune, study, say: Say) -> None:
+    def __init__(self, tune: Tune, study: optuna.Study, say: Say) -> None:
         """`study`: the study as run_tune created it (its parent run is made here, once)."""
         self.tune, self.say = tune, say
         self.lock = threading.Lock()
@@ -258,7 +255,7 @@ class Jobs:
         if len(self.failures) >= FAILURES_IN_A_ROW:  # jobs at once may fail more before they hear it: the first
             raise TuneFailed(self.failures[:FAILURES_IN_A_ROW])
 
-    def _interrupt(self, signum: int, frame: object) -> None:
+    def _interrupt(self, signum: int, frame: FrameType | None) -> None:
         self.interrupted = True
         self._stop_all()
 
@@ -272,8 +269,9 @@ class Jobs:
         import optuna
 
         try:
-            study = optuna.load_study(study_name=STUDY_NAME, storage=open_storage(self.tune.storage),
-                                      pruner=pruner(self.tune.prune))  # fmt: skip
+            study = optuna.load_study(
+                study_name=STUDY_NAME, storage=open_storage(self.tune.storage), pruner=pruner(self.tune.prune)
+            )
             study.sampler = optuna.samplers.TPESampler(constant_liar=True, seed=self._seed(study, index))
             while not self.stop.is_set():
                 with self.lock:
@@ -285,13 +283,13 @@ class Jobs:
             self.error = self.error or error
             self._stop_all()
 
-    def _seed(self, study, index: int) -> int:
+    def _seed(self, study: optuna.Study, index: int) -> int:
         """Job `index`'s sampler seed: SEED, this machine's --index and the job, so that no two jobs sample alike; and
         the trials the study holds already, so that a tune run again does not draw its first trial's values anew."""
         tune, held = self.tune, len(study.get_trials(deepcopy=False))
         return tune.settings.seed + tune.index * tune.jobs + index + SEED_STRIDE * held
 
-    def _claim(self, study) -> Claim | None:
+    def _claim(self, study: optuna.Study) -> Claim | None:
         """An interrupted trial to resume, else a new one while fewer than --trials have finished or run."""
         from optuna.trial import TrialState
 
@@ -299,7 +297,7 @@ class Jobs:
         now = time.time()
         for each in trials:
             if each.state == TrialState.RUNNING and owner_gone(each.user_attrs, now):
-                study._storage.set_trial_user_attr(each._trial_id, "owner", _me())
+                study._storage.set_trial_user_attr(each._trial_id, "owner", this_owner())
                 study._storage.set_trial_user_attr(each._trial_id, "heartbeat", now)
                 values = each.user_attrs.get("settings") or {k: str(v) for k, v in each.params.items()}
                 return Claim(each.number, each._trial_id, dict(values), resumed=True)
@@ -307,7 +305,7 @@ class Jobs:
         if sum(each.state in counted for each in trials) >= self.tune.trials:
             return None
         trial = study.ask()
-        study._storage.set_trial_user_attr(trial._trial_id, "owner", _me())
+        study._storage.set_trial_user_attr(trial._trial_id, "owner", this_owner())
         study._storage.set_trial_user_attr(trial._trial_id, "heartbeat", now)
         try:
             if self.search_space is None:
@@ -322,7 +320,7 @@ class Jobs:
         trial.set_user_attr("settings", values)
         return Claim(trial.number, trial._trial_id, values, resumed=False)
 
-    def _space_of(self, trial) -> object:
+    def _space_of(self, trial: optuna.Trial) -> object:
         """What MODEL's search_space(trial) returns; what it raises is the model file's error (SettingsError), save
         the storage's, which it reaches through `trial`."""
         try:
@@ -330,23 +328,28 @@ class Jobs:
         except Exception as error:
             if storage_failure(error, self.tune.storage) is not None:
                 raise
-            raise SettingsError(f"MODEL={self.tune.settings.model!r}: search_space(trial) raised "
-                                f"{type(error).__name__}: {first_line(error, 300)}") from None  # fmt: skip
+            raise SettingsError(
+                f"MODEL={self.tune.settings.model!r}: search_space(trial) raised "
+                f"{type(error).__name__}: {first_line(error, 300)}"
+            ) from None
 
-    def _run(self, study, claim: Claim, index: int) -> None:
+    def _run(self, study: optuna.Study, claim: Claim, index: int) -> None:
         tune = self.tune
         output_dir = tune.study_dir / f"trial-{claim.number}"
         log = tune.study_dir / "logs" / f"trial-{claim.number}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        ref = TrialRef(tune.storage, STUDY_NAME, claim.trial_id, claim.number, tune.objective, tune.direction,
-                       tune.prune)  # fmt: skip
+        ref = TrialRef(
+            tune.storage, STUDY_NAME, claim.trial_id, claim.number, tune.objective, tune.direction, tune.prune
+        )
         env = os.environ | tune.settings.environment | claim.values | self.shared
         env |= {"OUTPUT_DIR": str(output_dir), "TUNE_TRIAL": ref.to_env()}
         if tune.gpus[index] is not None:
             env["GPUS"] = tune.gpus[index]
         shown = ", ".join(f"{k}={v}" for k, v in claim.values.items())
-        self.say(f"trial {claim.number}: {'resumed' if claim.resumed else 'started'} ({shown}) in {output_dir}, "
-                 f"its output in {log}")  # fmt: skip
+        self.say(
+            f"trial {claim.number}: {'resumed' if claim.resumed else 'started'} ({shown}) in {output_dir}, "
+            f"its output in {log}"
+        )
         beat = lambda: study._storage.set_trial_user_attr(claim.trial_id, "heartbeat", time.time())  # noqa: E731
         deadline = time.monotonic() + LOCK_WAIT_SECONDS
         while claim.resumed and holder(output_dir) and time.monotonic() < deadline and not self.stop.is_set():
@@ -355,8 +358,13 @@ class Jobs:
             if self.stop.is_set():
                 return
             with open(log, "a", encoding="utf-8") as out:
-                child = subprocess.Popen([sys.executable, "-m", "train", "fit"], env=env, stdout=out,
-                                         stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)  # fmt: skip
+                child = subprocess.Popen(
+                    [sys.executable, "-m", "train", "fit"],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_parent,
+                )
             self.children.add(child)
         while True:
             try:
@@ -368,7 +376,7 @@ class Jobs:
             self.children.discard(child)
             self._record(study, claim, code, output_dir, log)
 
-    def _record(self, study, claim: Claim, code: int, output_dir: Path, log: Path) -> None:
+    def _record(self, study: optuna.Study, claim: Claim, code: int, output_dir: Path, log: Path) -> None:
         """Tell the study how the trial ended (the module's docstring); three failures in a row stop the tune."""
         from optuna.trial import TrialState
 
@@ -386,8 +394,9 @@ class Jobs:
                     self.say(f"trial {number}: pruned")
                     self.failures.clear()
                     return
-                value = trial_value(output_dir, self.tune.objective, self.tune.direction,
-                                    best=bool(self.tune.settings.monitor))  # fmt: skip
+                value = trial_value(
+                    output_dir, self.tune.objective, self.tune.direction, best=bool(self.tune.settings.monitor)
+                )
                 study.tell(number, value)
                 self.say(f"trial {number}: complete, {self.tune.objective} {value:.6g}")
                 self.failures.clear()
@@ -422,8 +431,10 @@ def run_tune(tune: Tune, say: Say) -> dict[str, object]:
         why = storage_failure(error, tune.storage)
         if why is None:
             raise
-        raise TrainingError(f"the study's storage {tune.storage} failed ({why}): run the tune again once it is "
-                            "back: it goes on from what the storage holds") from None  # fmt: skip
+        raise TrainingError(
+            f"the study's storage {tune.storage} failed ({why}): run the tune again once it is "
+            "back: it goes on from what the storage holds"
+        ) from None
 
 
 def _tune(tune: Tune, say: Say) -> dict[str, object]:
@@ -440,45 +451,8 @@ def _tune(tune: Tune, say: Say) -> dict[str, object]:
         )
     jobs = Jobs(tune, study, say)
     jobs.run()
-    result = report(study, tune)
+    result = report(study, tune.study_dir)
     if result["best"] is not None:
         write_json(tune.study_dir / BEST, result["best"])
     result["interrupted"] = jobs.interrupted
     return result
-
-
-def report(study, tune: Tune) -> dict[str, object]:
-    """Every trial (number, state, params, value, steps, error) and the best complete one."""
-    from optuna.trial import TrialState
-
-    rows = []
-    for each in study.get_trials(deepcopy=False):
-        summary = tune.study_dir / f"trial-{each.number}" / "summary.json"
-        try:
-            steps = json.loads(summary.read_text()).get("steps")
-        except (OSError, ValueError):
-            steps = None
-        rows.append({"number": each.number, "state": each.state.name.lower(), "params": each.params,
-                     "value": each.value, "steps": steps, "error": each.user_attrs.get("error")})  # fmt: skip
-    complete = [each for each in study.get_trials(deepcopy=False) if each.state == TrialState.COMPLETE]
-    best = None
-    if complete:
-        chosen = study.best_trial
-        output_dir = tune.study_dir / f"trial-{chosen.number}"
-        best = {"number": chosen.number, "value": chosen.value, "params": chosen.params,
-                "output_dir": str(output_dir), "export": str(output_dir / "saved_model")}  # fmt: skip
-    return {"trials": rows, "best": best}
-
-
-def format_table(result: dict[str, object]) -> str:
-    """The trials as a table, then the best."""
-    rows = result["trials"]
-    lines = [f"{'trial':>5}  {'state':<8}  {'value':>12}  {'steps':>6}  params"]
-    for row in rows:  # type: ignore[union-attr]
-        value = "" if row["value"] is None else f"{row['value']:.6g}"
-        params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row["params"].items())
-        lines.append(f"{row['number']:>5}  {row['state']:<8}  {value:>12}  {row['steps'] or '':>6}  {params}")
-    best = result["best"]
-    if best:
-        lines.append(f"best: trial {best['number']}, value {best['value']:.6g}, export {best['export']}")  # type: ignore[index]
-    return "\n".join(lines)

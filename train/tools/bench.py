@@ -48,9 +48,18 @@ from train.settings import FIELDS, Settings
 
 SCHEMA = 1
 CONTENDERS = (
-    "template", "accumulated", "in_memory", "in_memory_dataset", "in_memory_batches", "keras_fit", "keras_numpy",
-    "streamed", "tuned_tfdata", "streamed_input", "tuned_tfdata_input",
-)  # fmt: skip
+    "template",
+    "accumulated",
+    "in_memory",
+    "in_memory_dataset",
+    "in_memory_batches",
+    "keras_fit",
+    "keras_numpy",
+    "streamed",
+    "tuned_tfdata",
+    "streamed_input",
+    "tuned_tfdata_input",
+)
 LABELS = {
     "template": "1  template fit path",
     "accumulated": "1a same, 4 micro-batches a step",
@@ -149,9 +158,20 @@ def _timed_run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float =
 def _bench_argv(out: Path, repetitions: int, seconds: float, contenders: str) -> list[str]:
     """`python -m train bench` measuring only these contenders in a process of its own, its result as JSON."""
     return [
-        sys.executable, "-m", "train", "bench", "--json", str(out), "--repetitions", str(repetitions),
-        "--seconds", str(seconds), "--contenders", contenders, "--no-startup",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "train",
+        "bench",
+        "--json",
+        str(out),
+        "--repetitions",
+        str(repetitions),
+        "--seconds",
+        str(seconds),
+        "--contenders",
+        contenders,
+        "--no-startup",
+    ]
 
 
 def measure_startup(settings: Settings, repetitions: int = STARTUP_ROUNDS, say: Say = print) -> dict[str, Any]:
@@ -231,8 +251,15 @@ def compare_replica_counts(
     for name in configs:
         replicas, rate = resolved[name]["replicas"], medians[name]["template"]
         efficiency = rate / (replicas * medians[first]["template"])
-        scaling.append({"config": name, "replicas": replicas, "examples_per_sec": rate,
-                        "per_replica": rate / replicas, "efficiency": efficiency})  # fmt: skip
+        scaling.append(
+            {
+                "config": name,
+                "replicas": replicas,
+                "examples_per_sec": rate,
+                "per_replica": rate / replicas,
+                "efficiency": efficiency,
+            }
+        )
     result = {
         "devices": "gpu" if visible_gpus else "cpu",
         "configs": {
@@ -250,8 +277,15 @@ def compare_replica_counts(
 
 
 CALL_CUTTING = ("LOG_EVERY", "CHECKPOINT_EVERY")  # settings that end a call early (see call_steps)
-LEVERS = ("STEPS_PER_CALL", "JIT_COMPILE", "MIXED_PRECISION", "DATA_IN_MEMORY", "CROSS_DEVICE_OPS", "DEVICE_PREFETCH",
-          "SYNC_BATCH_NORM")  # fmt: skip
+LEVERS = (
+    "STEPS_PER_CALL",
+    "JIT_COMPILE",
+    "MIXED_PRECISION",
+    "DATA_IN_MEMORY",
+    "CROSS_DEVICE_OPS",
+    "DEVICE_PREFETCH",
+    "SYNC_BATCH_NORM",
+)
 # SYNC_BATCH_NORM's lever needs a model with BatchNormalization (the default MLP has none): the ResNet example on its
 # offline photos, mirrored, at a small batch per replica (where synchronised statistics matter)
 BATCH_NORM_MODEL = Path(__file__).resolve().parents[2] / "examples" / "resnet.py"
@@ -422,8 +456,9 @@ def build_contenders(
             contender = c.best_keras_fit(settings, experiment, runtime, data, trial_seconds, say)
         else:
             context = c.run_context(settings, runtime, data, c.steps_per_epoch(settings, data, runtime))
-            contender = c.keras_contender(name, settings, experiment, runtime.strategy, runtime.strategy_name, data,
-                                          True, 0, context=context)  # fmt: skip
+            contender = c.keras_contender(
+                name, settings, experiment, runtime.strategy, runtime.strategy_name, data, True, 0, context=context
+            )
         contender.measure(min(0.5, trial_seconds))
         made.append(contender)
     return made
@@ -489,8 +524,10 @@ def run_benchmark(
     for note in (*runtime.notes, *data.notes):
         say(note)
     if runtime.accumulation > 1:  # the rows compare ways of taking one batch at once: row 1a is the accumulating one
-        say(f"The settings accumulate {runtime.accumulation} micro-batches a step: every row but 1a runs at the "
-            f"micro-batch, {runtime.per_replica_batch} per replica, one a step.")  # fmt: skip
+        say(
+            f"The settings accumulate {runtime.accumulation} micro-batches a step: every row but 1a runs at the "
+            f"micro-batch, {runtime.per_replica_batch} per replica, one a step."
+        )
         runtime = runtime.with_batch(runtime.per_replica_batch)
     spec = data.spec
     say(
@@ -521,20 +558,33 @@ def run_benchmark(
         for name, target in RATIO_GOALS[kind].items()
     ]
     result: dict[str, Any] = {
-        "schema": SCHEMA, "dataset": data.name, "model": settings.model, "train_examples": len(data.train),
-        "feature": {"shape": list(spec.feature_shape), "dtype": spec.feature_dtype}, "inputs": spec.describe_inputs(),
+        "schema": SCHEMA,
+        "dataset": data.name,
+        "model": settings.model,
+        "train_examples": len(data.train),
+        "feature": {"shape": list(spec.feature_shape), "dtype": spec.feature_dtype},
+        "inputs": spec.describe_inputs(),
         "resolved": runtime.describe(),
-        "steps_per_call": settings.steps_per_call, "tensorflow": tf.__version__, "repetitions": repetitions,
-        "seconds_per_measurement": seconds_per_measurement, "contenders": results, "ratios": ratios,
-        "startup": None, "replicas": None, "levers": None, "shares": None, "goals": goals,
-    }  # fmt: skip
+        "steps_per_call": settings.steps_per_call,
+        "tensorflow": tf.__version__,
+        "repetitions": repetitions,
+        "seconds_per_measurement": seconds_per_measurement,
+        "contenders": results,
+        "ratios": ratios,
+        "startup": None,
+        "replicas": None,
+        "levers": None,
+        "shares": None,
+        "goals": goals,
+    }
     if streamed is not None and "streamed" in contenders:
         from train.tools.contenders import reading_per_share
 
         say("Reading per worker: each of 1, 2 and 4 workers reads its share of the streamed split ...")
         result["shares"] = reading_per_share(streamed, settings.seed, runtime.global_batch)
-    _in_subprocesses(result, settings, runtime, repetitions, seconds_per_measurement, say,
-                     include_startup, compare_replicas, levers)  # fmt: skip
+    _in_subprocesses(
+        result, settings, runtime, repetitions, seconds_per_measurement, say, include_startup, compare_replicas, levers
+    )
     return result
 
 
@@ -636,8 +686,11 @@ def format_benchmark(result: dict[str, Any]) -> str:
 
 
 def _scaling_lines(replicas: dict[str, Any]) -> list[str]:
-    lines = ["", "replicas at BATCH_SIZE per replica (separate processes; template / batch in memory / accumulating "
-             f"{ACCUMULATION}; efficiency = examples/s per replica against one device):"]  # fmt: skip
+    lines = [
+        "",
+        "replicas at BATCH_SIZE per replica (separate processes; template / batch in memory / accumulating "
+        f"{ACCUMULATION}; efficiency = examples/s per replica against one device):",
+    ]
     rows = {row["config"]: row for row in replicas["scaling"]}
     for name, config in replicas["configs"].items():
         rates, row = config["examples_per_sec"], rows[name]

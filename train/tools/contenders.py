@@ -55,8 +55,9 @@ def template_xla(settings: Settings, runtime: Runtime, built) -> tuple[bool, str
     return choose_xla(settings.jit_compile, runtime, whole_call, built.convolutional, built.layer_without_xla())
 
 
-def loop_contender(name: str, settings: Settings, experiment: Experiment, runtime: Runtime, data: Data,
-                   feed_for=None) -> Contender:  # fmt: skip
+def loop_contender(
+    name: str, settings: Settings, experiment: Experiment, runtime: Runtime, data: Data, feed_for=None
+) -> Contender:
     """The training loop as `fit` runs it: calls as long as `fit` makes them (STEPS_PER_CALL, cut at epoch ends,
     CHECKPOINT_EVERY and LOG_EVERY), each returning the metrics (which waits for the call). `feed_for(built,
     longest)` gives another feed than the template's own (a ceiling)."""
@@ -65,8 +66,14 @@ def loop_contender(name: str, settings: Settings, experiment: Experiment, runtim
     jit, _ = template_xla(settings, runtime, built)
     cadence = cadence_of(settings)
     longest = longest_call(cadence, per_epoch)
-    feed = (feed_for or (lambda: make_feed(runtime.strategy, data.train, global_batch, settings.seed, 0, longest,
-                                           settings.device_prefetch)))()  # fmt: skip
+    feed = (
+        feed_for
+        or (
+            lambda: make_feed(
+                runtime.strategy, data.train, global_batch, settings.seed, 0, longest, settings.device_prefetch
+            )
+        )
+    )()
     jit = jit and (feed.compilable or not gathers_in_step(runtime.strategy, data.spec.records))
     calls = make_train_calls(built, runtime.strategy, feed, global_batch, jit, runtime.accumulation)
     step = 0  # goes on from one measurement to the next, as a run's step does
@@ -211,10 +218,18 @@ def _clock(seconds: float) -> keras.callbacks.Callback:
 
 
 def keras_contender(
-    name: str, settings: Settings, experiment: Experiment, strategy: Any, strategy_name: str, data: Data,
-    tutorial: bool, global_batch: int, steps_per_execution: int = 1, jit_compile: bool | None = None,
+    name: str,
+    settings: Settings,
+    experiment: Experiment,
+    strategy: Any,
+    strategy_name: str,
+    data: Data,
+    tutorial: bool,
+    global_batch: int,
+    steps_per_execution: int = 1,
+    jit_compile: bool | None = None,
     context: Context | None = None,
-) -> Contender:  # fmt: skip
+) -> Contender:
     """The same model (as exported: input, scaling, the fork's model) trained by `model.fit`, compiled as
     build_model compiled it; `tutorial`: numpy arrays at fit's default batch, else with these settings."""
     built = build(settings, experiment, data.spec, strategy, context)
@@ -242,8 +257,9 @@ def keras_contender(
     return Contender(name, measure, batch, strategy_name, note)
 
 
-def best_keras_fit(settings: Settings, experiment: Experiment, runtime: Runtime, data: Data, trial_seconds: float,
-                   say: Say) -> Contender:  # fmt: skip
+def best_keras_fit(
+    settings: Settings, experiment: Experiment, runtime: Runtime, data: Data, trial_seconds: float, say: Say
+) -> Contender:
     """Keras fit at its best here: the largest steps_per_execution that runs, XLA on or off, whichever is faster.
 
     A setting that crashes under the runtime's strategy is said and skipped; one device only if none runs.
@@ -259,8 +275,19 @@ def best_keras_fit(settings: Settings, experiment: Experiment, runtime: Runtime,
             for jit in (True, False):
                 tried = f"{strategy_name}, steps_per_execution={steps_per_execution}, jit_compile={jit}"
                 try:
-                    contender = keras_contender("keras_fit", settings, experiment, strategy, strategy_name, data, False,
-                                                runtime.global_batch, steps_per_execution, jit, context)  # fmt: skip
+                    contender = keras_contender(
+                        "keras_fit",
+                        settings,
+                        experiment,
+                        strategy,
+                        strategy_name,
+                        data,
+                        False,
+                        runtime.global_batch,
+                        steps_per_execution,
+                        jit,
+                        context,
+                    )
                     contender.measure(min(0.2, trial_seconds))  # traces
                     examples, seconds = contender.measure(trial_seconds)
                 except Exception as error:  # what crashes under MirroredStrategy varies: say it, try the next
@@ -295,9 +322,13 @@ def _tuned_read(split, seed: int, decoders=None) -> tf.data.Dataset:
     options = tf.data.Options()
     options.deterministic = True
     read_config = tfds.ReadConfig(
-        shuffle_seed=seed, interleave_cycle_length=16, num_parallel_calls_for_interleave_files=tf.data.AUTOTUNE,
-        num_parallel_calls_for_decode=tf.data.AUTOTUNE, options=options, try_autocache=False,
-    )  # fmt: skip
+        shuffle_seed=seed,
+        interleave_cycle_length=16,
+        num_parallel_calls_for_interleave_files=tf.data.AUTOTUNE,
+        num_parallel_calls_for_decode=tf.data.AUTOTUNE,
+        options=options,
+        try_autocache=False,
+    )
     return split.builder.as_dataset(split=split.split, shuffle_files=True, read_config=read_config, decoders=decoders)
 
 

@@ -44,9 +44,15 @@ class Prepared:
     runs: list[Path] = field(default_factory=list)
 
     def to_json(self) -> Json:
-        return {"name": self.key, "directory": str(self.directory), "source": self.source, "written": self.written,
-                "bytes": self.size, "date": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.date)),
-                "runs": [str(run) for run in self.runs]}  # fmt: skip
+        return {
+            "name": self.key,
+            "directory": str(self.directory),
+            "source": self.source,
+            "written": self.written,
+            "bytes": self.size,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.date)),
+            "runs": [str(run) for run in self.runs],
+        }
 
 
 def prepared(root: Path) -> list[Prepared]:
@@ -170,8 +176,10 @@ def prune(root: Path, runs: Path, warn, dry_run: bool = False) -> list[Prepared]
                 if not any(each.directory.parent.iterdir()):  # name/1.0.0 was its only version
                     each.directory.parent.rmdir()
         except OSError as error:
-            raise TrainingError(f"TFDS_DATA_DIR's copy {each.directory} cannot be removed ({error.strerror}): fix "
-                                "that and run `data prune` again") from None  # fmt: skip
+            raise TrainingError(
+                f"TFDS_DATA_DIR's copy {each.directory} cannot be removed ({error.strerror}): fix "
+                "that and run `data prune` again"
+            ) from None
         finally:  # the index forgets what was taken out, whatever stopped the rest
             for index in (root / written.INDEX).glob("*.json") if (root / written.INDEX).is_dir() else []:
                 if (_read_json(index) or {}).get("name") in names:
@@ -224,8 +232,12 @@ def format_pruned(root: Path, runs: Path, removed: list[Prepared], dry_run: bool
     lines = [f"  {verb} {each.key} ({human(each.size)}, from {each.source})" for each in removed]
     freed = human(sum(each.size for each in removed))
     if not removed:
-        return (f"TFDS_DATA_DIR={root}: every copy written from a folder or table is used by a run under {runs}: "
-                "nothing freed")  # fmt: skip
-    head = (f"TFDS_DATA_DIR={root}: {len(removed)} copy(ies) that no run under {runs} uses; "
-            f"{'would free' if dry_run else 'freed'} {freed}")  # fmt: skip
+        return (
+            f"TFDS_DATA_DIR={root}: every copy written from a folder or table is used by a run under {runs}: "
+            "nothing freed"
+        )
+    head = (
+        f"TFDS_DATA_DIR={root}: {len(removed)} copy(ies) that no run under {runs} uses; "
+        f"{'would free' if dry_run else 'freed'} {freed}"
+    )
     return "\n".join([head, *lines])

@@ -68,10 +68,13 @@ def probe_batch_sizes(trial: Callable[[int], Trial], start: int, cap: int, curre
 
     if largest_fit is None:
         return Probe(
-            tuple(trials), None, smallest_failure, None,
+            tuple(trials),
+            None,
+            smallest_failure,
+            None,
             f"even BATCH_SIZE={batch} per replica runs out of memory: free the GPU (nvidia-smi shows who holds it), "
             "set MEMORY_GROWTH=true, or use a smaller model",
-        )  # fmt: skip
+        )
     if smallest_failure is not None:
         recommended = _round_down(largest_fit * HEADROOM)
         message = (
