@@ -29,10 +29,7 @@ import typer
 
 from train.command import Command, SettingsCommand, end, warn, with_settings
 from train.errors import EXIT_FAILED, EXIT_PREEMPTED, SettingsError, TrainingError
-from train.init_from import check_init_from
-from train.rundir import check_same_model, checkpoints_newest_first, preflight, read_run, write_json
 from train.settings import FIELDS, Settings, check_run_settings, check_same_phase_settings
-from train.signals import StopRequest
 
 app = typer.Typer(
     help=__doc__.split("\n\n")[0],
@@ -127,6 +124,8 @@ def _write_json(path: Path | None, payload: object) -> None:
     """`--json PATH`: the result for scripts, beside what was printed."""
     if path is None:
         return
+    from train.rundir import write_json
+
     try:
         write_json(path, payload)
     except OSError as error:
@@ -136,7 +135,10 @@ def _write_json(path: Path | None, payload: object) -> None:
 @settings_command("Train; resume from OUTPUT_DIR's latest checkpoint.", from_run="defining")
 def fit(settings: Settings) -> None:
     """Train, checkpointing as it goes; resumes from OUTPUT_DIR's latest checkpoint."""
+    from train.init_from import check_init_from
     from train.plugins import fit_hooks
+    from train.rundir import checkpoints_newest_first, preflight, read_run
+    from train.signals import StopRequest
 
     # the run directory's problems in the first second, before TensorFlow loads
     preflight(settings.output_dir, settings.model, settings.sync_batch_norm, settings.resume, settings.multi_worker,
@@ -163,6 +165,8 @@ def evaluate(
     ] = False,
 ) -> None:
     """Every compiled metric on EVAL_SPLIT, printed as JSON; the run's settings.json fills in the settings."""
+    from train.rundir import check_same_model
+
     check_same_model(
         settings.output_dir, settings.model
     )  # another model, or a damaged run.json: before TensorFlow loads

@@ -15,10 +15,6 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-# python-dotenv's own parser: its public API only warns about a malformed line and carries on,
-# and a typo that silently drops a setting is what this template refuses to do.
-from dotenv.parser import parse_stream
-
 from train import dataset_path, hparams
 from train.dataset_path import DEFAULT_DATA_DIR, TableReader
 from train.errors import SettingsError
@@ -36,6 +32,10 @@ def read_dotenv(path: Path, warn: Callable[[str], None] | None = None) -> dict[s
     """
     if not path.is_file():
         return {}
+    # python-dotenv's own parser: its public API only warns about a malformed line and carries on, and a typo that
+    # silently drops a setting is what this template refuses to do. Imported here: `--help` reads no .env.
+    from dotenv.parser import parse_stream
+
     values: dict[str, str] = {}
     lines: dict[str, int] = {}
     with path.open(encoding="utf-8") as stream:
