@@ -83,8 +83,9 @@ def _load_tensorflow() -> None:
             os.write(2, "".join(lines).encode())
 
 
-def settings_command(short_help: str, *, from_run: bool | str = False, data: Callable[..., bool] | None = None
-                     ) -> Callable[[Command], Command]:  # fmt: skip
+def settings_command(
+    short_help: str, *, from_run: bool | str = False, data: Callable[..., bool] | None = None
+) -> Callable[[Command], Command]:
     """Register a command of `app` that takes the settings: `with_settings` gives it one flag per setting and the
     resolved `Settings`, and `SettingsCommand` build_model's hyperparameters' flags."""
 
@@ -141,13 +142,24 @@ def fit(settings: Settings) -> None:
     from train.signals import StopRequest
 
     # the run directory's problems in the first second, before TensorFlow loads
-    preflight(settings.output_dir, settings.model, settings.sync_batch_norm, settings.resume, settings.multi_worker,
-              settings.cluster is not None and settings.cluster.is_chief, warn)  # fmt: skip
+    preflight(
+        settings.output_dir,
+        settings.model,
+        settings.sync_batch_norm,
+        settings.resume,
+        settings.multi_worker,
+        settings.cluster is not None and settings.cluster.is_chief,
+        warn,
+    )
     check_run_settings(settings.output_dir, warn)
     hooks = fit_hooks(settings.tracking, settings.multi_worker)  # a tune's trial (one process), TRACKING's tracker
     check_same_phase_settings(settings.output_dir, settings)  # another FREEZE or UNFREEZE_*: refused, as DATASET is
-    check_init_from(settings.init_from, settings.init_layers, read_run(settings.output_dir),
-                    bool(checkpoints_newest_first(settings.output_dir / "checkpoints")))  # fmt: skip
+    check_init_from(
+        settings.init_from,
+        settings.init_layers,
+        read_run(settings.output_dir),
+        bool(checkpoints_newest_first(settings.output_dir / "checkpoints")),
+    )
     with StopRequest() as stop:  # from now on, SIGTERM means "save and exit 42", even while TF loads
         _load_tensorflow()
         from train.fit import fit as run_fit
@@ -214,8 +226,9 @@ def predict(
         return open(output, "w", encoding="utf-8") if output else contextlib.nullcontext(sys.stdout)
 
     bar = sys.stderr.isatty() and (output is not None or not sys.stdout.isatty())  # not amid lines on a terminal
-    count = run_predict(settings, sources, split, batch, checkpoint=not exported, open_output=open_output, say=warn,
-                        bar=bar)  # fmt: skip
+    count = run_predict(
+        settings, sources, split, batch, checkpoint=not exported, open_output=open_output, say=warn, bar=bar
+    )
     if output is not None:
         typer.echo(f"{count} predictions written to {output}", err=True)
 
@@ -315,9 +328,17 @@ def tune(
     from train.model_file import model_hyperparameters
     from train.plugins.tune import Given, TuneFailed, format_table, plan_tune, run_tune
 
-    given = Given(settings.to_json(), {field.env: field.parse for field in FIELDS}, settings.model, settings.seed,
-                  settings.monitor, settings.monitor_mode, settings.gpus, settings.study_dir,
-                  settings.cluster.num_workers if settings.cluster else 1)  # fmt: skip
+    given = Given(
+        settings.to_json(),
+        {field.env: field.parse for field in FIELDS},
+        settings.model,
+        settings.seed,
+        settings.monitor,
+        settings.monitor_mode,
+        settings.gpus,
+        settings.study_dir,
+        settings.cluster.num_workers if settings.cluster else 1,
+    )
     plan = plan_tune(given, space or [], trials, jobs, storage, prune, model_hyperparameters(settings.model), index)
     try:
         result = run_tune(plan, lambda line: typer.echo(line, err=True))

@@ -67,8 +67,9 @@ class Phase:
         object.__setattr__(self, "learning_rate", None if rate is None else float(rate))
 
 
-def recipe(freeze: tuple[str, ...], unfreeze_at_epoch: int | None, unfreeze_learning_rate: float | None,
-           learning_rate: float) -> tuple[tuple[str, ...], list[Phase]]:  # fmt: skip
+def recipe(
+    freeze: tuple[str, ...], unfreeze_at_epoch: int | None, unfreeze_learning_rate: float | None, learning_rate: float
+) -> tuple[tuple[str, ...], list[Phase]]:
     """FREEZE, UNFREEZE_AT_EPOCH and UNFREEZE_LEARNING_RATE as phases: (the globs frozen in the first, the phases).
     The first phase's `trainable` is filled in by `resolve` (everything FREEZE does not match)."""
     first = Phase(unfreeze_at_epoch - 1 if unfreeze_at_epoch else 1)
@@ -144,10 +145,14 @@ class Phases:
         """run.json's and summary.json's "phases": for each, its first epoch and step, its trainable layer paths and
         its learning rate (null: the optimizer's own)."""
         return [
-            {"first_epoch": phase.first_epoch, "first_step": self.first_step(i, segment),
-             "trainable": self.trainable_paths(i), "learning_rate": phase.learning_rate}
+            {
+                "first_epoch": phase.first_epoch,
+                "first_step": self.first_step(i, segment),
+                "trainable": self.trainable_paths(i),
+                "learning_rate": phase.learning_rate,
+            }
             for i, phase in enumerate(self.phases)
-        ]  # fmt: skip
+        ]
 
     def describe(self, index: int) -> str:
         """What phase `index` trains, for the start line and the line at a boundary."""
@@ -187,8 +192,13 @@ def matched(globs: tuple[str, ...], layers: Sequence[Layer]) -> tuple[set[str], 
     return found, unmatched
 
 
-def resolve(layers: Sequence[Layer], specs: Sequence[Phase], frozen_first: tuple[str, ...] | None,
-            source: str, learning_rate: float) -> tuple[Phases, str | None]:  # fmt: skip
+def resolve(
+    layers: Sequence[Layer],
+    specs: Sequence[Phase],
+    frozen_first: tuple[str, ...] | None,
+    source: str,
+    learning_rate: float,
+) -> tuple[Phases, str | None]:
     """The plan of `specs` on `layers` (`frozen_first`: FREEZE's globs, frozen in the first phase), or the problem:
     "glob 'x*' matches no layer; the layers are: ..."."""
     built = {layer.path for layer in layers if layer.trainable}
@@ -209,8 +219,10 @@ def resolve(layers: Sequence[Layer], specs: Sequence[Phase], frozen_first: tuple
             names = _some([layer.path for layer in layers], 60)
             return Phases(()), f"{', '.join(map(repr, unmatched))} match(es) no layer; the layers are: {names}"
         if weights & built and not weights & chosen:  # its step would have no variable to update
-            return Phases(()), (f"phase {index} (from epoch {first_epoch}) would train no layer: every layer holding "
-                                "weights is frozen in it; leave at least one out")  # fmt: skip
+            return Phases(()), (
+                f"phase {index} (from epoch {first_epoch}) would train no layer: every layer holding "
+                "weights is frozen in it; leave at least one out"
+            )
         planned.append(PlannedPhase(first_epoch, frozenset(chosen), spec.learning_rate))
         first_epoch += spec.epochs
     return Phases(tuple(planned), tuple(layers), source, learning_rate), None

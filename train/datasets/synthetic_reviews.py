@@ -15,11 +15,9 @@ import tensorflow_datasets as tfds
 
 from train.datasets.synthetic import SyntheticBuilder
 
-NEUTRAL = (
-    "the", "a", "this", "film", "movie", "story", "plot", "actor", "actress", "scene", "music", "it", "was", "is",
-    "and", "but", "of", "to", "in", "with", "very", "quite", "really", "rather", "somewhat", "director", "camera",
-    "ending", "start", "middle", "character", "dialogue", "script", "cast", "show",
-)  # fmt: skip
+_NEUTRAL = """the a this film movie story plot actor actress scene music it was is and but of to in with very quite
+really rather somewhat director camera ending start middle character dialogue script cast show"""
+NEUTRAL = tuple(_NEUTRAL.split())
 LEANING = (
     ("awful", "boring", "dull", "terrible", "weak", "bad", "tedious", "messy", "bland", "clumsy"),  # negative
     ("great", "superb", "moving", "brilliant", "fine", "good", "lovely", "sharp", "vivid", "clever"),  # positive

@@ -280,10 +280,18 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
     notes += precision_notes + ops_notes
     batch, accumulation = batch_plan(Batch(settings.global_batch_size, settings.batch_size), len(devices))
     return Resolution(
-        name, devices, batch, plan, plan.notes + notes, None,
-        precision=precision, precision_why=why, cross_device_ops=cross_device_ops,
-        deterministic=settings.deterministic, accumulation=accumulation,
-    )  # fmt: skip
+        name,
+        devices,
+        batch,
+        plan,
+        plan.notes + notes,
+        None,
+        precision=precision,
+        precision_why=why,
+        cross_device_ops=cross_device_ops,
+        deterministic=settings.deterministic,
+        accumulation=accumulation,
+    )
 
 
 def choose_xla(
