@@ -20,7 +20,7 @@ import fnmatch
 import hashlib
 import json
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -297,8 +297,8 @@ def _read_by_keras_paths(source: WeightsFile, network: keras.Model) -> dict[str,
     layers = [layer for layer in network._flatten_layers(include_self=True) if _own(layer)]
     read: dict[str, list[tuple[str, np.ndarray]]] = {}
 
-    def reader(layer):
-        def load_own_variables(store) -> None:  # what Keras hands the layer: its entry of the file
+    def reader(layer: keras.layers.Layer) -> Callable[[Mapping[str, np.ndarray]], None]:
+        def load_own_variables(store: Mapping[str, np.ndarray]) -> None:  # what Keras hands the layer: its entry
             names = [variable.path.rpartition("/")[2] for variable in _own(layer)]
             values = [np.asarray(store[key]) for key in sorted(store.keys(), key=int)]
             names += [f"#{i}" for i in range(len(names), len(values))]

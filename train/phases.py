@@ -28,6 +28,10 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from train.timeline import Segment
 
 ALL = "all"
 
@@ -119,15 +123,15 @@ class Phases:
         """The phase of epoch `epoch` (from 1)."""
         return max(i for i, phase in enumerate(self.phases) if phase.first_epoch <= max(epoch, 1))
 
-    def first_step(self, index: int, segment) -> int:
-        """The step at which phase `index` begins on `segment` (train.timeline.Segment)."""
+    def first_step(self, index: int, segment: Segment) -> int:
+        """The step at which phase `index` begins on `segment`."""
         return segment.epoch_start(self.phases[index].first_epoch - 1) if index else 0
 
-    def index_at(self, step: int, segment) -> int:
+    def index_at(self, step: int, segment: Segment) -> int:
         """The phase of the step that begins at `step`."""
         return max(i for i in range(len(self.phases)) if self.first_step(i, segment) <= step)
 
-    def next_change(self, step: int, segment) -> int | None:
+    def next_change(self, step: int, segment: Segment) -> int | None:
         """The first step of the phase after the one of `step`, None for the last."""
         later = [self.first_step(i, segment) for i in range(len(self.phases)) if self.first_step(i, segment) > step]
         return min(later) if later else None
@@ -141,7 +145,7 @@ class Phases:
         chosen = self.phases[index].trainable
         return [layer.path for layer in self.layers if layer.holds_weights and layer.path not in chosen]
 
-    def to_json(self, segment) -> list[dict[str, object]]:
+    def to_json(self, segment: Segment) -> list[dict[str, object]]:
         """run.json's and summary.json's "phases": for each, its first epoch and step, its trainable layer paths and
         its learning rate (null: the optimizer's own)."""
         return [
