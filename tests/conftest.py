@@ -252,7 +252,7 @@ def shared_data_dir(tmp_path_factory: pytest.TempPathFactory, name: str, script:
 def tfds_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A TFDS data dir with the default dataset generated once a session, offline."""
     script = (
-        "import sys, tensorflow_datasets as tfds, train.datasets.synthetic_clusters\n"
+        "import sys, tensorflow_datasets as tfds, train.datasets.synthetic\n"
         "tfds.builder('synthetic_clusters', data_dir=sys.argv[1]).download_and_prepare()\n"
     )
     return shared_data_dir(tmp_path_factory, "tensorflow_datasets", script)
@@ -263,7 +263,7 @@ def examples_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A TFDS data dir with the examples' datasets generated once, offline: synthetic_images (the CNN's,
     PNG-encoded as TFDS stores cifar10), synthetic_values (regression) and synthetic_tags (multi-label)."""
     script = (
-        "import sys, tensorflow_datasets as tfds, train.datasets.synthetic_images, tests.datasets\n"
+        "import sys, tensorflow_datasets as tfds, train.datasets.synthetic, tests.datasets\n"
         "for name in ('synthetic_images', 'synthetic_values', 'synthetic_tags'):\n"
         "    tfds.builder(name, data_dir=sys.argv[1]).download_and_prepare()\n"
     )
@@ -275,7 +275,7 @@ def photos_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A TFDS data dir with the general path's datasets generated once, offline: synthetic_photos (images of
     their own size, stored as JPEG) and synthetic_columns (a dict of columns)."""
     script = (
-        "import sys, tensorflow_datasets as tfds, train.datasets.synthetic_photos, train.datasets.synthetic_columns\n"
+        "import sys, tensorflow_datasets as tfds, train.datasets.synthetic\n"
         "for name in ('synthetic_photos', 'synthetic_columns'):\n"
         "    tfds.builder(name, data_dir=sys.argv[1]).download_and_prepare()\n"
     )
@@ -286,7 +286,7 @@ def photos_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def text_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A TFDS data dir with synthetic_reviews (short texts with a class label) generated once, offline."""
     script = (
-        "import sys, tensorflow_datasets as tfds, train.datasets.synthetic_reviews\n"
+        "import sys, tensorflow_datasets as tfds, train.datasets.synthetic\n"
         "tfds.builder('synthetic_reviews', data_dir=sys.argv[1]).download_and_prepare()\n"
     )
     return shared_data_dir(tmp_path_factory, "text_datasets", script)
@@ -297,7 +297,7 @@ def sharded_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default dataset prepared in 4 files (TFDS's num_shards), once a session: workers split the files
     (test_multi_worker), and a run of the 1-file preparation refuses it as data prepared anew (test_local_data)."""
     script = (
-        "import sys, tensorflow_datasets as tfds, train.datasets.synthetic_clusters\n"
+        "import sys, tensorflow_datasets as tfds, train.datasets.synthetic\n"
         "tfds.builder('synthetic_clusters', data_dir=sys.argv[1]).download_and_prepare("
         "download_config=tfds.download.DownloadConfig(num_shards=4))\n"
     )

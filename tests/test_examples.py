@@ -165,7 +165,7 @@ import json, sys
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
-import train.datasets.synthetic_columns, train.datasets.synthetic_photos
+import train.datasets.synthetic
 
 data_dir, name, split, saved_model = sys.argv[1:5]
 loaded = tf.saved_model.load(saved_model)

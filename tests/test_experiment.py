@@ -21,7 +21,7 @@ import numpy as np
 import keras
 import tensorflow as tf
 import tensorflow_datasets as tfds
-import train.datasets.synthetic_clusters
+import train.datasets.synthetic
 
 SAMPLE = 300
 if os.environ.get("FACTS_PREPROCESS"):

@@ -158,7 +158,7 @@ def test_hp_flags_reach_the_settings_and_an_unknown_one_is_one_line(model, monke
     got = {}
     monkeypatch.setitem(sys.modules, "train.fit", types.SimpleNamespace(fit=lambda s, stop, **_: got.update(s=s) or {
         "interrupted": False}))  # fmt: skip
-    monkeypatch.setattr("train.cli.preflight", lambda *args: None)
+    monkeypatch.setattr("train.rundir.preflight", lambda *args: None)
     monkeypatch.setattr("train.cli._load_tensorflow", lambda: None)  # no TensorFlow in pytest's process
     env = {**clean_env(), "COLUMNS": "200"}
     result = runner.invoke(app, ["fit", "--model", model, "--hp-width", "128", "--hp-smooth=true"], env=env)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -207,6 +208,22 @@ def test_env_example_documents_every_setting_with_its_default():
     for field in FIELDS:
         # each setting has a comment line right above it
         assert re.search(rf"^# .+\n{field.env}=", text, re.MULTILINE), field.env
+
+
+def test_the_makefile_docker_mk_and_docker_tests_read_every_setting_from_the_table():
+    """The Makefile, docker/docker.mk and scripts/test-docker-common.sh list the settings with one `sed` over
+    train/settings/table.py (lines `    name: type = setting(`): it must find every setting however ruff lays the
+    table out."""
+    expressions = set()
+    for name in ("Makefile", "docker/docker.mk", "scripts/test-docker-common.sh"):
+        found = re.findall(r"sed -n '(/\^class Settings/[^']*)'", (REPO / name).read_text())
+        assert found, name
+        expressions.update(found)
+    for expression in expressions:
+        listed = subprocess.run(
+            ["sed", "-n", expression, "train/settings/table.py"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.split()
+        assert listed == [field.attr for field in FIELDS]
 
 
 def test_evaluate_takes_the_runs_settings_under_flags_and_the_environment_and_over_dotenv(tmp_path):

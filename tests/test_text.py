@@ -29,7 +29,7 @@ import json, sys
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
-import train.datasets.synthetic_columns, train.datasets.synthetic_reviews
+import train.datasets.synthetic
 
 data_dir, name, split, saved_model = sys.argv[1:5]
 serve = tf.saved_model.load(saved_model).signatures["serving_default"]
@@ -332,7 +332,7 @@ def build_model(input_shape, num_classes, learning_rate):
     return model
 """
 WORD_COUNTS = """
-import json, sys, tensorflow as tf, tensorflow_datasets as tfds, train.datasets.synthetic_reviews
+import json, sys, tensorflow as tf, tensorflow_datasets as tfds, train.datasets.synthetic
 config = tfds.ReadConfig(interleave_cycle_length=1)
 texts = tfds.builder("synthetic_reviews", data_dir=sys.argv[1]).as_dataset(split="train", read_config=config)
 print(json.dumps([len(example["text"].numpy().split()) for example in texts.take(1024)]))

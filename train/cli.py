@@ -29,10 +29,7 @@ import typer
 
 from train.command import Command, SettingsCommand, end, warn, with_settings
 from train.errors import EXIT_FAILED, EXIT_PREEMPTED, SettingsError, TrainingError
-from train.init_from import check_init_from
-from train.rundir import check_same_model, checkpoints_newest_first, preflight, read_run, write_json
 from train.settings import FIELDS, Settings, check_run_settings, check_same_phase_settings
-from train.signals import StopRequest
 
 app = typer.Typer(
     help=__doc__.split("\n\n")[0],
@@ -86,8 +83,9 @@ def _load_tensorflow() -> None:
             os.write(2, "".join(lines).encode())
 
 
-def settings_command(short_help: str, *, from_run: bool | str = False, data: Callable[..., bool] | None = None
-                     ) -> Callable[[Command], Command]:  # fmt: skip
+def settings_command(
+    short_help: str, *, from_run: bool | str = False, data: Callable[..., bool] | None = None
+) -> Callable[[Command], Command]:
     """Register a command of `app` that takes the settings: `with_settings` gives it one flag per setting and the
     resolved `Settings`, and `SettingsCommand` build_model's hyperparameters' flags."""
 
@@ -127,6 +125,8 @@ def _write_json(path: Path | None, payload: object) -> None:
     """`--json PATH`: the result for scripts, beside what was printed."""
     if path is None:
         return
+    from train.rundir import write_json
+
     try:
         write_json(path, payload)
     except OSError as error:
@@ -136,16 +136,30 @@ def _write_json(path: Path | None, payload: object) -> None:
 @settings_command("Train; resume from OUTPUT_DIR's latest checkpoint.", from_run="defining")
 def fit(settings: Settings) -> None:
     """Train, checkpointing as it goes; resumes from OUTPUT_DIR's latest checkpoint."""
+    from train.init_from import check_init_from
     from train.plugins import fit_hooks
+    from train.rundir import checkpoints_newest_first, preflight, read_run
+    from train.signals import StopRequest
 
     # the run directory's problems in the first second, before TensorFlow loads
-    preflight(settings.output_dir, settings.model, settings.sync_batch_norm, settings.resume, settings.multi_worker,
-              settings.cluster is not None and settings.cluster.is_chief, warn)  # fmt: skip
+    preflight(
+        settings.output_dir,
+        settings.model,
+        settings.sync_batch_norm,
+        settings.resume,
+        settings.multi_worker,
+        settings.cluster is not None and settings.cluster.is_chief,
+        warn,
+    )
     check_run_settings(settings.output_dir, warn)
     hooks = fit_hooks(settings.tracking, settings.multi_worker)  # a tune's trial (one process), TRACKING's tracker
     check_same_phase_settings(settings.output_dir, settings)  # another FREEZE or UNFREEZE_*: refused, as DATASET is
-    check_init_from(settings.init_from, settings.init_layers, read_run(settings.output_dir),
-                    bool(checkpoints_newest_first(settings.output_dir / "checkpoints")))  # fmt: skip
+    check_init_from(
+        settings.init_from,
+        settings.init_layers,
+        read_run(settings.output_dir),
+        bool(checkpoints_newest_first(settings.output_dir / "checkpoints")),
+    )
     with StopRequest() as stop:  # from now on, SIGTERM means "save and exit 42", even while TF loads
         _load_tensorflow()
         from train.fit import fit as run_fit
@@ -163,6 +177,8 @@ def evaluate(
     ] = False,
 ) -> None:
     """Every compiled metric on EVAL_SPLIT, printed as JSON; the run's settings.json fills in the settings."""
+    from train.rundir import check_same_model
+
     check_same_model(
         settings.output_dir, settings.model
     )  # another model, or a damaged run.json: before TensorFlow loads
@@ -210,8 +226,9 @@ def predict(
         return open(output, "w", encoding="utf-8") if output else contextlib.nullcontext(sys.stdout)
 
     bar = sys.stderr.isatty() and (output is not None or not sys.stdout.isatty())  # not amid lines on a terminal
-    count = run_predict(settings, sources, split, batch, checkpoint=not exported, open_output=open_output, say=warn,
-                        bar=bar)  # fmt: skip
+    count = run_predict(
+        settings, sources, split, batch, checkpoint=not exported, open_output=open_output, say=warn, bar=bar
+    )
     if output is not None:
         typer.echo(f"{count} predictions written to {output}", err=True)
 
@@ -312,9 +329,17 @@ def tune(
     from train.plugins.study import format_table
     from train.plugins.tune import Given, TuneFailed, plan_tune, run_tune
 
-    given = Given(settings.to_json(), {field.env: field.parse for field in FIELDS}, settings.model, settings.seed,
-                  settings.monitor, settings.monitor_mode, settings.gpus, settings.study_dir,
-                  settings.cluster.num_workers if settings.cluster else 1)  # fmt: skip
+    given = Given(
+        settings.to_json(),
+        {field.env: field.parse for field in FIELDS},
+        settings.model,
+        settings.seed,
+        settings.monitor,
+        settings.monitor_mode,
+        settings.gpus,
+        settings.study_dir,
+        settings.cluster.num_workers if settings.cluster else 1,
+    )
     plan = plan_tune(given, space or [], trials, jobs, storage, prune, model_hyperparameters(settings.model), index)
     try:
         result = run_tune(plan, lambda line: typer.echo(line, err=True))

@@ -25,7 +25,6 @@ from typer.core import TyperCommand
 
 from train import hparams
 from train.errors import EXIT_FAILED, BusyError, SettingsError, Stopped, TrainingError, first_line
-from train.rundir import CRASH_LOG
 from train.settings import FIELDS, FIELDS_BY_ENV, Settings, load_settings, peek_hyperparameters
 
 
@@ -54,6 +53,8 @@ def end(error: Exception, settings: Settings | None) -> None:
 def crash(error: Exception, settings: Settings | None) -> None:
     """A failure the engine did not foresee (a bug): exit 1 with its first line and where its full traceback was
     written, OUTPUT_DIR/crash.log where the run directory exists, else a file in the temporary folder."""
+    from train.rundir import CRASH_LOG
+
     header = f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}, pid {os.getpid()}: {' '.join(sys.argv)}\n"
     text = header + "".join(traceback.format_exception(error))
     output_dir, cluster = (settings.output_dir, settings.cluster) if settings else (None, None)

@@ -29,7 +29,6 @@ PHASES = "phases"  # MODEL's phases(context, *, ...): its keyword-only parameter
 TRUE = ("true", "1", "yes", "on")  # what a true/false setting takes, in any case: every bool setting, HP_ ones too
 FALSE = ("false", "0", "no", "off")
 Value = bool | int | float | str  # a hyperparameter's, typed by its default
-_KINDS = {bool: ("bool", "true|false"), int: ("int", "INT"), float: ("float", "X"), str: ("str", "TEXT")}
 
 
 def boolean(text: str) -> bool | None:
@@ -39,6 +38,28 @@ def boolean(text: str) -> bool | None:
     if text.lower() in FALSE:
         return False
     return None
+
+
+def _whole(text: str) -> int | None:
+    return int(text) if re.fullmatch(r"[+-]?[0-9]+", text) else None
+
+
+def _finite(text: str) -> float | None:
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+# A hyperparameter's type (its default's), one row each: its name, with its article, its --help metavar, how a
+# value's text reads (None: not one of it) and what to use instead ({} is the default).
+_KINDS: dict[type, tuple[str, str, str, Callable[[str], Value | None], str]] = {
+    bool: ("bool", "a bool", "true|false", boolean, "use true or false"),
+    int: ("int", "an int", "INT", _whole, "use a whole number, like {}"),
+    float: ("float", "a float", "X", _finite, "use a finite number, like {}"),
+    str: ("str", "a str", "TEXT", str, ""),
+}
 
 
 def env_name(name: str) -> str:
@@ -67,45 +88,23 @@ class HyperParameter:
         return flag_name(self.env)
 
     @property
-    def kind(self) -> str:
-        return _KINDS[type(self.default)][0]
-
-    @property
     def metavar(self) -> str:
-        return _KINDS[type(self.default)][1]
-
-    @property
-    def a_kind(self) -> str:
-        return ("an " if self.kind == "int" else "a ") + self.kind
+        return _KINDS[type(self.default)][2]
 
     @property
     def help(self) -> str:
-        return f"build_model's {self.name}, {self.a_kind} (env: {self.env}; default: {text(self.default)})."
+        a_kind = _KINDS[type(self.default)][1]
+        return f"build_model's {self.name}, {a_kind} (env: {self.env}; default: {text(self.default)})."
 
     def parse(self, value: str) -> Value:
         """The value of `HP_<NAME>=value`, of the default's type. Raises SettingsError naming the setting and type."""
-        kind = type(self.default)
-        if kind is str:
-            return value
-        if kind is bool:
-            if boolean(value) is not None:
-                return boolean(value)
-            allowed = "use true or false"
-        elif kind is int:
-            if re.fullmatch(r"[+-]?[0-9]+", value):
-                return int(value)
-            allowed = f"use a whole number, like {self.default}"
-        else:
-            try:
-                number = float(value)
-            except ValueError:
-                number = math.nan
-            if math.isfinite(number):
-                return number
-            allowed = f"use a finite number, like {self.default}"
+        _, a_kind, _, read, allowed = _KINDS[type(self.default)]
+        parsed = read(value)
+        if parsed is not None:
+            return parsed
         raise SettingsError(
-            f"{self.env}={value!r} is not allowed: build_model's {self.name} is {self.a_kind} (its default is "
-            f"{text(self.default)}): {allowed}"
+            f"{self.env}={value!r} is not allowed: build_model's {self.name} is {a_kind} (its default is "
+            f"{text(self.default)}): {allowed.format(self.default)}"
         )
 
 
@@ -208,7 +207,9 @@ def describe(hyperparameters: Mapping[str, HyperParameter] | None) -> str:
     """What build_model declares, for a message: "HP_WIDTH (int, 64), HP_DROPOUT (float, 0.1)"."""
     if not hyperparameters:
         return "none (its keyword-only parameters with defaults, like `*, width=64`, are its hyperparameters)"
-    return ", ".join(f"{env} ({each.kind}, {text(each.default)})" for env, each in hyperparameters.items())
+    return ", ".join(
+        f"{env} ({_KINDS[type(each.default)][0]}, {text(each.default)})" for env, each in hyperparameters.items()
+    )
 
 
 def resolve(

@@ -20,7 +20,7 @@ import fnmatch
 import hashlib
 import json
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -112,8 +112,10 @@ class KerasFile(_Weights):
     def check(self) -> None:
         _check_file(self.text, self.path)
         if not zipfile.is_zipfile(self.path):
-            raise SettingsError(f"INIT_FROM={self.text!r} is not a .keras file (not a zip archive): give a file "
-                                "model.save wrote, or a .weights.h5 file")  # fmt: skip
+            raise SettingsError(
+                f"INIT_FROM={self.text!r} is not a .keras file (not a zip archive): give a file "
+                "model.save wrote, or a .weights.h5 file"
+            )
 
     def source_weights(self, network: keras.Model) -> dict[str, list[tuple[str, np.ndarray]]]:
         import keras
@@ -133,8 +135,10 @@ class RunDir(_Weights):
     def latest(self) -> Path:
         newest = checkpoints_newest_first(self.path / "checkpoints")
         if not newest:
-            raise SettingsError(f"INIT_FROM={self.text!r} is a run directory without a checkpoint: run it first, or "
-                                "give a .keras or .weights.h5 file")  # fmt: skip
+            raise SettingsError(
+                f"INIT_FROM={self.text!r} is a run directory without a checkpoint: run it first, or "
+                "give a .keras or .weights.h5 file"
+            )
         return newest[0]
 
     def check(self) -> None:
@@ -163,9 +167,12 @@ class RunDir(_Weights):
             graph = trackable_object_graph_pb2.TrackableObjectGraph()
             graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
             # the model's variables: its trainable ones saved under the optimizer's, the others under the model's
-            variables = {attribute.full_name: reader.get_tensor(attribute.checkpoint_key)
-                         for node in graph.nodes for attribute in node.attributes
-                         if attribute.checkpoint_key.startswith(MODEL_KEYS)}  # fmt: skip
+            variables = {
+                attribute.full_name: reader.get_tensor(attribute.checkpoint_key)
+                for node in graph.nodes
+                for attribute in node.attributes
+                if attribute.checkpoint_key.startswith(MODEL_KEYS)
+            }
         except Exception as error:  # a damaged or foreign checkpoint
             raise SettingsError(f"INIT_FROM={self.text!r}: {latest} cannot be read: {first_line(error, 200)}") from None
         found: dict[str, list[tuple[str, np.ndarray]]] = {}
@@ -212,8 +219,10 @@ class WeightsFile(_Weights):
         _check_file(self.text, self.path)
         with open(self.path, "rb") as stream:
             if stream.read(len(HDF5_MAGIC)) != HDF5_MAGIC:
-                raise SettingsError(f"INIT_FROM={self.text!r} is not a .weights.h5 file (not HDF5): give a file "
-                                    "model.save_weights wrote, or a .keras file")  # fmt: skip
+                raise SettingsError(
+                    f"INIT_FROM={self.text!r} is not a .weights.h5 file (not HDF5): give a file "
+                    "model.save_weights wrote, or a .keras file"
+                )
 
     def source_weights(self, network: keras.Model) -> dict[str, list[tuple[str, np.ndarray]]]:
         return _read_by_keras_paths(self, network)
@@ -288,8 +297,8 @@ def _read_by_keras_paths(source: WeightsFile, network: keras.Model) -> dict[str,
     layers = [layer for layer in network._flatten_layers(include_self=True) if _own(layer)]
     read: dict[str, list[tuple[str, np.ndarray]]] = {}
 
-    def reader(layer):
-        def load_own_variables(store) -> None:  # what Keras hands the layer: its entry of the file
+    def reader(layer: keras.layers.Layer) -> Callable[[Mapping[str, np.ndarray]], None]:
+        def load_own_variables(store: Mapping[str, np.ndarray]) -> None:  # what Keras hands the layer: its entry
             names = [variable.path.rpartition("/")[2] for variable in _own(layer)]
             values = [np.asarray(store[key]) for key in sorted(store.keys(), key=int)]
             names += [f"#{i}" for i in range(len(names), len(values))]
@@ -314,8 +323,9 @@ def _own(layer: keras.layers.Layer) -> list[keras.Variable]:
     return [*layer._trainable_variables, *layer._non_trainable_variables]
 
 
-def _aligned(weights: dict[str, list[tuple[str, np.ndarray]]], here: dict[str, list[keras.Variable]]
-             ) -> dict[str, list[tuple[str, np.ndarray]]]:  # fmt: skip
+def _aligned(
+    weights: dict[str, list[tuple[str, np.ndarray]]], here: dict[str, list[keras.Variable]]
+) -> dict[str, list[tuple[str, np.ndarray]]]:
     """The source's layers by this model's paths: a path as it is, or, where only that matches, without its first
     part (a checkpoint's Sequential holds `sequential/head`, whatever name this model's Sequential has)."""
     aligned = {path: values for path, values in weights.items() if path in here}
@@ -326,8 +336,9 @@ def _aligned(weights: dict[str, list[tuple[str, np.ndarray]]], here: dict[str, l
     return aligned
 
 
-def _matched(source: Source, weights: dict[str, list[tuple[str, np.ndarray]]], network: keras.Model,
-             layers: tuple[str, ...]) -> Matched:  # fmt: skip
+def _matched(
+    source: Source, weights: dict[str, list[tuple[str, np.ndarray]]], network: keras.Model, layers: tuple[str, ...]
+) -> Matched:
     """The source's layers paired with `network`'s by path, within INIT_LAYERS; shapes that differ left out."""
     here: dict[str, list[keras.Variable]] = {}
     for variable in network.weights:
@@ -346,8 +357,11 @@ def _matched(source: Source, weights: dict[str, list[tuple[str, np.ndarray]]], n
             continue
         ours = here[path]
         names = [variable.path.rpartition("/")[2] for variable in ours]
-        differ = [name for name, variable in zip(names, ours, strict=True)
-                  if name not in theirs or tuple(theirs[name].shape) != tuple(variable.shape)]  # fmt: skip
+        differ = [
+            name
+            for name, variable in zip(names, ours, strict=True)
+            if name not in theirs or tuple(theirs[name].shape) != tuple(variable.shape)
+        ]
         if differ or len(theirs) != len(ours):
             name = differ[0] if differ else names[0]
             there = _shape(theirs[name].shape) if name in theirs else "none"
@@ -362,8 +376,13 @@ def _matched(source: Source, weights: dict[str, list[tuple[str, np.ndarray]]], n
             f"{', '.join(weights) or 'none'}; this model's are {', '.join(chosen)}"
             + (f"; shapes differ: {'; '.join(f'{k} ({v})' for k, v in left_out.items())}" if left_out else "")
         )
-    record = {"source": source.text, "identity": source.identity(), "matching": source.matching,
-              "loaded": loaded, "left_out": left_out}  # fmt: skip
+    record = {
+        "source": source.text,
+        "identity": source.identity(),
+        "matching": source.matching,
+        "loaded": loaded,
+        "left_out": left_out,
+    }
     line = f"INIT_FROM={source.text}: {len(loaded)} layer(s) loaded, matched {source.matching}"
     if left_out:
         line += "; left out: " + ", ".join(f"{path} ({shapes})" for path, shapes in left_out.items())

@@ -153,9 +153,8 @@ class Experiment:
     export_model: Callable | None = None  # a GAN's: its generator (examples/gan.py)
     adapt: Callable | None = None
     phases: Callable | None = None  # phases(context, *, ...) -> a list of train.Phase (train.phases, train.phased)
-    module: ModuleType | None = (
-        None  # the imported file: its globals hold the layers `preprocess` uses (train.data.adapt)
-    )
+    # the imported file: its globals hold the layers `preprocess` uses (train.data.adapt)
+    module: ModuleType | None = None
 
     @staticmethod
     def own_train_step(network: keras.Model) -> bool:
@@ -175,7 +174,7 @@ class Experiment:
         import keras
 
         return any(
-            isinstance(value, type) and issubclass(value, keras.Model) and class_overrides(value, "train_step")
+            isinstance(value, type) and issubclass(value, keras.Model) and overrides(value, "train_step")
             for value in vars(self.module).values()
         )
 
@@ -260,17 +259,6 @@ def _import(text: str) -> ModuleType:
 UNRUNNABLE = ("fit", "train_on_batch", "make_train_function")
 
 
-def refuse_unrunnable(model_setting: str, model: keras.Model) -> None:
-    """Raises SettingsError for a model overriding what the engine's loop replaces (`UNRUNNABLE`)."""
-    for name in UNRUNNABLE:
-        if overrides(model, name):
-            raise SettingsError(
-                f"MODEL={model_setting!r}: {type(model).__name__} overrides {name}, which the engine does not call "
-                "(it runs its own loop of train_step calls on every replica): override train_step (and test_step) "
-                "instead"
-            )
-
-
 def refuse_step(experiment: Experiment, network: keras.Model, mixed_precision: str, labeled: bool) -> None:
     """What neither step can run, refused as soon as build_model returns. Raises SettingsError for a model that
     overrides what the engine's loop replaces; for one with its own train_step, mixed_float16 set by hand (its loss
@@ -279,8 +267,14 @@ def refuse_step(experiment: Experiment, network: keras.Model, mixed_precision: s
     import keras
 
     model = experiment.text
-    refuse_unrunnable(model, network)
-    if not experiment.own_train_step(network):
+    for name in UNRUNNABLE:
+        if overrides(network, name):
+            raise SettingsError(
+                f"MODEL={model!r}: {type(network).__name__} overrides {name}, which the engine does not call "
+                "(it runs its own loop of train_step calls on every replica): override train_step (and test_step) "
+                "instead"
+            )
+    if not overrides(network, "train_step"):
         if not labeled:
             raise SettingsError(
                 f"LABEL_KEY=none gives MODEL={model!r} its inputs alone, but the model has no train_step of its own "
@@ -295,16 +289,11 @@ def refuse_step(experiment: Experiment, network: keras.Model, mixed_precision: s
         )
 
 
-def overrides(model: keras.Model, name: str) -> bool:
-    """Whether `model`'s class, or a base class below keras.Model, defines `name` itself."""
-    return class_overrides(type(model), name)
-
-
-def class_overrides(model_class: type, name: str) -> bool:
-    """Whether `model_class`, or a base class below keras.Model, defines `name` itself."""
+def overrides(model: keras.Model | type, name: str) -> bool:
+    """Whether `model` (a model or its class), or a base class below keras.Model, defines `name` itself."""
     import keras
 
-    for cls in model_class.__mro__:
+    for cls in (model if isinstance(model, type) else type(model)).__mro__:
         if cls is keras.Model:
             return False
         if name in vars(cls):

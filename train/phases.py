@@ -28,6 +28,10 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from train.timeline import Segment
 
 ALL = "all"
 
@@ -67,8 +71,9 @@ class Phase:
         object.__setattr__(self, "learning_rate", None if rate is None else float(rate))
 
 
-def recipe(freeze: tuple[str, ...], unfreeze_at_epoch: int | None, unfreeze_learning_rate: float | None,
-           learning_rate: float) -> tuple[tuple[str, ...], list[Phase]]:  # fmt: skip
+def recipe(
+    freeze: tuple[str, ...], unfreeze_at_epoch: int | None, unfreeze_learning_rate: float | None, learning_rate: float
+) -> tuple[tuple[str, ...], list[Phase]]:
     """FREEZE, UNFREEZE_AT_EPOCH and UNFREEZE_LEARNING_RATE as phases: (the globs frozen in the first, the phases).
     The first phase's `trainable` is filled in by `resolve` (everything FREEZE does not match)."""
     first = Phase(unfreeze_at_epoch - 1 if unfreeze_at_epoch else 1)
@@ -118,15 +123,15 @@ class Phases:
         """The phase of epoch `epoch` (from 1)."""
         return max(i for i, phase in enumerate(self.phases) if phase.first_epoch <= max(epoch, 1))
 
-    def first_step(self, index: int, segment) -> int:
-        """The step at which phase `index` begins on `segment` (train.timeline.Segment)."""
+    def first_step(self, index: int, segment: Segment) -> int:
+        """The step at which phase `index` begins on `segment`."""
         return segment.epoch_start(self.phases[index].first_epoch - 1) if index else 0
 
-    def index_at(self, step: int, segment) -> int:
+    def index_at(self, step: int, segment: Segment) -> int:
         """The phase of the step that begins at `step`."""
         return max(i for i in range(len(self.phases)) if self.first_step(i, segment) <= step)
 
-    def next_change(self, step: int, segment) -> int | None:
+    def next_change(self, step: int, segment: Segment) -> int | None:
         """The first step of the phase after the one of `step`, None for the last."""
         later = [self.first_step(i, segment) for i in range(len(self.phases)) if self.first_step(i, segment) > step]
         return min(later) if later else None
@@ -140,14 +145,18 @@ class Phases:
         chosen = self.phases[index].trainable
         return [layer.path for layer in self.layers if layer.holds_weights and layer.path not in chosen]
 
-    def to_json(self, segment) -> list[dict[str, object]]:
+    def to_json(self, segment: Segment) -> list[dict[str, object]]:
         """run.json's and summary.json's "phases": for each, its first epoch and step, its trainable layer paths and
         its learning rate (null: the optimizer's own)."""
         return [
-            {"first_epoch": phase.first_epoch, "first_step": self.first_step(i, segment),
-             "trainable": self.trainable_paths(i), "learning_rate": phase.learning_rate}
+            {
+                "first_epoch": phase.first_epoch,
+                "first_step": self.first_step(i, segment),
+                "trainable": self.trainable_paths(i),
+                "learning_rate": phase.learning_rate,
+            }
             for i, phase in enumerate(self.phases)
-        ]  # fmt: skip
+        ]
 
     def describe(self, index: int) -> str:
         """What phase `index` trains, for the start line and the line at a boundary."""
@@ -187,8 +196,13 @@ def matched(globs: tuple[str, ...], layers: Sequence[Layer]) -> tuple[set[str], 
     return found, unmatched
 
 
-def resolve(layers: Sequence[Layer], specs: Sequence[Phase], frozen_first: tuple[str, ...] | None,
-            source: str, learning_rate: float) -> tuple[Phases, str | None]:  # fmt: skip
+def resolve(
+    layers: Sequence[Layer],
+    specs: Sequence[Phase],
+    frozen_first: tuple[str, ...] | None,
+    source: str,
+    learning_rate: float,
+) -> tuple[Phases, str | None]:
     """The plan of `specs` on `layers` (`frozen_first`: FREEZE's globs, frozen in the first phase), or the problem:
     "glob 'x*' matches no layer; the layers are: ..."."""
     built = {layer.path for layer in layers if layer.trainable}
@@ -209,8 +223,10 @@ def resolve(layers: Sequence[Layer], specs: Sequence[Phase], frozen_first: tuple
             names = _some([layer.path for layer in layers], 60)
             return Phases(()), f"{', '.join(map(repr, unmatched))} match(es) no layer; the layers are: {names}"
         if weights & built and not weights & chosen:  # its step would have no variable to update
-            return Phases(()), (f"phase {index} (from epoch {first_epoch}) would train no layer: every layer holding "
-                                "weights is frozen in it; leave at least one out")  # fmt: skip
+            return Phases(()), (
+                f"phase {index} (from epoch {first_epoch}) would train no layer: every layer holding "
+                "weights is frozen in it; leave at least one out"
+            )
         planned.append(PlannedPhase(first_epoch, frozenset(chosen), spec.learning_rate))
         first_epoch += spec.epochs
     return Phases(tuple(planned), tuple(layers), source, learning_rate), None

@@ -83,9 +83,10 @@ def _cached_version(variation: Path, version: str | None) -> Path | None:
     except OSError:
         return None
     complete = sorted(
-        (int(name), variation / name) for name in names
+        (int(name), variation / name)
+        for name in names
         if name.isdigit() and (variation / f"{name}.complete").exists() and is_preset_dir(variation / name)
-    )  # fmt: skip
+    )
     if version is not None:
         complete = [each for each in complete if str(each[0]) == version]
     return complete[-1][1] if complete else None
@@ -118,7 +119,11 @@ def _handles(node: ast.Dict) -> dict[str, str]:
         if not (isinstance(key, ast.Constant) and isinstance(key.value, str) and isinstance(value, ast.Dict)):
             continue
         for inner_key, inner in zip(value.keys, value.values, strict=True):
-            if (isinstance(inner_key, ast.Constant) and inner_key.value == "kaggle_handle"
-                    and isinstance(inner, ast.Constant) and isinstance(inner.value, str)):  # fmt: skip
+            if (
+                isinstance(inner_key, ast.Constant)
+                and inner_key.value == "kaggle_handle"
+                and isinstance(inner, ast.Constant)
+                and isinstance(inner.value, str)
+            ):
                 found[key.value] = inner.value.removeprefix(KAGGLE_PREFIX)
     return found

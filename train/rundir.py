@@ -105,12 +105,8 @@ class RunLock:
     """
 
     def __init__(self, output_dir: Path) -> None:
-        self.output_dir = output_dir
+        self.output_dir, self.path = output_dir, output_dir / LOCK
         self._stream: TextIO | None = None
-
-    @property
-    def path(self) -> Path:
-        return self.output_dir / LOCK
 
     def acquire(self) -> None:
         """Take the lock, creating OUTPUT_DIR if needed, or raise BusyError naming the holder (writes nothing).
@@ -146,18 +142,16 @@ def owner(path: Path) -> str:
     """Who owns a file: "UID 1000 (alice)", or "" where it cannot be known."""
     try:
         uid = path.lstat().st_uid
+        return f"UID {uid} ({pwd.getpwuid(uid).pw_name})"
     except OSError:
         return ""
-    try:
-        return f"UID {uid} ({pwd.getpwuid(uid).pw_name})"
     except KeyError:  # a UID this machine has no name for (a volume from another host or container)
         return f"UID {uid}"
 
 
 def owned_by(path: Path) -> str:
     """The phrase ", owned by UID 1000 (alice)" for a message; "" where the owner cannot be known."""
-    who = owner(path)
-    return f", owned by {who}" if who else ""
+    return f", owned by {who}" if (who := owner(path)) else ""
 
 
 def lock_error(path: Path, error: OSError) -> SettingsError:
@@ -297,12 +291,11 @@ def check_same_sync_batch_norm(output_dir: Path, sync_batch_norm: bool) -> None:
     )
 
 
-# What a run keeps in OUTPUT_DIR: True for a folder it writes into, False for a file it replaces whole.
-RUN_ENTRIES = {
-    RUN_SETTINGS: False, RUN: False, EPOCHS: False, "summary.json": False, LOCK: False, "model.keras": False,
-    "saved_model": True,
-    "checkpoints": True, "checkpoints/checkpoint": False, "logs": True, "logs/train": True, "logs/eval": True,
-}  # fmt: skip
+# What a run keeps in OUTPUT_DIR, in the order checked: True for a folder it writes into, False for a file it
+# replaces whole.
+_FOLDERS = ("saved_model", "checkpoints", "logs", "logs/train", "logs/eval")
+_ENTRIES = (RUN_SETTINGS, RUN, EPOCHS, "summary.json", LOCK, "model.keras", "saved_model", "checkpoints")
+RUN_ENTRIES = {name: name in _FOLDERS for name in (*_ENTRIES, "checkpoints/checkpoint", *_FOLDERS[2:])}
 
 
 def check_run_files(output_dir: Path) -> None:
@@ -371,8 +364,11 @@ def leftovers(output_dir: Path) -> list[Path]:
     checkpoints = output_dir / "checkpoints"
     try:
         found = [path for path in checkpoints.glob("ckpt-*_temp") if re.fullmatch(r"ckpt-\d+_temp", path.name)]
-        found += [path for path in checkpoints.glob("ckpt-*.data-*")
-                  if not (checkpoints / f"{path.name.partition('.data-')[0]}.index").exists()]  # fmt: skip
+        found += [
+            path
+            for path in checkpoints.glob("ckpt-*.data-*")
+            if not (checkpoints / f"{path.name.partition('.data-')[0]}.index").exists()
+        ]
         found += [output_dir / name for name in ("model.tmp.keras", "saved_model.tmp") if (output_dir / name).exists()]
         found += [path for path in output_dir.glob(".*.tmp") if re.fullmatch(r"\..+\.\d+\.tmp", path.name)]
         found += [checkpoints / "checkpoint"] if _not_text(checkpoints / "checkpoint") else []
@@ -423,9 +419,14 @@ def remove_leftovers(output_dir: Path) -> list[str]:
 
 
 def preflight(
-    output_dir: Path, model: str, sync_batch_norm: bool, resume: str, multi_worker: bool, chief: bool,
+    output_dir: Path,
+    model: str,
+    sync_batch_norm: bool,
+    resume: str,
+    multi_worker: bool,
+    chief: bool,
     warn: Callable[[str], None] = lambda message: None,
-) -> None:  # fmt: skip
+) -> None:
     """Everything about the run directory (OUTPUT_DIR) that can be known before TensorFlow loads, for MODEL,
     SYNC_BATCH_NORM and RESUME; `multi_worker`: one of a cluster's workers, `chief`: its chief. Raises SettingsError
     or BusyError; `warn` hears what is repaired (a killed save's leftovers). A damaged settings.json is said by

@@ -105,8 +105,9 @@ def resume(
     pass_number, batch = divmod(previous.data_step(step), previous.pass_batches)
     examples_into_pass = batch * previous.global_batch
     data_step = pass_number * pass_batches + min(pass_batches, round(examples_into_pass / global_batch))
-    return Segment(step, global_batch, steps_per_epoch, pass_batches, step - into_epoch, epoch, data_step - step,
-                   pipelines)  # fmt: skip
+    return Segment(
+        step, global_batch, steps_per_epoch, pass_batches, step - into_epoch, epoch, data_step - step, pipelines
+    )
 
 
 def unread_pass(previous: Segment, step: int, pipelines: int) -> tuple[int, int] | None:
@@ -128,10 +129,16 @@ def with_remainder(segment: Segment, previous: Segment, unread: tuple[int, int],
     if segment.steps_per_epoch == segment.pass_batches and previous.steps_per_epoch == previous.pass_batches:
         origin_step = end - segment.steps_per_epoch  # the epoch under way ends where its pass does
     return replace(
-        segment, origin_step=origin_step, origin_epoch=origin_epoch,
-        data_shift=(pass_number + 1) * segment.pass_batches - end, remainder_pass=pass_number, remainder_end=end,
-        read_by=previous.pipelines, read_batch=previous.global_batch // previous.pipelines, read_batches=read,
-    )  # fmt: skip
+        segment,
+        origin_step=origin_step,
+        origin_epoch=origin_epoch,
+        data_shift=(pass_number + 1) * segment.pass_batches - end,
+        remainder_pass=pass_number,
+        remainder_end=end,
+        read_by=previous.pipelines,
+        read_batch=previous.global_batch // previous.pipelines,
+        read_batches=read,
+    )
 
 
 def segment_at(starts: list[Json], step: int) -> Segment | None:

@@ -4,7 +4,7 @@
     synthetic_tags    16 float features and a (5,) multi-hot label (num_classes 5)
     synthetic_sketches  8x8x1 images without a label (LABEL_KEY=none)
 
-The template's own offline datasets (synthetic_clusters, synthetic_images) live in train/data/.
+The template's own offline datasets (synthetic_clusters, synthetic_images, ...) live in train/datasets/synthetic.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The template's offline datasets: TFDS builders that need no network (`synthetic_*`, on `SyntheticBuilder`).
+"""The template's offline datasets: TFDS builders that need no network (`synthetic_*`, train.datasets.synthetic).
 
 `registered()` is TFDS with them and the fork's (`project.datasets`) registered, by importing their modules: what
 opening a TFDS name (train.data.opening) and telling a name from a path (train.dataset_path) both ask. Nothing
@@ -17,11 +17,7 @@ def registered() -> ModuleType:
 
     import tensorflow_datasets as tfds
 
-    import train.datasets.synthetic_clusters
-    import train.datasets.synthetic_columns
-    import train.datasets.synthetic_images
-    import train.datasets.synthetic_photos
-    import train.datasets.synthetic_reviews  # noqa: F401  (the template's offline datasets, registered by importing)
+    import train.datasets.synthetic  # noqa: F401  (the template's offline datasets, registered by importing)
 
     if importlib.util.find_spec("project.datasets") is not None:
         importlib.import_module("project.datasets")  # a fork's builders, registered by importing them

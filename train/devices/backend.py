@@ -12,7 +12,7 @@ import ctypes
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypedDict, TypeVar
+from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:  # importing this module loads no TensorFlow: TensorFlowDevices loads it when it is made
     import tensorflow as tf
@@ -23,11 +23,6 @@ CUDA_LIBRARIES = {
     "cuda": ("libcudart.so.12", "cuda_runtime", "cudaRuntimeGetVersion"),
     "nccl": ("libnccl.so.2", "nccl", "ncclGetVersion"),
 }
-
-
-# The backend's handle of one GPU, handed back to it as it was given: TensorFlow's tf.config.PhysicalDevice, a
-# test's name for a GPU.
-Gpu = TypeVar("Gpu")
 
 
 class GpuDetails(TypedDict, total=False):
@@ -45,22 +40,9 @@ class BuildInfo(TypedDict, total=False):
     cudnn_version: str
 
 
-class DeviceBackend(Protocol[Gpu]):
-    def physical_gpus(self) -> list[Gpu]: ...
-    def gpu_details(self, gpu: Gpu) -> GpuDetails: ...
-    def set_visible_gpus(self, gpus: list[Gpu]) -> None: ...
-    def set_memory_growth(self, gpu: Gpu, enabled: bool) -> None: ...
-    def set_memory_limit(self, gpu: Gpu, megabytes: int) -> None: ...
-    def split_cpu(self, count: int) -> None: ...
-    def memory_info(self, device: str) -> dict[str, int]: ...
-    def reset_memory_stats(self, device: str) -> None: ...
-    def build_info(self) -> BuildInfo: ...
-    def device_names(self) -> dict[str, list[str]]: ...
-    def loaded_cuda_versions(self) -> dict[str, str | None]: ...
-
-
 class TensorFlowDevices:
-    """The real backend: `tf.config` calls, importable only where TensorFlow is wanted."""
+    """The real backend: `tf.config` calls, importable only where TensorFlow is wanted. The tests' fakes have the
+    same methods (duck-typed: this class is the type)."""
 
     def __init__(self) -> None:
         import tensorflow as tf

@@ -9,11 +9,11 @@ of at most BATCH_SIZE where BATCH_SIZE is set too (`batch_plan`).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from train.batches import Batch, batch_plan
-from train.devices.backend import DeviceBackend
+from train.devices.backend import TensorFlowDevices
 from train.devices.deadline import StartupDeadline, WorkerPlace
 from train.errors import SettingsError, TrainingError, first_line
 from train.settings import Settings
@@ -47,7 +47,7 @@ def cpu_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def configure_devices(settings: Settings, backend: DeviceBackend) -> DevicePlan:
+def configure_devices(settings: Settings, backend: TensorFlowDevices) -> DevicePlan:
     """Apply GPUS, MEMORY_GROWTH, GPU_MEMORY_LIMIT_MB and CPU_DEVICES. Raises SettingsError."""
     gpus = backend.physical_gpus()
     notes = []
@@ -171,8 +171,9 @@ def choose_strategy(requested: str, device_count: int, workers: int = 0) -> tupl
 
 
 @dataclass(frozen=True)
-class Resolution:
-    """What the settings resolve to on the configured devices; the one place the global batch is computed."""
+class Runtime:
+    """What the settings resolve to on the configured devices (`resolve`; the one place the global batch is
+    computed), and the strategy built for them (`setup_runtime`): what every other part of a run is made under."""
 
     strategy_name: str
     devices: tuple[str, ...]  # one per replica on this worker
@@ -185,6 +186,18 @@ class Resolution:
     deterministic: bool = False  # DETERMINISTIC: TensorFlow's op determinism is on
     cross_device_ops: str | None = None  # mirrored: the all-reduce; None is TensorFlow's own choice
     accumulation: int = 1  # micro-batches a step accumulates on each replica before its one optimizer update
+    strategy: tf.distribute.Strategy | None = None  # None until setup_runtime builds it
+
+    @property
+    def on_gpus(self) -> bool:
+        return bool(self.plan.visible_gpus)
+
+    def with_precision(self, precision: str) -> Runtime:
+        """The dtype policy the run settled on (the cluster's answer to MIXED_PRECISION=auto), set for Keras."""
+        import keras
+
+        keras.mixed_precision.set_global_policy(precision)  # before any model or optimizer is made
+        return replace(self, precision=precision)
 
     @property
     def workers(self) -> int:
@@ -209,11 +222,11 @@ class Resolution:
         """What every replica takes at once, together: evaluation's global batch, so it fits where training does."""
         return self.per_replica_batch * self.replicas
 
-    def with_batch(self, per_replica_batch: int) -> Resolution:
+    def with_batch(self, per_replica_batch: int) -> Runtime:
         """Another per-replica batch without accumulation (a new global batch)."""
         return replace(self, per_replica_batch=per_replica_batch, accumulation=1)
 
-    def with_micro_batch(self, micro_batch: int) -> Resolution:
+    def with_micro_batch(self, micro_batch: int) -> Runtime:
         """The same global batch in micro-batches of `micro_batch`, which must divide each replica's share."""
         share = self.per_replica_batch * self.accumulation
         assert share % micro_batch == 0, (share, micro_batch)
@@ -242,8 +255,9 @@ class Resolution:
         }
 
 
-def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> Resolution:
-    """What the settings mean on these devices. `local_only`: this host alone (evaluate, check), TF_CONFIG or not."""
+def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> Runtime:
+    """What the settings mean on these devices, the strategy not built yet. `local_only`: this host alone (evaluate,
+    check), TF_CONFIG or not."""
     cluster = settings.cluster
     workers = cluster.num_workers if cluster else 0
     requested = settings.strategy
@@ -254,40 +268,34 @@ def resolve(settings: Settings, plan: DevicePlan, local_only: bool = False) -> R
     why = (
         auto_precision(plan)[1] if settings.mixed_precision == "auto" else f"MIXED_PRECISION={settings.mixed_precision}"
     )
-    if name == "multi_worker":
-        # MultiWorkerMirroredStrategy runs one replica per visible GPU, or one on the CPU: a split CPU does not count.
-        devices = plan.training_devices if plan.visible_gpus else plan.training_devices[:1]
-        batch, accumulation = batch_plan(Batch(settings.global_batch_size, settings.batch_size), len(devices) * workers)
-        if not plan.visible_gpus and plan.cpu_devices > 1:
-            notes += (
-                f"CPU_DEVICES={plan.cpu_devices} does not apply to multi_worker: a worker without GPUs is one replica.",
-            )
-        notes += precision_notes
-        return Resolution(
-            name,
-            devices,
-            batch,
-            plan,
-            plan.notes + notes,
-            cluster,
-            precision=precision,
-            precision_why=why,
-            deterministic=settings.deterministic,
-            accumulation=accumulation,
+    multi = name == "multi_worker"
+    # MultiWorkerMirroredStrategy runs one replica per visible GPU, or one on the CPU: a split CPU does not count.
+    every = name == "mirrored" or (multi and plan.visible_gpus)
+    devices = plan.training_devices if every else plan.training_devices[:1]
+    if multi and not plan.visible_gpus and plan.cpu_devices > 1:
+        notes += (
+            f"CPU_DEVICES={plan.cpu_devices} does not apply to multi_worker: a worker without GPUs is one replica.",
         )
-    devices = plan.training_devices if name == "mirrored" else plan.training_devices[:1]
-    cross_device_ops, ops_notes = choose_cross_device_ops(settings.cross_device_ops, name, plan)
-    notes += precision_notes + ops_notes
-    batch, accumulation = batch_plan(Batch(settings.global_batch_size, settings.batch_size), len(devices))
-    return Resolution(
-        name, devices, batch, plan, plan.notes + notes, None,
-        precision=precision, precision_why=why, cross_device_ops=cross_device_ops,
-        deterministic=settings.deterministic, accumulation=accumulation,
-    )  # fmt: skip
+    ops, ops_notes = (None, ()) if multi else choose_cross_device_ops(settings.cross_device_ops, name, plan)
+    batch = Batch(settings.global_batch_size, settings.batch_size)
+    per_replica, accumulation = batch_plan(batch, len(devices) * (workers if multi else 1))
+    return Runtime(
+        name,
+        devices,
+        per_replica,
+        plan,
+        plan.notes + notes + precision_notes + ops_notes,
+        cluster if multi else None,
+        precision=precision,
+        precision_why=why,
+        deterministic=settings.deterministic,
+        cross_device_ops=ops,
+        accumulation=accumulation,
+    )
 
 
 def choose_xla(
-    requested: str, runtime: Resolution, whole_call: bool, convolutional: bool, layer_without_xla: str | None
+    requested: str, runtime: Runtime, whole_call: bool, convolutional: bool, layer_without_xla: str | None
 ) -> tuple[bool, str]:
     """JIT_COMPILE resolved for this model on these devices, and why (the start line says it). Raises
     SettingsError for JIT_COMPILE=true where XLA cannot compile the step.
@@ -339,32 +347,12 @@ def choose_xla(
     return True, "auto: on for one CPU device, the whole call compiled"
 
 
-@dataclass(frozen=True)
-class Runtime(Resolution):
-    """The resolution with its strategy built: what every other part of a run is made under."""
-
-    strategy: tf.distribute.Strategy | None = None
-
-    @property
-    def on_gpus(self) -> bool:
-        return bool(self.plan.visible_gpus)
-
-    def with_precision(self, precision: str) -> Runtime:
-        """The dtype policy the run settled on (the cluster's answer to MIXED_PRECISION=auto), set for Keras."""
-        import keras
-
-        keras.mixed_precision.set_global_policy(precision)  # before any model or optimizer is made
-        return replace(self, precision=precision)
-
-
-def setup_runtime(settings: Settings, backend: DeviceBackend | None = None, local_only: bool = False) -> Runtime:
+def setup_runtime(settings: Settings, backend: TensorFlowDevices | None = None, local_only: bool = False) -> Runtime:
     """Configure devices, then build the strategy. Call once, before any other TensorFlow work.
 
     Multi-worker: blocks until every worker of TF_CONFIG has joined, at most WORKER_START_TIMEOUT seconds.
     """
     import tensorflow as tf
-
-    from train.devices.backend import TensorFlowDevices
 
     # TFDS logs through absl, which gives the root logger a handler: TensorFlow's Python warnings, passed on to
     # it as well as printed by TensorFlow's own handler, showed twice.
@@ -387,11 +375,12 @@ def setup_runtime(settings: Settings, backend: DeviceBackend | None = None, loca
     else:
         strategy = tf.distribute.OneDeviceStrategy(resolution.devices[0])
     assert strategy.num_replicas_in_sync == resolution.replicas
-    runtime = Runtime(**{f.name: getattr(resolution, f.name) for f in fields(Resolution)}, strategy=strategy)
-    return runtime.with_precision(resolution.precision)  # what this host resolves; a cluster may settle otherwise
+    return replace(resolution, strategy=strategy).with_precision(
+        resolution.precision
+    )  # what this host resolves; a cluster may settle otherwise
 
 
-def _multi_worker_strategy(start_timeout: int, resolution: Resolution) -> tf.distribute.Strategy:
+def _multi_worker_strategy(start_timeout: int, resolution: Runtime) -> tf.distribute.Strategy:
     """MultiWorkerMirroredStrategy from TF_CONFIG (TensorFlow reads it from the environment itself), its workers
     joined within WORKER_START_TIMEOUT (`start_timeout`, seconds)."""
     import tensorflow as tf

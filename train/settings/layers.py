@@ -15,10 +15,6 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-# python-dotenv's own parser: its public API only warns about a malformed line and carries on,
-# and a typo that silently drops a setting is what this template refuses to do.
-from dotenv.parser import parse_stream
-
 from train import dataset_path, hparams
 from train.dataset_path import DEFAULT_DATA_DIR, TableReader
 from train.errors import SettingsError
@@ -36,6 +32,10 @@ def read_dotenv(path: Path, warn: Callable[[str], None] | None = None) -> dict[s
     """
     if not path.is_file():
         return {}
+    # python-dotenv's own parser: its public API only warns about a malformed line and carries on, and a typo that
+    # silently drops a setting is what this template refuses to do. Imported here: `--help` reads no .env.
+    from dotenv.parser import parse_stream
+
     values: dict[str, str] = {}
     lines: dict[str, int] = {}
     with path.open(encoding="utf-8") as stream:
@@ -202,16 +202,20 @@ def _layers(
 
 
 def _add_run_layer(
-    layers: list[Mapping[str, str]], places: list[str], path: Path, warn: Callable[[str], None] | None,
+    layers: list[Mapping[str, str]],
+    places: list[str],
+    path: Path,
+    warn: Callable[[str], None] | None,
     defining: bool = False,
-) -> None:  # fmt: skip
+) -> None:
     """A run's settings.json: below the flags and the environment, above the files, never with this machine's
     settings (MACHINE: its devices and strategy are this host's, as a run trained on 2 workers is evaluated on one).
     `defining` (fit's): only what defines the run, and a damaged file left to fit's preflight to refuse."""
     layer = {name: value for name, value in run_layer(path, None if defining else warn).items() if name not in MACHINE}
     if defining:
-        layer = {name: value for name, value in layer.items()
-                 if name in RUN_LAYER_OF_FIT or name.startswith(hparams.PREFIX)}  # fmt: skip
+        layer = {
+            name: value for name, value in layer.items() if name in RUN_LAYER_OF_FIT or name.startswith(hparams.PREFIX)
+        }
         batch = ("BATCH_SIZE", "GLOBAL_BATCH_SIZE")  # one choice: a flag's or the environment's replaces both
         if any(layer_above.get(name, "").strip() for layer_above in layers[:2] for name in batch):
             layer = {name: value for name, value in layer.items() if name not in batch}
@@ -224,14 +228,22 @@ def _overridden_by_run(layers: list[Mapping[str, str]], places: list[str]) -> li
     overrides: said, not silently ignored."""
     overridden = []
     for name, value in layers[2].items():
-        below = next(((where, layer[name]) for where, layer in zip(places, layers, strict=True)
-                      if name in layer and layer is not layers[2]), None)  # fmt: skip
+        below = next(
+            (
+                (where, layer[name])
+                for where, layer in zip(places, layers, strict=True)
+                if name in layer and layer is not layers[2]
+            ),
+            None,
+        )
         if below and below[0] in places[3:] and below[1] != value:  # not a flag's or the environment's
             overridden.append(f"{below[0]}'s {name}={below[1]!r}")
     if not overridden:
         return []
-    return [f"{', '.join(overridden)}: the run's {places[2]} sets otherwise, and the run's value counts (a flag or "
-            "the environment can set another)"]  # fmt: skip
+    return [
+        f"{', '.join(overridden)}: the run's {places[2]} sets otherwise, and the run's value counts (a flag or "
+        "the environment can set another)"
+    ]
 
 
 def _batch_sizes(
@@ -259,9 +271,11 @@ def _batch_sizes(
 
 
 def peek_hyperparameters(
-    flags: Mapping[str, str], dotenv_path: Path | str = ".env", defaults_path: Path | str | None = "project",
+    flags: Mapping[str, str],
+    dotenv_path: Path | str = ".env",
+    defaults_path: Path | str | None = "project",
     from_run: bool | str = False,
-) -> dict[str, hparams.HyperParameter]:  # fmt: skip
+) -> dict[str, hparams.HyperParameter]:
     """build_model's hyperparameters for the MODEL that `flags` (MODEL, OUTPUT_DIR), the environment, [the run's
     settings.json,] .env and the defaults resolve to: the flags a command offers (--hp-width). Raises nothing:
     where it cannot be known, none (load_settings then says why)."""

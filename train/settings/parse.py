@@ -176,11 +176,19 @@ def profile_steps(name: str, text: str) -> tuple[int, int] | None:
     return start, end
 
 
-for _parse, _metavar in (
-    (positive_int, "N"), (non_negative_int, "N"), (optional_positive_int, "N"), (positive_float, "X"),
-    (optional_positive_float, "X"), (globs, "GLOB,..."),
-    (true_or_false, "true|false"), (gpus, "all|none|0,1"), (required_text, "TEXT"), (optional_text, "TEXT"),
-    (dataset, "NAME|PATH"), (path, "PATH"), (optional_path, "PATH"), (model, "FILE|MODULE"),
-    (profile_steps, "START-END"), (label_kind, "class|value"), (text_or_empty, "PATH|PRESET"), (globs, "GLOB,..."),
-):  # fmt: skip
-    _parse.metavar = _metavar  # type: ignore[attr-defined]
+_METAVARS = {  # the form of each parser's value, for --help (Field.metavar); TEXT where none is given
+    "N": (positive_int, non_negative_int, optional_positive_int),
+    "X": (positive_float, optional_positive_float),
+    "PATH": (path, optional_path),
+    "GLOB,...": (globs,),
+    "true|false": (true_or_false,),
+    "all|none|0,1": (gpus,),
+    "NAME|PATH": (dataset,),
+    "FILE|MODULE": (model,),
+    "START-END": (profile_steps,),
+    "class|value": (label_kind,),
+    "PATH|PRESET": (text_or_empty,),
+}
+for _metavar, _parsers in _METAVARS.items():
+    for _parse in _parsers:
+        _parse.metavar = _metavar  # type: ignore[attr-defined]

@@ -64,8 +64,11 @@ def check_same_phase_settings(output_dir: Path, settings: Settings) -> None:
     if problem or not path.is_file():
         return
     now = settings.to_json()
-    changed = [f"{name}={now[name] or '(unset)'}, the run's {before.get(name) or '(unset)'}" for name in PHASE_SETTINGS
-               if before.get(name, "") != now[name]]  # fmt: skip
+    changed = [
+        f"{name}={now[name] or '(unset)'}, the run's {before.get(name) or '(unset)'}"
+        for name in PHASE_SETTINGS
+        if before.get(name, "") != now[name]
+    ]
     if changed:
         raise SettingsError(
             f"{'; '.join(changed)}: OUTPUT_DIR={output_dir} was trained with other phases, and they define the run. "
@@ -77,8 +80,10 @@ def run_layer(path: Path, warn: Callable[[str], None] | None) -> dict[str, str]:
     """A run's settings.json as a layer; a damaged one is said (as fit says it) and left out."""
     settings, problem = read_run_settings(path)
     if problem and warn:
-        warn(f"{path} {problem}: the run's settings are not known; evaluating with the flags, the environment, "
-             ".env and the defaults alone")  # fmt: skip
+        warn(
+            f"{path} {problem}: the run's settings are not known; evaluating with the flags, the environment, "
+            ".env and the defaults alone"
+        )
     return settings
 
 
@@ -88,8 +93,9 @@ RUN_DEFINING = tuple(field.env for field in FIELDS if field.defines_run)
 # how long it trains, and not this machine's (its devices, strategy, precision, XLA, memory), which come from the
 # host it runs on now.
 MACHINE = ("GPUS", "CPU_DEVICES", "STRATEGY", "CROSS_DEVICE_OPS", "DATA_IN_MEMORY", "JIT_COMPILE", "MIXED_PRECISION")
-RUN_LAYER_OF_FIT = tuple(name for name in (*RUN_DEFINING, "EPOCHS", "EVAL_SPLIT", "MONITOR", "MONITOR_MODE")
-                         if name not in MACHINE)  # fmt: skip
+RUN_LAYER_OF_FIT = tuple(
+    name for name in (*RUN_DEFINING, "EPOCHS", "EVAL_SPLIT", "MONITOR", "MONITOR_MODE") if name not in MACHINE
+)
 # What every worker of a multi-worker run must have alike (compared by train.cluster.workers before training).
 WORKERS_AGREE = tuple(field.env for field in FIELDS if field.workers_agree)
 

@@ -96,54 +96,136 @@ class Settings:
 
     # The one table of settings. `.env.example` and every command's --help are checked against it; the Makefile,
     # docker/docker.mk and scripts/test-docker-common.sh read its names from the lines `    name: type = setting(`.
-    # fmt: off
-    model: str = setting(DEFAULT_MODEL, parse.model, "build_model's home: a .py file (has / or .py) or a module name.", **RW)
+    model: str = setting(
+        DEFAULT_MODEL, parse.model, "build_model's home: a .py file (has / or .py) or a module name.", **RW
+    )
     gpus: str | tuple[int, ...] = setting("all", parse.gpus, "GPUs to train on: all, none, or indices like 0,1.", **R)
-    memory_growth: bool = setting("true", parse.true_or_false, "Allocate GPU memory as needed instead of all of it up front.")
-    gpu_memory_limit_mb: int | None = setting("", parse.optional_positive_int, "Cap per GPU in MiB (needs MEMORY_GROWTH=false).")
-    strategy: str = setting("auto", parse.choice(STRATEGIES), "auto, one_device, mirrored or multi_worker (see README).", **RW)
-    cross_device_ops: str = setting("auto", parse.choice(ALL_REDUCES), "MirroredStrategy's all-reduce (auto: see docs).", **W)
-    cpu_devices: int = setting("1", parse.positive_int, "Split the CPU into N logical devices (replicas without GPUs).", **R)
-    dataset: str = setting("synthetic_clusters", parse.dataset, "TFDS name[/config][:version], or a folder or file path.", **RW)
-    tfds_data_dir: Path | None = setting("", parse.optional_path, "Where TFDS keeps prepared datasets (TFDS default if empty).")
-    data_in_memory: str = setting("auto", parse.choice(AUTO_TRUE_FALSE), "auto: in memory if they fit, else streamed.", **RW)
+    memory_growth: bool = setting(
+        "true", parse.true_or_false, "Allocate GPU memory as needed instead of all of it up front."
+    )
+    gpu_memory_limit_mb: int | None = setting(
+        "", parse.optional_positive_int, "Cap per GPU in MiB (needs MEMORY_GROWTH=false)."
+    )
+    strategy: str = setting(
+        "auto", parse.choice(STRATEGIES), "auto, one_device, mirrored or multi_worker (see README).", **RW
+    )
+    cross_device_ops: str = setting(
+        "auto", parse.choice(ALL_REDUCES), "MirroredStrategy's all-reduce (auto: see docs).", **W
+    )
+    cpu_devices: int = setting(
+        "1", parse.positive_int, "Split the CPU into N logical devices (replicas without GPUs).", **R
+    )
+    dataset: str = setting(
+        "synthetic_clusters", parse.dataset, "TFDS name[/config][:version], or a folder or file path.", **RW
+    )
+    tfds_data_dir: Path | None = setting(
+        "", parse.optional_path, "Where TFDS keeps prepared datasets (TFDS default if empty)."
+    )
+    data_in_memory: str = setting(
+        "auto", parse.choice(AUTO_TRUE_FALSE), "auto: in memory if they fit, else streamed.", **RW
+    )
     device_prefetch: int = setting("1", parse.positive_int, "GPUs: batches each replica holds ahead on its device.")
     train_split: str = setting("train", parse.required_text, "TFDS split to train on, e.g. train or train[:90%].", **RW)
     eval_split: str = setting("test", parse.required_text, "TFDS split to evaluate on.", **W)
-    feature_key: str | None = setting("", parse.optional_text, "Input feature; default: supervised keys, else image.", **RW)
-    label_key: str | None = setting("", parse.optional_text, "Label feature; none: the inputs alone; default: supervised keys, else label.", **RW)
-    label_kind: str | None = setting("", parse.label_kind, "A CSV/JSONL label: class or value (default: guessed).", **RW)
-    bad_files: str = setting("refuse", parse.choice(BAD_FILES_MODES), "A folder's broken images: refuse (exit 2) or skip (leave them out).", **RW)
-    batch_size: int | None = setting("128", parse.optional_positive_int, "Examples per replica at once (global: x replicas).", **RW)  # None: GLOBAL_BATCH_SIZE is set
-    global_batch_size: int | None = setting("", parse.optional_positive_int, "Examples per step on all replicas (accumulates).", **RW)
+    feature_key: str | None = setting(
+        "", parse.optional_text, "Input feature; default: supervised keys, else image.", **RW
+    )
+    label_key: str | None = setting(
+        "", parse.optional_text, "Label feature; none: the inputs alone; default: supervised keys, else label.", **RW
+    )
+    label_kind: str | None = setting(
+        "", parse.label_kind, "A CSV/JSONL label: class or value (default: guessed).", **RW
+    )
+    bad_files: str = setting(
+        "refuse",
+        parse.choice(BAD_FILES_MODES),
+        "A folder's broken images: refuse (exit 2) or skip (leave them out).",
+        **RW,
+    )
+    batch_size: int | None = setting(
+        "128", parse.optional_positive_int, "Examples per replica at once (global: x replicas).", **RW
+    )  # None: GLOBAL_BATCH_SIZE is set
+    global_batch_size: int | None = setting(
+        "", parse.optional_positive_int, "Examples per step on all replicas (accumulates).", **RW
+    )
     epochs: int = setting("5", parse.positive_int, "Number of epochs.", **W)
-    steps_per_epoch: int | None = setting("", parse.optional_positive_int, "Steps per epoch; default: one pass over the split.", **RW)
-    steps_per_call: int = setting("32", parse.positive_int, "Most steps per tf.function call (cut at log, save, epoch).", **W)
-    jit_compile: str = setting("auto", parse.choice(AUTO_TRUE_FALSE), "XLA for the training step; auto: where faster.", **RW)
-    mixed_precision: str = setting("auto", parse.choice(PRECISIONS), "auto: bf16 on compute 8.0+, fp16 on 7.x, else off.", **RW)
+    steps_per_epoch: int | None = setting(
+        "", parse.optional_positive_int, "Steps per epoch; default: one pass over the split.", **RW
+    )
+    steps_per_call: int = setting(
+        "32", parse.positive_int, "Most steps per tf.function call (cut at log, save, epoch).", **W
+    )
+    jit_compile: str = setting(
+        "auto", parse.choice(AUTO_TRUE_FALSE), "XLA for the training step; auto: where faster.", **RW
+    )
+    mixed_precision: str = setting(
+        "auto", parse.choice(PRECISIONS), "auto: bf16 on compute 8.0+, fp16 on 7.x, else off.", **RW
+    )
     learning_rate: float = setting("0.001", parse.positive_float, "Learning rate, passed to build_model.", **RW)
-    freeze: tuple[str, ...] = setting("", parse.globs, "Layers frozen from step 1: comma-separated globs on layer paths (nested layers too), like backbone_*.", **RW)
-    unfreeze_at_epoch: int | None = setting("", parse.optional_positive_int, "The epoch (from 1) from which FREEZE's layers train; empty: never.", **RW)
-    unfreeze_learning_rate: float | None = setting("", parse.optional_positive_float, "The learning rate from UNFREEZE_AT_EPOCH on; default: LEARNING_RATE / 10.", **RW)
+    freeze: tuple[str, ...] = setting(
+        "",
+        parse.globs,
+        "Layers frozen from step 1: comma-separated globs on layer paths (nested layers too), like backbone_*.",
+        **RW,
+    )
+    unfreeze_at_epoch: int | None = setting(
+        "", parse.optional_positive_int, "The epoch (from 1) from which FREEZE's layers train; empty: never.", **RW
+    )
+    unfreeze_learning_rate: float | None = setting(
+        "",
+        parse.optional_positive_float,
+        "The learning rate from UNFREEZE_AT_EPOCH on; default: LEARNING_RATE / 10.",
+        **RW,
+    )
     seed: int = setting("42", parse.non_negative_int, "Seed of weights, data order, random layers: same run.", **RW)
-    deterministic: bool = setting("false", parse.true_or_false, "Deterministic ops (same seed and hardware: same weights); slower.", **RW)
-    init_from: str = setting("", parse.text_or_empty, "Start from a run directory, a .keras or .weights.h5 file, or a KerasHub preset.", **RW)
-    init_layers: tuple[str, ...] = setting("", parse.globs, "INIT_FROM's layers to load: comma-separated globs on layer paths (default all).", **RW)
-    sync_batch_norm: bool = setting("false", parse.true_or_false, "BatchNormalization's batch moments over every replica's batch (small batches per replica).", **RW)
+    deterministic: bool = setting(
+        "false", parse.true_or_false, "Deterministic ops (same seed and hardware: same weights); slower.", **RW
+    )
+    init_from: str = setting(
+        "", parse.text_or_empty, "Start from a run directory, a .keras or .weights.h5 file, or a KerasHub preset.", **RW
+    )
+    init_layers: tuple[str, ...] = setting(
+        "", parse.globs, "INIT_FROM's layers to load: comma-separated globs on layer paths (default all).", **RW
+    )
+    sync_batch_norm: bool = setting(
+        "false",
+        parse.true_or_false,
+        "BatchNormalization's batch moments over every replica's batch (small batches per replica).",
+        **RW,
+    )
     output_dir: Path = setting("runs/default", parse.path, "Run directory: checkpoints, logs, summary, exported model.")
-    study_dir: Path = setting("runs/study", parse.path, "tune's study: study.db, best.json and each trial's run directory.")
-    checkpoint_every: int = setting("100", parse.positive_int, "Save a checkpoint every N steps (and at each epoch end).", **W)
+    study_dir: Path = setting(
+        "runs/study", parse.path, "tune's study: study.db, best.json and each trial's run directory."
+    )
+    checkpoint_every: int = setting(
+        "100", parse.positive_int, "Save a checkpoint every N steps (and at each epoch end).", **W
+    )
     keep_checkpoints: int = setting("3", parse.positive_int, "How many recent checkpoints to keep.")
-    monitor: str | None = setting("", parse.optional_text, "Export (and keep) the best epoch by this metric, e.g. val_accuracy.", **W)
-    monitor_mode: str = setting("auto", parse.choice(MONITOR_MODES), "MONITOR's best: min, max, or auto (from its name).", **W)
-    log_every: int = setting("50", parse.positive_int, "Print progress and write TensorBoard scalars every N steps.", **W)
-    tracking: str = setting("none", parse.tracking, "Log params, metrics and artifacts to MLflow (mlflow: the track extra), or none.")
+    monitor: str | None = setting(
+        "", parse.optional_text, "Export (and keep) the best epoch by this metric, e.g. val_accuracy.", **W
+    )
+    monitor_mode: str = setting(
+        "auto", parse.choice(MONITOR_MODES), "MONITOR's best: min, max, or auto (from its name).", **W
+    )
+    log_every: int = setting(
+        "50", parse.positive_int, "Print progress and write TensorBoard scalars every N steps.", **W
+    )
+    tracking: str = setting(
+        "none", parse.tracking, "Log params, metrics and artifacts to MLflow (mlflow: the track extra), or none."
+    )
     progress: str = setting("auto", parse.choice(PROGRESS_MODES), "auto: a live bar on a terminal, else lines.")
-    profile_steps: tuple[int, int] | None = setting("", parse.profile_steps, "TensorBoard profiler trace of these steps, like 100-110.", **W)
-    resume: str = setting("auto", parse.choice(RESUME_MODES), "auto resumes from OUTPUT_DIR's checkpoints; never refuses them.")
-    auto_batch: bool = setting("false", parse.true_or_false, "On out-of-memory, halve BATCH_SIZE and go on from the last checkpoint.")
-    worker_start_timeout: int = setting("600", parse.positive_int, "Multi-worker: seconds to wait for all workers to join.")
-    # fmt: on
+    profile_steps: tuple[int, int] | None = setting(
+        "", parse.profile_steps, "TensorBoard profiler trace of these steps, like 100-110.", **W
+    )
+    resume: str = setting(
+        "auto", parse.choice(RESUME_MODES), "auto resumes from OUTPUT_DIR's checkpoints; never refuses them."
+    )
+    auto_batch: bool = setting(
+        "false", parse.true_or_false, "On out-of-memory, halve BATCH_SIZE and go on from the last checkpoint."
+    )
+    worker_start_timeout: int = setting(
+        "600", parse.positive_int, "Multi-worker: seconds to wait for all workers to join."
+    )
     # Not a setting: the cluster TF_CONFIG names (from the process environment only, as TensorFlow reads it).
     cluster: Cluster | None = None
     # build_model's hyperparameters, (parameter name, value) in its order: the settings HP_<NAME> (train.hparams).

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from typing import Any
 
-from train.devices.backend import DeviceBackend
+from train.devices.backend import TensorFlowDevices
 from train.devices.runtime import configure_devices, resolve
 from train.errors import SettingsError
 from train.model_file import OWN_STEP_PRECISION, load_model_file
@@ -89,7 +89,7 @@ def _own_step_precision(settings: Settings, resolution):
 
 def collect_report(
     settings: Settings,
-    backend: DeviceBackend,
+    backend: TensorFlowDevices,
     environ: dict[str, str],
     shm: int | None,
     libraries: dict[str, list[str]],
