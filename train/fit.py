@@ -213,6 +213,5 @@ def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> Jso
         except ValueError as error:
             raise SettingsError(f"{path} cannot be loaded safely: {first_line(error, 200)}") from None
         source = str(path)
-    data = trained.data
-    metrics = make_evaluator(trained.built, runtime.strategy, predict)(data.eval, runtime.micro_global_batch)
-    return {"source": source, "split": settings.eval_split, "examples": len(data.eval), **metrics}
+    metrics = make_evaluator(trained.built, runtime.strategy, predict)(trained.data.eval, runtime.micro_global_batch)
+    return {"source": source, "split": settings.eval_split, "examples": len(trained.data.eval), **metrics}

@@ -18,34 +18,35 @@ of the loop or the step is imported (import-linter's `predict-trains-not`).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TextIO, TypeVar
+from typing import TYPE_CHECKING, TextIO
 
+from train.data import open_dataset
+from train.data.adapt import check_recorded
+from train.devices.runtime import Runtime, setup_runtime
 from train.errors import SettingsError, first_line
+from train.model_file import load_model_file
 from train.outputs import CLASSES, OUTPUTS, SCORES
 from train.predict_inputs import InputExample, InputFile, SignatureExamples
-from train.rundir import check_same_model
+from train.rundir import check_same_model, read_run, restore_newest
 from train.settings import Settings
 
 if TYPE_CHECKING:  # importing this module loads no TensorFlow: the command line checks the run before it loads
     import numpy as np
     import tensorflow as tf
 
-    from train.context import Context
     from train.data import Dataset
-    from train.data.opening import Opened
     from train.data.source import Data
-    from train.devices.runtime import Runtime
     from train.model import Built
 
     Batch = dict[str, tf.Tensor | np.ndarray]  # the signature's inputs for a batch, by name
     Outputs = dict[str, np.ndarray]  # what the signature returns for a batch, by name
 
 Json = dict[str, object]  # run.json's, read back and checked; a line of predictions, written
-Opening = TypeVar("Opening", "Dataset", "Opened")  # DATASET opened with its spec (for a model) or without
 Say = Callable[[str], None]
 
 SAVED_MODEL = "saved_model"
@@ -79,48 +80,31 @@ class Trained:
 
 def open_trained(settings: Settings, doing: str, say: Say, restore: bool = True) -> Trained:
     """The run in OUTPUT_DIR, opened for `evaluate` or `predict` (`doing`: "evaluated", "predicted") as fit opened
-    it: run.json's precision, DATASET as fit reads it (DATA_IN_MEMORY's auto included), the model built, then
-    (`restore`) the newest checkpoint that loads, its averaged weights in place. Raises SettingsError for another
-    MODEL, changed data or adapted state, or no checkpoint."""
+    it: run.json's precision, DATASET as fit reads it (DATA_IN_MEMORY's auto included), the model built with the
+    facts fit gave it (train.start.run_context's, for the only process), then (`restore`) the newest checkpoint that
+    loads, its averaged weights in place. The caller has checked that MODEL made the run (check_same_model). Raises
+    SettingsError for changed data or adapted state, or no checkpoint."""
     from train.built import build
     from train.checkpoints import make_checkpoint
-    from train.data import open_dataset
-    from train.data.adapt import check_recorded
-    from train.devices.runtime import setup_runtime
+    from train.context import Context, sample_function
+    from train.data.feeds import batches_per_pass, input_pipelines
+    from train.data.opening import check_same_data
     from train.model import use_averaged_weights
-    from train.model_file import load_model_file
-    from train.rundir import read_run, restore_newest
 
-    check_same_model(settings.output_dir, settings.model)
     runtime = setup_runtime(settings, local_only=True)  # on this host, even where TF_CONFIG names a cluster
     recorded = read_run(settings.output_dir)
     experiment = load_model_file(settings.model)  # MODEL's file, loaded once for this command and passed down
-    dataset = _unchanged(open_dataset(settings, experiment, say), recorded, doing)
+    dataset = open_dataset(settings, experiment, say)
+    check_same_data(dataset.settings, recorded.get("data"), dataset.identity, doing)  # changed files: refused
     check_recorded(settings, recorded, dataset.adapted)  # the vocabularies it trained with
     if settings.mixed_precision == "auto" and recorded.get("precision"):
         runtime = runtime.with_precision(recorded["precision"])  # the run's, as fit settled it
     settings = dataset.settings  # a dataset with one split: TRAIN_SPLIT and EVAL_SPLIT slice it
     in_memory = settings.data_in_memory == "true" or (settings.data_in_memory == "auto" and dataset.fits_in_memory())
     data = dataset.load(settings, in_memory)
-    built = build(settings, experiment, data.spec, runtime.strategy, _context(settings, runtime, data))
-    if not restore:
-        return Trained(runtime, dataset, data, built, None)
-    restored = restore_newest(make_checkpoint(built), settings.output_dir / "checkpoints", say)
-    if not restored:
-        raise SettingsError(f"OUTPUT_DIR={settings.output_dir} has no checkpoint: run fit first")
-    use_averaged_weights(built)  # the weights fit evaluated and exported, where the optimizer averages them
-    return Trained(runtime, dataset, data, built, restored)
-
-
-def _context(settings: Settings, runtime: Runtime, data: Data) -> Context:
-    """The run's facts on this host, as fit hands them to MODEL's build_model (train.start.run_context, for the
-    only process: importing train.start would import the loop)."""
-    from train.context import Context, sample_function
-    from train.data.feeds import batches_per_pass, input_pipelines
-
     pipelines = input_pipelines(runtime.strategy, streamed=not data.in_memory)
     steps = settings.steps_per_epoch or batches_per_pass(data.train, runtime.global_batch, pipelines=pipelines)
-    return Context(
+    context = Context(
         global_batch=runtime.global_batch,
         replicas=runtime.replicas,
         workers=runtime.workers,
@@ -131,15 +115,14 @@ def _context(settings: Settings, runtime: Runtime, data: Data) -> Context:
         output_dir=settings.output_dir,
         _sample=sample_function(data.train, data.spec),
     )
-
-
-def _unchanged(opened: Opening, recorded: Json, doing: str) -> Opening:
-    """`opened` (a Dataset or an Opened), refused where its data changed since the run was trained on it (run.json's
-    `recorded` "data"): nothing is `doing` on it. Raises SettingsError."""
-    from train.data.opening import check_same_data
-
-    check_same_data(opened.settings, recorded.get("data"), opened.identity, doing)
-    return opened
+    built = build(settings, experiment, data.spec, runtime.strategy, context)
+    if not restore:
+        return Trained(runtime, dataset, data, built, None)
+    restored = restore_newest(make_checkpoint(built), settings.output_dir / "checkpoints", say)
+    if not restored:
+        raise SettingsError(f"OUTPUT_DIR={settings.output_dir} has no checkpoint: run fit first")
+    use_averaged_weights(built)  # the weights fit evaluated and exported, where the optimizer averages them
+    return Trained(runtime, dataset, data, built, restored)
 
 
 @dataclass
@@ -221,23 +204,6 @@ def _chunks(examples: Iterable[InputExample], size: int) -> Iterator[list[InputE
         yield chunk
 
 
-def _for_files(settings: Settings, split: str | None, say: Say) -> tuple[Runtime, Opened | None, Json]:
-    """This host's runtime and what the export needs of the data: the run's records (run.json's "features"), with
-    DATASET opened only for a split or for a run from before they were kept (the data's own description)."""
-    from train.data.opening import open_source
-    from train.data.spec import features_record
-    from train.devices.runtime import setup_runtime
-    from train.rundir import read_run
-
-    runtime = setup_runtime(settings, local_only=True)
-    recorded = read_run(settings.output_dir)
-    features = recorded.get("features")
-    if split is None and isinstance(features, dict):
-        return runtime, None, features
-    opened = _unchanged(open_source(settings, say), recorded, "predicted")
-    return runtime, opened, features_record(opened.builder, opened.settings)
-
-
 def predict(
     settings: Settings,
     sources: list[InputFile],
@@ -254,14 +220,20 @@ def predict(
     take."""
     import tensorflow as tf
 
+    from train.data.opening import check_same_data, open_source
     from train.data.spec import features_record
 
     if checkpoint:
         trained = open_trained(settings, "predicted", say)
         runtime, opened, predictor = trained.runtime, trained.dataset, _from_checkpoint(trained.built)
         features = features_record(opened.builder, opened.settings)
-    else:
-        runtime, opened, features = _for_files(settings, split, say)
+    else:  # the export on files needs the run's records alone (a run from before they were kept: the data's own)
+        runtime, recorded, opened = setup_runtime(settings, local_only=True), read_run(settings.output_dir), None
+        features = recorded.get("features")
+        if split is not None or not isinstance(features, dict):
+            opened = open_source(settings, say)  # for a split, or the data's own description
+            check_same_data(opened.settings, recorded.get("data"), opened.identity, "predicted")
+            features = features_record(opened.builder, opened.settings)
         predictor = _exported(settings)
     images = {name for name in predictor.inputs if name in features["images"]}
     reading = SignatureExamples(predictor.inputs, images)
@@ -289,23 +261,15 @@ def _split_size(builder, split: str) -> int:
         return 0
 
 
-class _progress:
-    """A progress bar on stderr (`shown`), transient; else nothing."""
+@contextlib.contextmanager
+def _progress(total: int, shown: bool) -> Iterator[Callable[[int], None]]:
+    """A progress bar on stderr (`shown`), transient; else nothing. Yields what advances it by a count."""
+    if not shown:
+        yield lambda count: None
+        return
+    from rich.console import Console
+    from rich.progress import Progress
 
-    def __init__(self, total: int, shown: bool) -> None:
-        self.total, self.shown, self.bar = total, shown, None
-
-    def __enter__(self) -> Callable[[int], None]:
-        if not self.shown:
-            return lambda count: None
-        from rich.console import Console
-        from rich.progress import Progress
-
-        self.bar = Progress(console=Console(stderr=True), transient=True)
-        self.bar.start()
-        task = self.bar.add_task("predicting", total=self.total or None)
-        return lambda count: self.bar.advance(task, count)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("predicting", total=total or None)
+        yield lambda count: bar.advance(task, count)

@@ -37,22 +37,17 @@ class InputFile:
     reader: Reader
 
 
-def _is_image(path: Path) -> bool:
-    """Named as an image, or one by its first bytes (an image without a suffix)."""
-    if reader_of(path) is IMAGES:
-        return True
-    try:
-        with open(path, "rb") as stream:
-            return IMAGES.image(stream.read(8)) is not None
-    except OSError:
-        return False
-
-
 def _reader(path: Path) -> Reader | None:
+    """The reader of a file's kind, by its name; else IMAGES for an image by its first bytes (one without a suffix),
+    or None."""
     reader = reader_of(path)
     if isinstance(reader, TableReader) or reader is IMAGES:
         return reader
-    return IMAGES if _is_image(path) else None
+    try:
+        with open(path, "rb") as stream:
+            return IMAGES if IMAGES.image(stream.read(8)) is not None else None
+    except OSError:
+        return None
 
 
 def gather(paths: list[Path], warn: Callable[[str], None] = lambda message: None) -> list[InputFile]:
@@ -64,7 +59,7 @@ def gather(paths: list[Path], warn: Callable[[str], None] = lambda message: None
             raise SettingsError(f"INPUT {path} does not exist: give {TAKEN}")
         if path.is_dir():
             files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-            images = [p for p in files if _is_image(p)]
+            images = [p for p in files if _reader(p) is IMAGES]
             if not images:
                 raise SettingsError(f"INPUT {path} is a folder with no image files (JPEG, PNG, GIF, BMP) in it")
             if len(images) < len(files):
