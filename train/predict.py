@@ -38,6 +38,7 @@ from train.settings import Settings
 if TYPE_CHECKING:  # importing this module loads no TensorFlow: the command line checks the run before it loads
     import numpy as np
     import tensorflow as tf
+    import tensorflow_datasets as tfds
 
     from train.data import Dataset
     from train.data.source import Data
@@ -254,7 +255,7 @@ def predict(
     return written
 
 
-def _split_size(builder, split: str) -> int:
+def _split_size(builder: tfds.core.DatasetBuilder, split: str) -> int:
     try:
         return int(builder.info.splits[split].num_examples)
     except Exception:  # not listed (or not prepared): the split says so when it is read
