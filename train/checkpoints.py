@@ -43,7 +43,14 @@ class RunCheckpoint(Hook):
     retry, the callbacks' replay. The loop's innermost hook (train.run_hooks): the step saved at every
     CHECKPOINT_EVERY step, epoch end and the end (a collective across workers)."""
 
-    def __init__(self, checkpoint: tf.train.Checkpoint, manager, built: Built, strategy, directory: Path) -> None:
+    def __init__(
+        self,
+        checkpoint: tf.train.Checkpoint,
+        manager: tf.train.CheckpointManager,
+        built: Built,
+        strategy: tf.distribute.Strategy,
+        directory: Path,
+    ) -> None:
         self.checkpoint, self.manager, self.built, self.strategy = checkpoint, manager, built, strategy
         self.directory = directory
 
@@ -90,7 +97,7 @@ class RunCheckpoint(Hook):
         save_checkpoint(self.manager, step, skipped)
 
 
-def save_checkpoint(manager, step: int, skipped: int) -> None:
+def save_checkpoint(manager: tf.train.CheckpointManager, step: int, skipped: int) -> None:
     """Save, or end clearly: TensorFlow writes to temporary files, so the previous checkpoint stays loadable."""
     manager.checkpoint.step.assign(step)
     manager.checkpoint.skipped_steps.assign(skipped)

@@ -28,15 +28,11 @@ import keras
 import tensorflow as tf
 
 from train.batches import describe_batch
-from train.built import build
 from train.callbacks import Callbacks
-from train.checkpoints import RunCheckpoint, make_checkpoint
+from train.checkpoints import RunCheckpoint
 from train.cluster.role import Role, take_role
 from train.custom_step import make_calls, make_evaluator
-from train.data import open_dataset
-from train.data.adapt import check_recorded
 from train.data.feeds import Remainder, gathers_in_step, make_feed
-from train.data.opening import check_same_data
 from train.data.raised import preprocess_raised
 from train.devices.runtime import Runtime, setup_runtime
 from train.errors import SettingsError, first_line
@@ -44,17 +40,17 @@ from train.failures import halve_batch, preprocess_shapes_hold, streamed_files_i
 from train.finish import Evaluate, Metrics, finish
 from train.hooks import Hook, Say
 from train.loop import Outcome, Schedule, longest_call, run_loop
-from train.model import averaged_weights, use_averaged_weights
-from train.model_file import load_model_file
+from train.model import averaged_weights
 from train.phased import PhaseCalls
+from train.predict import open_trained
 from train.progress import Lines
 from train.resume import hparams, open_run_dir
 from train.run_hooks import FiniteLoss, Profiler, Scalars, StopRequests, between_calls
 from train.run_state import Position, Start
-from train.rundir import RunLock, check_same_model, read_run, restore_newest
+from train.rundir import RunLock
 from train.settings import Settings
 from train.signals import StopRequest
-from train.start import batch_of, cadence_of, run_context, start_run, steps_per_epoch
+from train.start import batch_of, cadence_of, start_run
 from train.writer import Json, SummaryWriters, Writer, Writers
 
 
@@ -205,22 +201,8 @@ def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> Jso
     """Every compiled metric on EVAL_SPLIT, of the latest checkpoint or of the exported `model.keras`.
 
     `settings` are the run's (the CLI reads its settings.json under the flags and environment)."""
-    check_same_model(settings.output_dir, settings.model)
-    runtime = setup_runtime(settings, local_only=True)  # on this host, even where TF_CONFIG names a cluster
-    recorded = read_run(settings.output_dir)
-    precision = recorded.get("precision")
-    if settings.mixed_precision == "auto" and precision:
-        runtime = runtime.with_precision(precision)
-    experiment = load_model_file(settings.model)  # MODEL's file, loaded once for this command and passed down
-    dataset = open_dataset(settings, experiment)
-    check_same_data(dataset.settings, recorded.get("data"), dataset.identity, "evaluated")  # changed files: refused
-    check_recorded(settings, recorded, dataset.adapted)  # the vocabularies it trained with
-    in_memory = settings.data_in_memory == "true" or (settings.data_in_memory == "auto" and dataset.fits_in_memory())
-    data = dataset.load(settings, in_memory)
-    context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))  # this host's facts
-    built = build(
-        settings, experiment, data.spec, runtime.strategy, context
-    )  # its compiled loss and metrics score either source
+    trained = open_trained(settings, "evaluated", say, restore=not exported)  # built: its loss and metrics score
+    runtime, source, predict = trained.runtime, trained.restored, None  # the checkpoint or the export alike
     if exported:
         path = settings.output_dir / "model.keras"
         if not path.is_file():
@@ -231,11 +213,5 @@ def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> Jso
         except ValueError as error:
             raise SettingsError(f"{path} cannot be loaded safely: {first_line(error, 200)}") from None
         source = str(path)
-    else:
-        predict = None
-        source = restore_newest(make_checkpoint(built), settings.output_dir / "checkpoints", say)
-        if not source:
-            raise SettingsError(f"OUTPUT_DIR={settings.output_dir} has no checkpoint: run fit first")
-        use_averaged_weights(built)  # the weights fit evaluated and exported, where the optimizer averages them
-    metrics = make_evaluator(built, runtime.strategy, predict)(data.eval, runtime.micro_global_batch)
-    return {"source": source, "split": settings.eval_split, "examples": len(data.eval), **metrics}
+    metrics = make_evaluator(trained.built, runtime.strategy, predict)(trained.data.eval, runtime.micro_global_batch)
+    return {"source": source, "split": settings.eval_split, "examples": len(trained.data.eval), **metrics}

@@ -1,4 +1,5 @@
-"""`python -m train predict`: a run's model on files or a split, one JSON object per example (JSON Lines).
+"""`python -m train predict`: a run's model on files or a split, one JSON object per example (JSON Lines); and
+`open_trained`, the one way `evaluate` and `predict` open a trained run.
 
     python -m train predict --output-dir runs/default photos/             # every image under photos/, sorted
     python -m train predict --output-dir runs/default rows.csv --output predictions.jsonl
@@ -9,35 +10,45 @@ so what it predicts is what a server would; `--checkpoint` runs the latest check
 instead. Each line has "input" (the file, `file:line` for a row, `split[index]`) and, after train.outputs'
 named outputs: "class", "score" and "scores" for a class label; "labels" (the classes above 0.5) and "scores"
 for a multi-hot one; "prediction" for a value; else each output under its own name.
+
+The inputs are read and checked before the first prediction is written (train.predict_inputs). `open_trained`
+opens a run directory for `evaluate` (train.fit) and `predict --checkpoint` alike; nothing here trains: no module
+of the loop or the step is imported (import-linter's `predict-trains-not`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TextIO, TypeVar
+from typing import TYPE_CHECKING, TextIO
 
+from train.data import open_dataset
+from train.data.adapt import check_recorded
+from train.devices.runtime import Runtime, setup_runtime
 from train.errors import SettingsError, first_line
+from train.model_file import load_model_file
 from train.outputs import CLASSES, OUTPUTS, SCORES
 from train.predict_inputs import InputExample, InputFile, SignatureExamples
-from train.rundir import check_same_model
+from train.rundir import check_same_model, read_run, restore_newest
 from train.settings import Settings
 
 if TYPE_CHECKING:  # importing this module loads no TensorFlow: the command line checks the run before it loads
     import numpy as np
     import tensorflow as tf
+    import tensorflow_datasets as tfds
 
     from train.data import Dataset
-    from train.data.opening import Opened
-    from train.model_file import Experiment
+    from train.data.source import Data
+    from train.model import Built
 
     Batch = dict[str, tf.Tensor | np.ndarray]  # the signature's inputs for a batch, by name
     Outputs = dict[str, np.ndarray]  # what the signature returns for a batch, by name
 
 Json = dict[str, object]  # run.json's, read back and checked; a line of predictions, written
-Opening = TypeVar("Opening", "Dataset", "Opened")  # DATASET opened with its spec (for a model) or without
+Say = Callable[[str], None]
 
 SAVED_MODEL = "saved_model"
 THRESHOLD = 0.5  # a multi-hot class is one of the "labels" above this probability
@@ -46,15 +57,73 @@ THRESHOLD = 0.5  # a multi-hot class is one of the "labels" above this probabili
 def check_run(settings: Settings, checkpoint: bool) -> None:
     """What the run directory must hold for `predict`, found before TensorFlow loads. Raises SettingsError."""
     if checkpoint:
-        check_same_model(
-            settings.output_dir, settings.model
-        )  # the checkpoint's weights fit the MODEL file that made them
+        check_same_model(settings.output_dir, settings.model)  # the checkpoint's weights fit the MODEL that made them
         return
     if not (settings.output_dir / SAVED_MODEL / "saved_model.pb").is_file():
         raise SettingsError(
             f"OUTPUT_DIR={settings.output_dir} has no {SAVED_MODEL}/ export: run fit to its end (it exports there), "
             "or predict --checkpoint with the latest checkpoint"
         )
+
+
+@dataclass(frozen=True)
+class Trained:
+    """A run directory opened as fit left it: this host's runtime at the run's precision, DATASET (checked to be the
+    data it trained on) and its splits, and MODEL's model built, with the latest checkpoint's weights (`restored`,
+    its path) or none (None: the caller loads the export)."""
+
+    runtime: Runtime
+    dataset: Dataset
+    data: Data
+    built: Built
+    restored: str | None
+
+
+def open_trained(settings: Settings, doing: str, say: Say, restore: bool = True) -> Trained:
+    """The run in OUTPUT_DIR, opened for `evaluate` or `predict` (`doing`: "evaluated", "predicted") as fit opened
+    it: run.json's precision, DATASET as fit reads it (DATA_IN_MEMORY's auto included), the model built with the
+    facts fit gave it (train.start.run_context's, for the only process), then (`restore`) the newest checkpoint that
+    loads, its averaged weights in place. The caller has checked that MODEL made the run (check_same_model). Raises
+    SettingsError for changed data or adapted state, or no checkpoint."""
+    from train.built import build
+    from train.checkpoints import make_checkpoint
+    from train.context import Context, sample_function
+    from train.data.feeds import batches_per_pass, input_pipelines
+    from train.data.opening import check_same_data
+    from train.model import use_averaged_weights
+
+    runtime = setup_runtime(settings, local_only=True)  # on this host, even where TF_CONFIG names a cluster
+    recorded = read_run(settings.output_dir)
+    experiment = load_model_file(settings.model)  # MODEL's file, loaded once for this command and passed down
+    dataset = open_dataset(settings, experiment, say)
+    check_same_data(dataset.settings, recorded.get("data"), dataset.identity, doing)  # changed files: refused
+    check_recorded(settings, recorded, dataset.adapted)  # the vocabularies it trained with
+    if settings.mixed_precision == "auto" and recorded.get("precision"):
+        runtime = runtime.with_precision(recorded["precision"])  # the run's, as fit settled it
+    settings = dataset.settings  # a dataset with one split: TRAIN_SPLIT and EVAL_SPLIT slice it
+    in_memory = settings.data_in_memory == "true" or (settings.data_in_memory == "auto" and dataset.fits_in_memory())
+    data = dataset.load(settings, in_memory)
+    pipelines = input_pipelines(runtime.strategy, streamed=not data.in_memory)
+    steps = settings.steps_per_epoch or batches_per_pass(data.train, runtime.global_batch, pipelines=pipelines)
+    context = Context(
+        global_batch=runtime.global_batch,
+        replicas=runtime.replicas,
+        workers=runtime.workers,
+        steps_per_epoch=steps,
+        epochs=settings.epochs,
+        seed=settings.seed,
+        precision=runtime.precision,
+        output_dir=settings.output_dir,
+        _sample=sample_function(data.train, data.spec),
+    )
+    built = build(settings, experiment, data.spec, runtime.strategy, context)
+    if not restore:
+        return Trained(runtime, dataset, data, built, None)
+    restored = restore_newest(make_checkpoint(built), settings.output_dir / "checkpoints", say)
+    if not restored:
+        raise SettingsError(f"OUTPUT_DIR={settings.output_dir} has no checkpoint: run fit first")
+    use_averaged_weights(built)  # the weights fit evaluated and exported, where the optimizer averages them
+    return Trained(runtime, dataset, data, built, restored)
 
 
 @dataclass
@@ -79,29 +148,12 @@ def _exported(settings: Settings) -> Predictor:
     return Predictor(inputs, lambda batch: {k: v.numpy() for k, v in signature(**batch).items()}, loaded)
 
 
-def _from_checkpoint(settings: Settings, experiment: Experiment, runtime, dataset, say: Callable[[str], None]
-                     ) -> Predictor:  # fmt: skip
-    """The latest checkpoint's weights in the model fit builds from the `experiment` (MODEL's file, loaded once),
-    through the export's default function."""
+def _from_checkpoint(built: Built) -> Predictor:
+    """The checkpoint's weights (open_trained's model) through the export's default function."""
     import tensorflow as tf
 
-    from train.built import build
-    from train.checkpoints import make_checkpoint
-    from train.model import serving_endpoints, use_averaged_weights
-    from train.rundir import read_run, restore_newest
-    from train.start import run_context, steps_per_epoch
+    from train.model import serving_endpoints
 
-    precision = read_run(settings.output_dir).get("precision")  # the run's, as evaluate builds it
-    if settings.mixed_precision == "auto" and precision:
-        runtime = runtime.with_precision(precision)
-    settings = dataset.settings
-    in_memory = settings.data_in_memory == "true" or (settings.data_in_memory == "auto" and dataset.fits_in_memory())
-    data = dataset.load(settings, in_memory)
-    context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))
-    built = build(settings, experiment, data.spec, runtime.strategy, context)
-    if not restore_newest(make_checkpoint(built), settings.output_dir / "checkpoints", say):
-        raise SettingsError(f"OUTPUT_DIR={settings.output_dir} has no checkpoint: run fit first")
-    use_averaged_weights(built)
     _, function, signature = serving_endpoints(built)[0]
     serve = tf.function(function, input_signature=signature)
     names = [spec.name for spec in signature]
@@ -110,66 +162,6 @@ def _from_checkpoint(settings: Settings, experiment: Experiment, runtime, datase
         return {k: v.numpy() for k, v in serve(*[batch[name] for name in names]).items()}
 
     return Predictor({spec.name: spec for spec in signature}, call, built)
-
-
-def _dataset(settings: Settings, recorded: Json, experiment: Experiment, say: Callable[[str], None]) -> Dataset:
-    """The run's DATASET opened as fit opens it, with its spec, for the checkpoint's model (train.data). Raises
-    SettingsError, as `_source` does."""
-    from train.data import open_dataset
-
-    return _unchanged(open_dataset(settings, experiment, say), recorded)
-
-
-def _source(settings: Settings, recorded: Json, say: Callable[[str], None]) -> Opened:
-    """The run's DATASET opened as fit opens it (train.data.opening): its builder, for a split or the data's own
-    description. Raises SettingsError where its source changed since the run was trained on it."""
-    from train.data.opening import open_source
-
-    return _unchanged(open_source(settings, say), recorded)
-
-
-def _unchanged(opened: Opening, recorded: Json) -> Opening:
-    """`opened` (a Dataset or an Opened), refused where its data changed since the run was trained on it."""
-    from train.data.opening import check_same_data
-
-    check_same_data(opened.settings, recorded.get("data"), opened.identity, "predicted")
-    return opened
-
-
-def _split_examples(builder, split: str, predictor: Predictor, images: set[str]) -> Iterator[InputExample]:
-    """The split's examples as stored, each signature input by its name (an image as its bytes where the
-    signature takes them). Raises SettingsError where the split cannot be read."""
-    import tensorflow as tf
-    import tensorflow_datasets as tfds
-
-    decoders = {name: tfds.decode.SkipDecoding() for name in images if predictor.inputs[name].dtype == tf.string}
-    try:
-        dataset = builder.as_dataset(split=split, shuffle_files=False, decoders=decoders or None)
-    except Exception as error:  # an unknown split, a dataset not prepared: TFDS raises several types
-        raise SettingsError(
-            f"--split {split!r} of DATASET={builder.info.full_name} in {builder.data_dir} cannot be read: "
-            f"{first_line(error, 200)}"
-        ) from None
-    names = list(predictor.inputs)
-    missing = [name for name in names if not _stored(dataset.element_spec, name)]
-    if missing:
-        raise SettingsError(f"--split {split!r}: the model takes {missing[0]!r}, which the dataset does not store")
-    return (
-        InputExample(f"{split}[{index}]", {name: _column(stored, name) for name in names})
-        for index, stored in enumerate(tfds.as_numpy(dataset))
-    )
-
-
-def _stored(element_spec: dict, name: str) -> bool:
-    return name in element_spec or any(isinstance(s, dict) and name in s for s in element_spec.values())
-
-
-def _column(stored: dict, name: str) -> np.ndarray | np.generic | bytes:
-    """A stored feature by name, or a column of a dict feature by its own name: as tfds.as_numpy gives it (an
-    array, a NumPy scalar, or the bytes of a string)."""
-    if name in stored:
-        return stored[name]
-    return next(value[name] for value in stored.values() if isinstance(value, dict) and name in value)
 
 
 def _batch(examples: list[InputExample], inputs: dict[str, tf.TensorSpec]) -> Batch:
@@ -213,36 +205,43 @@ def _chunks(examples: Iterable[InputExample], size: int) -> Iterator[list[InputE
         yield chunk
 
 
-def predict(settings: Settings, sources: list[InputFile], split: str | None, batch: int, checkpoint: bool,
-            open_output: Callable[[], TextIO], say: Callable[[str], None], bar: bool = False) -> int:  # fmt: skip
+def predict(
+    settings: Settings,
+    sources: list[InputFile],
+    split: str | None,
+    batch: int,
+    checkpoint: bool,
+    open_output: Callable[[], TextIO],
+    say: Say,
+    bar: bool = False,
+) -> int:
     """Predict every example of `sources` (then of `split`), in order, `batch` at a time, on the first device the
     settings choose; each checked before `open_output()` is called and the first line written. `bar`: a progress
     bar on stderr. Returns how many were predicted. Raises SettingsError (exit 2) for an input the model cannot
     take."""
     import tensorflow as tf
 
+    from train.data.opening import check_same_data, open_source
     from train.data.spec import features_record
-    from train.devices.runtime import setup_runtime
-    from train.model_file import load_model_file
-    from train.rundir import read_run
 
-    runtime = setup_runtime(settings, local_only=True)
-    recorded = read_run(settings.output_dir)
-    # The data is opened only for what needs it: a split, or the checkpoint's model. Files through the export need
-    # the run's records alone (a run from before they were kept: the data's own description, opened).
-    experiment = load_model_file(settings.model) if checkpoint else None  # once, for the checkpoint's model
-    opened: Dataset | Opened | None = None
-    if experiment is not None:
-        opened = _dataset(settings, recorded, experiment, say)
-    elif split is not None or not isinstance(recorded.get("features"), dict):
-        opened = _source(settings, recorded, say)
-    features = features_record(opened.builder, opened.settings) if opened is not None else recorded["features"]
-    predictor = _from_checkpoint(settings, experiment, runtime, opened, say) if checkpoint else _exported(settings)
+    if checkpoint:
+        trained = open_trained(settings, "predicted", say)
+        runtime, opened, predictor = trained.runtime, trained.dataset, _from_checkpoint(trained.built)
+        features = features_record(opened.builder, opened.settings)
+    else:  # the export on files needs the run's records alone (a run from before they were kept: the data's own)
+        runtime, recorded, opened = setup_runtime(settings, local_only=True), read_run(settings.output_dir), None
+        features = recorded.get("features")
+        if split is not None or not isinstance(features, dict):
+            opened = open_source(settings, say)  # for a split, or the data's own description
+            check_same_data(opened.settings, recorded.get("data"), opened.identity, "predicted")
+            features = features_record(opened.builder, opened.settings)
+        predictor = _exported(settings)
     images = {name for name in predictor.inputs if name in features["images"]}
-    examples: Iterable[InputExample] = SignatureExamples(predictor.inputs, images).read(sources)
+    reading = SignatureExamples(predictor.inputs, images)
+    examples: Iterable[InputExample] = reading.read(sources)
     total = len(examples)
     if split is not None:
-        examples = itertools.chain(examples, _split_examples(opened.builder, split, predictor, images))
+        examples = itertools.chain(examples, reading.split(opened.builder, split))
         total += _split_size(opened.builder, split)
     is_class = bool(features["label_is_class"])
     written = 0
@@ -256,30 +255,22 @@ def predict(settings: Settings, sources: list[InputFile], split: str | None, bat
     return written
 
 
-def _split_size(builder, split: str) -> int:
+def _split_size(builder: tfds.core.DatasetBuilder, split: str) -> int:
     try:
         return int(builder.info.splits[split].num_examples)
     except Exception:  # not listed (or not prepared): the split says so when it is read
         return 0
 
 
-class _progress:
-    """A progress bar on stderr (`shown`), transient; else nothing."""
+@contextlib.contextmanager
+def _progress(total: int, shown: bool) -> Iterator[Callable[[int], None]]:
+    """A progress bar on stderr (`shown`), transient; else nothing. Yields what advances it by a count."""
+    if not shown:
+        yield lambda count: None
+        return
+    from rich.console import Console
+    from rich.progress import Progress
 
-    def __init__(self, total: int, shown: bool) -> None:
-        self.total, self.shown, self.bar = total, shown, None
-
-    def __enter__(self) -> Callable[[int], None]:
-        if not self.shown:
-            return lambda count: None
-        from rich.console import Console
-        from rich.progress import Progress
-
-        self.bar = Progress(console=Console(stderr=True), transient=True)
-        self.bar.start()
-        task = self.bar.add_task("predicting", total=self.total or None)
-        return lambda count: self.bar.advance(task, count)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("predicting", total=total or None)
+        yield lambda count: bar.advance(task, count)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +23,7 @@ from train.errors import SettingsError, first_line
 
 if TYPE_CHECKING:
     import tensorflow as tf
+    import tensorflow_datasets as tfds
 
 TAKEN = "image files (JPEG, PNG, GIF, BMP) or folders of them, CSV (.csv) or JSON Lines (.jsonl) files"
 Value = bytes | np.ndarray  # an input's value: an image's stored bytes, or an array of the spec's dtype and shape
@@ -36,25 +37,20 @@ class InputFile:
     reader: Reader
 
 
-def _is_image(path: Path) -> bool:
-    """Named as an image, or one by its first bytes (an image without a suffix)."""
-    if reader_of(path) is IMAGES:
-        return True
-    try:
-        with open(path, "rb") as stream:
-            return IMAGES.image(stream.read(8)) is not None
-    except OSError:
-        return False
-
-
 def _reader(path: Path) -> Reader | None:
+    """The reader of a file's kind, by its name; else IMAGES for an image by its first bytes (one without a suffix),
+    or None."""
     reader = reader_of(path)
     if isinstance(reader, TableReader) or reader is IMAGES:
         return reader
-    return IMAGES if _is_image(path) else None
+    try:
+        with open(path, "rb") as stream:
+            return IMAGES if IMAGES.image(stream.read(8)) is not None else None
+    except OSError:
+        return None
 
 
-def gather(paths: list[Path], warn=lambda message: None) -> list[InputFile]:
+def gather(paths: list[Path], warn: Callable[[str], None] = lambda message: None) -> list[InputFile]:
     """INPUT paths as sources, in order: a folder's images searched recursively, in sorted order (what is not an
     image there is left out, and said). Raises SettingsError for a path missing, unreadable or of no kind taken."""
     sources: list[InputFile] = []
@@ -63,7 +59,7 @@ def gather(paths: list[Path], warn=lambda message: None) -> list[InputFile]:
             raise SettingsError(f"INPUT {path} does not exist: give {TAKEN}")
         if path.is_dir():
             files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-            images = [p for p in files if _is_image(p)]
+            images = [p for p in files if _reader(p) is IMAGES]
             if not images:
                 raise SettingsError(f"INPUT {path} is a folder with no image files (JPEG, PNG, GIF, BMP) in it")
             if len(images) < len(files):
@@ -105,6 +101,29 @@ class SignatureExamples:
             else:
                 examples.append(self._image_file(source.path))
         return examples
+
+    def split(self, builder: tfds.core.DatasetBuilder, split: str) -> Iterator[InputExample]:
+        """A split of the run's DATASET, its examples as stored, each signature input by its name (an image as its
+        bytes where the signature takes them). Raises SettingsError where the split cannot be read."""
+        import tensorflow as tf
+        import tensorflow_datasets as tfds
+
+        skip = {name: tfds.decode.SkipDecoding() for name in self.images if self.inputs[name].dtype == tf.string}
+        try:
+            dataset = builder.as_dataset(split=split, shuffle_files=False, decoders=skip or None)
+        except Exception as error:  # an unknown split, a dataset not prepared: TFDS raises several types
+            raise SettingsError(
+                f"--split {split!r} of DATASET={builder.info.full_name} in {builder.data_dir} cannot be read: "
+                f"{first_line(error, 200)}"
+            ) from None
+        names = list(self.inputs)
+        missing = [name for name in names if not _stored(dataset.element_spec, name)]
+        if missing:
+            raise SettingsError(f"--split {split!r}: the model takes {missing[0]!r}, which the dataset does not store")
+        return (
+            InputExample(f"{split}[{index}]", {name: _column(stored, name) for name in names})
+            for index, stored in enumerate(tfds.as_numpy(dataset))
+        )
 
     def _image_file(self, path: Path) -> InputExample:
         if set(self.inputs) != self.images or len(self.images) != 1:
@@ -164,6 +183,18 @@ class SignatureExamples:
         return InputExample(where, values)
 
 
+def _stored(element_spec: dict, name: str) -> bool:
+    return name in element_spec or any(isinstance(s, dict) and name in s for s in element_spec.values())
+
+
+def _column(stored: dict, name: str) -> np.ndarray | np.generic | bytes:
+    """A stored feature by name, or a column of a dict feature by its own name: as tfds.as_numpy gives it (an
+    array, a NumPy scalar, or the bytes of a string)."""
+    if name in stored:
+        return stored[name]
+    return next(value[name] for value in stored.values() if isinstance(value, dict) and name in value)
+
+
 def _rows(path: Path, reader: TableReader) -> Iterator[tuple[str, Row]]:
     """A table file's rows as DATASET's are read (the same TableReader), each with "file:line"."""
     try:
@@ -185,8 +216,10 @@ def _value(given: object, spec: tf.TensorSpec, where: str) -> Value:
         return b"" if given is None else given if isinstance(given, bytes) else str(given).encode()
     if is_empty(given) and spec.shape.rank == 1:  # one value a row
         if not spec.dtype.is_floating:
-            raise SettingsError(f"{where} is empty, but the model takes {_a(spec.dtype.name)} there, which cannot "
-                                "be missing (the training data had no empty cell in it): fill it in")  # fmt: skip
+            raise SettingsError(
+                f"{where} is empty, but the model takes {_a(spec.dtype.name)} there, which cannot be missing (the "
+                "training data had no empty cell in it): fill it in"
+            )
         return np.asarray(np.nan, dtype=spec.dtype.as_numpy_dtype)
     value = given
     if isinstance(given, str):
