@@ -289,7 +289,9 @@ def peek_hyperparameters(
         return {}
 
 
-def _hyperparameter_hints(declared: Mapping[str, object] | None, files: Mapping[str, Mapping[str, str]]) -> list[str]:
+def _hyperparameter_hints(
+    declared: Mapping[str, hparams.HyperParameter] | None, files: Mapping[str, Mapping[str, str]]
+) -> list[str]:
     """`WIDTH=128` in .env or project/defaults.env, where build_model declares `width`: said, not ignored."""
     return [
         f"{where}: {name} is not a setting; did you mean {hparams.env_name(name)} (build_model's {name.lower()})?"
