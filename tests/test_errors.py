@@ -24,7 +24,7 @@ from tests.conftest import REPO, clean_env, engine_defaults, run_python, run_tra
 from tests.harness.caps import UNPRIVILEGED_TRAIN, can_drop_file_override
 from train import cli as cli_module
 from train.cli import app
-from train.devices.deadline import StartupDeadline
+from train.devices.runtime import StartupDeadline
 from train.errors import (
     EXIT_BAD_INPUT,
     EXIT_BUSY,

@@ -28,7 +28,7 @@ Model, data, devices, phases, the loop, its hook interface and the plug-ins are 
 | devices/        | DEVICES: visible GPUs and memory growth, then the strategy, in | be called after other TF work;    |
 |                 | that order, and the global batch, once (runtime); the one seam | call TF's device API outside      |
 |                 | for GPU-only calls, which tests fake (backend); the start-up   | backend; import cluster/ (they    |
-|                 | deadline on the workers' wait (deadline)                       | read it as WorkerPlace)           |
+|                 | deadline on the workers' wait (runtime)                        | read settings' Cluster)           |
 | batches         | what a step's batch is: global, per replica, accumulated       | import TensorFlow                 |
 | cluster/        | SEVERAL MACHINES: the one seam where multi-worker differs,     | be asked which it is: the engine  |
 |                 | (the cluster's TF_CONFIG is settings/tf_config's)              | asks the Role to act, and calls   |

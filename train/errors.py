@@ -88,7 +88,7 @@ def clip(text: str, limit: int) -> str:
     return text[: ends[-1]] + " ..."
 
 
-def storage_fix(error: BaseException, where: object) -> str:
+def storage_fix(error: BaseException, where: os.PathLike[str] | str) -> str:
     """What to do about a write that failed, from its cause (an OSError's errno, or TensorFlow's status text)."""
     code, text = getattr(error, "errno", None), str(error)
     if code in (errno.EACCES, errno.EPERM) or "Permission denied" in text or "Operation not permitted" in text:

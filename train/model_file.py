@@ -168,16 +168,6 @@ class Experiment:
         """Whether the model built from this file brings its own `test_step`: it is then evaluation's step."""
         return overrides(network, "test_step")
 
-    def declares_own_train_step(self) -> bool:
-        """Whether the file holds a keras.Model class with its own train_step: what `own_train_step` finds on the
-        model `fit` builds, told without building it (the doctor)."""
-        import keras
-
-        return any(
-            isinstance(value, type) and issubclass(value, keras.Model) and overrides(value, "train_step")
-            for value in vars(self.module).values()
-        )
-
 
 # The MODEL file's optional functions: what each must be, and the example that shows it.
 OPTIONAL_SEAMS = {

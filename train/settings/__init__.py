@@ -7,12 +7,11 @@
 |            | (`check_together`)                                             |                                |
 | `parse`    | the parsers that turn a setting's text into its value          | know where the text came from  |
 |            | (`positive_int`, `true_or_false`, ...)                         |                                |
-| `layers`   | the precedence (`load_settings`, which makes Settings.source), | parse or check a value itself  |
-|            | `.env` files, likely typos, build_model's flags before         |                                |
+| `layers`   | the precedence (`load_settings`, which makes Settings.source), | parse or check a value itself, |
+|            | `.env` files, likely typos, build_model's flags before         | or write a file                |
 |            | parsing; TFDS_DATA_DIR alone, for `data list|prune`            |                                |
-|            | (`data_dir`)                                                   |                                |
-| `run`      | a run's settings.json; RUN_DEFINING and WORKERS_AGREE; agreed  | write a file                   |
-|            | and changed settings                                           |                                |
+|            | (`data_dir`); a run's settings.json, RUN_DEFINING and          |                                |
+|            | WORKERS_AGREE, agreed and changed settings                     |                                |
 
 MODEL's file (its syntax tree, hash and hyperparameters) is train.model_file's; build_model's settings, HP_<NAME>,
 are train.hparams'; DATASET's kind (a TFDS name, or a path and what it holds) is train.dataset_path's, decided once
@@ -23,13 +22,6 @@ compared). Nothing here imports TensorFlow or train.data, so `--help` and a bad 
 from train.model_file import DEFAULT_MODEL
 from train.settings.layers import (
     ENVIRONMENT_TYPO_CUTOFF,
-    likely_typos,
-    load_settings,
-    peek_hyperparameters,
-    project_defaults_path,
-    read_dotenv,
-)
-from train.settings.run import (
     RUN_DEFINING,
     RUN_SETTINGS,
     WORKERS_AGREE,
@@ -37,6 +29,11 @@ from train.settings.run import (
     changed_settings,
     check_run_settings,
     check_same_phase_settings,
+    likely_typos,
+    load_settings,
+    peek_hyperparameters,
+    project_defaults_path,
+    read_dotenv,
     read_run_settings,
 )
 from train.settings.table import (

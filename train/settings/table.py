@@ -6,7 +6,7 @@
 declares the setting EPOCHS (its environment name is the attribute's in upper case; the flag is --epochs), read
 as text ("5" unless set) and made an int by `parse.positive_int`, which says in one line what is wrong with a bad
 value. FIELDS, what the command line, `.env.example`, the Makefile and the workers' agreement read, comes from
-this table, and so do RUN_DEFINING and WORKERS_AGREE (train.settings.run). `check_together` holds the rules
+this table, and so do RUN_DEFINING and WORKERS_AGREE (train.settings.layers). `check_together` holds the rules
 between settings valid alone. Nothing here imports TensorFlow.
 """
 

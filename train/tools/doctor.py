@@ -16,9 +16,9 @@ from importlib import metadata
 from typing import Any
 
 from train.devices.backend import TensorFlowDevices
-from train.devices.runtime import configure_devices, resolve
+from train.devices.runtime import Runtime, configure_devices, resolve
 from train.errors import SettingsError
-from train.model_file import OWN_STEP_PRECISION, load_model_file
+from train.model_file import OWN_STEP_PRECISION, load_model_file, overrides
 from train.settings import Settings
 from train.tools import cuda_versions
 
@@ -73,15 +73,20 @@ def cuda_libraries() -> dict[str, list[str]]:
     return found
 
 
-def _own_step_precision(settings: Settings, resolution):
+def _own_step_precision(settings: Settings, resolution: Runtime) -> Runtime:
     """MIXED_PRECISION=auto's float32 for a model with its own train_step where it would be mixed_float16, as `fit`
     falls back (train.start)."""
     if settings.mixed_precision != "auto" or resolution.precision != "mixed_float16":
         return resolution
-    try:  # MODEL's file, loaded once here: only the doctor's question of it, told without building the model
-        own = load_model_file(settings.model).declares_own_train_step()
+    import keras
+
+    try:  # MODEL's file, loaded once here: a keras.Model class of its own with a train_step, told without building it
+        classes = vars(load_model_file(settings.model).module).values()
     except SettingsError:  # a file that cannot be imported: fit will say why
-        own = False
+        classes = ()
+    own = any(
+        isinstance(each, type) and issubclass(each, keras.Model) and overrides(each, "train_step") for each in classes
+    )
     if not own:
         return resolution
     return replace(resolution, precision="float32", precision_why=f"MIXED_PRECISION=auto: {OWN_STEP_PRECISION}")
