@@ -27,12 +27,9 @@ from collections.abc import Sequence
 import keras
 import tensorflow as tf
 
-from train.batches import describe_batch
-from train.built import build
 from train.callbacks import Callbacks
 from train.checkpoints import RunCheckpoint, make_checkpoint
 from train.cluster.role import Role, take_role
-from train.custom_step import make_calls, make_evaluator
 from train.data import open_dataset
 from train.data.adapt import check_recorded
 from train.data.feeds import Remainder, gathers_in_step, make_feed
@@ -40,11 +37,12 @@ from train.data.opening import check_same_data
 from train.data.raised import preprocess_raised
 from train.devices.runtime import Runtime, setup_runtime
 from train.errors import SettingsError, first_line
+from train.exportable import averaged_weights, use_averaged_weights
 from train.failures import halve_batch, preprocess_shapes_hold, streamed_files_intact
 from train.finish import Evaluate, Metrics, finish
 from train.hooks import Hook, Say
 from train.loop import Outcome, Schedule, longest_call, run_loop
-from train.model import averaged_weights, use_averaged_weights
+from train.model import build
 from train.model_file import load_model_file
 from train.phased import PhaseCalls
 from train.progress import Lines
@@ -55,6 +53,7 @@ from train.rundir import RunLock, check_same_model, read_run, restore_newest
 from train.settings import Settings
 from train.signals import StopRequest
 from train.start import batch_of, cadence_of, run_context, start_run, steps_per_epoch
+from train.step import describe_batch, make_calls, make_evaluator
 from train.writer import Json, SummaryWriters, Writer, Writers
 
 

@@ -85,9 +85,9 @@ def _from_checkpoint(settings: Settings, experiment: Experiment, runtime, datase
     through the export's default function."""
     import tensorflow as tf
 
-    from train.built import build
     from train.checkpoints import make_checkpoint
-    from train.model import serving_endpoints, use_averaged_weights
+    from train.exportable import serving_endpoints, use_averaged_weights
+    from train.model import build
     from train.rundir import read_run, restore_newest
     from train.start import run_context, steps_per_epoch
 

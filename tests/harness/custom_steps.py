@@ -20,14 +20,14 @@ import numpy as np
 import tensorflow as tf
 
 from examples.custom_step import build_model
-from train.built import build
-from train.custom_step import make_calls
 from train.data.feeds import make_feed, pass_order
 from train.data.in_memory import Split
 from train.data.spec import DatasetSpec
 from train.devices.runtime import setup_runtime
+from train.model import build
 from train.model_file import load_model_file
 from train.settings import load_settings
+from train.step import make_calls
 
 # by its path from the repository, wherever this runs (the tests run it in an empty folder: no .env there)
 CUSTOM_STEP = str(Path(__file__).resolve().parents[2] / "examples" / "custom_step.py")

@@ -239,7 +239,7 @@ def _batch_sizes(
 ) -> tuple[tuple[str, str], ...]:
     """BATCH_SIZE and GLOBAL_BATCH_SIZE, each from the highest layer that sets it (they may come from different
     ones: a fork's project/defaults.env BATCH_SIZE, what fits its GPU, under a flag's GLOBAL_BATCH_SIZE, what the
-    recipe needs). Both: BATCH_SIZE is the most one replica takes at once, and a step accumulates (train.batches).
+    recipe needs). Both: BATCH_SIZE is the most one replica takes at once, a step in micro-batches (train.batches).
     GLOBAL_BATCH_SIZE alone: `batch_size` is None (the global batch divided by the replicas). Returns
     where each that is set came from, ((name, place), ...)."""
     layers, places = list(layers), list(places)

@@ -115,7 +115,7 @@ class Settings:
     label_kind: str | None = setting("", parse.label_kind, "A CSV/JSONL label: class or value (default: guessed).", **RW)
     bad_files: str = setting("refuse", parse.choice(BAD_FILES_MODES), "A folder's broken images: refuse (exit 2) or skip (leave them out).", **RW)
     batch_size: int | None = setting("128", parse.optional_positive_int, "Examples per replica at once (global: x replicas).", **RW)  # None: GLOBAL_BATCH_SIZE is set
-    global_batch_size: int | None = setting("", parse.optional_positive_int, "Examples per step on all replicas (accumulates).", **RW)
+    global_batch_size: int | None = setting("", parse.optional_positive_int, "Examples per step on all replicas (in micro-batches of BATCH_SIZE).", **RW)
     epochs: int = setting("5", parse.positive_int, "Number of epochs.", **W)
     steps_per_epoch: int | None = setting("", parse.optional_positive_int, "Steps per epoch; default: one pass over the split.", **RW)
     steps_per_call: int = setting("32", parse.positive_int, "Most steps per tf.function call (cut at log, save, epoch).", **W)
