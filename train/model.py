@@ -431,7 +431,7 @@ def _build_on_spec(network: keras.Model, spec: DatasetSpec, refusal: str) -> Non
 
 def _check_engine_step_model(settings: Settings, network: keras.Model, serving: keras.Model, spec: DatasetSpec) -> None:
     """The engine's own step trains the model's output against the labels: they must fit. Raises SettingsError."""
-    labels = f"{spec.name} (LABEL_KEY={spec.label_key!r}: {label_words(spec)})"
+    labels = f"the labels of {spec.name} (LABEL_KEY={spec.label_key!r}: {label_words(spec)})"
     _build_on_spec(network, spec, f"MODEL={settings.model!r}: its output {output_shape(network)} does not fit {labels}")
     # The output as the data meets it (on the general path the network is the served model: no Input of ours)
     output = network.compute_output_spec(_spec_batch(spec, True)[0]) if spec.records else serving.output
