@@ -62,7 +62,7 @@ def check_exportable(built: Built, settings) -> None:
     except TrainingError as error:  # said for the end of a run: here nothing is trained yet
         said = str(error).replace("; fix it and run again to export (the checkpoint is kept)", "")
         raise SettingsError(f"{said}: fix it (the export is tried before the first step)") from None
-    own_step = own is None and built.step.own  # the model's own train_step is the step (train.custom_step)
+    own_step = own is None and built.step.own  # the model's own train_step is the step (train.step)
     if own_step and not overrides(built.network, "call"):
         raise SettingsError(
             f"MODEL={model!r}: {type(built.network).__name__} trains with its own train_step and defines no call(), "

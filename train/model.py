@@ -139,7 +139,7 @@ def _step_data(model_input: Callable[[Inputs], Inputs], labeled: bool, inputs: I
     return (model_input(inputs), labels) if labeled else model_input(inputs)
 
 
-def wants_context(settings: Settings, build) -> bool:
+def wants_context(settings: Settings, build: Callable[..., keras.Model]) -> bool:
     """Whether build_model declares `context` (keyword-only). Raises SettingsError for one it cannot be given as."""
     try:
         parameter = inspect.signature(build).parameters.get(CONTEXT)
@@ -453,7 +453,7 @@ def _model_input(serving: keras.Model, spec: DatasetSpec) -> Callable[[Inputs], 
     return lambda inputs: inputs  # as stored, or what preprocess returns
 
 
-def spread_seeds(built: Built, strategy) -> None:
+def spread_seeds(built: Built, strategy: tf.distribute.Strategy) -> None:
     """Give each replica its own random stream: after the model is made and after every restore.
 
     A random layer's state is mirrored: every replica starts from the same value and updates its own copy
@@ -464,8 +464,8 @@ def spread_seeds(built: Built, strategy) -> None:
         return
 
     @tf.function(autograph=False)
-    def spread():
-        def move():
+    def spread() -> None:
+        def move() -> None:
             replica = tf.distribute.get_replica_context().replica_id_in_sync_group
             for state in built.seeds:
                 state.assign_add(tf.stack([tf.cast(replica, state.dtype) * REPLICA_SEED_STRIDE, 0]))

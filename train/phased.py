@@ -52,7 +52,7 @@ class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
     def __init__(self, schedule: keras.optimizers.schedules.LearningRateSchedule, factor: float) -> None:
         self.schedule, self.factor = schedule, float(factor)
 
-    def __call__(self, step):
+    def __call__(self, step: tf.Tensor) -> tf.Tensor:
         return self.schedule(step) * self.factor
 
     def get_config(self) -> dict[str, object]:

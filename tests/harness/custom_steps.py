@@ -58,7 +58,7 @@ def engine(strategy, settings, xla: bool = False) -> tuple[list[np.ndarray], dic
 def keras_fit(strategy, settings) -> tuple[list[np.ndarray], dict]:
     split = arrays()
     rows = pass_order(len(split), settings.seed, 0).numpy()[: STEPS * GLOBAL_BATCH]
-    keras.utils.set_random_seed(settings.seed)  # as train.model.make seeds it
+    keras.utils.set_random_seed(settings.seed)  # as train.model.build seeds it
     with strategy.scope():
         model = build_model(SPEC.input_shape, SPEC.num_classes, LEARNING_RATE)
     history = model.fit(split.features[rows], split.labels[rows], batch_size=GLOBAL_BATCH, shuffle=False, verbose=0)
