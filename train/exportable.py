@@ -24,7 +24,6 @@ import keras
 import tensorflow as tf
 
 from train.data.adapt import resources
-from train.data.spec import DatasetSpec
 from train.errors import SettingsError, TrainingError, first_line
 from train.keras_seams import all_layers, inner_optimizers
 from train.model import Built
@@ -155,9 +154,16 @@ def serving_endpoints(built: Built) -> list[Endpoint]:
 
 
 def export_endpoints(built: Built, model: keras.Model | None = None) -> list[Endpoint]:
-    """The SavedModel's endpoints: the engine's (`serving_endpoints`), or those of what MODEL's `export_model`
-    returned (`model`), on its own inputs."""
-    return serving_endpoints(built) if model is None else [_own_endpoint(model, built.spec)]
+    """The SavedModel's endpoints: the engine's (`serving_endpoints`), or, for what MODEL's `export_model` returned
+    (`model`), its `serve` on its own Inputs, by name, its outputs named as train.outputs has them (a generator's
+    images under its own output name, not `output_0`)."""
+    if model is None:
+        return serving_endpoints(built)
+    named = name_outputs(model, built.spec)
+    signature = [tf.TensorSpec(tensor.shape, tensor.dtype, name=tensor.name) for tensor in model.inputs]
+    if len(model.inputs) == 1:
+        return [("serve", lambda values: named(model(values, training=False)), signature)]
+    return [("serve", lambda *values: named(model(list(values), training=False)), signature)]
 
 
 def export(built: Built, output_dir: Path, model: keras.Model | None = None) -> dict[str, str]:
@@ -186,17 +192,6 @@ def export(built: Built, output_dir: Path, model: keras.Model | None = None) -> 
     shutil.rmtree(saved_model, ignore_errors=True)
     os.replace(staging, saved_model)
     return {"keras": str(keras_path), "saved_model": str(saved_model)}
-
-
-def _own_endpoint(model: keras.Model, spec: DatasetSpec) -> Endpoint:
-    """`serve` for a model exported in the trained one's place: its own Inputs, by name; its outputs named as
-    train.outputs has them (a generator's images under its own output name, not `output_0`)."""
-    inputs = model.inputs
-    named = name_outputs(model, spec)
-    signature = [tf.TensorSpec(tensor.shape, tensor.dtype, name=tensor.name) for tensor in inputs]
-    if len(inputs) == 1:
-        return "serve", lambda values: named(model(values, training=False)), signature
-    return "serve", lambda *values: named(model(list(values), training=False)), signature
 
 
 def model_to_export(settings, built: Built) -> keras.Model | None:  # settings: train.settings.Settings, its MODEL

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import keras
 import numpy as np
@@ -131,17 +131,26 @@ def _training_call(
     return training_call
 
 
+class Step(Protocol):
+    """The one interface of the step (see the module's table): what fit, check and the benchmark train with, and
+    what evaluate scores with."""
+
+    def calls(self, feed: Feed, jit_compile: bool) -> TrainCalls:
+        """A tf.function running `steps` steps on `feed`'s next batches, returning the metrics and the skips."""
+        ...
+
+    def evaluator(self, predict: keras.Model | None = None) -> Evaluate:
+        """Evaluation's step (an `Evaluator`, or `NoEvaluation`)."""
+        ...
+
+
 @dataclass(frozen=True)
-class Step:
-    """A step of `built` on `strategy`'s replicas, `global_batch` examples a step (see the module's table)."""
+class ModelStep:
+    """A step of `built` on `strategy`'s replicas, `global_batch` examples a step: the engine's or the model's own."""
 
     built: Built
     strategy: tf.distribute.Strategy
     global_batch: int = 0
-
-    def calls(self, feed: Feed, jit_compile: bool) -> TrainCalls:
-        """A training call of `steps` steps on `feed`, returning the metrics and the skips."""
-        raise NotImplementedError
 
     def evaluator(self, predict: keras.Model | None = None) -> Evaluate:
         """Evaluation's step: the model's own test_step, none (its own train_step, no loss, no test_step), or the
@@ -157,7 +166,7 @@ class Step:
         return Evaluator(self.built, self.strategy, predict)
 
 
-class EngineStep(Step):
+class EngineStep(ModelStep):
     """The engine's own step: this replica's gradients, summed over every replica and worker, one update."""
 
     def gradients(self, features: Inputs, labels: tf.Tensor, share: int = 1) -> Gradients:
@@ -254,7 +263,7 @@ class Accumulated:
         return [total if kept else None for total, kept in zip(sums, reached, strict=True)]
 
 
-class OwnStep(Step):
+class OwnStep(ModelStep):
     """The model's own train_step (traced once by train.model.build): the last step's logs, reduced over the
     replicas as `model.fit` reduces them and flattened as it flattens them, and no skips (a model's own step
     applies its optimizers as it likes)."""
@@ -301,8 +310,8 @@ def make_calls(
 
 
 def make_evaluator(built: Built, strategy: tf.distribute.Strategy, predict: keras.Model | None = None) -> Evaluate:
-    """Evaluation's step for `built` (`Step.evaluator`)."""
-    return step_of(built, strategy).evaluator(predict)
+    """Evaluation's step for `built` (`ModelStep.evaluator`)."""
+    return ModelStep(built, strategy).evaluator(predict)
 
 
 class Evaluator:
