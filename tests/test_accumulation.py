@@ -12,10 +12,11 @@ import pytest
 
 from tests.conftest import HARNESS_CWD, REPO, clean_env, kill_mid_run, read_summary, run_python, run_train, start_train
 from tests.harness.runs import moved_copy, relative_difference
-from train.batches import Batch, accumulation_changed, batch_plan, describe_batch
+from train.batches import Batch, batch_plan
 from train.errors import SettingsError
 from train.model_file import DEFAULT_MODEL
 from train.settings import load_settings
+from train.step import accumulation_changed, describe_batch
 
 
 def batch_of(settings) -> Batch:

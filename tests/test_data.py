@@ -299,10 +299,10 @@ import tensorflow as tf
 from train.data import load_data
 from train.data.feeds import train_dataset, PipelineFeed
 from train.devices.runtime import setup_runtime
-from train.built import build
+from train.model import build
 from train.model_file import load_model_file
 from train.settings import load_settings
-from train.step import make_train_calls
+from train.step import make_calls
 
 settings = load_settings()
 runtime = setup_runtime(settings)
@@ -312,7 +312,7 @@ for jit in (True, False):
     with runtime.strategy.scope():
         built = build(settings, load_model_file(settings.model), data.spec, runtime.strategy)
     feed = PipelineFeed(train_dataset(runtime.strategy, data.train, runtime.global_batch, settings.seed, 0))
-    calls = make_train_calls(built, runtime.strategy, feed, runtime.global_batch, jit_compile=jit)
+    calls = make_calls(built, runtime.strategy, feed, runtime.global_batch, jit_compile=jit)
     for _ in range(3):
         result = calls(10)
     found[f"loss {jit}"] = result.loss

@@ -296,7 +296,7 @@ def test_entering_a_phase_sets_trainable_scales_a_schedule_and_zeroes_the_slots(
 
     for schedule in (True, False):
         network = phases_model.build_model((4,), 3, 0.01, schedule=schedule)
-        network.optimizer.build(network.trainable_variables)  # on every variable, once, as train.custom_step does
+        network.optimizer.build(network.trainable_variables)  # on every variable, once, as train.model.build does
         frozen, specs = recipe(("backbone_*",), 2, 0.002, 0.01)
         plan, problem = resolve(layer_tree(network), specs, frozen, "FREEZE=backbone_*", 0.01)
         assert problem is None

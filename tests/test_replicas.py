@@ -106,8 +106,8 @@ from train.checkpoints import make_checkpoint
 from train.rundir import restore_newest
 from train.data import load_data
 from train.devices.runtime import setup_runtime
-from train.built import build
-from train.model import use_averaged_weights
+from train.model import build
+from train.exportable import use_averaged_weights
 from train.model_file import load_model_file
 from train.settings import load_settings
 settings = load_settings(from_run=True)

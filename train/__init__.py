@@ -28,8 +28,8 @@ Model, data, devices, phases, the loop, its hook interface and the plug-ins are 
 | devices/        | DEVICES: visible GPUs and memory growth, then the strategy, in | be called after other TF work;    |
 |                 | that order, and the global batch, once (runtime); the one seam | call TF's device API outside      |
 |                 | for GPU-only calls, which tests fake (backend); the start-up   | backend; import cluster/ (they    |
-|                 | deadline on the workers' wait (runtime)                        | read settings' Cluster)           |
-| batches         | what a step's batch is: global, per replica, accumulated       | import TensorFlow                 |
+|                 | deadline on the workers' wait (deadline)                       | read settings' Cluster)           |
+| batches         | what a step's batch is: global, per replica, micro-batches     | import TensorFlow                 |
 | cluster/        | SEVERAL MACHINES: the one seam where multi-worker differs,     | be asked which it is: the engine  |
 |                 | (the cluster's TF_CONFIG is settings/tf_config's)              | asks the Role to act, and calls   |
 |                 | SingleHost or Workers (workers); the Role, decided once: the   | `peers` alike                     |
@@ -45,15 +45,15 @@ Model, data, devices, phases, the loop, its hook interface and the plug-ins are 
 | data/adapt,     | MODEL's adapt(context), once a process; the run's facts handed | train; write                      |
 | context         | to build_model, build_callbacks and build_hooks                |                                   |
 | model           | MODEL: the fork's compiled model checked against the data,     | run a training step, or import    |
-|                 | wrapped in its input and scaling; seeds, averages, export      | the step's modules                |
-| built           | the model made (model.make), then its step chosen: the Built   | restore or train                  |
-|                 | every command gets, its step traced before any restore         |                                   |
-| exportable,     | the export tried before the first step; its outputs named as   | write into OUTPUT_DIR             |
-| outputs         | TF Serving names them                                          |                                   |
-| step,           | THE STEP: a call of STEPS_PER_CALL steps under strategy.run    | know files, epochs or which       |
-| custom_step,    | (the engine's step, a model's own train_step, or accumulated   | worker it is on; import model     |
-| accumulation    | micro-batches), chosen once right after the model is built     | (they read it as BuiltModel)      |
-|                 | (custom_step.choose_step, from built), and evaluation          |                                   |
+|                 | wrapped in its input and scaling, its own train_step traced    | the step; restore                 |
+|                 | and every optimizer built before any restore (build); seeds    |                                   |
+| exportable,     | the export (model.keras, saved_model/, the averaged weights),  | write into OUTPUT_DIR             |
+| outputs         | tried before the first step; the outputs checked against the   |                                   |
+|                 | labels and named as TF Serving names them                      |                                   |
+| step            | THE STEP: one Step (a call of STEPS_PER_CALL steps under       | know files, epochs or which       |
+|                 | strategy.run, and evaluation): the engine's, a model's own     | worker it is on                   |
+|                 | train_step, or the engine's in micro-batches, chosen once      |                                   |
+|                 | (step_of)                                                      |                                   |
 | keras_seams     | the few places below Keras's public API, each guarded by a     | grow without a test naming it     |
 |                 | test                                                           |                                   |
 | fit             | THE RUN: fit and evaluate, the chapters below called in order  | write a file itself; ask which    |

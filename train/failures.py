@@ -10,7 +10,6 @@ from collections.abc import Iterator
 
 import tensorflow as tf
 
-from train.batches import smaller_micro_batch
 from train.checkpoints import RunCheckpoint
 from train.data.images import DECODE_ERROR, undecodable
 from train.data.shapes import odd_shape
@@ -19,6 +18,7 @@ from train.errors import TrainingError, first_line
 from train.model_file import RESNET_EXAMPLE
 from train.resume import rebase
 from train.run_state import Position, Start
+from train.step import smaller_micro_batch
 from train.writer import Writer
 
 

@@ -12,8 +12,9 @@ from train.cluster.role import Role
 from train.cluster.workers import WeightsDiffer
 from train.data.source import TrainSplit
 from train.errors import TrainingError
+from train.exportable import averaged_weights
 from train.loop import Outcome
-from train.model import averaged_weights, weights_fingerprint
+from train.model import weights_fingerprint
 from train.model_file import model_fingerprint
 from train.progress import evaluation_notice, format_metrics
 from train.run_state import Position, Start

@@ -27,20 +27,18 @@ from collections.abc import Sequence
 import keras
 import tensorflow as tf
 
-from train.batches import describe_batch
 from train.callbacks import Callbacks
 from train.checkpoints import RunCheckpoint
 from train.cluster.role import Role, take_role
-from train.custom_step import make_calls, make_evaluator
 from train.data.feeds import Remainder, gathers_in_step, make_feed
 from train.data.raised import preprocess_raised
 from train.devices.runtime import Runtime, setup_runtime
 from train.errors import SettingsError, first_line
+from train.exportable import averaged_weights
 from train.failures import halve_batch, preprocess_shapes_hold, streamed_files_intact
 from train.finish import Evaluate, Metrics, finish
 from train.hooks import Hook, Say
 from train.loop import Outcome, Schedule, longest_call, run_loop
-from train.model import averaged_weights
 from train.phased import PhaseCalls
 from train.predict import open_trained
 from train.progress import Lines
@@ -51,6 +49,7 @@ from train.rundir import RunLock
 from train.settings import Settings
 from train.signals import StopRequest
 from train.start import batch_of, cadence_of, start_run
+from train.step import describe_batch, make_calls, make_evaluator
 from train.writer import Json, SummaryWriters, Writer, Writers
 
 

@@ -16,7 +16,7 @@ Keras 3.15.1 (pinned in pyproject.toml). If an upgrade moves one of these, the t
   local gradients. The loop all-reduces first instead, so that clipping and loss scaling see the global
   gradient, and turns this second sum off (tests/test_replicas.py: 2 replicas against 1, clipping, overflow).
   Only for the engine's own step: a model's own train_step applies optimizers that keep this sum, as in Keras
-  (train/custom_step.py; tests/test_custom_step.py).
+  (train/step.py; tests/test_custom_step.py).
 - `model._flatten_layers`: every layer, nested ones included, as Keras's own `model_supports_jit` walks them.
 - `layer._non_trainable_variables`: the variables a layer made with `trainable=False`; `non_trainable_weights`
   also lists the weights of a layer frozen by `trainable = False`. The replicas' statistics are the former
@@ -127,8 +127,22 @@ def rate_is_callable(optimizer: keras.optimizers.Optimizer) -> bool:
 
 
 def slots(optimizer: keras.optimizers.Optimizer) -> list[keras.Variable]:
-    """The optimizer's own state per variable (Adam's moments, SGD's momentum, accumulated gradients): what a new
+    """The optimizer's own state per variable (Adam's moments, SGD's momentum, summed gradients): what a new
     optimizer starts at zero. Not its step counter, its learning rate or its moving averages of the weights."""
     kept = {id(optimizer.iterations), id(optimizer._learning_rate)}
     kept.update(id(each) for each in getattr(optimizer, "_model_variables_moving_average", None) or [])
     return [each for each in optimizer.variables if id(each) not in kept]
+
+
+def held_optimizers(network: keras.Model) -> dict[str, keras.optimizers.Optimizer]:
+    """Every optimizer the model holds as a public attribute (or in a list or dict of them), by attribute name:
+    the compiled one and those a model's own train_step applies (a GAN's)."""
+    found: dict[str, keras.optimizers.Optimizer] = {}
+    for name, value in vars(network).items():
+        if name.startswith("_"):  # Keras's and TensorFlow's own bookkeeping (the compiled one is `optimizer`)
+            continue
+        values = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else [value]
+        for each in values:
+            if isinstance(each, keras.optimizers.Optimizer) and all(each is not o for o in found.values()):
+                found[name] = each
+    return found

@@ -1,4 +1,4 @@
-"""MODEL in: the fork's compiled model, checked against the data, and the model that trains and is exported.
+"""MODEL in: the fork's compiled model, checked against the data, its own step traced: what every command builds.
 
 The contract a model file keeps is one function, `build_model(input_shape, num_classes, learning_rate)`,
 returning a compiled `keras.Model` (examples/mlp.py says it in full); its keyword-only parameters get the
@@ -8,90 +8,77 @@ dtype, named after the feature, then, for a TFDS image, the scaling of uint8 to 
 (`Built.serving`) is what trains, what evaluates and what `model.keras` and `saved_model/` hold, so the export
 serves exactly what was evaluated.
 
-The MODEL file is loaded once (train.model_file.Experiment) and kept in `Built.experiment`. This module traces no
-step and imports none: `make` returns the model made and checked (`Made`), the step's modules choose its step
-(train.custom_step.choose_step) and `Made.with_step` completes it into a `Built` that keeps it. train.built.build
-does the three in that order, so that every caller has the step traced before a checkpoint restores into it.
+A model's own `train_step` is traced once, not run (`StepFacts`), and every optimizer built, before any caller
+restores a checkpoint, which needs the variables the trace makes and the optimizers' slots. train.step runs steps.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import inspect
-import os
-import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Protocol
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from train.context import Context
-from train.data.adapt import resources
 from train.data.examples import Inputs, InputSpec
 from train.data.spec import DatasetSpec
-from train.errors import SettingsError, TrainingError, first_line
+from train.errors import SettingsError, first_line
 from train.hparams import CONTEXT, taken_by
-from train.keras_seams import all_layers, build_metrics_and_loss, compiled, inner_optimizers
+from train.keras_seams import (
+    all_layers,
+    build_metrics_and_loss,
+    compiled,
+    gradients_come_summed,
+    held_optimizers,
+    inner_optimizers,
+)
 from train.model_file import Experiment, overrides, refuse_step
-from train.outputs import name_outputs
+from train.outputs import check_output, label_words, output_shape
 from train.replica_statistics import ReplicaStatistics, replica_state, synchronize_batch_norm
 from train.settings import Settings
 
 SymbolicInputs = keras.KerasTensor | dict[str, keras.KerasTensor]
-Endpoint = tuple[str, Callable[..., dict[str, tf.Tensor]], list[tf.TensorSpec]]  # name, function, input signature
+Logs = dict[str, "tf.Tensor | Logs"]  # what a train_step or test_step returns: nested dicts of tensors
+LogsSpec = dict[str, "tf.TensorSpec | LogsSpec"]  # ... their structure
+StepData = Inputs | tuple[Inputs, tf.Tensor]  # what train_step(data) gets: (inputs, labels), or the inputs alone
+Optimizers = dict[int, tuple[keras.optimizers.Optimizer, list[keras.Variable]]]  # by id: each, what it applies to
 
 # A replica's random stream is the seed's, moved by this much per replica id: replicas and workers draw
 # different numbers (Dropout masks, augmentations), each reproducible from SEED.
 REPLICA_SEED_STRIDE = 1_000_003
 CONVOLUTIONS = (
-    keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D, keras.layers.Conv1DTranspose,
-    keras.layers.Conv2DTranspose, keras.layers.Conv3DTranspose, keras.layers.DepthwiseConv1D,
-    keras.layers.DepthwiseConv2D, keras.layers.SeparableConv1D, keras.layers.SeparableConv2D,
-)  # fmt: skip
-
-
-class ChosenStep(Protocol):
-    """What `Built` keeps of its step (train.custom_step's EngineStep or OwnStep, chosen by train.built.build)."""
-
-    @property
-    def own(self) -> bool: ...  # the model's own train_step is the step
-
-    @property
-    def accumulates(self) -> bool: ...  # the step can accumulate micro-batches
+    keras.layers.Conv1D,
+    keras.layers.Conv2D,
+    keras.layers.Conv3D,
+    keras.layers.Conv1DTranspose,
+    keras.layers.Conv2DTranspose,
+    keras.layers.Conv3DTranspose,
+    keras.layers.DepthwiseConv1D,
+    keras.layers.DepthwiseConv2D,
+    keras.layers.SeparableConv1D,
+    keras.layers.SeparableConv2D,
+)
 
 
 @dataclass(frozen=True)
-class Made:
-    """MODEL's model made inside the strategy's scope and checked (`make`), its step not chosen yet: `network`,
-    `serving` as `Built` holds them; `batch` and `model_input`: what a model's own step is traced on."""
+class StepFacts:
+    """What the step will be (train.step.step_of chooses it from these): the model's own train_step (`own`, its
+    traced logs' structure `logs_spec`) or the engine's; its own test_step; whether evaluation has a step to run
+    (the engine's always, an own train_step's where it has a test_step or compiled a loss)."""
 
-    network: keras.Model
-    serving: keras.Model
-    spec: DatasetSpec
-    experiment: Experiment
-
-    @property
-    def batch(self) -> tuple[InputSpec, tf.TensorSpec]:
-        return _stored_batch(self.spec)
+    own: bool
+    own_test_step: bool
+    evaluates: bool = True
+    logs_spec: LogsSpec | None = None
 
     @property
-    def model_input(self) -> Callable[[Inputs], Inputs]:
-        return _model_input(self.serving, self.spec)
-
-    def with_step(self, step: ChosenStep, strategy: tf.distribute.Strategy) -> Built:
-        """The built model, keeping `step` (chosen on `network`): its random layers' state (`seeds`, taken after
-        the step's trace, which may make layers) given each replica its own stream, its replica state gathered."""
-        weights = {id(variable) for variable in self.serving.weights}
-        seeds = tuple(variable.value for variable in self.serving.variables if id(variable) not in weights)
-        statistics = ReplicaStatistics(replica_state(self.serving), strategy)
-        built = Built(self.network, self.serving, self.spec, seeds, self.experiment, step, statistics)
-        spread_seeds(built, strategy)
-        return built
+    def accumulates(self) -> bool:
+        """Whether a step can take micro-batches: the engine's can, a model's own train_step cannot."""
+        return not self.own
 
 
 @dataclass(frozen=True)
@@ -105,11 +92,11 @@ class Built:
     spec: DatasetSpec
     seeds: tuple[tf.Variable, ...]
     experiment: Experiment  # MODEL's file, loaded once: export_model and the layers preprocess uses
-    step: ChosenStep  # the engine's or the model's own, chosen once (train.custom_step.choose_step)
+    step: StepFacts  # the engine's step or the model's own, found once by `build`
     statistics: ReplicaStatistics | None = None
 
     @property
-    def custom_step(self) -> ChosenStep | None:
+    def custom_step(self) -> StepFacts | None:
         """The model's own train_step where it is the step, else None."""
         return self.step if self.step.own else None
 
@@ -119,10 +106,9 @@ class Built:
         if self.statistics is not None:
             self.statistics.average()
 
-    @property
-    def model_input(self) -> Callable[[Inputs], Inputs]:
-        """The stored feature as `network` gets it (an image scaled to [0, 1]): what a model's own step is given."""
-        return _model_input(self.serving, self.spec)
+    def step_data(self, inputs: Inputs, labels: tf.Tensor) -> StepData:
+        """What train_step and test_step get: (inputs as `network` gets them, labels), or the inputs alone."""
+        return _step_data(_model_input(self.serving, self.spec), self.spec.labeled, inputs, labels)
 
     @property
     def optimizer(self) -> keras.optimizers.Optimizer:
@@ -149,7 +135,11 @@ class Built:
         return None
 
 
-def wants_context(settings: Settings, build) -> bool:
+def _step_data(model_input: Callable[[Inputs], Inputs], labeled: bool, inputs: Inputs, labels: tf.Tensor) -> StepData:
+    return (model_input(inputs), labels) if labeled else model_input(inputs)
+
+
+def wants_context(settings: Settings, build: Callable[..., keras.Model]) -> bool:
     """Whether build_model declares `context` (keyword-only). Raises SettingsError for one it cannot be given as."""
     try:
         parameter = inspect.signature(build).parameters.get(CONTEXT)
@@ -266,20 +256,22 @@ def _serving_model(settings: Settings, network: keras.Model, spec: DatasetSpec) 
     return keras.Model(inputs, outputs, name=f"{network.name}_serving")
 
 
-def make(
+def build(
     settings: Settings,
     experiment: Experiment,
     spec: DatasetSpec,
     strategy: tf.distribute.Strategy,
     context: Context | None = None,
     say: Callable[[str], None] | None = None,
-) -> Made:
-    """MODEL's model for this dataset, made inside the strategy's scope and checked; its step is chosen next
-    (train.built.build). `context`: the run's facts, for a build_model that declares it (train.context.run_context).
-    `say`: where SYNC_BATCH_NORM's warnings go (None: nowhere, for the commands that do not train). `experiment`:
-    MODEL's file, loaded once by the command and passed down.
+) -> Built:
+    """MODEL's model for this dataset, made inside the strategy's scope and checked, its own train_step traced and
+    every optimizer built (`_own_step`), each replica given its random stream: what every command that builds the
+    model calls, before it restores a checkpoint. `context`: the run's facts, for a build_model that declares it
+    (train.context.run_context). `say`: where SYNC_BATCH_NORM's warnings go (None: nowhere, for the commands that
+    do not train). `experiment`: MODEL's file, loaded once by the command and passed down.
 
-    Raises SettingsError for a model that breaks the contract, before anything is written."""
+    Raises SettingsError for a model that breaks the contract or a step that cannot run, before anything is
+    written."""
     keras.utils.set_random_seed(settings.seed)
     with strategy.scope():
         network = _call_build_model(settings, experiment, spec, context)
@@ -291,41 +283,159 @@ def make(
         # a model that is its own step needs no call(): built by tracing that step, exported by export_model
         serving = network if own and not overrides(network, "call") else _serving_model(settings, network, spec)
         if own:  # no label check (a GAN's step need not use the labels, nor a loss)
-            _build_compiled(settings, network, spec)
+            step = _own_step(experiment.text, network, strategy, _model_input(serving, spec), spec)
         else:
             _check_engine_step_model(settings, network, serving, spec)
-    return Made(network, serving, spec, experiment)
+            step = StepFacts(False, experiment.own_test_step(network))
+        if not network.optimizer.built:  # (the symbolic build builds it too) now, so a checkpoint restores into it
+            network.optimizer.build(network.trainable_variables)
+        if not own:  # a model's own step applies optimizers that sum the replicas' gradients themselves
+            gradients_come_summed(network.optimizer)
+    # the random layers' state, taken after the step's trace (which may make layers)
+    weights = {id(variable) for variable in serving.weights}
+    seeds = tuple(variable.value for variable in serving.variables if id(variable) not in weights)
+    statistics = ReplicaStatistics(replica_state(serving), strategy)
+    built = Built(network, serving, spec, seeds, experiment, step, statistics)
+    spread_seeds(built, strategy)
+    return built
 
 
-def _build_on_spec(network: keras.Model, spec: DatasetSpec, refusal: Callable[[], str]) -> None:
+def flatten_logs(logs: Logs) -> dict[str, tf.Tensor]:
+    """A step's logs as `model.fit` reports them: a nested dict's entries in place of it, under their own names."""
+    flat: dict[str, tf.Tensor] = {}
+    for name, value in sorted(logs.items()):
+        if isinstance(value, dict):
+            flat.update(flatten_logs(value))
+        else:
+            flat[name] = value
+    return flat
+
+
+def mean_over_replicas(strategy: tf.distribute.Strategy, logs: Logs) -> Logs:
+    """`reduce_per_replica(..., "auto")`: the mean over every replica of every worker (a number that is not a
+    float: the first replica's)."""
+
+    def reduce(value: tf.Tensor) -> tf.Tensor:
+        first = strategy.experimental_local_results(value)[0]
+        if tf.as_dtype(first.dtype).is_floating:
+            return strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None)
+        return first
+
+    return tf.nest.map_structure(reduce, logs)
+
+
+def _own_step(
+    model_setting: str,
+    network: keras.Model,
+    strategy: tf.distribute.Strategy,
+    model_input: Callable[[Inputs], Inputs],
+    spec: DatasetSpec,
+) -> StepFacts:
+    """What it compiled (a loss, metrics) built as `model.fit` builds them; `network.train_step` traced once on a
+    batch of the data as stored under `strategy.run`, not run; every optimizer it applies built on the variables it
+    applies it to, so a checkpoint restores into them. Raises SettingsError for a compiled loss or metric that does
+    not build, a step that fails, returns other than a dict of scalars, or leaves an optimizer the model holds
+    unbuilt. A model without call() is built by that trace."""
+    what = " and ".join(compiled(network))  # a GAN compiles neither: nothing to build
+    if what:
+        where = "cannot be built on the data's spec (as model.fit builds them)"
+        _build_on_spec(network, spec, f"MODEL={model_setting!r}: its compiled {what} {where}")
+    logs, applied = _trace(model_setting, network, strategy, model_input, spec.labeled, _stored_batch(spec))
+    if not network.built:  # a subclass without call(), never called: its variables are its layers', now made
+        network.built = True
+    with strategy.scope():  # eagerly, in cross-replica context: a replica's variable could not be lifted out
+        for optimizer, variables in applied.values():
+            if not optimizer.built:
+                optimizer.build(variables)
+    problem = _logs_problem(logs)
+    if problem:
+        raise SettingsError(
+            f"MODEL={model_setting!r}: train_step {problem}: it must return a dict of scalars, like "
+            "{m.name: m.result() for m in self.metrics}"
+        )
+    for name, optimizer in held_optimizers(network).items():  # the compiled one: built on the model's variables
+        if optimizer is not network.optimizer and not optimizer.built:
+            raise SettingsError(
+                f"MODEL={model_setting!r}: the model's optimizer {name!r} is still unbuilt after tracing train_step "
+                "once (it is applied under a condition, or never), so a checkpoint cannot restore it: build it in "
+                f"build_model, e.g. model.{name}.build(<the variables it updates>)"
+            )
+    own_test_step = Experiment.own_test_step(network)
+    logs_spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), logs)
+    return StepFacts(True, own_test_step, own_test_step or network.loss is not None, logs_spec)
+
+
+def _logs_problem(logs: Logs | tf.Tensor) -> str | None:
+    """What is wrong with a step's return, which must be a dict (nested dicts allowed) of numbers of a fixed shape."""
+    if not isinstance(logs, dict):
+        return "returned a tensor" if isinstance(logs, tf.Tensor) else f"returned {type(logs).__name__}"
+    if not flatten_logs(logs):
+        return "returned an empty dict (nothing to log)"
+    for name, value in flatten_logs(logs).items():
+        if not isinstance(value, tf.Tensor) or value.dtype == tf.string or not value.shape.is_fully_defined():
+            return f"returned {name!r} = {value!r:.80}"
+    return None
+
+
+def _trace(
+    model_setting: str,
+    network: keras.Model,
+    strategy: tf.distribute.Strategy,
+    model_input: Callable[[Inputs], Inputs],
+    labeled: bool,
+    batch: tuple[InputSpec, tf.TensorSpec],
+) -> tuple[Logs, Optimizers]:
+    """What train_step returns, traced (not run) on `batch`, and each optimizer the model holds with the variables
+    the step applies it to (by id). Their `apply` is stood in for while tracing: an optimizer built inside a
+    replica's context would take the first replica's initial value, unliftable from the trace."""
+    applied: Optimizers = {}
+    optimizers = list(held_optimizers(network).values())
+
+    def recorder(optimizer: keras.optimizers.Optimizer) -> Callable[..., None]:
+        def apply(grads: list[tf.Tensor], trainable_variables: list[keras.Variable] | None = None) -> None:
+            if trainable_variables is not None and id(optimizer) not in applied:
+                applied[id(optimizer)] = (optimizer, list(trainable_variables))
+
+        return apply
+
+    @tf.function(autograph=False)  # as Keras's one_step_on_data: do_not_convert
+    def one_step(batch: tuple[Inputs, tf.Tensor]) -> Logs:
+        data = _step_data(model_input, labeled, *batch)
+        return mean_over_replicas(strategy, strategy.run(network.train_step, args=(data,)))
+
+    for optimizer in optimizers:
+        optimizer.apply = recorder(optimizer)  # an instance attribute: apply_gradients calls it too
+    try:
+        logs = one_step.get_concrete_function(batch).structured_outputs
+    except Exception as error:
+        given = "inputs and labels as the model gets them" if labeled else "the inputs alone: LABEL_KEY=none"
+        hint = "; for a step that takes the inputs alone (a GAN's), set LABEL_KEY=none" if labeled else ""
+        raise SettingsError(
+            f"MODEL={model_setting!r}: its train_step failed on a batch of the data's spec ({given}): "
+            f"{type(error).__name__}: {first_line(error, 240)}{hint}"
+        ) from None
+    finally:
+        for optimizer in optimizers:
+            del optimizer.apply
+    return logs, applied
+
+
+def _build_on_spec(network: keras.Model, spec: DatasetSpec, refusal: str) -> None:
     """The network's compiled loss and metrics built on a batch of the spec, as `model.fit` builds them. Raises
-    SettingsError: `refusal()`, then what failed."""
+    SettingsError: `refusal`, then what failed."""
     try:
         build_metrics_and_loss(network, *_spec_batch(spec, model_input=True))
     except Exception as error:
-        raise SettingsError(f"{refusal()}: {first_line(error, 200)}") from None
+        raise SettingsError(f"{refusal}: {first_line(error, 200)}") from None
 
 
-def _check_engine_step_model(settings: Settings, network: keras.Model, serving: keras.Model, spec: DatasetSpec):
+def _check_engine_step_model(settings: Settings, network: keras.Model, serving: keras.Model, spec: DatasetSpec) -> None:
     """The engine's own step trains the model's output against the labels: they must fit. Raises SettingsError."""
-    _build_on_spec(network, spec, lambda: (
-        f"MODEL={settings.model!r}: its output {_output_shape(network)} does not fit the labels of "
-        f"{spec.name} (LABEL_KEY={spec.label_key!r}: {_label_kind(spec)})"
-    ))  # fmt: skip
+    labels = f"the labels of {spec.name} (LABEL_KEY={spec.label_key!r}: {label_words(spec)})"
+    _build_on_spec(network, spec, f"MODEL={settings.model!r}: its output {output_shape(network)} does not fit {labels}")
     # The output as the data meets it (on the general path the network is the served model: no Input of ours)
     output = network.compute_output_spec(_spec_batch(spec, True)[0]) if spec.records else serving.output
-    _check_output(settings, network, output, spec)
-
-
-def _build_compiled(settings: Settings, network: keras.Model, spec: DatasetSpec) -> None:
-    """A model with its own train_step: what it compiled (a loss, metrics) built as `model.fit` builds them.
-    Raises SettingsError."""
-    what = " and ".join(compiled(network))
-    if what:  # a GAN compiles neither: nothing to build, and nothing to say of a compiled loss
-        _build_on_spec(network, spec, lambda: (
-            f"MODEL={settings.model!r}: its compiled {what} cannot be built on the data's spec (as model.fit "
-            "builds them)"
-        ))  # fmt: skip
+    check_output(settings.model, network, output, spec)
 
 
 def _stored_batch(spec: DatasetSpec) -> tuple[InputSpec, tf.TensorSpec]:
@@ -343,48 +453,7 @@ def _model_input(serving: keras.Model, spec: DatasetSpec) -> Callable[[Inputs], 
     return lambda inputs: inputs  # as stored, or what preprocess returns
 
 
-def _check_output(settings: Settings, network: keras.Model, output: SymbolicInputs, spec: DatasetSpec) -> None:
-    """What Keras builds without a word but cannot train as meant: an output no gradient flows through (an integer
-    one), and under sparse categorical cross-entropy one whose last axis is not one score per class (wider trains
-    a classifier of classes the data lacks; 1 trains to NaN). Raises SettingsError."""
-    if not hasattr(output, "shape"):  # several outputs: Keras's own checks only
-        return
-    if not keras.backend.is_float_dtype(output.dtype):
-        raise SettingsError(
-            f"MODEL={settings.model!r}: its output is {output.dtype}, through which no gradient flows: end the model "
-            "with a floating-point output (no cast to an integer type inside it)"
-        )
-    loss = keras.losses.get(network.loss) if isinstance(network.loss, str) else network.loss
-    sparse = getattr(loss, "fn", loss) is keras.losses.sparse_categorical_crossentropy
-    classes = spec.num_classes
-    if sparse and classes is not None and spec.label_shape == () and output.shape[-1] != classes:
-        scores = f"{output.shape[-1]} class{'es' if output.shape[-1] != 1 else ''}"
-        raise SettingsError(
-            f"MODEL={settings.model!r}: its output {tuple(output.shape)} scores {scores}, but each label of "
-            f"{spec.name} (LABEL_KEY={spec.label_key!r}) is one of {classes} (0-{classes - 1}) under sparse "
-            "categorical cross-entropy: end the model with num_classes units, like Dense(num_classes, "
-            "activation='softmax')"
-        )
-
-
-def _output_shape(network: keras.Model) -> str:
-    """The model's one output's shape in words: `model.outputs`, since a Sequential model, what the general path
-    trains as it is, has no `.output` of its own ("never been called")."""
-    with contextlib.suppress(Exception):  # a subclassed model (no Inputs), several outputs
-        (output,) = network.outputs
-        return str(tuple(output.shape))
-    return "(unknown shape)"
-
-
-def _label_kind(spec: DatasetSpec) -> str:
-    if spec.label_shape == () and spec.num_classes is not None:
-        return f"a class of {spec.num_classes}"
-    if spec.label_shape == ():
-        return f"a {spec.label_dtype} value"
-    return f"{spec.label_dtype} of shape {spec.label_shape}"
-
-
-def spread_seeds(built: Built, strategy) -> None:
+def spread_seeds(built: Built, strategy: tf.distribute.Strategy) -> None:
     """Give each replica its own random stream: after the model is made and after every restore.
 
     A random layer's state is mirrored: every replica starts from the same value and updates its own copy
@@ -395,8 +464,8 @@ def spread_seeds(built: Built, strategy) -> None:
         return
 
     @tf.function(autograph=False)
-    def spread():
-        def move():
+    def spread() -> None:
+        def move() -> None:
             replica = tf.distribute.get_replica_context().replica_id_in_sync_group
             for state in built.seeds:
                 state.assign_add(tf.stack([tf.cast(replica, state.dtype) * REPLICA_SEED_STRIDE, 0]))
@@ -404,133 +473,6 @@ def spread_seeds(built: Built, strategy) -> None:
         strategy.run(move)
 
     spread()
-
-
-@contextlib.contextmanager
-def averaged_weights(built: Built) -> Iterator[None]:
-    """With `use_ema`, the weights' moving averages in place of the weights, and the weights back after."""
-    optimizer = next((each for each in inner_optimizers(built.optimizer) if getattr(each, "use_ema", False)), None)
-    if optimizer is None:
-        yield
-        return
-    variables = built.network.trainable_variables
-    kept = [tf.identity(variable.value) for variable in variables]
-    optimizer.finalize_variable_values(variables)
-    try:
-        yield
-    finally:
-        for variable, value in zip(variables, kept, strict=True):
-            variable.assign(value)
-
-
-def use_averaged_weights(built: Built) -> None:
-    """With `use_ema`, put the moving averages in place for good (evaluate, after restoring a checkpoint)."""
-    for each in inner_optimizers(built.optimizer):
-        if getattr(each, "use_ema", False):
-            each.finalize_variable_values(built.network.trainable_variables)
-
-
-def serving_endpoints(built: Built) -> list[Endpoint]:
-    """(name, function, input signature) of each SavedModel endpoint, the default one first.
-
-    `serve` takes what clients have, each feature under its own name: the stored feature (a batch of it); on the
-    general path, each stored feature `preprocess` reads (an image as its JPEG or PNG bytes), run through
-    `preprocess(training=False)`, or the columns by name. With `preprocess`, `serve_inputs` takes what it returns.
-    Each returns the outputs named as train.outputs has them (`scores` and `classes` for a class label)."""
-    serving, spec = built.serving, built.spec
-    named = name_outputs(built.network, spec)
-    if not spec.records:
-        signature = [tf.TensorSpec((None, *spec.feature_shape), spec.feature_dtype, name=spec.feature_key)]
-        return [("serve", lambda features: named(serving(features, training=False)), signature)]
-    serve, signature = spec.examples.serving_function(serving, spec.inputs)
-    endpoints = [("serve", lambda *batch: named(serve(*batch)), signature)]
-    if spec.examples.preprocess is not None:
-        if isinstance(spec.inputs, dict):
-            names = list(spec.inputs)
-            inputs = [tf.TensorSpec((None, *s.shape), s.dtype, name=name) for name, s in spec.inputs.items()]
-            endpoints.append(("serve_inputs", lambda *values: named(serving(dict(zip(names, values, strict=True)),
-                                                                              training=False)), inputs))  # fmt: skip
-        else:
-            inputs = [tf.TensorSpec((None, *spec.inputs.shape), spec.inputs.dtype, name="inputs")]
-            endpoints.append(("serve_inputs", lambda values: named(serving(values, training=False)), inputs))
-    return endpoints
-
-
-def export_endpoints(built: Built, model: keras.Model | None = None) -> list[Endpoint]:
-    """The SavedModel's endpoints: the engine's (`serving_endpoints`), or those of what MODEL's `export_model`
-    returned (`model`), on its own inputs."""
-    return serving_endpoints(built) if model is None else [_own_endpoint(model, built.spec)]
-
-
-def export(built: Built, output_dir: Path, model: keras.Model | None = None) -> dict[str, str]:
-    """`model.keras` for Keras and `saved_model/` for TF Serving, each replaced whole or not at all.
-
-    `model.keras` is the model that trained: on the stored feature (scaled in front of it), or on what
-    `preprocess` returns. `saved_model/`'s default signature takes what clients send (`serving_endpoints`).
-    Both call the model with training=False: random layers (augmentation, dropout) are off in what is served.
-    `model`: what MODEL's `export_model` returned in its place (a GAN's generator), served on its own inputs."""
-    serving = built.serving if model is None else model
-    keras_path = output_dir / "model.keras"
-    staging_keras = output_dir / "model.tmp.keras"
-    serving.save(staging_keras)
-    os.replace(staging_keras, keras_path)
-
-    saved_model = output_dir / "saved_model"
-    staging = output_dir / "saved_model.tmp"
-    shutil.rmtree(staging, ignore_errors=True)
-    archive = keras.export.ExportArchive()
-    archive.track(serving)
-    for resource in preprocess_resources(built) if model is None else ():  # the vocabularies and tables
-        archive.track(resource)
-    for name, function, signature in export_endpoints(built, model):  # the first added is serving_default
-        archive.add_endpoint(name=name, fn=function, input_signature=signature)
-    archive.write_out(str(staging), verbose=False)
-    shutil.rmtree(saved_model, ignore_errors=True)
-    os.replace(staging, saved_model)
-    return {"keras": str(keras_path), "saved_model": str(saved_model)}
-
-
-def _own_endpoint(model: keras.Model, spec: DatasetSpec) -> Endpoint:
-    """`serve` for a model exported in the trained one's place: its own Inputs, by name; its outputs named as
-    train.outputs has them (a generator's images under its own output name, not `output_0`)."""
-    inputs = model.inputs
-    named = name_outputs(model, spec)
-    signature = [tf.TensorSpec(tensor.shape, tensor.dtype, name=tensor.name) for tensor in inputs]
-    if len(inputs) == 1:
-        return "serve", lambda values: named(model(values, training=False)), signature
-    return "serve", lambda *values: named(model(list(values), training=False)), signature
-
-
-def model_to_export(settings: Settings, built: Built) -> keras.Model | None:
-    """What MODEL's `export_model(model)` returns (None where it defines none). Raises TrainingError for what is
-    not a keras.Model with Inputs (the run's checkpoint stays: fix it and run again to export)."""
-    export_model = built.experiment.export_model
-    if export_model is None:
-        return None
-    try:
-        model = export_model(built.network)
-        model.inputs  # noqa: B018 (a subclassed model without Inputs has no signature to serve)
-    except Exception as error:
-        raise TrainingError(
-            f"MODEL={settings.model!r}: export_model raised {type(error).__name__}: {first_line(error, 200)}; fix "
-            "it and run again to export (the checkpoint is kept)"
-        ) from None
-    if not isinstance(model, keras.Model) or not model.inputs:
-        raise TrainingError(
-            f"MODEL={settings.model!r}: export_model returned {type(model).__name__}, not a keras.Model with "
-            "keras.Inputs; fix it and run again to export (the checkpoint is kept)"
-        )
-    return model
-
-
-def preprocess_resources(built: Built) -> list[keras.layers.Layer | tf.saved_model.experimental.TrackableResource]:
-    """The layers and tables of the MODEL file that `preprocess` may use (train.data.adapt.resources): what the
-    export's default signature runs besides the model, so the SavedModel must carry them."""
-    spec = built.spec
-    if not spec.records or spec.examples.preprocess is None:
-        return []
-    found = resources(built.experiment.module).values()
-    return [each for each in found if getattr(each, "built", True)]  # a layer never called is not in the graph
 
 
 def weights_fingerprint(built: Built) -> str:

@@ -143,7 +143,7 @@ def _parsed(path: str, digest: str, data: bytes) -> ast.Module:
 class Experiment:
     """MODEL's file, loaded once (`load_model_file`) and passed down: the model (`build_model`), `preprocess`,
     `adapt`, the callbacks (`build_callbacks`), `export_model`, and whether the model brings its own step
-    (`own_train_step`, `own_test_step`: the step's modules choose the step once, train.custom_step)."""
+    (`own_train_step`, `own_test_step`: train.model.build traces the model's own once)."""
 
     text: str  # MODEL as given
     build_model: Callable
@@ -160,7 +160,7 @@ class Experiment:
     def own_train_step(network: keras.Model) -> bool:
         """Whether the model built from this file brings its own `train_step` (its class or a base below
         keras.Model): it is then the training step, and what holds only for the engine's own step (gradient
-        accumulation) does not apply."""
+        micro-batches) does not apply."""
         return overrides(network, "train_step")
 
     @staticmethod

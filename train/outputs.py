@@ -14,7 +14,10 @@ Class names are the TFDS ClassLabel's; where the dataset has none, the class ind
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import suppress
 from typing import TYPE_CHECKING
+
+from train.errors import SettingsError
 
 if TYPE_CHECKING:  # importing this module loads no TensorFlow: `predict` reads these names before it loads
     import keras
@@ -98,3 +101,47 @@ def name_outputs(network: keras.Model, spec: DatasetSpec) -> Callable[[ModelOutp
         return {SCORES: scores, CLASSES: classes}
 
     return named
+
+
+def check_output(model: str, network: keras.Model, output: keras.KerasTensor, spec: DatasetSpec) -> None:
+    """What Keras builds without a word but cannot train as meant: an output no gradient flows through (an integer
+    one), and under sparse categorical cross-entropy one whose last axis is not one score per class (wider trains
+    a classifier of classes the data lacks; 1 trains to NaN). Raises SettingsError."""
+    import keras
+
+    if not hasattr(output, "shape"):  # several outputs: Keras's own checks only
+        return
+    if not keras.backend.is_float_dtype(output.dtype):
+        raise SettingsError(
+            f"MODEL={model!r}: its output is {output.dtype}, through which no gradient flows: end the model "
+            "with a floating-point output (no cast to an integer type inside it)"
+        )
+    loss = keras.losses.get(network.loss) if isinstance(network.loss, str) else network.loss
+    sparse = getattr(loss, "fn", loss) is keras.losses.sparse_categorical_crossentropy
+    classes = spec.num_classes
+    if sparse and classes is not None and spec.label_shape == () and output.shape[-1] != classes:
+        scores = f"{output.shape[-1]} class{'es' if output.shape[-1] != 1 else ''}"
+        raise SettingsError(
+            f"MODEL={model!r}: its output {tuple(output.shape)} scores {scores}, but each label of "
+            f"{spec.name} (LABEL_KEY={spec.label_key!r}) is one of {classes} (0-{classes - 1}) under sparse "
+            "categorical cross-entropy: end the model with num_classes units, like Dense(num_classes, "
+            "activation='softmax')"
+        )
+
+
+def output_shape(network: keras.Model) -> str:
+    """The model's one output's shape in words: `model.outputs`, since a Sequential model, what the general path
+    trains as it is, has no `.output` of its own ("never been called")."""
+    with suppress(Exception):  # a subclassed model (no Inputs), several outputs
+        (output,) = network.outputs
+        return str(tuple(output.shape))
+    return "(unknown shape)"
+
+
+def label_words(spec: DatasetSpec) -> str:
+    """A label of `spec` in words, for a refusal."""
+    if spec.label_shape == () and spec.num_classes is not None:
+        return f"a class of {spec.num_classes}"
+    if spec.label_shape == ():
+        return f"a {spec.label_dtype} value"
+    return f"{spec.label_dtype} of shape {spec.label_shape}"

@@ -26,10 +26,16 @@ import keras
 import tensorflow as tf
 
 from train.context import Context
-from train.custom_step import held_optimizers
 from train.errors import SettingsError, first_line
 from train.hparams import taken_by
-from train.keras_seams import all_layers, inner_optimizers, learning_rate_schedule, rate_is_callable, slots
+from train.keras_seams import (
+    all_layers,
+    held_optimizers,
+    inner_optimizers,
+    learning_rate_schedule,
+    rate_is_callable,
+    slots,
+)
 from train.model import Built
 from train.model_file import PHASES_DOC, Experiment
 from train.phases import Layer, Phase, Phases, in_model, recipe, resolve
@@ -46,7 +52,7 @@ class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
     def __init__(self, schedule: keras.optimizers.schedules.LearningRateSchedule, factor: float) -> None:
         self.schedule, self.factor = schedule, float(factor)
 
-    def __call__(self, step):
+    def __call__(self, step: tf.Tensor) -> tf.Tensor:
         return self.schedule(step) * self.factor
 
     def get_config(self) -> dict[str, object]:
@@ -68,14 +74,19 @@ def layer_tree(network: keras.Model) -> tuple[Layer, ...]:
     found = _layers(network)
     paths = {id(layer): path for layer, path in found}
     return tuple(
-        Layer(path, tuple(paths[id(each)] for each in all_layers(layer) if id(each) in paths),
-              bool(layer.weights) and not all_layers(layer), bool(layer.trainable))
+        Layer(
+            path,
+            tuple(paths[id(each)] for each in all_layers(layer) if id(each) in paths),
+            bool(layer.weights) and not all_layers(layer),
+            bool(layer.trainable),
+        )
         for layer, path in found
-    )  # fmt: skip
+    )
 
 
-def _specs(settings, experiment: Experiment, context: Context | None) -> tuple[list[Phase], tuple[str, ...] | None,
-                                                                               str]:  # fmt: skip
+def _specs(
+    settings, experiment: Experiment, context: Context | None
+) -> tuple[list[Phase], tuple[str, ...] | None, str]:
     """The phases asked for: (the Phase list, FREEZE's globs or None, where they come from). Raises SettingsError."""
     if experiment.phases is not None and settings.freeze:
         raise SettingsError(
@@ -84,8 +95,9 @@ def _specs(settings, experiment: Experiment, context: Context | None) -> tuple[l
             "phases()"
         )
     if settings.freeze:
-        frozen, specs = recipe(settings.freeze, settings.unfreeze_at_epoch, settings.unfreeze_learning_rate,
-                               settings.learning_rate)  # fmt: skip
+        frozen, specs = recipe(
+            settings.freeze, settings.unfreeze_at_epoch, settings.unfreeze_learning_rate, settings.learning_rate
+        )
         source = f"FREEZE={','.join(settings.freeze)}" + (
             f", UNFREEZE_AT_EPOCH={settings.unfreeze_at_epoch}" if settings.unfreeze_at_epoch else ""
         )
@@ -97,8 +109,9 @@ def _specs(settings, experiment: Experiment, context: Context | None) -> tuple[l
     try:
         returned = experiment.phases(context, **keywords)
     except Exception as error:
-        raise SettingsError(f"{where}(context, **{keywords}) raised {type(error).__name__}: {first_line(error, 200)}"
-                            ) from None  # fmt: skip
+        raise SettingsError(
+            f"{where}(context, **{keywords}) raised {type(error).__name__}: {first_line(error, 200)}"
+        ) from None
     if not isinstance(returned, list | tuple) or not returned or not all(isinstance(p, Phase) for p in returned):
         raise SettingsError(
             f"{where}() returned {str(returned)[:120]}: it must return a non-empty list of train.Phase(epochs, "
@@ -180,8 +193,15 @@ class PhaseCalls:
     """The training calls of the phase under way (train.loop's `Calls`): made again, the phase entered, at each
     phase's first step. `make` makes the calls; `record` puts the phase into the checkpoint."""
 
-    def __init__(self, phased: Phased, segment: Segment, make: Callable[[], TrainCalls], global_batch: int,
-                 record: Callable[[int], None], say: Say) -> None:  # fmt: skip
+    def __init__(
+        self,
+        phased: Phased,
+        segment: Segment,
+        make: Callable[[], TrainCalls],
+        global_batch: int,
+        record: Callable[[int], None],
+        say: Say,
+    ) -> None:
         self.phased, self.segment, self.make, self.global_batch = phased, segment, make, global_batch
         self.record, self.say = record, say
         self.index: int | None = None

@@ -85,12 +85,12 @@ def open_trained(settings: Settings, doing: str, say: Say, restore: bool = True)
     facts fit gave it (train.start.run_context's, for the only process), then (`restore`) the newest checkpoint that
     loads, its averaged weights in place. The caller has checked that MODEL made the run (check_same_model). Raises
     SettingsError for changed data or adapted state, or no checkpoint."""
-    from train.built import build
     from train.checkpoints import make_checkpoint
     from train.context import Context, sample_function
     from train.data.feeds import batches_per_pass, input_pipelines
     from train.data.opening import check_same_data
-    from train.model import use_averaged_weights
+    from train.exportable import use_averaged_weights
+    from train.model import build
 
     runtime = setup_runtime(settings, local_only=True)  # on this host, even where TF_CONFIG names a cluster
     recorded = read_run(settings.output_dir)
@@ -152,7 +152,7 @@ def _from_checkpoint(built: Built) -> Predictor:
     """The checkpoint's weights (open_trained's model) through the export's default function."""
     import tensorflow as tf
 
-    from train.model import serving_endpoints
+    from train.exportable import serving_endpoints
 
     _, function, signature = serving_endpoints(built)[0]
     serve = tf.function(function, input_signature=signature)

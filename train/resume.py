@@ -12,7 +12,6 @@ import json
 import keras
 import numpy as np
 
-from train.batches import accumulation_changed
 from train.checkpoints import RunCheckpoint, make_checkpoint
 from train.cluster.role import Role
 from train.data.feeds import batches_per_pass, input_pipelines
@@ -25,6 +24,7 @@ from train.model_file import model_fingerprint
 from train.run_state import Position, Start
 from train.rundir import RunLock
 from train.start import moved, steps_per_epoch, topology
+from train.step import accumulation_changed
 from train.timeline import Segment, first_segment, resume, segment_at, unread_pass, with_remainder
 from train.writer import Json, Writer
 

@@ -8,14 +8,11 @@ import socket
 from collections.abc import Callable
 from typing import Protocol
 
-from train.accumulation import refuse_custom_train_step
 from train.agreement import Decision, reconcile, report
 from train.batches import Batch
-from train.built import build
 from train.callbacks import build_callbacks, build_hooks
 from train.cluster.role import Peers, Role
 from train.context import Context, sample_function
-from train.custom_step import refuse_unevaluated_monitor
 from train.data import Dataset, open_dataset
 from train.data.adapt import check_recorded
 from train.data.feeds import batches_per_pass, gathers_in_step, input_pipelines
@@ -26,12 +23,13 @@ from train.devices.runtime import Runtime, auto_precision, choose_xla
 from train.errors import SettingsError
 from train.init_from import NoSource, init_source
 from train.loop import Cadence
-from train.model import Built
+from train.model import Built, build
 from train.model_file import OWN_STEP_PRECISION, Experiment, load_model_file, model_fingerprint
 from train.phased import Phased, make_phases
 from train.run_state import Start
 from train.rundir import checkpoints_newest_first
 from train.settings import Settings, agreed_settings
+from train.step import refuse_custom_train_step, refuse_unevaluated_monitor
 from train.writer import Json, Writer
 
 Say = Callable[[str], None]

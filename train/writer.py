@@ -26,8 +26,8 @@ from pathlib import Path
 import tensorflow as tf
 
 from train.errors import TrainingError, first_line, storage_fix
-from train.exportable import check_exportable
-from train.model import Built, export, model_to_export
+from train.exportable import check_exportable, export, model_to_export
+from train.model import Built
 from train.progress import Lines, reporter
 from train.rundir import EPOCHS, RUN, RunLock, read_epochs, read_run, write_json
 from train.settings import RUN_SETTINGS, Settings, changed_settings

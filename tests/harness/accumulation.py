@@ -17,12 +17,12 @@ import numpy as np
 import tensorflow as tf
 
 from tests.harness.replicas import MODEL, SPEC, arrays, weights
-from train.built import build
 from train.data.feeds import RowsFeed, make_feed
 from train.keras_seams import loss_tracker
+from train.model import build
 from train.model_file import load_model_file
 from train.settings import load_settings
-from train.step import make_train_calls
+from train.step import make_calls
 
 GLOBAL_BATCH, STEPS = 64, 12
 
@@ -30,7 +30,7 @@ GLOBAL_BATCH, STEPS = 64, 12
 def train(strategy, settings, accumulation: int):
     built = build(settings, load_model_file(settings.model), SPEC, strategy)
     feed = make_feed(strategy, arrays(), GLOBAL_BATCH, settings.seed, 0, STEPS)
-    calls = make_train_calls(built, strategy, feed, GLOBAL_BATCH, jit_compile=False, accumulation=accumulation)
+    calls = make_calls(built, strategy, feed, GLOBAL_BATCH, jit_compile=False, accumulation=accumulation)
     return built, calls(STEPS)
 
 
@@ -82,11 +82,11 @@ def overflow() -> dict:
     before, scale_before = weights(built), built.loss_scale
     split = arrays()
     scaled = OneMicroBatchScaled(split, runtime.replicas, runtime.global_batch, settings.seed, 0, 1)
-    first = make_train_calls(built, strategy, scaled, runtime.global_batch, False, accumulation)(1)
+    first = make_calls(built, strategy, scaled, runtime.global_batch, False, accumulation)(1)
     after_overflow, scale_after = weights(built), built.loss_scale
     counted = float(loss_tracker(built.network).count.numpy())
     normal = make_feed(strategy, split, runtime.global_batch, settings.seed, 1, 1)
-    second = make_train_calls(built, strategy, normal, runtime.global_batch, False, accumulation)(1)
+    second = make_calls(built, strategy, normal, runtime.global_batch, False, accumulation)(1)
     return {
         "accumulation": accumulation,
         "skipped": [first.skipped, second.skipped],

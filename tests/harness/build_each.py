@@ -6,7 +6,7 @@ import json, sys
 from train.data import load_data
 from train.devices.runtime import setup_runtime
 from train.errors import SettingsError
-from train.built import build
+from train.model import build
 from train.model_file import load_model_file
 from train.settings import load_settings
 settings = load_settings()

@@ -24,7 +24,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from train.built import build
 from train.callbacks import build_callbacks
 from train.context import Context, sample_function
 from train.data.adapt import AdaptContext
@@ -35,10 +34,11 @@ from train.data.opening import open_builder, open_source
 from train.data.spec import inspect
 from train.dataset_path import Survey
 from train.errors import SettingsError, TrainingError, first_line
-from train.model import export
+from train.exportable import export
+from train.model import build
 from train.model_file import load_model_file
 from train.settings import load_settings
-from train.step import make_train_calls
+from train.step import make_calls
 
 BATCH = 8
 
@@ -82,7 +82,7 @@ def main(output_dir: Path) -> dict:
     built = build(settings, experiment, spec, strategy, context)
     callbacks = build_callbacks(experiment, context)
     feed = make_feed(strategy, split, BATCH, settings.seed, 0, 1)
-    result = make_train_calls(built, strategy, feed, BATCH, jit_compile=False)(1)
+    result = make_calls(built, strategy, feed, BATCH, jit_compile=False)(1)
     output_dir.mkdir(parents=True, exist_ok=True)
     paths = export(built, output_dir)
     loaded = keras.saving.load_model(paths["keras"])  # safe_mode on, as evaluate --exported loads it

@@ -20,14 +20,14 @@ import numpy as np
 import tensorflow as tf
 
 from examples.custom_step import build_model
-from train.built import build
-from train.custom_step import make_calls
 from train.data.feeds import make_feed, pass_order
 from train.data.in_memory import Split
 from train.data.spec import DatasetSpec
 from train.devices.runtime import setup_runtime
+from train.model import build
 from train.model_file import load_model_file
 from train.settings import load_settings
+from train.step import make_calls
 
 # by its path from the repository, wherever this runs (the tests run it in an empty folder: no .env there)
 CUSTOM_STEP = str(Path(__file__).resolve().parents[2] / "examples" / "custom_step.py")
@@ -58,7 +58,7 @@ def engine(strategy, settings, xla: bool = False) -> tuple[list[np.ndarray], dic
 def keras_fit(strategy, settings) -> tuple[list[np.ndarray], dict]:
     split = arrays()
     rows = pass_order(len(split), settings.seed, 0).numpy()[: STEPS * GLOBAL_BATCH]
-    keras.utils.set_random_seed(settings.seed)  # as train.model.make seeds it
+    keras.utils.set_random_seed(settings.seed)  # as train.model.build seeds it
     with strategy.scope():
         model = build_model(SPEC.input_shape, SPEC.num_classes, LEARNING_RATE)
     history = model.fit(split.features[rows], split.labels[rows], batch_size=GLOBAL_BATCH, shuffle=False, verbose=0)

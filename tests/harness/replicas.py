@@ -19,15 +19,15 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from train.built import build
 from train.context import Context
 from train.data.feeds import RowsFeed, make_feed
 from train.data.in_memory import Split
 from train.data.spec import DatasetSpec
 from train.devices.runtime import setup_runtime
+from train.model import build
 from train.model_file import load_model_file
 from train.settings import load_settings
-from train.step import make_train_calls
+from train.step import make_calls
 
 SPEC = DatasetSpec("arrays", "features", "label", (32,), "float32", False, (), "int64", 10, 512, 0)
 MODEL = str(Path(__file__).with_name("options_model.py"))  # by its path, wherever this runs (an empty folder)
@@ -47,7 +47,7 @@ def weights(built) -> list[np.ndarray]:
 def train(strategy, settings, steps: int, global_batch: int):
     built = build(settings, load_model_file(settings.model), SPEC, strategy)
     feed = make_feed(strategy, arrays(), global_batch, settings.seed, 0, steps)
-    result = make_train_calls(built, strategy, feed, global_batch, jit_compile=False)(steps)
+    result = make_calls(built, strategy, feed, global_batch, jit_compile=False)(steps)
     return built, result
 
 
@@ -91,13 +91,13 @@ def overflow() -> dict:
     before, scale_before = weights(built), built.loss_scale
     split = arrays()
     scaled = ScaledFeed(split, runtime.replicas, runtime.global_batch, settings.seed, 0, 1)
-    first = make_train_calls(built, strategy, scaled, runtime.global_batch, jit_compile=False)(1)
+    first = make_calls(built, strategy, scaled, runtime.global_batch, jit_compile=False)(1)
     after_overflow, scale_after = weights(built), built.loss_scale
     copies = [
         [np.asarray(v.numpy()) for v in strategy.experimental_local_results(w.value)] for w in built.serving.weights
     ]
     normal = make_feed(strategy, split, runtime.global_batch, settings.seed, 1, 1)
-    second = make_train_calls(built, strategy, normal, runtime.global_batch, jit_compile=False)(1)
+    second = make_calls(built, strategy, normal, runtime.global_batch, jit_compile=False)(1)
     return {
         "replicas": runtime.replicas,
         "worker": runtime.worker_index,

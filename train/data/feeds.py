@@ -242,7 +242,7 @@ def _on_gpus(strategy) -> bool:
 
 
 class Feed(Protocol):
-    """What the training call asks of its input (train.step, train.custom_step, train.accumulation), and all it asks.
+    """What the training call asks of its input (train.step), and all it asks.
 
     A call of `steps` steps is one `tf.function` run: `call_args(steps)` is what it is handed (tensors, or an
     iterator), and moves the feed on by `steps`; inside it, step `step` (from 0) of the call takes

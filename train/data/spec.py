@@ -48,7 +48,7 @@ class DatasetSpec:
 
     def label(self, example: Example) -> tf.Tensor:
         """A decoded example's label; without one (LABEL_KEY=none), a uint8 0 that stands in for it on the way to
-        the step, which hands the model its inputs alone (train.custom_step)."""
+        the step, which hands the model its inputs alone (train.step)."""
         return example[self.label_key] if self.labeled else no_label()
 
     def pair(self, example: Example) -> tuple[tf.Tensor, tf.Tensor]:

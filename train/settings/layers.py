@@ -256,7 +256,7 @@ def _batch_sizes(
 ) -> tuple[tuple[str, str], ...]:
     """BATCH_SIZE and GLOBAL_BATCH_SIZE, each from the highest layer that sets it (they may come from different
     ones: a fork's project/defaults.env BATCH_SIZE, what fits its GPU, under a flag's GLOBAL_BATCH_SIZE, what the
-    recipe needs). Both: BATCH_SIZE is the most one replica takes at once, and a step accumulates (train.batches).
+    recipe needs). Both: BATCH_SIZE is the most one replica takes at once, a step in micro-batches (train.batches).
     GLOBAL_BATCH_SIZE alone: `batch_size` is None (the global batch divided by the replicas). Returns
     where each that is set came from, ((name, place), ...)."""
     layers, places = list(layers), list(places)
@@ -415,5 +415,5 @@ def changed_settings(path: Path, settings: Settings) -> list[tuple[str, str, str
     now = settings.to_json()
     defining = (*RUN_DEFINING, *(hparams.env_name(name) for name, _ in settings.hyperparameters))  # each defines it
     if now["GLOBAL_BATCH_SIZE"] and before.get("GLOBAL_BATCH_SIZE") == now["GLOBAL_BATCH_SIZE"]:
-        defining = tuple(name for name in defining if name != "BATCH_SIZE")  # only how many a step accumulates
+        defining = tuple(name for name in defining if name != "BATCH_SIZE")  # only how many micro-batches make a step
     return [(name, str(before[name]), now[name]) for name in defining if before.get(name, now[name]) != now[name]]

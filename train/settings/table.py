@@ -146,7 +146,7 @@ class Settings:
         "128", parse.optional_positive_int, "Examples per replica at once (global: x replicas).", **RW
     )  # None: GLOBAL_BATCH_SIZE is set
     global_batch_size: int | None = setting(
-        "", parse.optional_positive_int, "Examples per step on all replicas (accumulates).", **RW
+        "", parse.optional_positive_int, "Examples per step on all replicas (in micro-batches of BATCH_SIZE).", **RW
     )
     epochs: int = setting("5", parse.positive_int, "Number of epochs.", **W)
     steps_per_epoch: int | None = setting(

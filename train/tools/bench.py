@@ -5,7 +5,7 @@ and LOG_EVERY, CHECKPOINT_EVERY, STEPS_PER_EPOCH where they cut calls short), th
 on the same data are measured in examples per second (train.tools.contenders builds each from the engine's public
 parts; the benchmark never reaches inside the engine):
 
-  1  template           the template's own path: `make_train_calls` on `make_feed`, in the calls `fit` makes,
+  1  template           the template's own path: `make_calls` on `make_feed`, in the calls `fit` makes,
                         XLA as `fit` decides (without what `fit` does between calls: logging, checkpoints, evaluation)
   1a accumulated        the same at the same micro-batch, each step accumulating ACCUMULATION of them (GLOBAL_BATCH_SIZE
                         with BATCH_SIZE): a global batch ACCUMULATION times larger, one optimizer update a step

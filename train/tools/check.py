@@ -16,16 +16,16 @@ from typing import Any
 
 import tensorflow as tf
 
-from train.built import build
-from train.custom_step import make_calls
 from train.data import load_data
 from train.data.feeds import gathers_in_step, make_feed
 from train.devices.backend import TensorFlowDevices
 from train.devices.runtime import choose_xla, setup_runtime
 from train.errors import SettingsError, first_line
+from train.model import build
 from train.model_file import load_model_file
 from train.settings import Settings
 from train.start import run_context, steps_per_epoch
+from train.step import make_calls
 from train.tools.probe import Trial, format_probe, probe_batch_sizes
 
 Say = Callable[[str], None]

@@ -1,8 +1,8 @@
 """The ways of training that `bench` measures against each other, each built from the engine's public parts.
 
-A contender trains a fresh copy of the same model (`train.built.build`) on the same data and measures how many
+A contender trains a fresh copy of the same model (`train.model.build`) on the same data and measures how many
 examples a second it takes. The template's own contender is what `fit` runs: its feed (`make_feed`), its
-training calls (`make_train_calls`) in the lengths `fit` cuts them (`call_steps`), XLA as `fit` decides it. The
+training calls (`make_calls`) in the lengths `fit` cuts them (`call_steps`), XLA as `fit` decides it. The
 ceilings feed the same training calls batches that cost nothing to make (through the engine's `Feed` seam), so
 the gap to them is what the input costs; Keras `model.fit` trains the same model as Keras would.
 """
@@ -20,7 +20,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from train.built import build
 from train.context import Context
 from train.data.feeds import BlocksFeed, PipelineFeed, distribute, gathers_in_step, make_feed
 from train.data.in_memory import Split
@@ -28,10 +27,11 @@ from train.data.source import Data
 from train.devices.runtime import Runtime, choose_xla
 from train.errors import TrainingError, first_line
 from train.loop import call_steps, longest_call
+from train.model import build
 from train.model_file import Experiment
 from train.settings import Settings
 from train.start import cadence_of, run_context, steps_per_epoch
-from train.step import make_train_calls
+from train.step import make_calls
 
 TUTORIAL_BATCH = 32  # Keras fit's default batch_size
 Say = Callable[[str], None]
@@ -75,7 +75,7 @@ def loop_contender(
         )
     )()
     jit = jit and (feed.compilable or not gathers_in_step(runtime.strategy, data.spec.records))
-    calls = make_train_calls(built, runtime.strategy, feed, global_batch, jit, runtime.accumulation)
+    calls = make_calls(built, runtime.strategy, feed, global_batch, jit, runtime.accumulation)
     step = 0  # goes on from one measurement to the next, as a run's step does
 
     def measure(seconds: float) -> tuple[int, float]:
