@@ -507,7 +507,7 @@ def issue_56_counts() -> dict[str, int]:
     return {
         "statements in the core": sum(statements(path) for path in CORE),
         "statements in train/": sum(statements(path) for path in every),
-        "engine files naming accumulat": sum(1 for path in engine if "accumulat" in path.read_text()),
+        "engine files naming accumulat": sum(1 for path in engine if "accumulat" in path.read_text().lower()),
         "fmt: skip or off in train/": sum(len(re.findall(r"# fmt: (?:skip|off)", p.read_text())) for p in every),
         "Any or object annotations": sum(loose for loose, _ in typed),
         "parameters without a type": sum(untyped for _, untyped in typed),
