@@ -15,7 +15,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from train.checkpoints import RunCheckpoint
-from train.cluster.role import Peers
+from train.cluster.workers import SingleHost
 from train.errors import TrainingError
 from train.hooks import CallResult, Hook, Metrics, Say
 from train.model import Built
@@ -64,7 +64,7 @@ class StopRequests(Hook):
     """SIGTERM or Ctrl-C (train.signals.StopRequest), heard on every worker at the same call: `peers` saves the
     step (a collective across workers) and says stop."""
 
-    def __init__(self, peers: Peers) -> None:
+    def __init__(self, peers: SingleHost) -> None:
         self.peers = peers
 
     def should_stop(self, step: int, saved_step: int, skipped: int) -> bool:
