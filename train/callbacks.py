@@ -25,8 +25,7 @@ MONITOR picks the best epoch by its logs: the direction as Keras's mode="auto" t
 MONITOR_MODE), the best epoch's checkpoint kept whatever KEEP_CHECKPOINTS says (by the chief's role), and exported
 at the end.
 
-Each job is one object: `ForkCallbacks` calls the callbacks, `BestEpoch` follows MONITOR; `Callbacks`, the hook,
-records the logs and calls them in the order above.
+`Callbacks`, the hook, calls the callbacks and records the logs in the order above; `BestEpoch` follows MONITOR.
 """
 
 from __future__ import annotations
@@ -120,47 +119,6 @@ def _guarded(call: Callable[P, T], model: str, what: str, moment: str) -> Callab
             ) from None
 
     return guarded
-
-
-class ForkCallbacks:
-    """The fork's callbacks, called as `model.fit` calls them; a callback's `model.stop_training` (the chief's,
-    across workers) ends the run."""
-
-    def __init__(
-        self,
-        callbacks: list[keras.callbacks.Callback],
-        network: keras.Model,
-        epochs: int,
-        steps_per_epoch: int,
-        peers: SingleHost,
-        model: str,
-    ) -> None:
-        self.callbacks, self.network, self.peers, self.model = callbacks, network, peers, model
-        self.stopped_early = False
-        network.stop_training = False
-        for callback in callbacks:
-            callback.set_model(network)
-            callback.set_params({"verbose": 0, "epochs": epochs, "steps": steps_per_epoch})
-
-    def __bool__(self) -> bool:
-        return bool(self.callbacks)
-
-    def each(self, hook: str, *args: object) -> None:
-        """`hook` (on_epoch_end, ...) of every callback, in the order MODEL's build_callbacks gave them. Raises
-        TrainingError where one raises: the fork's code, not the engine's (the last checkpoint is intact)."""
-        for callback in self.callbacks:
-            _guarded(getattr(callback, hook), self.model, f"callback {type(callback).__name__}", hook)(*args)
-
-    def stop_requested(self, step: int) -> bool:
-        """Whether a callback set `model.stop_training` (the chief's, across workers)."""
-        if not self.callbacks:
-            return False
-        stop = bool(getattr(self.network, "stop_training", False))
-        if self.peers.workers > 1:
-            stop = self.peers.share_from_chief(f"callbacks/stop_training/{step}", "1" if stop else "0") == "1"
-            self.network.stop_training = stop
-        self.stopped_early = self.stopped_early or stop
-        return stop
 
 
 def _better(value: object, best: object, direction: str) -> bool:
@@ -285,7 +243,12 @@ class Callbacks(Hook):
         model: str,
         phase_of: Callable[[int], int] = lambda epoch: 0,
     ) -> None:
-        self.fork = ForkCallbacks(callbacks, network, epochs, steps_per_epoch, role.peers, model)
+        self.callbacks, self.network, self.model = callbacks, network, model
+        self.stopped_early = False  # by a callback's model.stop_training
+        network.stop_training = False
+        for callback in callbacks:
+            callback.set_model(network)
+            callback.set_params({"verbose": 0, "epochs": epochs, "steps": steps_per_epoch})
         self.writer, self.peers = role.writer, role.peers
         self.entries: list[Epoch] = []  # every epoch's logs: epochs.json
         self.best = BestEpoch(monitor, monitor_mode, network, role.peers, checkpoint, say)
@@ -295,22 +258,28 @@ class Callbacks(Hook):
         # the recorded ones), not from step arithmetic, since a start at another global batch re-bases the epochs.
         self.epoch, self.epoch_start, self.epoch_begun = 0, 0, False
 
+    def _each(self, hook: str, *args: object) -> None:
+        """`hook` (on_epoch_end, ...) of every callback, in the order MODEL's build_callbacks gave them. Raises
+        TrainingError where one raises: the fork's code, not the engine's (the last checkpoint is intact)."""
+        for callback in self.callbacks:
+            _guarded(getattr(callback, hook), self.model, f"callback {type(callback).__name__}", hook)(*args)
+
     # --- a start: on_train_begin and the replay ---
 
     def begin(self, start_step: int, segment: Segment) -> None:
         """on_train_begin, then the recorded epochs up to `start_step` replayed, then the checkpoint restored again
         (after `train.resume.open_run_dir` restored it). `segment`: the run's mapping of steps to epochs."""
-        recorded = self._recorded(start_step, segment, replayed=bool(self.fork or self.best.monitor))
+        recorded = self._recorded(start_step, segment, replayed=bool(self.callbacks or self.best.monitor))
         if recorded:
             self.epoch, self.epoch_start = recorded[-1]["epoch"], recorded[-1]["step"]
         else:  # a first start, or a run without its epochs.json: the run's own mapping of steps to epochs
             self.epoch = segment.epochs_completed(start_step)
             self.epoch_start = segment.epoch_start(self.epoch)
-        self.fork.each("on_train_begin", {})
+        self._each("on_train_begin", {})
         for entry in recorded:
-            self.fork.each("on_epoch_begin", entry["epoch"] - 1, {})
+            self._each("on_epoch_begin", entry["epoch"] - 1, {})
             self._epoch_end(entry, replay=True)
-        if self.fork and recorded:
+        if self.callbacks and recorded:
             self._restore_again(start_step)
         self.best.agree(self.entries)
 
@@ -341,20 +310,28 @@ class Callbacks(Hook):
     # --- between calls ---
 
     def before_call(self, step: int) -> None:
-        if not self.fork:
+        if not self.callbacks:
             return
         if not self.epoch_begun:  # an epoch's first call, or the first call of a start
             self.epoch_begun = True
-            self.fork.each("on_epoch_begin", self.epoch, {})
-        self.fork.each("on_train_batch_begin", step - self.epoch_start, {})
+            self._each("on_epoch_begin", self.epoch, {})
+        self._each("on_train_batch_begin", step - self.epoch_start, {})
 
     def after_call(self, step: int, result: CallResult, skipped: int, examples_per_sec: float | None) -> None:
         self.metrics = result.metrics
-        if self.fork:
-            self.fork.each("on_train_batch_end", step - 1 - self.epoch_start, dict(result.metrics))
+        if self.callbacks:
+            self._each("on_train_batch_end", step - 1 - self.epoch_start, dict(result.metrics))
 
     def should_stop(self, step: int, saved_step: int, skipped: int) -> bool:
-        return self.fork.stop_requested(step)
+        """Whether a callback set `model.stop_training` (the chief's, across workers)."""
+        if not self.callbacks:
+            return False
+        stop = bool(getattr(self.network, "stop_training", False))
+        if self.peers.workers > 1:
+            stop = self.peers.share_from_chief(f"callbacks/stop_training/{step}", "1" if stop else "0") == "1"
+            self.network.stop_training = stop
+        self.stopped_early = self.stopped_early or stop
+        return stop
 
     def epoch_end(self, epoch: int, step: int, metrics: Metrics) -> None:
         """After epoch `epoch` (from 1) was evaluated at `step`: on_epoch_end, MONITOR, epochs.json (the chief)."""
@@ -366,7 +343,7 @@ class Callbacks(Hook):
     def _epoch_end(self, entry: Epoch, replay: bool) -> None:
         """on_epoch_end, then the logs recorded as the callbacks left them (what they add, like ReduceLROnPlateau's
         learning_rate, included); a replayed epoch keeps its record, whatever the callbacks write into theirs."""
-        self.fork.each("on_epoch_end", entry["epoch"] - 1, dict(entry["logs"]) if replay else entry["logs"])
+        self._each("on_epoch_end", entry["epoch"] - 1, dict(entry["logs"]) if replay else entry["logs"])
         self.entries.append(entry)
         self.best.judge(entry, replay)
 
@@ -375,8 +352,8 @@ class Callbacks(Hook):
 
     def end(self, step: int) -> None:
         """on_train_end, with the last epoch's logs, once training ended at `step` (not by a signal)."""
-        self.fork.each("on_train_end", dict(self.entries[-1]["logs"]) if self.entries else {})
-        if self.fork.stopped_early:
+        self._each("on_train_end", dict(self.entries[-1]["logs"]) if self.entries else {})
+        if self.stopped_early:
             epoch = self.epoch + (step > self.epoch_start)  # from 1: the one it stopped in, or at the end of
             self.say(f"Stopped early at step {step} (epoch {epoch}): a callback set model.stop_training.")
 
@@ -384,4 +361,4 @@ class Callbacks(Hook):
 
     def summary(self) -> dict[str, object]:
         """What summary.json says of the callbacks and MONITOR."""
-        return {"stopped_early": self.fork.stopped_early, "best": self.best.summary()}
+        return {"stopped_early": self.stopped_early, "best": self.best.summary()}

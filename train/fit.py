@@ -44,7 +44,7 @@ from train.data.raised import preprocess_raised
 from train.data.shapes import odd_shape
 from train.devices.runtime import Runtime, setup_runtime
 from train.errors import SettingsError, TrainingError, first_line
-from train.hooks import Hook, Say
+from train.hooks import Hook, Json, Say
 from train.loop import Outcome, Schedule, longest_call, run_loop
 from train.model import averaged_weights, use_averaged_weights
 from train.model_file import RESNET_EXAMPLE, load_model_file
@@ -56,7 +56,7 @@ from train.rundir import RunLock, check_same_model, read_run, restore_newest
 from train.settings import Settings
 from train.signals import StopRequest
 from train.start import Start, batch_of, run_context, start_run, steps_per_epoch
-from train.writer import Json, SummaryWriters, Writer
+from train.writer import SummaryWriters, Writer
 
 
 def _say(message: str) -> None:

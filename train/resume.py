@@ -66,7 +66,7 @@ def open_run_dir(
     `run_begin` returns goes into run.json."""
     settings, say, writer = start.settings, start.say, role.writer
     writer.lock(lock)
-    changed = start.changed
+    changed = ", ".join(f"{name} {before or '(unset)'} -> {now or '(unset)'}" for name, before, now in start.changed)
     made = make_checkpoint(start.built, start.phases.plan.phased)
     manager = WorkerCheckpoints(made, start.checkpoint_dir, settings.keep_checkpoints, role.peers)
     checkpoint = RunCheckpoint(made, manager, start.built, runtime.strategy, start.checkpoint_dir)
@@ -77,10 +77,8 @@ def open_run_dir(
             raise
         raise SettingsError(
             f"no checkpoint in {start.checkpoint_dir} loads: settings changed since the run's last start may build "
-            "another model than the run's ("
-            + ", ".join(f"{name} {before or '(unset)'} -> {now or '(unset)'}" for name, before, now in changed)
-            + "), or the checkpoints are corrupt. Set the settings back to the run's (its settings.json), or use "
-            "another OUTPUT_DIR; the checkpoints are left as they are"
+            f"another model than the run's ({changed}), or the checkpoints are corrupt. Set the settings back to the "
+            "run's (its settings.json), or use another OUTPUT_DIR; the checkpoints are left as they are"
         ) from None
     # Written once the run's checkpoints have loaded (or there are none): a start that cannot open the run rewrites
     # nothing of it (a run.json naming another model would lock the right one out).
@@ -111,9 +109,8 @@ def open_run_dir(
         say(f"Resuming from {restored} at step {position.resumed_from}.")
         if changed:
             writer.note(
-                "warning: resuming with settings changed since this run directory's last start: "
-                + ", ".join(f"{name} {before or '(unset)'} -> {now or '(unset)'}" for name, before, now in changed)
-                + ". The steps taken stay; the rest follow the new values (a new OUTPUT_DIR starts over)."
+                f"warning: resuming with settings changed since this run directory's last start: {changed}. The "
+                "steps taken stay; the rest follow the new values (a new OUTPUT_DIR starts over)."
             )
     else:
         checkpoint.save(0, 0)  # the initial weights: what AUTO_BATCH restarts from before step 1

@@ -71,7 +71,7 @@ class StopRequests(Hook):
         return self.peers.should_stop(step, saved_step)
 
 
-def write_scalars(writer, step: int, metrics: Metrics, **extra: float | None) -> None:
+def write_scalars(writer: tf.summary.SummaryWriter, step: int, metrics: Metrics, **extra: float | None) -> None:
     """TensorBoard scalars: every metric, and the extras given. A metric of several values (an F1 score per
     class) is one scalar per value, NAME/0, NAME/1, ...: TensorBoard charts one number per tag."""
     with writer.as_default(step=step):

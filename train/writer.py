@@ -19,17 +19,15 @@ The checkpoints are not here: saving one is a collective of every worker (train.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import tensorflow as tf
 
 from train.errors import TrainingError, storage_fix
+from train.hooks import Json, Say
 from train.run_files import RUN_SETTINGS
 from train.rundir import EPOCHS, RUN, RunLock, read_epochs, read_run, write_json
 
-Say = Callable[[str], None]
-Json = dict[str, object]  # a JSON document's object
 SummaryWriters = dict[str, tf.summary.SummaryWriter]  # "train", "eval" (train.run_hooks.Scalars writes to them)
 
 

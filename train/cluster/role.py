@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from train.cluster.workers import Say, SingleHost, StopRequest, connect
+from train.cluster.workers import SingleHost, StopRequest, connect
 from train.devices.runtime import Runtime
+from train.hooks import Say
 from train.rundir import CRASH_LOG
 from train.writer import ChiefWriter, Writer
 

@@ -28,12 +28,12 @@ from tensorflow.python.util import deprecation
 
 from train.devices.runtime import Runtime
 from train.errors import FUNCTION_NODE, BusyError, TrainingError, clip, first_line
+from train.hooks import Say
 from train.keras_seams import rotation
 from train.rundir import busy, checkpoints_newest_first, holder, restore_newest
 from train.signals import StopRequest
 
 END_BARRIER_SECONDS = 3600  # how long the others wait for the chief's export at the end
-Say = Callable[[str], None]
 Report = dict[str, object]  # what one worker tells the others (json-serialisable)
 
 _KEY = "tf_train_template/"
