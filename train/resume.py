@@ -339,7 +339,7 @@ def finish(
     writer = role.writer
     for each in scalars.values():
         each.flush()
-    say, peers, built = start.say, start.peers, start.built
+    say, peers, built = start.say, role.peers, start.built
     built.average_statistics()  # what is evaluated, exported and compared across workers: the replicas' mean
     fingerprint = weights_fingerprint(built)
     result = summary(start, position, checkpoint, outcome, fingerprint) | callbacks.summary() | (added or {})
@@ -401,7 +401,7 @@ def _weights_differ(error: WeightsDiffer, start: Start, checkpoint: RunCheckpoin
     kept = f"checkpoint {checkpoint.latest} is kept" if checkpoint.latest else "the chief keeps the last checkpoint"
     where = f"every worker's hash is in {log}" if log else f"the chief's {start.output_dir / CRASH_LOG} has every hash"
     return TrainingError(
-        f"worker {start.peers.worker_index} of {start.peers.workers}: the workers ended with different weights "
+        f"worker {role.peers.worker_index} of {role.peers.workers}: the workers ended with different weights "
         f"({error}): the replicas were not kept in sync; this is a bug; {kept}; {where}: please report it with "
         "the logs of every worker"
     )

@@ -44,7 +44,6 @@ class Start:
     model, XLA, and what run.json records of them."""
 
     settings: Settings
-    peers: SingleHost
     data: Data
     built: Built
     context: Context  # the run's facts, as build_model, build_callbacks and build_hooks got them
@@ -191,7 +190,6 @@ def _build(
 def start_run(settings: Settings, runtime: Runtime, role: Role, say: Say) -> tuple[Start, Runtime]:
     """Agree, load the data, build and check the model, decide XLA: everything before the run directory. Returns
     what the start decided and the runtime it resolved (its precision)."""
-    peers, writer = role.peers, role.writer
     for note in runtime.notes:
         say(note)
     if runtime.cluster is not None:
@@ -199,7 +197,7 @@ def start_run(settings: Settings, runtime: Runtime, role: Role, say: Say) -> tup
     experiment = load_model_file(settings.model)  # MODEL's file, loaded once for the run and passed down
     dataset = open_dataset(settings, experiment, say)
     settings = dataset.settings  # a dataset with one split: TRAIN_SPLIT and EVAL_SPLIT slice it
-    recorded = writer.recorded()  # run.json, read once: the chief's ({} on the others, which have nothing to check)
+    recorded = role.writer.recorded()  # run.json, read once: the chief's ({} on others: nothing to check)
     newest = _checkpoints(settings.output_dir)
     # another DATASET, or changed files: refused before anything is built; a run that trained no step yet (none
     # after step 0's initial weights) takes the data as it is now
@@ -211,7 +209,7 @@ def start_run(settings: Settings, runtime: Runtime, role: Role, say: Say) -> tup
     # INIT_FROM's source, chosen once (train.init_from); a resume restores what it gave at step 0: not read again
     source = init_source(settings.init_from) if newest == [] else NoSource()
     source.check()
-    decision = agree(settings, runtime, peers, dataset, recorded, source.identity() or "")
+    decision = agree(settings, runtime, role.peers, dataset, recorded, source.identity() or "")
     runtime = runtime.with_precision(decision.precision)
     data = dataset.load(settings, decision.data_in_memory, workers_here(runtime))
     for line in (*decision.notes, *data.notes):
@@ -228,7 +226,6 @@ def start_run(settings: Settings, runtime: Runtime, role: Role, say: Say) -> tup
     init = source.match(built.network, settings.init_layers)  # a bad file, nothing to load: before writing
     start = Start(
         settings,
-        peers,
         data,
         built,
         context,
