@@ -44,7 +44,7 @@ from train.cluster.role import Role
 from train.cluster.workers import SingleHost
 from train.context import Context
 from train.errors import SettingsError, TrainingError, first_line
-from train.hooks import MOMENTS, CallResult, Hook, Metrics, Say
+from train.hooks import MOMENTS, CallResult, Hook, Json, Metrics, Say
 from train.keras_seams import monitor_direction
 from train.model_file import OPTIONAL_SEAMS, Experiment
 from train.rundir import EPOCHS
@@ -215,7 +215,7 @@ class BestEpoch:
             f"{value:.4f}, {self.direction}); its weights are evaluated and exported, the last checkpoint resumes."
         )
 
-    def summary(self) -> dict[str, object] | None:
+    def summary(self) -> Json | None:
         if not self.best or not self.monitor:
             return None
         return {"epoch": self.best["epoch"], "step": self.best["step"], self.monitor: self.best["logs"][self.monitor]}
@@ -359,6 +359,6 @@ class Callbacks(Hook):
 
     # --- the end ---
 
-    def summary(self) -> dict[str, object]:
+    def summary(self) -> Json:
         """What summary.json says of the callbacks and MONITOR."""
         return {"stopped_early": self.stopped_early, "best": self.best.summary()}

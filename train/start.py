@@ -134,7 +134,7 @@ def agree(
     return reconcile(peers.all_gather("report", this_worker))
 
 
-def topology(runtime: Runtime) -> dict[str, object]:
+def topology(runtime: Runtime) -> Json:
     """What a start ran on: a resume on other devices decides again what does not change the math."""
     return {"workers": runtime.workers, "replicas": runtime.replicas, "devices": list(runtime.devices)}
 

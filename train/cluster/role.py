@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import ParamSpec, TypeVar
 
 from train.cluster.workers import SingleHost, StopRequest, connect
 from train.devices.runtime import Runtime
@@ -21,6 +21,7 @@ from train.rundir import CRASH_LOG
 from train.writer import ChiefWriter, Writer
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class Role:
@@ -37,9 +38,9 @@ class Role:
         """The line a worker says once every worker has joined."""
         return f"Worker {self.peers.worker_index} of {self.peers.workers} ({address}): all workers joined."
 
-    def chief_only(self, work: Callable[..., T], *args: object) -> T | None:
-        """`work(*args)` on the chief (what only it does, or computes alone before it shares it); None on every
-        other worker."""
+    def chief_only(self, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | None:
+        """`work(*args, **kwargs)` on the chief (what only it does, or computes alone before it shares it); None on
+        every other worker."""
         return None
 
     def decided(self, name: str, value: bool, why: str) -> tuple[bool, str]:
@@ -63,8 +64,8 @@ class Chief(Role):
             "all workers joined."
         )
 
-    def chief_only(self, work: Callable[..., T], *args: object) -> T | None:
-        return work(*args)
+    def chief_only(self, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | None:
+        return work(*args, **kwargs)
 
     def decided(self, name: str, value: bool, why: str) -> tuple[bool, str]:
         self.peers.share_from_chief(name, "1" if value else "0")
