@@ -223,9 +223,8 @@ def test_dataset_prepared_in_a_data_dir_trains_offline_without_its_builder_code(
 def test_calls_end_at_every_log_checkpoint_and_epoch_step_and_at_the_end():
     from train.loop import call_steps
     from train.settings import load_settings
-    from train.start import cadence_of
 
-    settings = cadence_of(load_settings({"STEPS_PER_CALL": "32", "LOG_EVERY": "50", "CHECKPOINT_EVERY": "100"}))
+    settings = load_settings({"STEPS_PER_CALL": "32", "LOG_EVERY": "50", "CHECKPOINT_EVERY": "100"})
     lengths, step = [], 0
     while step < 300:
         lengths.append(call_steps(settings, step, steps_per_epoch=128, total_steps=300))
@@ -240,11 +239,8 @@ def test_the_feed_plans_for_the_longest_call_fit_makes_not_for_steps_per_call(st
     """A huge STEPS_PER_CALL once made the feed plan millions of passes ahead (all memory); calls are cut anyway."""
     from train.loop import call_steps, longest_call
     from train.settings import load_settings
-    from train.start import cadence_of
 
-    settings = cadence_of(
-        load_settings({"STEPS_PER_CALL": steps_per_call, "LOG_EVERY": "50", "CHECKPOINT_EVERY": "100"})
-    )
+    settings = load_settings({"STEPS_PER_CALL": steps_per_call, "LOG_EVERY": "50", "CHECKPOINT_EVERY": "100"})
     lengths, step = [], 0
     while step < 1000:
         lengths.append(call_steps(settings, step, steps_per_epoch=40, total_steps=1000))

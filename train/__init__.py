@@ -56,14 +56,14 @@ Model, data, devices, phases, the loop, its hook interface and the plug-ins are 
 |                 | (step_of)                                                      |                                   |
 | keras_seams     | the few places below Keras's public API, each guarded by a     | grow without a test naming it     |
 |                 | test                                                           |                                   |
-| fit             | THE RUN: fit and evaluate, the chapters below called in order  | write a file itself; ask which    |
-|                 |                                                                | worker it is on                   |
+| fit             | THE RUN: fit and evaluate, the chapters below called in order; | write a file itself; ask which    |
+|                 | errors told in one line, AUTO_BATCH's retry                    | worker it is on                   |
 | start,          | the start: workers agree (agreement), the data loaded, the     | write anything (start); hold Any  |
-| agreement,      | model built, XLA decided: a frozen Start; where the run is:    | (run_state)                       |
-| run_state       | Position                                                       |                                   |
-| resume, rundir, | the run directory proven writable before TF, its newest        | train                             |
-| checkpoints,    | checkpoint that loads (rundir); opened, restored or begun      |                                   |
-|                 | (resume); what a checkpoint holds, restored                    |                                   |
+| agreement       | model built, XLA decided: a frozen Start                       |                                   |
+| resume, rundir, | the run directory proven writable before TF, its newest        | train but through the loop;       |
+| checkpoints,    | checkpoint that loads (rundir); opened, restored or begun, and | write but through the writer      |
+|                 | where the run is: Position; the last evaluation, the export,   |                                   |
+|                 | summary.json (resume); what a checkpoint holds, restored       |                                   |
 | timeline        | with its seeds (checkpoints); steps mapped to epochs and to    |                                   |
 |                 | the data: the one epoch arithmetic (timeline)                  |                                   |
 | phases,         | PHASES: which layers train when, at what rate: the plan        | import TensorFlow (phases); run   |
@@ -86,10 +86,8 @@ Model, data, devices, phases, the loop, its hook interface and the plug-ins are 
 | progress        | MODEL's build_hooks checked, each moment guarded (callbacks);  |                                   |
 |                 | what a run says while it trains (progress: a hook)             |                                   |
 | writer          | what the chief writes (settings.json, run.json, epochs.json,   | be bypassed (a checkpoint is a    |
-|                 | summary.json, logs, exports), decided once; the other workers' | collective: checkpoints, peers)   |
-|                 | Writer does nothing                                            |                                   |
-| failures,       | errors told in one line, AUTO_BATCH's retry; the last          | write but through the writer      |
-| finish          | evaluation, the export, summary.json                           |                                   |
+|                 | summary.json, logs), decided once; the other workers' Writer   | collective: checkpoints, peers)   |
+|                 | does nothing                                                   |                                   |
 | predict,        | a trained run opened for evaluate and predict (open_trained);  | train; write into OUTPUT_DIR      |
 | predict_inputs  | `predict`: the export run on files, rows or a split, as JSON   |                                   |
 |                 | Lines; what it reads, checked (predict_inputs)                 |                                   |
@@ -108,8 +106,8 @@ Model, data, devices, phases, the loop, its hook interface and the plug-ins are 
 
 The modules stand in seven layers, top to bottom, each importing only its own or those below (import-linter's
 `layers` contract in pyproject.toml): the command line (cli, command); tools, and the plug-ins; the run (fit,
-start, agreement, resume, finish, predict); the loop and the engine's hooks (loop, run_hooks, callbacks); the step,
-the model, the data and the checkpoints; devices and cluster; settings and what every layer reads (settings,
+start, agreement, resume, predict); the loop and the engine's hooks (loop, run_hooks, callbacks); the step,
+the model, the data and the checkpoints; devices, cluster and the writer; settings and what every layer reads (settings,
 model_file, hparams, dataset_path, rundir, errors, phases, timeline, progress, keras_seams, and hooks, the hook
 interface).
 

@@ -38,17 +38,26 @@ def _where(index: int) -> str:
 
 
 def report(
-    settings_text: dict[str, str], model_sha256: str, facts: Json, fits_in_memory: bool, precision: str,
-    recorded: Json | None = None, adapted: Json | None = None,
-) -> Json:  # fmt: skip
+    settings_text: dict[str, str],
+    model_sha256: str,
+    facts: Json,
+    fits_in_memory: bool,
+    precision: str,
+    recorded: Json | None = None,
+    adapted: Json | None = None,
+) -> Json:
     """This worker's report. `facts` must be equal everywhere (replicas, dataset shape); `recorded`: what the
     run's first start decided (the chief reads it from the run directory; a resume keeps those choices);
     `adapted`: what MODEL's adapt fitted here (train.data.adapt.fingerprint), the same everywhere."""
     return {
-        "settings": settings_text, "model_sha256": model_sha256, "facts": facts,
-        "fits_in_memory": fits_in_memory, "precision": precision, "recorded": recorded or {},
+        "settings": settings_text,
+        "model_sha256": model_sha256,
+        "facts": facts,
+        "fits_in_memory": fits_in_memory,
+        "precision": precision,
+        "recorded": recorded or {},
         "adapted": adapted or {},
-    }  # fmt: skip
+    }
 
 
 def _differences(reports: list[Json]) -> list[tuple[int, str]]:
@@ -68,8 +77,13 @@ def _differences(reports: list[Json]) -> list[tuple[int, str]]:
             differ.append((index, text))
         adapted = difference(chief.get("adapted") or {}, other.get("adapted") or {})
         if adapted:
-            differ.append((index, f"adapt gave other state on worker {index} than on the chief: {adapted} (does it "
-                                  "read the same training data?)"))  # fmt: skip
+            differ.append(
+                (
+                    index,
+                    f"adapt gave other state on worker {index} than on the chief: {adapted} (does it "
+                    "read the same training data?)",
+                )
+            )
         for name, value in chief["facts"].items():
             if other["facts"].get(name) != value:
                 differ.append((index, f"{name} {other['facts'].get(name)} on worker {index} but {value} on the chief"))

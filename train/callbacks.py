@@ -25,8 +25,7 @@ MONITOR picks the best epoch by its logs: the direction as Keras's mode="auto" t
 MONITOR_MODE), the best epoch's checkpoint kept whatever KEEP_CHECKPOINTS says (by the chief's role), and exported
 at the end.
 
-Each job is one object: `ForkCallbacks` calls the callbacks, `EpochLogs` records the logs, `BestEpoch` follows
-MONITOR; `Callbacks`, the hook, calls them in the order above.
+`Callbacks`, the hook, calls the callbacks and records the logs in the order above; `BestEpoch` follows MONITOR.
 """
 
 from __future__ import annotations
@@ -41,15 +40,15 @@ import keras
 import tensorflow as tf
 
 from train.checkpoints import RunCheckpoint
-from train.cluster.role import Peers, Role
+from train.cluster.role import Role
+from train.cluster.workers import SingleHost
 from train.context import Context
 from train.errors import SettingsError, TrainingError, first_line
-from train.hooks import MOMENTS, CallResult, Hook, Metrics, Say
+from train.hooks import MOMENTS, CallResult, Hook, Json, Metrics, Say
 from train.keras_seams import monitor_direction
 from train.model_file import OPTIONAL_SEAMS, Experiment
 from train.rundir import EPOCHS
 from train.timeline import Segment
-from train.writer import Writer
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -122,74 +121,6 @@ def _guarded(call: Callable[P, T], model: str, what: str, moment: str) -> Callab
     return guarded
 
 
-class ForkCallbacks:
-    """The fork's callbacks, called as `model.fit` calls them; a callback's `model.stop_training` (the chief's,
-    across workers) ends the run."""
-
-    def __init__(
-        self, callbacks: list[keras.callbacks.Callback], network: keras.Model, epochs: int, steps_per_epoch: int,
-        peers: Peers, model: str,
-    ) -> None:  # fmt: skip
-        self.callbacks, self.network, self.peers, self.model = callbacks, network, peers, model
-        self.stopped_early = False
-        network.stop_training = False
-        for callback in callbacks:
-            callback.set_model(network)
-            callback.set_params({"verbose": 0, "epochs": epochs, "steps": steps_per_epoch})
-
-    def __bool__(self) -> bool:
-        return bool(self.callbacks)
-
-    def each(self, hook: str, *args: object) -> None:
-        """`hook` (on_epoch_end, ...) of every callback, in the order MODEL's build_callbacks gave them. Raises
-        TrainingError where one raises: the fork's code, not the engine's (the last checkpoint is intact)."""
-        for callback in self.callbacks:
-            _guarded(getattr(callback, hook), self.model, f"callback {type(callback).__name__}", hook)(*args)
-
-    def stop_requested(self, step: int) -> bool:
-        """Whether a callback set `model.stop_training` (the chief's, across workers)."""
-        if not self.callbacks:
-            return False
-        stop = bool(getattr(self.network, "stop_training", False))
-        if self.peers.workers > 1:
-            stop = self.peers.share_from_chief(f"callbacks/stop_training/{step}", "1" if stop else "0") == "1"
-            self.network.stop_training = stop
-        self.stopped_early = self.stopped_early or stop
-        return stop
-
-
-class EpochLogs:
-    """Each epoch's logs, in epochs.json (the chief's writer writes it); a restart reads them back, the same on
-    every worker."""
-
-    def __init__(self, role: Role[Writer], say: Say) -> None:
-        self.writer, self.peers, self.say = role.writer, role.peers, say
-        self.entries: list[Epoch] = []
-
-    def recorded(self, start_step: int, segment: Segment, replayed: bool) -> list[Epoch]:
-        """The chief's epochs.json up to the step this start resumes from (an epoch logged but not saved is trained
-        again), the same on every worker. `replayed`: whether anything replays them (callbacks or MONITOR)."""
-        recorded = self.writer.recorded_epochs()
-        done = segment.epochs_completed(start_step)  # the run's own epochs
-        if recorded is None and done >= 1 and replayed:
-            self.say(
-                f"warning: {self.writer.output_dir / EPOCHS} is missing: the callbacks and MONITOR start afresh at "
-                f"epoch {done + 1}; the epochs before it are not replayed."
-            )
-        text = json.dumps([entry for entry in recorded or [] if entry["step"] <= start_step])
-        return json.loads(self.peers.share_from_chief("callbacks/epochs", text))
-
-    def add(self, entry: Epoch) -> None:
-        self.entries.append(entry)
-
-    def write(self, latest: str | None) -> None:
-        self.writer.epochs(self.entries, latest)
-
-    @property
-    def last_logs(self) -> Logs:
-        return dict(self.entries[-1]["logs"]) if self.entries else {}
-
-
 def _better(value: object, best: object, direction: str) -> bool:
     """Strictly better, as Keras's monitors compare (a tie keeps the earlier epoch; NaN is never better)."""
     if not isinstance(value, int | float) or math.isnan(value):
@@ -199,11 +130,18 @@ def _better(value: object, best: object, direction: str) -> bool:
 
 class BestEpoch:
     """MONITOR's best epoch: judged at every epoch's end, its checkpoint kept out of KEEP_CHECKPOINTS' rotation
-    (the chief's role keeps it), its weights evaluated and exported at the end."""
+    (the chief's checkpoints keep it: train.cluster.workers), its weights evaluated and exported at the end."""
 
-    def __init__(self, monitor: str | None, mode: str, network: keras.Model, role: Role[Writer],
-                 checkpoint: RunCheckpoint, say: Say) -> None:  # fmt: skip
-        self.monitor, self.network, self.role, self.checkpoint, self.say = monitor, network, role, checkpoint, say
+    def __init__(
+        self,
+        monitor: str | None,
+        mode: str,
+        network: keras.Model,
+        peers: SingleHost,
+        checkpoint: RunCheckpoint,
+        say: Say,
+    ) -> None:
+        self.monitor, self.network, self.peers, self.checkpoint, self.say = monitor, network, peers, checkpoint, say
         self.direction: str | None = None if mode == "auto" else mode
         self.best: Epoch | None = None
         self.kept: int | None = None  # the step of the checkpoint kept out of the rotation for the best epoch
@@ -232,7 +170,8 @@ class BestEpoch:
                 )
         best = self.best["logs"][monitor] if self.best else None
         # a replayed epoch is the best only where the chief still has its checkpoint
-        if _better(logs[monitor], best, self.direction) and (not replay or self.role.holds_checkpoint(entry["step"])):
+        held = not replay or self.checkpoint.manager.holds(entry["step"])
+        if _better(logs[monitor], best, self.direction) and held:
             self.best = entry
 
     def agree(self, replayed: list[Epoch]) -> None:
@@ -240,10 +179,10 @@ class BestEpoch:
         rotation (a kill right after its save left it in)."""
         if not self.monitor or not replayed:
             return
-        best = self.role.peers.share_from_chief("callbacks/best", str(self.best["step"]) if self.best else "")
+        best = self.peers.share_from_chief("callbacks/best", str(self.best["step"]) if self.best else "")
         self.best = next((entry for entry in replayed if str(entry["step"]) == best), None)
         if self.best:
-            self.role.keep_out_of_rotation(self.best["step"])
+            self.checkpoint.manager.keep_out_of_rotation(self.best["step"])
             self.kept = self.best["step"]
 
     def saved(self, step: int) -> None:
@@ -251,9 +190,9 @@ class BestEpoch:
         and the one kept for the previous best is deleted."""
         if not self.best or self.best["step"] != step:
             return
-        self.role.keep_out_of_rotation(step)
+        self.checkpoint.manager.keep_out_of_rotation(step)
         if self.kept is not None and self.kept != step:
-            self.role.drop_kept(self.kept)
+            self.checkpoint.manager.drop_kept(self.kept)
         self.kept = step
 
     def use(self) -> None:
@@ -276,7 +215,7 @@ class BestEpoch:
             f"{value:.4f}, {self.direction}); its weights are evaluated and exported, the last checkpoint resumes."
         )
 
-    def summary(self) -> dict[str, object] | None:
+    def summary(self) -> Json | None:
         if not self.best or not self.monitor:
             return None
         return {"epoch": self.best["epoch"], "step": self.best["step"], self.monitor: self.best["logs"][self.monitor]}
@@ -284,47 +223,78 @@ class BestEpoch:
 
 class Callbacks(Hook):
     """The callbacks, the epochs' logs and MONITOR's best epoch of one run: a hook between the loop's calls, which
-    calls each job in the order `model.fit` does. Without callbacks and MONITOR it only records the logs. A
-    callback's `model.stop_training` ends the run with a checkpoint (`save_on_stop`)."""
+    calls each job in the order `model.fit` does. Without callbacks and MONITOR it only records the logs, in
+    epochs.json (the chief's writer writes it; a restart reads them back, the same on every worker). A callback's
+    `model.stop_training` ends the run with a checkpoint (`save_on_stop`)."""
 
     save_on_stop = True
 
     def __init__(
-        self, callbacks: list[keras.callbacks.Callback], network: keras.Model, epochs: int, steps_per_epoch: int,
-        monitor: str | None, monitor_mode: str, role: Role[Writer], checkpoint: RunCheckpoint, say: Say,
-        model: str, phase_of: Callable[[int], int] = lambda epoch: 0,
-    ) -> None:  # fmt: skip
-        self.fork = ForkCallbacks(callbacks, network, epochs, steps_per_epoch, role.peers, model)
-        self.logs = EpochLogs(role, say)
-        self.best = BestEpoch(monitor, monitor_mode, network, role, checkpoint, say)
+        self,
+        callbacks: list[keras.callbacks.Callback],
+        network: keras.Model,
+        epochs: int,
+        steps_per_epoch: int,
+        monitor: str | None,
+        monitor_mode: str,
+        role: Role,
+        checkpoint: RunCheckpoint,
+        say: Say,
+        model: str,
+        phase_of: Callable[[int], int] = lambda epoch: 0,
+    ) -> None:
+        self.callbacks, self.network, self.model = callbacks, network, model
+        self.stopped_early = False  # by a callback's model.stop_training
+        network.stop_training = False
+        for callback in callbacks:
+            callback.set_model(network)
+            callback.set_params({"verbose": 0, "epochs": epochs, "steps": steps_per_epoch})
+        self.writer, self.peers = role.writer, role.peers
+        self.entries: list[Epoch] = []  # every epoch's logs: epochs.json
+        self.best = BestEpoch(monitor, monitor_mode, network, role.peers, checkpoint, say)
         self.checkpoint, self.say, self.phase_of = checkpoint, say, phase_of
         self.metrics: Metrics = {}  # the last call's training metrics
         # The epoch under way (from 0, as Keras counts) and the step it began at: from the loop's epoch ends (and
         # the recorded ones), not from step arithmetic, since a start at another global batch re-bases the epochs.
         self.epoch, self.epoch_start, self.epoch_begun = 0, 0, False
 
-    @property
-    def stopped_early(self) -> bool:
-        return self.fork.stopped_early
+    def _each(self, hook: str, *args: object) -> None:
+        """`hook` (on_epoch_end, ...) of every callback, in the order MODEL's build_callbacks gave them. Raises
+        TrainingError where one raises: the fork's code, not the engine's (the last checkpoint is intact)."""
+        for callback in self.callbacks:
+            _guarded(getattr(callback, hook), self.model, f"callback {type(callback).__name__}", hook)(*args)
 
     # --- a start: on_train_begin and the replay ---
 
     def begin(self, start_step: int, segment: Segment) -> None:
         """on_train_begin, then the recorded epochs up to `start_step` replayed, then the checkpoint restored again
         (after `train.resume.open_run_dir` restored it). `segment`: the run's mapping of steps to epochs."""
-        recorded = self.logs.recorded(start_step, segment, replayed=bool(self.fork or self.best.monitor))
+        recorded = self._recorded(start_step, segment, replayed=bool(self.callbacks or self.best.monitor))
         if recorded:
             self.epoch, self.epoch_start = recorded[-1]["epoch"], recorded[-1]["step"]
         else:  # a first start, or a run without its epochs.json: the run's own mapping of steps to epochs
             self.epoch = segment.epochs_completed(start_step)
             self.epoch_start = segment.epoch_start(self.epoch)
-        self.fork.each("on_train_begin", {})
+        self._each("on_train_begin", {})
         for entry in recorded:
-            self.fork.each("on_epoch_begin", entry["epoch"] - 1, {})
+            self._each("on_epoch_begin", entry["epoch"] - 1, {})
             self._epoch_end(entry, replay=True)
-        if self.fork and recorded:
+        if self.callbacks and recorded:
             self._restore_again(start_step)
-        self.best.agree(self.logs.entries)
+        self.best.agree(self.entries)
+
+    def _recorded(self, start_step: int, segment: Segment, replayed: bool) -> list[Epoch]:
+        """The chief's epochs.json up to the step this start resumes from (an epoch logged but not saved is trained
+        again), the same on every worker. `replayed`: whether anything replays them (callbacks or MONITOR)."""
+        recorded = self.writer.recorded_epochs()
+        done = segment.epochs_completed(start_step)  # the run's own epochs
+        if recorded is None and done >= 1 and replayed:
+            self.say(
+                f"warning: {self.writer.output_dir / EPOCHS} is missing: the callbacks and MONITOR start afresh at "
+                f"epoch {done + 1}; the epochs before it are not replayed."
+            )
+        text = json.dumps([entry for entry in recorded or [] if entry["step"] <= start_step])
+        return json.loads(self.peers.share_from_chief("callbacks/epochs", text))
 
     def _restore_again(self, start_step: int) -> None:
         """What the replay changed in the model or optimizer was in the checkpoint already: it wins."""
@@ -340,33 +310,41 @@ class Callbacks(Hook):
     # --- between calls ---
 
     def before_call(self, step: int) -> None:
-        if not self.fork:
+        if not self.callbacks:
             return
         if not self.epoch_begun:  # an epoch's first call, or the first call of a start
             self.epoch_begun = True
-            self.fork.each("on_epoch_begin", self.epoch, {})
-        self.fork.each("on_train_batch_begin", step - self.epoch_start, {})
+            self._each("on_epoch_begin", self.epoch, {})
+        self._each("on_train_batch_begin", step - self.epoch_start, {})
 
     def after_call(self, step: int, result: CallResult, skipped: int, examples_per_sec: float | None) -> None:
         self.metrics = result.metrics
-        if self.fork:
-            self.fork.each("on_train_batch_end", step - 1 - self.epoch_start, dict(result.metrics))
+        if self.callbacks:
+            self._each("on_train_batch_end", step - 1 - self.epoch_start, dict(result.metrics))
 
     def should_stop(self, step: int, saved_step: int, skipped: int) -> bool:
-        return self.fork.stop_requested(step)
+        """Whether a callback set `model.stop_training` (the chief's, across workers)."""
+        if not self.callbacks:
+            return False
+        stop = bool(getattr(self.network, "stop_training", False))
+        if self.peers.workers > 1:
+            stop = self.peers.share_from_chief(f"callbacks/stop_training/{step}", "1" if stop else "0") == "1"
+            self.network.stop_training = stop
+        self.stopped_early = self.stopped_early or stop
+        return stop
 
     def epoch_end(self, epoch: int, step: int, metrics: Metrics) -> None:
         """After epoch `epoch` (from 1) was evaluated at `step`: on_epoch_end, MONITOR, epochs.json (the chief)."""
         logs: Logs = {**self.metrics, **{f"val_{name}": value for name, value in metrics.items()}}
         self._epoch_end(Epoch(epoch=epoch, step=step, logs=logs, phase=self.phase_of(epoch)), replay=False)
         self.epoch, self.epoch_start, self.epoch_begun = epoch, step, False
-        self.logs.write(self.checkpoint.latest)
+        self.writer.epochs(self.entries, self.checkpoint.latest)
 
     def _epoch_end(self, entry: Epoch, replay: bool) -> None:
         """on_epoch_end, then the logs recorded as the callbacks left them (what they add, like ReduceLROnPlateau's
         learning_rate, included); a replayed epoch keeps its record, whatever the callbacks write into theirs."""
-        self.fork.each("on_epoch_end", entry["epoch"] - 1, dict(entry["logs"]) if replay else entry["logs"])
-        self.logs.add(entry)
+        self._each("on_epoch_end", entry["epoch"] - 1, dict(entry["logs"]) if replay else entry["logs"])
+        self.entries.append(entry)
         self.best.judge(entry, replay)
 
     def save(self, step: int, skipped: int) -> None:
@@ -374,17 +352,13 @@ class Callbacks(Hook):
 
     def end(self, step: int) -> None:
         """on_train_end, with the last epoch's logs, once training ended at `step` (not by a signal)."""
-        self.fork.each("on_train_end", self.logs.last_logs)
+        self._each("on_train_end", dict(self.entries[-1]["logs"]) if self.entries else {})
         if self.stopped_early:
             epoch = self.epoch + (step > self.epoch_start)  # from 1: the one it stopped in, or at the end of
             self.say(f"Stopped early at step {step} (epoch {epoch}): a callback set model.stop_training.")
 
     # --- the end ---
 
-    def use_best(self) -> None:
-        """With MONITOR, the best epoch's weights, to evaluate and export (`BestEpoch.use`)."""
-        self.best.use()
-
-    def summary(self) -> dict[str, object]:
+    def summary(self) -> Json:
         """What summary.json says of the callbacks and MONITOR."""
         return {"stopped_early": self.stopped_early, "best": self.best.summary()}

@@ -10,11 +10,11 @@ N GPUs or N workers alike. What multi-worker does differently sits behind `peers
 
 | chapter                                  | module            | gives                                   |
 |------------------------------------------|-------------------|-----------------------------------------|
-| agree, load the data, build, decide XLA  | train.start       | `Start` (train.run_state), frozen       |
+| agree, load the data, build, decide XLA  | train.start       | `Start`, frozen                         |
 | open the run directory, restore, re-base | train.resume      | `Position` and the `RunCheckpoint`      |
 | the calls and the hooks between them     | train.loop, hooks | an `Outcome`                            |
-| what goes wrong, in one line             | train.failures    | errors; AUTO_BATCH's retry              |
-| evaluate, export, summarise              | train.finish      | summary.json's dict                     |
+| what goes wrong, in one line             | here, at the end  | errors; AUTO_BATCH's retry              |
+| evaluate, export, summarise              | train.resume      | summary.json's dict (`finish`)          |
 
 Which worker this is, chief or not, is decided once: its `Role` (train.cluster.role) holds the peers, the writer
 (train.writer: the other workers write nothing) and whatever only the chief does.
@@ -22,7 +22,9 @@ Which worker this is, chief or not, is decided once: its `Role` (train.cluster.r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
+from functools import partial
 
 import keras
 import tensorflow as tf
@@ -31,26 +33,26 @@ from train.callbacks import Callbacks
 from train.checkpoints import RunCheckpoint
 from train.cluster.role import Role, take_role
 from train.data.feeds import Remainder, gathers_in_step, make_feed
+from train.data.images import DECODE_ERROR, undecodable
 from train.data.raised import preprocess_raised
+from train.data.shapes import odd_shape
 from train.devices.runtime import Runtime, setup_runtime
-from train.errors import SettingsError, first_line
+from train.errors import SettingsError, TrainingError, first_line
 from train.exportable import averaged_weights
-from train.failures import halve_batch, preprocess_shapes_hold, streamed_files_intact
-from train.finish import Evaluate, Metrics, finish
-from train.hooks import Hook, Say
+from train.hooks import Hook, Json, Say
 from train.loop import Outcome, Schedule, longest_call, run_loop
+from train.model_file import RESNET_EXAMPLE
 from train.phased import PhaseCalls
 from train.predict import open_trained
-from train.progress import Lines
-from train.resume import hparams, open_run_dir
+from train.progress import Lines, Quiet, reporter
+from train.resume import Evaluate, Metrics, Position, finish, hparams, open_run_dir, rebase
 from train.run_hooks import FiniteLoss, Profiler, Scalars, StopRequests, between_calls
-from train.run_state import Position, Start
 from train.rundir import RunLock
 from train.settings import Settings
 from train.signals import StopRequest
-from train.start import batch_of, cadence_of, start_run
-from train.step import describe_batch, make_calls, make_evaluator
-from train.writer import Json, SummaryWriters, Writer, Writers
+from train.start import Start, batch_of, start_run
+from train.step import describe_batch, make_calls, make_evaluator, smaller_micro_batch
+from train.writer import SummaryWriters, Writer
 
 
 def _say(message: str) -> None:
@@ -67,7 +69,7 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say, hooks: Sequence[
     (build_hooks) where train.run_hooks.between_calls places them; a `chief_only` one on the chief alone.
     """
     runtime = setup_runtime(settings)
-    role = take_role(runtime, stop, settings.worker_start_timeout, Writers(settings.output_dir, say))
+    role = take_role(runtime, stop, settings.worker_start_timeout, settings.output_dir, say)
     peers, writer, lock = role.peers, role.writer, RunLock(settings.output_dir)
     plugged: list[Hook] = []  # the hooks this worker calls, beside the engine's: the plug-ins', then MODEL's
     summary = None
@@ -81,9 +83,19 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say, hooks: Sequence[
             scalars = writer.scalars()
             writer.hparams(hparams(start, runtime))
             evaluate = make_evaluator(start.built, runtime.strategy)
-            callbacks = Callbacks(list(start.callbacks), start.built.network, start.settings.epochs,
-                                  start.context.steps_per_epoch, start.settings.monitor, start.settings.monitor_mode,
-                                  role, checkpoint, say, settings.model, start.phases.plan.index_at_epoch)  # fmt: skip
+            callbacks = Callbacks(
+                list(start.callbacks),
+                start.built.network,
+                start.settings.epochs,
+                start.context.steps_per_epoch,
+                start.settings.monitor,
+                start.settings.monitor_mode,
+                role,
+                checkpoint,
+                say,
+                settings.model,
+                start.phases.plan.index_at_epoch,
+            )
             callbacks.begin(checkpoint.step, position.segment)  # on_train_begin, the recorded epochs replayed
         with peers.guard("training", start.checkpoint_dir):
             outcome = _train(start, position, checkpoint, callbacks, role, scalars, evaluate, plugged)
@@ -106,7 +118,7 @@ def _train(
     position: Position,
     checkpoint: RunCheckpoint,
     callbacks: Callbacks,
-    role: Role[Writer],
+    role: Role,
     scalars: SummaryWriters,
     evaluate: Evaluate,
     plugged: Sequence[Hook],
@@ -117,16 +129,17 @@ def _train(
     role.peers.watch_stops(lambda step: checkpoint.save(step, checkpoint.skipped))
     while True:
         runtime, segment = position.runtime, position.segment
-        schedule, first = Schedule(cadence_of(settings), segment), checkpoint.step
+        schedule, first = Schedule(settings, segment), checkpoint.step
         feed = _feed(start, position, schedule, first)
         say(_describe(start, runtime, schedule, first))
-        calls = PhaseCalls(start.phases, segment, lambda runtime=runtime, feed=feed: make_calls(
-            start.built, runtime.strategy, feed, runtime.global_batch, start.jit_compile, runtime.accumulation,
-        ), runtime.global_batch, checkpoint.record_phase, say)  # fmt: skip
-        profiler = role.chief_only(Profiler, settings.profile_steps, settings.to_json()["PROFILE_STEPS"],
-                                   start.output_dir, say, first) or Hook()  # fmt: skip
-        progress = role.writer.progress(settings.progress, schedule.total_steps, segment.epoch_of, settings.epochs,
-                                        first)  # fmt: skip
+        batch, strategy = runtime.global_batch, runtime.strategy  # the calls, made again at each phase's start:
+        make = partial(make_calls, start.built, strategy, feed, batch, start.jit_compile, runtime.accumulation)
+        calls = PhaseCalls(start.phases, segment, make, batch, checkpoint.record_phase, say)
+        profile = settings.profile_steps, settings.to_json()["PROFILE_STEPS"]  # as the setting was written
+        profiler = role.chief_only(Profiler, *profile, start.output_dir, say, first) or Hook()
+        total, epochs = schedule.total_steps, settings.epochs  # the chief's bar or lines (PROGRESS); quiet elsewhere
+        progress = role.chief_only(reporter, settings.progress, True, say, total, segment.epoch_of, epochs, first)
+        progress = progress or Quiet(say, total, segment.epoch_of, epochs)
 
         def evaluate_epoch(runtime: Runtime = runtime, progress: Lines = progress) -> Metrics:
             start.built.average_statistics()  # the replicas' mean, as the export will hold it
@@ -214,3 +227,115 @@ def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> Jso
         source = str(path)
     metrics = make_evaluator(trained.built, runtime.strategy, predict)(trained.data.eval, runtime.micro_global_batch)
     return {"source": source, "split": settings.eval_split, "examples": len(trained.data.eval), **metrics}
+
+
+# --- What can go wrong while training or evaluating, told in one line (or, out of memory under AUTO_BATCH, mended).
+# Each handler names the last checkpoint, which stays intact: the run resumes from it once the cause is fixed.
+
+
+@contextlib.contextmanager
+def streamed_files_intact(start: Start, checkpoint: RunCheckpoint) -> Iterator[None]:
+    """Damage in a streamed split's files, found while reading them (training or evaluating), in one line; and an
+    image that cannot be decoded, by its filename."""
+    data = start.data
+    try:
+        yield
+    # What reading damaged TFRecords raises: lost bytes, a missing file, fewer examples than recorded.
+    except (tf.errors.DataLossError, tf.errors.NotFoundError, tf.errors.FailedPreconditionError) as error:
+        if data.in_memory:
+            raise
+        raise TrainingError(
+            f"reading the streamed {data.name} failed while training ({first_line(error, 160)}): its prepared "
+            f"files are damaged; the last checkpoint {checkpoint.latest} is intact. Delete the "
+            "dataset's directory, prepare it anew and run again to resume"
+        ) from None
+    except tf.errors.InvalidArgumentError as error:
+        if not DECODE_ERROR.search(str(error.message)):
+            raise
+        for split in (data.train, data.eval):
+            found = undecodable(split, data.spec)
+            if found:
+                raise TrainingError(
+                    f"the image {found[0]} of DATASET={start.settings.dataset} cannot be decoded ({found[1]}); the "
+                    f"last checkpoint {checkpoint.latest} is intact. Remove or replace the file and train in a "
+                    "new OUTPUT_DIR (the data then differs)"
+                ) from None
+        raise
+
+
+@contextlib.contextmanager
+def preprocess_shapes_hold(start: Start, checkpoint: RunCheckpoint) -> Iterator[None]:
+    """A later example whose output differs from the shape the first examples gave (train.data.shapes), in one
+    line."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as error:
+        odd = odd_shape(error)
+        if odd is None:
+            raise
+        raise TrainingError(
+            f"MODEL={start.settings.model!r}: preprocess returned {odd[0]} for an example of {start.data.name}, where "
+            f"the first examples gave {odd[1]}; the last checkpoint {checkpoint.latest} is intact. Make "
+            f"preprocess return one shape for every example (resize or crop it to a constant size, as "
+            f"{RESNET_EXAMPLE} does)"
+        ) from None
+
+
+def _smaller(start: Start, runtime: Runtime) -> tuple[int | None, bool]:
+    """The batch AUTO_BATCH would go on with (None: none is smaller), and whether the model's own train_step keeps
+    it from accumulating micro-batches under GLOBAL_BATCH_SIZE."""
+    settings = start.settings
+    own_step = bool(settings.global_batch_size) and not start.built.step.accumulates  # the model's own train_step
+    if settings.global_batch_size:
+        return (None if own_step else smaller_micro_batch(runtime)), own_step
+    return runtime.per_replica_batch // 2 or None, own_step
+
+
+def halve_batch(start: Start, position: Position, checkpoint: RunCheckpoint, writer: Writer) -> None:
+    """Out of memory: AUTO_BATCH goes on from the last checkpoint at half the batch (under GLOBAL_BATCH_SIZE: the
+    next smaller micro-batch, accumulating more); otherwise a clear error."""
+    runtime, settings = position.runtime, start.settings
+    failed, picture = runtime.per_replica_batch, memory_picture(runtime)
+    smaller, own_step = _smaller(start, runtime)
+    if not settings.auto_batch or smaller is None:
+        if own_step:
+            lower = f"GLOBAL_BATCH_SIZE (e.g. {max(runtime.replicas, runtime.global_batch // 2)}; this model's own "
+            lower += "train_step cannot accumulate)"
+        elif settings.global_batch_size:
+            lower = f"BATCH_SIZE (e.g. {max(1, failed // 2)}: a step then accumulates micro-batches of it)"
+        else:
+            lower = f"BATCH_SIZE (e.g. {max(1, failed // 2)})"
+        halve = "" if runtime.workers > 1 else ", or AUTO_BATCH=true to find one that fits"
+        raise TrainingError(
+            f"out of memory at BATCH_SIZE={failed} per replica (global batch {runtime.global_batch}); {picture}; "
+            f"the last checkpoint {checkpoint.latest} is intact. Lower {lower}, "
+            f"set MEMORY_GROWTH=true{halve}"
+        ) from None
+    now = runtime.with_micro_batch(smaller) if settings.global_batch_size else runtime.with_batch(smaller)
+    checkpoint.newest(start.say)
+    rebase(start, position, now, checkpoint.step, writer)
+    start.built.network.reset_metrics()
+    if settings.global_batch_size:
+        went_on = (
+            f"with micro-batches of {now.per_replica_batch} per replica, {now.accumulation} accumulated a step "
+            f"(global batch {now.global_batch} and the data order unchanged)"
+        )
+    else:
+        went_on = f"with BATCH_SIZE={now.per_replica_batch} (global batch {now.global_batch})"
+    start.say(
+        f"AUTO_BATCH: out of memory at BATCH_SIZE={failed} ({picture}); continuing from {checkpoint.latest} {went_on}."
+    )
+
+
+def memory_picture(runtime: Runtime) -> str:
+    """Per-GPU memory now and at peak, or a note that the devices do not report it."""
+    if not runtime.plan.visible_gpus:
+        return "memory: not reported on CPU"
+    from train.devices.backend import TensorFlowDevices
+
+    devices = TensorFlowDevices()
+    parts = []
+    for logical in range(len(runtime.plan.visible_gpus)):
+        info = devices.memory_info(f"GPU:{logical}")
+        parts.append(f"GPU:{logical} {info['current'] >> 20} MiB now, {info['peak'] >> 20} MiB peak")
+    return "memory: " + "; ".join(parts)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from train.hooks import Hook
+from train.phased import PhaseCalls
 from train.step import TrainCalls
 from train.timeline import Segment
 
@@ -21,10 +22,9 @@ def _next_multiple(step: int, every: int) -> int:
     return (step // every + 1) * every
 
 
-@dataclass(frozen=True)
-class Cadence:
+class Cadence(Protocol):
     """When calls end and the loop logs and saves (STEPS_PER_CALL, LOG_EVERY, CHECKPOINT_EVERY, PROFILE_STEPS,
-    EPOCHS), as the top of the run hands them (train.start.cadence_of): the loop does not import the settings."""
+    EPOCHS): the settings' (train.settings.Settings), which the loop does not import."""
 
     steps_per_call: int
     log_every: int
@@ -54,7 +54,7 @@ def longest_call(cadence: Cadence, steps_per_epoch: int) -> int:
     The first call: from step 0 every boundary is a whole period away, from any later step at most that
     (PROFILE_STEPS's two cuts only ever shorten a call).
     """
-    return call_steps(replace(cadence, profile_steps=None), 0, steps_per_epoch, total_steps=steps_per_epoch)
+    return min(cadence.steps_per_call, steps_per_epoch, cadence.checkpoint_every, cadence.log_every)
 
 
 @dataclass
@@ -81,17 +81,6 @@ class Schedule:
 
     def saves(self, step: int) -> bool:
         return step % self.cadence.checkpoint_every == 0 or self.epoch_end(step) or step == self.total_steps
-
-
-class Calls(Protocol):
-    """The training calls of the phase under way (train.phased.PhaseCalls): made again where a phase begins, which
-    ends a call as an epoch's end does."""
-
-    global_batch: int
-
-    def at(self, step: int) -> TrainCalls: ...
-
-    def next_change(self, step: int) -> int | None: ...
 
 
 @dataclass
@@ -126,7 +115,7 @@ def _saved_by_every_hook(hooks: Sequence[Hook], step: int, skipped: int) -> None
 
 
 def run_loop(
-    calls: Calls,
+    calls: PhaseCalls,
     schedule: Schedule,
     start_step: int,
     skipped: int,

@@ -15,7 +15,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from train.checkpoints import RunCheckpoint
-from train.cluster.role import Peers
+from train.cluster.workers import SingleHost
 from train.errors import TrainingError
 from train.hooks import CallResult, Hook, Metrics, Say
 from train.model import Built
@@ -64,14 +64,14 @@ class StopRequests(Hook):
     """SIGTERM or Ctrl-C (train.signals.StopRequest), heard on every worker at the same call: `peers` saves the
     step (a collective across workers) and says stop."""
 
-    def __init__(self, peers: Peers) -> None:
+    def __init__(self, peers: SingleHost) -> None:
         self.peers = peers
 
     def should_stop(self, step: int, saved_step: int, skipped: int) -> bool:
         return self.peers.should_stop(step, saved_step)
 
 
-def write_scalars(writer, step: int, metrics: Metrics, **extra: float | None) -> None:
+def write_scalars(writer: tf.summary.SummaryWriter, step: int, metrics: Metrics, **extra: float | None) -> None:
     """TensorBoard scalars: every metric, and the extras given. A metric of several values (an F1 score per
     class) is one scalar per value, NAME/0, NAME/1, ...: TensorBoard charts one number per tag."""
     with writer.as_default(step=step):

@@ -1,17 +1,20 @@
 """A run's start, before its directory is opened: the workers agree, the data is opened and loaded, the model is
-built and checked, and XLA is decided. What it decided is a `train.run_state.Start`; nothing is written yet (a
-start refused here leaves OUTPUT_DIR as it was)."""
+built and checked, and XLA is decided. What it decided is a `Start`, typed and frozen (where the run is from then
+on is train.resume's `Position`); nothing is written yet (a start refused here leaves OUTPUT_DIR as it was)."""
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import keras
 
 from train.agreement import Decision, reconcile, report
 from train.batches import Batch
 from train.callbacks import build_callbacks, build_hooks
-from train.cluster.role import Peers, Role
+from train.cluster.role import Role
+from train.cluster.workers import SingleHost
 from train.context import Context, sample_function
 from train.data import Dataset, open_dataset
 from train.data.adapt import check_recorded
@@ -21,28 +24,53 @@ from train.data.source import Data
 from train.data.spec import features_record
 from train.devices.runtime import Runtime, auto_precision, choose_xla
 from train.errors import SettingsError
-from train.init_from import NoSource, init_source
-from train.loop import Cadence
+from train.exportable import check_exportable
+from train.hooks import Hook, Json, Say
+from train.init_from import Matched, NoSource, init_source
 from train.model import Built, build
 from train.model_file import OWN_STEP_PRECISION, Experiment, load_model_file, model_fingerprint
 from train.phased import Phased, make_phases
-from train.run_state import Start
+from train.run_files import RUN_SETTINGS
 from train.rundir import checkpoints_newest_first
-from train.settings import Settings, agreed_settings
+from train.settings import Settings, agreed_settings, changed_settings
 from train.step import refuse_custom_train_step, refuse_unevaluated_monitor
-from train.writer import Json, Writer
-
-Say = Callable[[str], None]
 
 
-class Place(Protocol):
-    """Where this process stands among the workers: its role's (train.cluster.role.Role)."""
+@dataclass(frozen=True)
+class Start:
+    """What the run's start decided: the settings (a one-split dataset's slices in them), the data, the built
+    model, XLA, and what run.json records of them."""
 
-    def facts(self) -> dict[str, bool]: ...
+    settings: Settings
+    data: Data
+    built: Built
+    context: Context  # the run's facts, as build_model, build_callbacks and build_hooks got them
+    callbacks: tuple[keras.callbacks.Callback, ...]  # MODEL's build_callbacks(context), checked
+    jit_compile: bool
+    jit_why: str
+    identity: Json  # the data's (train.data.opening): run.json's "data"
+    adapted: Json  # what MODEL's adapt fitted (train.data.adapt.fingerprint)
+    recorded: Json  # run.json as this start found it (the chief's; {} on other workers)
+    say: Say
+    phases: Phased  # which layers train when, and at what rate (train.phased): one phase unless FREEZE or phases()
+    left_out: Json = field(default_factory=dict)  # a folder's files not in the data: summary.json's "left_out"
+    features: Json = field(default_factory=dict)  # what predict needs of the data (train.data.spec.features_record)
+    init: Matched | None = None  # INIT_FROM's values matched to the model, applied at step 0 (train.init_from)
+    hooks: tuple[Hook, ...] = ()  # MODEL's build_hooks(context), checked, each behind a ForkHook (train.callbacks)
+    # (NAME, before, now) of each setting changed since the run's last start, as the chief's settings.json has them
+    changed: tuple[tuple[str, str, str], ...] = ()
+
+    @property
+    def output_dir(self) -> Path:
+        return self.settings.output_dir
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.output_dir / "checkpoints"
 
 
 def run_context(
-    settings: Settings, runtime: Runtime, data: Data, steps_per_epoch: int, role: Place | None = None
+    settings: Settings, runtime: Runtime, data: Data, steps_per_epoch: int, role: Role | None = None
 ) -> Context:
     """The facts of a run on this runtime (its topology and precision) and data (`sample` reads its train split);
     what it says of this worker, its `role`'s (None: the only process, as `evaluate` runs)."""
@@ -57,12 +85,6 @@ def run_context(
 def batch_of(settings: Settings) -> Batch:
     """GLOBAL_BATCH_SIZE and BATCH_SIZE as train.batches takes them, with the layer each came from."""
     return Batch(settings.global_batch_size, settings.batch_size, settings.batch_from)
-
-
-def cadence_of(settings: Settings) -> Cadence:
-    """When the loop's calls end and it logs and saves, as train.loop takes it."""
-    return Cadence(settings.steps_per_call, settings.log_every, settings.checkpoint_every, settings.profile_steps,
-                   settings.epochs)  # fmt: skip
 
 
 def steps_per_epoch(settings: Settings, data: Data, runtime: Runtime) -> int:
@@ -80,8 +102,9 @@ def workers_here(runtime: Runtime) -> int:
     return sum(address.rpartition(":")[0] in local for address in runtime.cluster.addresses)
 
 
-def agree(settings: Settings, runtime: Runtime, peers: Peers, dataset: Dataset, recorded: Json, init: str = ""
-          ) -> Decision:  # fmt: skip
+def agree(
+    settings: Settings, runtime: Runtime, peers: SingleHost, dataset: Dataset, recorded: Json, init: str = ""
+) -> Decision:
     """Every worker's settings, model and facts against the chief's, and one answer for each auto. `recorded`:
     run.json as the chief found it ({} on other workers); `init`: INIT_FROM's identity (its sha256)."""
     spec = dataset.spec
@@ -98,13 +121,18 @@ def agree(settings: Settings, runtime: Runtime, peers: Peers, dataset: Dataset, 
     }
     check_recorded(settings, recorded, dataset.adapted)  # a start whose adapt fitted other vocabularies
     this_worker = report(
-        agreed_settings(settings), model_fingerprint(settings.model), facts,
-        dataset.fits_in_memory(workers_here(runtime)), auto_precision(runtime.plan)[0], recorded, dataset.adapted,
-    )  # fmt: skip
+        agreed_settings(settings),
+        model_fingerprint(settings.model),
+        facts,
+        dataset.fits_in_memory(workers_here(runtime)),
+        auto_precision(runtime.plan)[0],
+        recorded,
+        dataset.adapted,
+    )
     return reconcile(peers.all_gather("report", this_worker))
 
 
-def topology(runtime: Runtime) -> dict[str, object]:
+def topology(runtime: Runtime) -> Json:
     """What a start ran on: a resume on other devices decides again what does not change the math."""
     return {"workers": runtime.workers, "replicas": runtime.replicas, "devices": list(runtime.devices)}
 
@@ -115,7 +143,7 @@ def moved(starts: list[Json], runtime: Runtime) -> bool:
 
 
 def _decide_xla(
-    runtime: Runtime, role: Role[Writer], built: Built, whole_call: bool, jit: str, recorded_run: Json
+    runtime: Runtime, role: Role, built: Built, whole_call: bool, jit: str, recorded_run: Json
 ) -> tuple[bool, str]:
     """XLA on or off, decided on the chief at a run's first start and reused on resume (on the same devices; on
     others, decided again: it does not change the math), the same on every worker."""
@@ -131,13 +159,20 @@ def _decide_xla(
         on, why = choose_xla(jit, runtime, whole_call, built.convolutional, built.layer_without_xla())
         if moved(starts, runtime) and jit == "auto":
             last = starts[-1]
-            why = (f"{why}; chosen again: the last start ran {last.get('replicas')} replica(s) on "
-                   f"{last.get('workers')} worker(s)")  # fmt: skip
-    return role.decided("jit", on, why)
+            why = (
+                f"{why}; chosen again: the last start ran {last.get('replicas')} replica(s) on "
+                f"{last.get('workers')} worker(s)"
+            )
+    on, why = role.decided("jit", on, why)
+    if on and jit == "auto" and built.custom_step is not None and not built.network.jit_compile:
+        # as model.fit runs it: a step of the fork's own may hold what XLA cannot compile (a tf.print)
+        return False, "auto: off, as model.fit runs this model's own train_step (its jit_compile is False)"
+    return on, why
 
 
-def _build(settings: Settings, experiment: Experiment, runtime: Runtime, data: Data, role: Role[Writer], say: Say
-           ) -> tuple[Runtime, Context, Built]:  # fmt: skip
+def _build(
+    settings: Settings, experiment: Experiment, runtime: Runtime, data: Data, role: Role, say: Say
+) -> tuple[Runtime, Context, Built]:
     """The context and the model; MIXED_PRECISION=auto gives a model's own train_step float32 (train.model)."""
     context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime), role)  # a split under one
     # the global batch, a bad model: before writing
@@ -150,10 +185,9 @@ def _build(settings: Settings, experiment: Experiment, runtime: Runtime, data: D
     return runtime, context, built
 
 
-def start_run(settings: Settings, runtime: Runtime, role: Role[Writer], say: Say) -> tuple[Start, Runtime]:
+def start_run(settings: Settings, runtime: Runtime, role: Role, say: Say) -> tuple[Start, Runtime]:
     """Agree, load the data, build and check the model, decide XLA: everything before the run directory. Returns
     what the start decided and the runtime it resolved (its precision)."""
-    peers, writer = role.peers, role.writer
     for note in runtime.notes:
         say(note)
     if runtime.cluster is not None:
@@ -161,18 +195,19 @@ def start_run(settings: Settings, runtime: Runtime, role: Role[Writer], say: Say
     experiment = load_model_file(settings.model)  # MODEL's file, loaded once for the run and passed down
     dataset = open_dataset(settings, experiment, say)
     settings = dataset.settings  # a dataset with one split: TRAIN_SPLIT and EVAL_SPLIT slice it
-    recorded = writer.recorded()  # run.json, read once: the chief's ({} on the others, which have nothing to check)
-    # another DATASET, or changed files: refused before anything is built; a run that trained no step yet takes
-    # the data as it is now
+    recorded = role.writer.recorded()  # run.json, read once: the chief's ({} on others: nothing to check)
+    newest = _checkpoints(settings.output_dir)
+    # another DATASET, or changed files: refused before anything is built; a run that trained no step yet (none
+    # after step 0's initial weights) takes the data as it is now
     if recorded.get("data"):
-        taken = check_same_data(settings, recorded.get("data"), dataset.identity, trained=_trained(settings))
+        trained = newest is None or any(path.name != "ckpt-0" for path in newest[:1])
+        taken = check_same_data(settings, recorded.get("data"), dataset.identity, trained=trained)
         if taken:
             say(taken)
     # INIT_FROM's source, chosen once (train.init_from); a resume restores what it gave at step 0: not read again
-    fresh = not _has_checkpoints(settings)
-    source = init_source(settings.init_from) if fresh else NoSource()
+    source = init_source(settings.init_from) if newest == [] else NoSource()
     source.check()
-    decision = agree(settings, runtime, peers, dataset, recorded, source.identity() or "")
+    decision = agree(settings, runtime, role.peers, dataset, recorded, source.identity() or "")
     runtime = runtime.with_precision(decision.precision)
     data = dataset.load(settings, decision.data_in_memory, workers_here(runtime))
     for line in (*decision.notes, *data.notes):
@@ -180,19 +215,32 @@ def start_run(settings: Settings, runtime: Runtime, role: Role[Writer], say: Say
     runtime, context, built = _build(settings, experiment, runtime, data, role, say)
     refuse_unevaluated_monitor(settings.monitor, settings.model, built)
     refuse_custom_train_step(settings.model, built.network, runtime.accumulation)
-    writer.check_export(built, settings)  # the chief's: a model it could not export is refused before the first step
+    role.chief_only(check_exportable, built, settings)  # the chief exports: a model it could not is refused now
     whole_call = gathers_in_step(runtime.strategy, data.spec.records)  # the feed lets XLA compile the whole call
     jit, why = _decide_xla(runtime, role, built, whole_call, decision.jit_compile, recorded)
-    if jit and decision.jit_compile == "auto" and built.custom_step is not None and not built.network.jit_compile:
-        # as model.fit runs it: a step of the fork's own may hold what XLA cannot compile (a tf.print)
-        jit, why = False, "auto: off, as model.fit runs this model's own train_step (its jit_compile is False)"
     callbacks = tuple(build_callbacks(experiment, context))  # bad callbacks (and hooks, below): before writing
     phases = make_phases(settings, experiment, built, context)  # a FREEZE glob matching no layer: before writing
     check_same_phases(settings, phases, recorded)
     init = source.match(built.network, settings.init_layers)  # a bad file, nothing to load: before writing
-    start = Start(settings, peers, data, built, context, callbacks, jit, why, dataset.identity, dataset.adapted,
-                  recorded, say, phases, dataset.left_out, features_record(dataset.builder, settings),
-                  init, tuple(build_hooks(experiment, context)))  # fmt: skip
+    start = Start(
+        settings,
+        data,
+        built,
+        context,
+        callbacks,
+        jit,
+        why,
+        dataset.identity,
+        dataset.adapted,
+        recorded,
+        say,
+        phases,
+        dataset.left_out,
+        features_record(dataset.builder, settings),
+        init,
+        tuple(build_hooks(experiment, context)),
+        tuple(role.chief_only(changed_settings, settings.output_dir / RUN_SETTINGS, settings) or []),
+    )
     return start, runtime
 
 
@@ -218,22 +266,15 @@ def _described(recorded: object) -> str:
     return "; ".join(
         f"from epoch {entry.get('first_epoch')}: {len(entry.get('trainable') or [])} layer(s) training, learning rate "
         f"{entry.get('learning_rate') or 'as built'}"
-        for entry in recorded if isinstance(entry, dict)
-    )  # fmt: skip
+        for entry in recorded
+        if isinstance(entry, dict)
+    )
 
 
-def _has_checkpoints(settings: Settings) -> bool:
-    """Whether OUTPUT_DIR holds a checkpoint (step 0's included): this start resumes."""
+def _checkpoints(output_dir: Path) -> list[Path] | None:
+    """OUTPUT_DIR's checkpoints, newest first (step 0's, the initial weights saved at a first start, included); None
+    where they cannot be read: as if the run had trained (refused, the safe side)."""
     try:
-        return bool(checkpoints_newest_first(settings.output_dir / "checkpoints"))
+        return checkpoints_newest_first(output_dir / "checkpoints")
     except SettingsError:
-        return True
-
-
-def _trained(settings: Settings) -> bool:
-    """Whether OUTPUT_DIR holds a checkpoint after step 0 (the initial weights, saved at a first start)."""
-    try:
-        newest = checkpoints_newest_first(settings.output_dir / "checkpoints")
-    except SettingsError:  # cannot be read: as if it had trained (refused, the safe side)
-        return True
-    return bool(newest) and newest[0].name != "ckpt-0"
+        return None

@@ -1,7 +1,7 @@
 """What a run writes into OUTPUT_DIR, decided in one place: the chief writes it, every other worker nothing.
 
 The run's role (train.cluster.role.take_role) gives the chief a `ChiefWriter` and every other worker a `Writer`,
-which has the same methods and does nothing (its TensorBoard writers write nowhere, its progress is quiet). So
+which has the same methods and does nothing (its TensorBoard writers write nowhere). So
 the engine says what is written once, and never asks which worker it is on to write it:
 
 | file or folder                | written by           | when                                                      |
@@ -10,30 +10,24 @@ the engine says what is written once, and never asks which worker it is on to wr
 | `settings.json`, `run.json`   | `settings`, `run`    | once the checkpoints loaded; run.json again on AUTO_BATCH |
 | `logs/` (TensorBoard)         | `scalars`, `hparams` | while training (train.run_hooks.Scalars)                  |
 | `epochs.json`                 | `epochs`             | every epoch's end (train.callbacks)                       |
-| `model.keras`, `saved_model/` | `export`             | the end (train.finish), tried before the first step       |
 | `summary.json`                | `summary`            | the end, or a stop                                        |
 
-The checkpoints are not here: saving one is a collective of every worker (train.checkpoints, `peers`); nor is
-`crash.log`, the chief's role's (train.cluster.role).
+The checkpoints are not here: saving one is a collective of every worker (train.checkpoints, `peers`); nor are
+`crash.log`, the chief's role's (train.cluster.role), and the export, which the chief alone runs (its role's
+`chief_only`: train.resume).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import tensorflow as tf
 
-from train.errors import TrainingError, first_line, storage_fix
-from train.exportable import check_exportable, export, model_to_export
-from train.model import Built
-from train.progress import Lines, reporter
+from train.errors import TrainingError, storage_fix
+from train.hooks import Json, Say
+from train.run_files import RUN_SETTINGS
 from train.rundir import EPOCHS, RUN, RunLock, read_epochs, read_run, write_json
-from train.settings import RUN_SETTINGS, Settings, changed_settings
 
-Say = Callable[[str], None]
-Json = dict[str, object]  # a JSON document's object
 SummaryWriters = dict[str, tf.summary.SummaryWriter]  # "train", "eval" (train.run_hooks.Scalars writes to them)
 
 
@@ -55,12 +49,8 @@ class Writer:
     def lock(self, lock: RunLock) -> None:
         """One writer per run directory (train.rundir.RunLock)."""
 
-    def changed_settings(self, settings: Settings) -> list[tuple[str, str, str]]:
-        """The settings changed since the run's last start, as settings.json has them."""
-        return []
-
-    def settings(self, settings: Settings) -> None:
-        """settings.json: the settings this start runs with."""
+    def settings(self, text: dict[str, str]) -> None:
+        """settings.json: the settings this start runs with, as text (Settings.to_json)."""
 
     def run(self, record: Json) -> None:
         """run.json (train.resume.run_record)."""
@@ -71,13 +61,6 @@ class Writer:
     def summary(self, summary: Json) -> None:
         """summary.json."""
 
-    def check_export(self, built: Built, settings: Settings) -> None:
-        """The export tried before the first step, by the one that exports (train.exportable). Raises SettingsError."""
-
-    def export(self, built: Built, settings: Settings, latest: str | None) -> dict[str, str] | None:
-        """model.keras and saved_model/; where they are (None: not written here)."""
-        return None
-
     def scalars(self) -> SummaryWriters:
         """TensorBoard's writers, train and eval, under logs/."""
         return {name: tf.summary.create_noop_writer() for name in ("train", "eval")}
@@ -87,10 +70,6 @@ class Writer:
 
     def note(self, message: str) -> None:
         """A message about the run directory, or one the chief says for every worker."""
-
-    def progress(self, mode: str, total_steps: int, epoch_of: Callable[[int], int], epochs: int, start: int) -> Lines:
-        """What the run says while it trains (train.progress, PROGRESS): the chief's bar or lines; quiet here."""
-        return reporter(mode, False, self.say, total_steps, epoch_of, epochs, start)
 
 
 class ChiefWriter(Writer):
@@ -105,11 +84,8 @@ class ChiefWriter(Writer):
     def lock(self, lock: RunLock) -> None:
         lock.acquire()
 
-    def changed_settings(self, settings: Settings) -> list[tuple[str, str, str]]:
-        return changed_settings(self.output_dir / RUN_SETTINGS, settings)
-
-    def settings(self, settings: Settings) -> None:
-        write_json(self.output_dir / RUN_SETTINGS, settings.to_json())
+    def settings(self, text: dict[str, str]) -> None:
+        write_json(self.output_dir / RUN_SETTINGS, text)
 
     def run(self, record: Json) -> None:
         write_json(self.output_dir / RUN, record)
@@ -126,18 +102,6 @@ class ChiefWriter(Writer):
     def summary(self, summary: Json) -> None:
         write_json(self.output_dir / "summary.json", summary)
 
-    def check_export(self, built: Built, settings: Settings) -> None:
-        check_exportable(built, settings)
-
-    def export(self, built: Built, settings: Settings, latest: str | None) -> dict[str, str] | None:
-        try:
-            return export(built, self.output_dir, model_to_export(settings, built))
-        except (OSError, tf.errors.OpError) as error:
-            raise TrainingError(
-                f"could not export the model to {self.output_dir} ({first_line(error, 160)}); checkpoint "
-                f"{latest} is intact: {storage_fix(error, self.output_dir)} and run again to export"
-            ) from None
-
     def scalars(self) -> SummaryWriters:
         logs = self.output_dir / "logs"
         return {name: tf.summary.create_file_writer(str(logs / name)) for name in ("train", "eval")}
@@ -152,20 +116,3 @@ class ChiefWriter(Writer):
 
     def note(self, message: str) -> None:
         self.say(message)
-
-    def progress(self, mode: str, total_steps: int, epoch_of: Callable[[int], int], epochs: int, start: int) -> Lines:
-        return reporter(mode, True, self.say, total_steps, epoch_of, epochs, start)
-
-
-@dataclass(frozen=True)
-class Writers:
-    """Both writers, of which the run's role (train.cluster.role.take_role) makes the one it holds."""
-
-    output_dir: Path
-    say: Say
-
-    def chief(self) -> Writer:
-        return ChiefWriter(self.output_dir, self.say)
-
-    def other(self) -> Writer:
-        return Writer(self.output_dir, self.say)

@@ -28,11 +28,12 @@ from tensorflow.python.util import deprecation
 
 from train.devices.runtime import Runtime
 from train.errors import FUNCTION_NODE, BusyError, TrainingError, clip, first_line
+from train.hooks import Say
+from train.keras_seams import rotation
 from train.rundir import busy, checkpoints_newest_first, holder, restore_newest
 from train.signals import StopRequest
 
 END_BARRIER_SECONDS = 3600  # how long the others wait for the chief's export at the end
-Say = Callable[[str], None]
 Report = dict[str, object]  # what one worker tells the others (json-serialisable)
 
 _KEY = "tf_train_template/"
@@ -48,9 +49,16 @@ PEER_ERRORS = (
 
 
 _NOISE = (
-    "Graph execution error", "Detected at node", "Additional GRPC", ":UNKNOWN", "[[", "The error could be",
-    "The tasks have crashed", "Check the task logs", "This is usually caused",
-)  # fmt: skip
+    "Graph execution error",
+    "Detected at node",
+    "Additional GRPC",
+    ":UNKNOWN",
+    "[[",
+    "The error could be",
+    "The tasks have crashed",
+    "Check the task logs",
+    "This is usually caused",
+)
 
 
 def peer_error_cause(error: BaseException) -> str:
@@ -83,18 +91,17 @@ def _quiet_watcher_threads() -> None:
 
 
 class WorkerCheckpoints:
-    """Saves on every worker at once: the chief's go to `directory`, the others' to a deleted temporary directory.
+    """The run's checkpoints, saved on every worker at once: the chief's go to `directory`, the others' to a deleted
+    temporary directory. Quacks like a tf.train.CheckpointManager (save, directory, latest_checkpoint).
 
-    Quacks like the tf.train.CheckpointManager the single-host path uses (save, directory, latest_checkpoint).
+    The chief's rotation keeps KEEP_CHECKPOINTS, with one exception: MONITOR's best epoch, kept out of it (through
+    train.keras_seams) whatever KEEP_CHECKPOINTS says; every other worker takes the chief's word for what it holds.
     """
 
-    def __init__(self, checkpoint: tf.train.Checkpoint, directory: Path, keep: int, runtime: Runtime) -> None:
-        self.checkpoint = checkpoint
-        self.worker_index = runtime.worker_index
-        self.is_chief = self.worker_index == 0
-        # the chief's manager, whose rotation keeps KEEP_CHECKPOINTS (train.cluster.role.Chief); on the others unused
-        self.rotating = tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=keep)
-        self.directory = str(directory)
+    def __init__(self, checkpoint: tf.train.Checkpoint, directory: Path, keep: int, peers: SingleHost) -> None:
+        self.checkpoint, self.directory = checkpoint, str(directory)
+        self.worker_index, self.is_chief = peers.worker_index, peers.is_chief
+        self.rotating = tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=keep)  # the chief's
 
     @property
     def latest_checkpoint(self) -> str | None:
@@ -111,6 +118,30 @@ class WorkerCheckpoints:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return ""
+
+    def holds(self, step: int) -> bool:
+        """Whether the chief's checkpoints hold ckpt-<step> (every other worker takes the chief's word for it)."""
+        return not self.is_chief or (Path(self.directory) / f"ckpt-{step}.index").exists()
+
+    def _named(self, step: int) -> list[str]:
+        """The prefixes of ckpt-<step> in the chief's rotation ([] elsewhere)."""
+        if not self.is_chief:
+            return []
+        return [prefix for prefix in rotation(self.rotating) if Path(prefix).name == f"ckpt-{step}"]
+
+    def keep_out_of_rotation(self, step: int) -> None:
+        """Keep ckpt-<step> whatever KEEP_CHECKPOINTS says (the best epoch's): the chief's rotation."""
+        for prefix in self._named(step):
+            del rotation(self.rotating)[prefix]
+
+    def drop_kept(self, step: int) -> None:
+        """Delete ckpt-<step> where the chief kept it out of the rotation (a best epoch no longer the best); where
+        it is in the rotation again, it is left to it."""
+        if not self.is_chief or self._named(step):
+            return
+        directory = Path(self.directory)
+        for path in (directory / f"ckpt-{step}.index", *directory.glob(f"ckpt-{step}.data-*")):
+            path.unlink(missing_ok=True)
 
 
 class WeightsDiffer(Exception):
@@ -204,11 +235,6 @@ class SingleHost:
     def share_from_chief(self, name: str, value: str) -> str:
         return value
 
-    def checkpoint_manager(
-        self, checkpoint: tf.train.Checkpoint, directory: Path, keep: int
-    ) -> tf.train.CheckpointManager | WorkerCheckpoints:
-        return tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=keep)
-
     def refuse_if_busy(self, output_dir: Path) -> None:
         """Another live process trains in OUTPUT_DIR: BusyError (exit 75). One host: preflight said it already."""
 
@@ -285,11 +311,6 @@ class Workers(SingleHost):
                 if answer != "ok":
                     raise error(answer)
 
-    def checkpoint_manager(
-        self, checkpoint: tf.train.Checkpoint, directory: Path, keep: int
-    ) -> tf.train.CheckpointManager | WorkerCheckpoints:
-        return WorkerCheckpoints(checkpoint, directory, keep, self.runtime)
-
     def refuse_if_busy(self, output_dir: Path) -> None:
         """The chief looks at OUTPUT_DIR's lock and says what it found to every worker: all exit 75 alike."""
         found = (str(busy(output_dir)) if holder(output_dir) else "free") if self.is_chief else ""
@@ -321,7 +342,6 @@ class Workers(SingleHost):
         self._preemption = ClusterPreemption(self.runtime, lambda: self.stop.signal_name is not None, save)
 
     def should_stop(self, step: int, saved_step: int) -> bool:
-        assert self._preemption is not None, "watch_stops first"
         return self._preemption.saved_and_stopping(step, saved_step)
 
     def stopped_by(self) -> str:

@@ -404,10 +404,10 @@ def build_contenders(
     `experiment` (MODEL's file, loaded once). `streamed`: the same splits streamed (the data of 5 and 6), or None."""
     from train.data.in_memory import Split
     from train.loop import longest_call
-    from train.start import cadence_of, steps_per_epoch
+    from train.start import steps_per_epoch
     from train.tools import contenders as c
 
-    longest = longest_call(cadence_of(settings), steps_per_epoch(settings, data, runtime))  # fit's longest call
+    longest = longest_call(settings, steps_per_epoch(settings, data, runtime))  # fit's longest call
     made = []
     for name in CONTENDERS:
         if name not in names:

@@ -30,7 +30,7 @@ from train.loop import call_steps, longest_call
 from train.model import build
 from train.model_file import Experiment
 from train.settings import Settings
-from train.start import cadence_of, run_context, steps_per_epoch
+from train.start import run_context, steps_per_epoch
 from train.step import make_calls
 
 TUTORIAL_BATCH = 32  # Keras fit's default batch_size
@@ -64,7 +64,7 @@ def loop_contender(
     per_epoch, global_batch = steps_per_epoch(settings, data, runtime), runtime.global_batch
     built = build(settings, experiment, data.spec, runtime.strategy, run_context(settings, runtime, data, per_epoch))
     jit, _ = template_xla(settings, runtime, built)
-    cadence = cadence_of(settings)
+    cadence = settings
     longest = longest_call(cadence, per_epoch)
     feed = (
         feed_for
@@ -394,7 +394,7 @@ def input_contender(name: str, settings: Settings, runtime: Runtime, data: Data,
     tf.data pipeline of the same files. Where the step dominates, rows 5 and 6 tie whatever the input does;
     these two compare the pipelines themselves."""
     global_batch = runtime.global_batch
-    longest = longest_call(cadence_of(settings), steps_per_epoch(settings, data, runtime))  # the blocks fit makes
+    longest = longest_call(settings, steps_per_epoch(settings, data, runtime))  # the blocks fit makes
     if tuned:
         feed = tuned_tfdata_feed(runtime, data, settings.seed)
     else:
