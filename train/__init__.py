@@ -53,7 +53,7 @@ Model, data, devices, phases, the loop, its hook interface and the plug-ins are 
 | step            | THE STEP: one Step (a call of STEPS_PER_CALL steps under       | know files, epochs or which       |
 |                 | strategy.run, and evaluation): the engine's, a model's own     | worker it is on                   |
 |                 | train_step, or the engine's in micro-batches, chosen once      |                                   |
-|                 | (step_of)                                                      |                                   |
+|                 | (make_calls, make_evaluator)                                   |                                   |
 | keras_seams     | the few places below Keras's public API, each guarded by a     | grow without a test naming it     |
 |                 | test                                                           |                                   |
 | fit             | THE RUN: fit and evaluate, the chapters below called in order; | write a file itself; ask which    |

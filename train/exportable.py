@@ -98,7 +98,7 @@ def check_exportable(built: Built, settings) -> None:
 def _check_input_names(built: Built, own: keras.Model | None, settings) -> None:
     """Each input of the SavedModel's signatures has a name TensorFlow takes (its op names: `INPUT_NAME`); another
     (a column "petal width", "größe") fails only when the SavedModel is written, after the training."""
-    for _, _, signature in export_endpoints(built, own):
+    for _, _, signature in serving_endpoints(built, own):
         for spec in signature:
             if spec.name and not INPUT_NAME.match(spec.name):
                 raise SettingsError(
@@ -124,14 +124,22 @@ def _said(error: BaseException) -> str:
     return f"{type(error).__name__}: {first_line(error, 160)}"
 
 
-def serving_endpoints(built: Built) -> list[Endpoint]:
+def serving_endpoints(built: Built, model: keras.Model | None = None) -> list[Endpoint]:
     """(name, function, input signature) of each SavedModel endpoint, the default one first.
 
     `serve` takes what clients have, each feature under its own name: the stored feature (a batch of it); on the
     general path, each stored feature `preprocess` reads (an image as its JPEG or PNG bytes), run through
     `preprocess(training=False)`, or the columns by name. With `preprocess`, `serve_inputs` takes what it returns.
-    Each returns the outputs named as train.outputs has them (`scores` and `classes` for a class label)."""
+    Each returns the outputs named as train.outputs has them (`scores` and `classes` for a class label). For what
+    MODEL's `export_model` returned (`model`): its `serve` on its own Inputs, by name (a generator's images under
+    its own output name, not `output_0`)."""
     serving, spec = built.serving, built.spec
+    if model is not None:
+        named = name_outputs(model, spec)
+        signature = [tf.TensorSpec(tensor.shape, tensor.dtype, name=tensor.name) for tensor in model.inputs]
+        if len(model.inputs) == 1:
+            return [("serve", lambda values: named(model(values, training=False)), signature)]
+        return [("serve", lambda *values: named(model(list(values), training=False)), signature)]
     named = name_outputs(built.network, spec)
     if not spec.records:
         signature = [tf.TensorSpec((None, *spec.feature_shape), spec.feature_dtype, name=spec.feature_key)]
@@ -151,19 +159,6 @@ def serving_endpoints(built: Built) -> list[Endpoint]:
             inputs = [tf.TensorSpec((None, *spec.inputs.shape), spec.inputs.dtype, name="inputs")]
             endpoints.append(("serve_inputs", lambda values: named(serving(values, training=False)), inputs))
     return endpoints
-
-
-def export_endpoints(built: Built, model: keras.Model | None = None) -> list[Endpoint]:
-    """The SavedModel's endpoints: the engine's (`serving_endpoints`), or, for what MODEL's `export_model` returned
-    (`model`), its `serve` on its own Inputs, by name, its outputs named as train.outputs has them (a generator's
-    images under its own output name, not `output_0`)."""
-    if model is None:
-        return serving_endpoints(built)
-    named = name_outputs(model, built.spec)
-    signature = [tf.TensorSpec(tensor.shape, tensor.dtype, name=tensor.name) for tensor in model.inputs]
-    if len(model.inputs) == 1:
-        return [("serve", lambda values: named(model(values, training=False)), signature)]
-    return [("serve", lambda *values: named(model(list(values), training=False)), signature)]
 
 
 def export(built: Built, output_dir: Path, model: keras.Model | None = None) -> dict[str, str]:
@@ -186,7 +181,7 @@ def export(built: Built, output_dir: Path, model: keras.Model | None = None) -> 
     archive.track(serving)
     for resource in preprocess_resources(built) if model is None else ():  # the vocabularies and tables
         archive.track(resource)
-    for name, function, signature in export_endpoints(built, model):  # the first added is serving_default
+    for name, function, signature in serving_endpoints(built, model):  # the first added is serving_default
         archive.add_endpoint(name=name, fn=function, input_signature=signature)
     archive.write_out(str(staging), verbose=False)
     shutil.rmtree(saved_model, ignore_errors=True)

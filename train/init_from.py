@@ -20,10 +20,10 @@ import fnmatch
 import hashlib
 import json
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from train.errors import SettingsError, first_line
 from train.phases import in_model
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 Json = dict[str, object]
 Say = Callable[[str], None]
+V = TypeVar("V")  # a value by variable: an array read, or the model's own variable
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 # where train.checkpoints' Checkpoint keeps the model's variables: the trainable ones under the optimizer's
 MODEL_KEYS = ("model/", "optimizer/_trainable_variables/")
@@ -124,7 +125,7 @@ class KerasFile(_Weights):
             model = keras.saving.load_model(self.path, compile=False)  # safe_mode stays on
         except Exception as error:  # a damaged archive, a lambda, an unknown class: each one line
             raise SettingsError(f"INIT_FROM={self.text!r} cannot be loaded safely: {first_line(error, 200)}") from None
-        return _by_layer(model)
+        return _by_layer((in_model(model.path, each.path), each.numpy()) for each in model.weights)
 
 
 class RunDir(_Weights):
@@ -175,12 +176,7 @@ class RunDir(_Weights):
             }
         except Exception as error:  # a damaged or foreign checkpoint
             raise SettingsError(f"INIT_FROM={self.text!r}: {latest} cannot be read: {first_line(error, 200)}") from None
-        found: dict[str, list[tuple[str, np.ndarray]]] = {}
-        for path, value in variables.items():
-            layer, _, name = path.rpartition("/")
-            if "seed_generator" not in path:
-                found.setdefault(layer, []).append((name, value))
-        return found
+        return _by_layer(variables.items())
 
 
 class Preset(_Weights):
@@ -206,7 +202,7 @@ class Preset(_Weights):
                 f"INIT_FROM={self.text!r}: KerasHub cannot load the preset's backbone from {self.path}: "
                 f"{first_line(error, 200)}"
             ) from None
-        return _by_layer(backbone)
+        return _by_layer((in_model(backbone.path, each.path), each.numpy()) for each in backbone.weights)
 
 
 @dataclass
@@ -225,7 +221,32 @@ class WeightsFile(_Weights):
                 )
 
     def source_weights(self, network: keras.Model) -> dict[str, list[tuple[str, np.ndarray]]]:
-        return _read_by_keras_paths(self, network)
+        """What load_weights(skip_mismatch=True) would give each layer of `network`, by Keras's own walk of the
+        file (class and order): {layer path: [(variable name, value), ...]}, read without assigning anything."""
+        import numpy as np
+
+        layers = [layer for layer in network._flatten_layers(include_self=True) if _own(layer)]
+        read: dict[str, list[tuple[str, np.ndarray]]] = {}
+
+        def reader(layer: keras.layers.Layer) -> Callable[[Mapping[str, np.ndarray]], None]:
+            def load_own_variables(store: Mapping[str, np.ndarray]) -> None:  # what Keras hands the layer: its entry
+                names = [variable.path.rpartition("/")[2] for variable in _own(layer)]
+                values = [np.asarray(store[key]) for key in sorted(store.keys(), key=int)]
+                names += [f"#{i}" for i in range(len(names), len(values))]
+                read[in_model(network.path, layer.path)] = list(zip(names, values, strict=False))
+
+            return load_own_variables
+
+        for layer in layers:
+            layer.load_own_variables = reader(layer)  # an instance's own: Keras's walk calls it in the class's place
+        try:
+            network.load_weights(self.path, skip_mismatch=True)
+        except Exception as error:
+            raise SettingsError(f"INIT_FROM={self.text!r} cannot be read: {first_line(error, 200)}") from None
+        finally:
+            for layer in layers:
+                del layer.load_own_variables
+        return read
 
 
 Source = NoSource | KerasFile | RunDir | Preset | WeightsFile
@@ -279,43 +300,15 @@ def check_init_from(init_from: str, init_layers: tuple[str, ...], recorded: Json
         raise SettingsError(f"INIT_LAYERS={','.join(init_layers)!r} is set but INIT_FROM is empty: nothing loads")
 
 
-def _by_layer(model: keras.Model) -> dict[str, list[tuple[str, np.ndarray]]]:
-    """{layer path: [(variable name, value), ...]} from each variable's path (a nested layer's path in it)."""
-    found: dict[str, list[tuple[str, np.ndarray]]] = {}
-    for variable in model.weights:
-        layer, _, name = in_model(model.path, variable.path).rpartition("/")
-        if "seed_generator" not in variable.path:  # a random layer's state: the run's seeds own it
-            found.setdefault(layer, []).append((name, variable.numpy()))
+def _by_layer(variables: Iterable[tuple[str, V]]) -> dict[str, list[tuple[str, V]]]:
+    """{layer path: [(variable name, value), ...]} from (variable path, value) pairs (a nested layer's path in it),
+    a random layer's state left out (the run's seeds own it)."""
+    found: dict[str, list[tuple[str, V]]] = {}
+    for path, value in variables:
+        layer, _, name = path.rpartition("/")
+        if "seed_generator" not in path:
+            found.setdefault(layer, []).append((name, value))
     return found
-
-
-def _read_by_keras_paths(source: WeightsFile, network: keras.Model) -> dict[str, list[tuple[str, np.ndarray]]]:
-    """What load_weights(skip_mismatch=True) would give each layer of `network`, by Keras's own walk of the file
-    (class and order): {layer path: [(variable name, value), ...]}, read without assigning anything."""
-    import numpy as np
-
-    layers = [layer for layer in network._flatten_layers(include_self=True) if _own(layer)]
-    read: dict[str, list[tuple[str, np.ndarray]]] = {}
-
-    def reader(layer: keras.layers.Layer) -> Callable[[Mapping[str, np.ndarray]], None]:
-        def load_own_variables(store: Mapping[str, np.ndarray]) -> None:  # what Keras hands the layer: its entry
-            names = [variable.path.rpartition("/")[2] for variable in _own(layer)]
-            values = [np.asarray(store[key]) for key in sorted(store.keys(), key=int)]
-            names += [f"#{i}" for i in range(len(names), len(values))]
-            read[in_model(network.path, layer.path)] = list(zip(names, values, strict=False))
-
-        return load_own_variables
-
-    for layer in layers:
-        layer.load_own_variables = reader(layer)  # an instance's own: Keras's walk calls it in the class's place
-    try:
-        network.load_weights(source.path, skip_mismatch=True)
-    except Exception as error:
-        raise SettingsError(f"INIT_FROM={source.text!r} cannot be read: {first_line(error, 200)}") from None
-    finally:
-        for layer in layers:
-            del layer.load_own_variables
-    return read
 
 
 def _own(layer: keras.layers.Layer) -> list[keras.Variable]:
@@ -340,10 +333,8 @@ def _matched(
     source: Source, weights: dict[str, list[tuple[str, np.ndarray]]], network: keras.Model, layers: tuple[str, ...]
 ) -> Matched:
     """The source's layers paired with `network`'s by path, within INIT_LAYERS; shapes that differ left out."""
-    here: dict[str, list[keras.Variable]] = {}
-    for variable in network.weights:
-        if "seed_generator" not in variable.path:
-            here.setdefault(in_model(network.path, variable.path).rpartition("/")[0], []).append(variable)
+    by_layer = _by_layer((in_model(network.path, each.path), each) for each in network.weights)
+    here = {path: [variable for _, variable in each] for path, each in by_layer.items()}
     weights = _aligned(weights, here)
     chosen = [path for path in here if not layers or any(fnmatch.fnmatchcase(path, glob) for glob in layers)]
     if layers and not chosen:

@@ -38,7 +38,7 @@ from train.keras_seams import (
 )
 from train.model_file import Experiment, overrides, refuse_step
 from train.outputs import check_output, label_words, output_shape
-from train.replica_statistics import ReplicaStatistics, replica_state, synchronize_batch_norm
+from train.replica_statistics import averaging, replica_state, synchronize_batch_norm
 from train.settings import Settings
 
 SymbolicInputs = keras.KerasTensor | dict[str, keras.KerasTensor]
@@ -66,9 +66,10 @@ CONVOLUTIONS = (
 
 @dataclass(frozen=True)
 class StepFacts:
-    """What the step will be (train.step.step_of chooses it from these): the model's own train_step (`own`, its
-    traced logs' structure `logs_spec`) or the engine's; its own test_step; whether evaluation has a step to run
-    (the engine's always, an own train_step's where it has a test_step or compiled a loss)."""
+    """What the step will be (train.step.make_calls and make_evaluator choose from these): the model's own
+    train_step (`own`, its traced logs' structure `logs_spec`) or the engine's; its own test_step; whether
+    evaluation has a step to run (the engine's always, an own train_step's where it has a test_step or
+    compiled a loss)."""
 
     own: bool
     own_test_step: bool
@@ -93,7 +94,7 @@ class Built:
     seeds: tuple[tf.Variable, ...]
     experiment: Experiment  # MODEL's file, loaded once: export_model and the layers preprocess uses
     step: StepFacts  # the engine's step or the model's own, found once by `build`
-    statistics: ReplicaStatistics | None = None
+    statistics: Callable[[], None] | None = None  # train.replica_statistics.averaging's call
 
     @property
     def custom_step(self) -> StepFacts | None:
@@ -104,7 +105,7 @@ class Built:
         """Every replica's and worker's copy of the replica state made their mean (a collective across workers):
         before each checkpoint, each evaluation, the export and the workers' final agreement check."""
         if self.statistics is not None:
-            self.statistics.average()
+            self.statistics()
 
     def step_data(self, inputs: Inputs, labels: tf.Tensor) -> StepData:
         """What train_step and test_step get: (inputs as `network` gets them, labels), or the inputs alone."""
@@ -294,7 +295,7 @@ def build(
     # the random layers' state, taken after the step's trace (which may make layers)
     weights = {id(variable) for variable in serving.weights}
     seeds = tuple(variable.value for variable in serving.variables if id(variable) not in weights)
-    statistics = ReplicaStatistics(replica_state(serving), strategy)
+    statistics = averaging(replica_state(serving), strategy)
     built = Built(network, serving, spec, seeds, experiment, step, statistics)
     spread_seeds(built, strategy)
     return built
@@ -440,9 +441,7 @@ def _check_engine_step_model(settings: Settings, network: keras.Model, serving: 
 
 def _stored_batch(spec: DatasetSpec) -> tuple[InputSpec, tf.TensorSpec]:
     """A batch of the dataset as stored, as tf.TensorSpecs: what a model's own step is traced on."""
-    features, labels = _spec_batch(spec, model_input=False)
-    tensors = [tf.TensorSpec(tensor.shape, tensor.dtype) for tensor in tf.nest.flatten((features, labels))]
-    return tf.nest.pack_sequence_as((features, labels), tensors)
+    return tf.nest.map_structure(lambda each: tf.TensorSpec(each.shape, each.dtype), _spec_batch(spec, False))
 
 
 def _model_input(serving: keras.Model, spec: DatasetSpec) -> Callable[[Inputs], Inputs]:

@@ -141,10 +141,6 @@ class Phases:
         chosen = self.phases[index].trainable
         return [layer.path for layer in self.layers if layer.holds_weights and layer.path in chosen]
 
-    def frozen_paths(self, index: int) -> list[str]:
-        chosen = self.phases[index].trainable
-        return [layer.path for layer in self.layers if layer.holds_weights and layer.path not in chosen]
-
     def to_json(self, segment: Segment) -> list[dict[str, object]]:
         """run.json's and summary.json's "phases": for each, its first epoch and step, its trainable layer paths and
         its learning rate (null: the optimizer's own)."""
@@ -160,7 +156,8 @@ class Phases:
 
     def describe(self, index: int) -> str:
         """What phase `index` trains, for the start line and the line at a boundary."""
-        phase, frozen = self.phases[index], self.frozen_paths(index)
+        phase = self.phases[index]
+        frozen = [layer.path for layer in self.layers if layer.holds_weights and layer.path not in phase.trainable]
         own = phase.learning_rate is None
         rate = "the optimizer's own learning rate" if own else f"learning rate {phase.learning_rate:g}"
         what = f"{len(frozen)} layer(s) frozen ({_some(frozen)})" if frozen else "every layer trains"

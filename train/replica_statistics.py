@@ -4,7 +4,7 @@ every replica and every worker; and SYNC_BATCH_NORM, Keras's synchronized batch 
 Keras 3 makes BatchNormalization's `moving_mean` and `moving_variance` (and renorm's) with aggregation "none"
 (keras PR #20703). TensorFlow then updates, on each replica, only that replica's copy: every replica and worker
 keeps the statistics of its own share of every batch, and a save or an export takes replica 0's. tf_keras made them
-ON_READ with MEAN, so that a read or a save averaged them. `ReplicaStatistics.average` does what that read did: an
+ON_READ with MEAN, so that a read or a save averaged them. `averaging`'s call does what that read did: an
 all-reduce MEAN under `strategy.run`, then an assign on each replica, before each checkpoint, each evaluation, the
 export and the workers' final agreement check. Between those, the replicas' copies drift apart as in tf_keras.
 
@@ -37,36 +37,25 @@ def replica_state(model: keras.Model) -> tuple[keras.Variable, ...]:
     return tuple(found.values())
 
 
-class ReplicaStatistics:
-    """The model's replica state (`replica_state`), and the call that averages it over every replica and worker.
+def averaging(variables: tuple[keras.Variable, ...], strategy: tf.distribute.Strategy) -> Callable[[], None] | None:
+    """The call that averages `variables` (`replica_state`) over every replica and worker; None on one replica or
+    without them. Across workers it is a collective: every worker calls it at the same point, as it calls a
+    checkpoint's save."""
+    if not variables or strategy.num_replicas_in_sync == 1:
+        return None
+    values = [variable.value for variable in variables]  # the tf.Variables (MirroredVariables)
 
-    On one replica it does nothing. Across workers it is a collective: every worker calls it at the same point,
-    as it calls a checkpoint's save."""
+    def replica() -> None:
+        context = tf.distribute.get_replica_context()
+        means = context.all_reduce(tf.distribute.ReduceOp.MEAN, [tf.identity(value) for value in values])
+        for value, mean in zip(values, means, strict=True):
+            value.assign(mean)  # aggregation NONE in a replica's context: this replica's copy only
 
-    def __init__(self, variables: tuple[keras.Variable, ...], strategy: tf.distribute.Strategy) -> None:
-        self.variables, self.strategy = variables, strategy
-        self._average = None
-        if variables and strategy.num_replicas_in_sync > 1:
-            self._average = self._make_average()
+    @tf.function(autograph=False)
+    def average() -> None:
+        strategy.run(replica)
 
-    def _make_average(self):
-        values = [variable.value for variable in self.variables]  # the tf.Variables (MirroredVariables)
-
-        def replica() -> None:
-            context = tf.distribute.get_replica_context()
-            means = context.all_reduce(tf.distribute.ReduceOp.MEAN, [tf.identity(value) for value in values])
-            for value, mean in zip(values, means, strict=True):
-                value.assign(mean)  # aggregation NONE in a replica's context: this replica's copy only
-
-        @tf.function(autograph=False)
-        def average() -> None:
-            self.strategy.run(replica)
-
-        return average
-
-    def average(self) -> None:
-        if self._average is not None:
-            self._average()
+    return average
 
 
 def synchronize_batch_norm(model: keras.Model, say: Say) -> None:

@@ -1,15 +1,15 @@
 """THE STEP: a training call of up to STEPS_PER_CALL steps under `strategy.run` in one `tf.function`, and evaluation,
-as `model.fit` and `model.evaluate` compute them, for any strategy. One interface, `Step` (`calls(feed, jit_compile)`,
-`evaluator(predict)`), three kinds, chosen once by `step_of` from what `train.model.build` found:
+as `model.fit` and `model.evaluate` compute them, for any strategy. Two functions, `make_calls(built, strategy, feed,
+...)` and `make_evaluator(built, strategy)`, choose from what `train.model.build` found which step runs:
 
-| step                 | a replica's step                                                                     |
-|----------------------|--------------------------------------------------------------------------------------|
-| `EngineStep`         | `model.compute_loss` (the compiled loss, its `loss_weights`, the regularisation      |
-|                      | losses), its gradients summed over every replica and worker, one optimizer update    |
-| `Accumulated(s, n)`  | the engine's step on its share in `n` micro-batches: their gradients summed, then    |
-|                      | one all-reduce and one update (GLOBAL_BATCH_SIZE with BATCH_SIZE)                    |
-| `OwnStep`            | the model's own `train_step(data)`, its logs the mean over the replicas, as Keras's  |
-|                      | `make_train_function` runs it (traced and its optimizers built by train.model.build) |
+| step                       | a replica's step                                                                  |
+|----------------------------|-----------------------------------------------------------------------------------|
+| `EngineStep.gradients`     | `model.compute_loss` (the compiled loss, its `loss_weights`, the regularisation   |
+|                            | losses), its gradients summed over every replica and worker, one optimizer update |
+| `EngineStep.accumulated`   | the engine's step on its share in `n` micro-batches: their gradients summed, then |
+|                            | one all-reduce and one update (GLOBAL_BATCH_SIZE with BATCH_SIZE)                 |
+| the model's own train_step | `train_step(data)`, its logs the mean over the replicas, as Keras's               |
+|                            | `make_train_function` runs it (traced, its optimizers built by train.model.build) |
 
 The engine's step sums the gradients itself before the optimizer sees them (train.keras_seams.gradients_come_summed),
 so the optimizer's options mean what they mean on one device: clipping (`clipnorm`, `global_clipnorm`, `clipvalue`)
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import keras
 import numpy as np
@@ -131,43 +131,13 @@ def _training_call(
     return training_call
 
 
-class Step(Protocol):
-    """The one interface of the step (see the module's table): what fit, check and the benchmark train with, and
-    what evaluate scores with."""
-
-    def calls(self, feed: Feed, jit_compile: bool) -> TrainCalls:
-        """A tf.function running `steps` steps on `feed`'s next batches, returning the metrics and the skips."""
-        ...
-
-    def evaluator(self, predict: keras.Model | None = None) -> Evaluate:
-        """Evaluation's step (an `Evaluator`, or `NoEvaluation`)."""
-        ...
-
-
 @dataclass(frozen=True)
-class ModelStep:
-    """A step of `built` on `strategy`'s replicas, `global_batch` examples a step: the engine's or the model's own."""
+class EngineStep:
+    """The engine's own step on `built`: this replica's gradients, summed over every replica and worker, one
+    update; with `n` > 1 micro-batches (`accumulated`), their gradients summed first."""
 
     built: Built
-    strategy: tf.distribute.Strategy
-    global_batch: int = 0
-
-    def evaluator(self, predict: keras.Model | None = None) -> Evaluate:
-        """Evaluation's step: the model's own test_step, none (its own train_step, no loss, no test_step), or the
-        engine's; `predict`: a loaded export to score instead of the trained weights. Raises SettingsError for an
-        export a model's own test_step cannot score."""
-        facts = self.built.step
-        if facts.own_test_step:
-            if predict is not None:  # evaluate --exported: the export's weights, scored by the model's own test_step
-                _take_weights(self.built, predict)
-            return Evaluator(self.built, self.strategy, own_test_step=True)
-        if not facts.evaluates:
-            return NoEvaluation(self.built)
-        return Evaluator(self.built, self.strategy, predict)
-
-
-class EngineStep(ModelStep):
-    """The engine's own step: this replica's gradients, summed over every replica and worker, one update."""
+    n: int = 1
 
     def gradients(self, features: Inputs, labels: tf.Tensor, share: int = 1) -> Gradients:
         """This replica's gradients of the loss over (features, labels) divided by `share` (times the loss scale
@@ -180,6 +150,31 @@ class EngineStep(ModelStep):
         _track_loss(network, loss, labels)
         network.compute_metrics(features, labels, predictions)
         return tape.gradient(scaled_loss, network.trainable_variables)
+
+    def accumulated(self, features: Inputs, labels: tf.Tensor) -> Gradients:
+        """Each replica's share in `n` micro-batches, one after another in a loop inside the step, the same examples
+        with the same seeds as without: the sum of their gradients (micro-batch j: the share's j-th run of
+        examples), one copy of the trainable variables per replica, nothing outliving the step."""
+        n, variables = self.n, self.built.network.trainable_variables
+        split = tf.nest.map_structure(lambda t: tf.reshape(t, [n, -1, *t.shape[1:]]), (features, labels))
+        reached: list[bool] = []  # which variables the loss reaches: known once the loop's body is traced
+
+        def micro_step(index: tf.Tensor, sums: list[tf.Tensor]) -> tuple[tf.Tensor, list[tf.Tensor]]:
+            x, y = tf.nest.map_structure(lambda tensor: tensor[index], split)
+            gradients = self.gradients(x, y, share=n)
+            reached[:] = [gradient is not None for gradient in gradients]
+            dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
+            return index + 1, [total if g is None else total + g for total, g in zip(sums, dense, strict=True)]
+
+        sums = [tf.zeros_like(variable) for variable in variables]
+        # SYNC_BATCH_NORM: each micro-batch's moments are all-reduced over the replicas, which tf.distribute refuses
+        # inside a while loop's body (merge_call): the loop unrolled
+        if any(getattr(layer, "synchronized", False) for layer in all_layers(self.built.serving)):
+            for index in range(n):
+                _, sums = micro_step(tf.constant(index), sums)
+        else:
+            _, sums = tf.while_loop(lambda i, _: i < n, micro_step, (tf.constant(0), sums), parallel_iterations=1)
+        return [total if kept else None for total, kept in zip(sums, reached, strict=True)]
 
     def update(self, gradients: Callable[[], Gradients]) -> tf.Tensor:
         """`gradients()` all-reduced, then one optimizer update. Returns whether they were finite (always True
@@ -200,101 +195,6 @@ class EngineStep(ModelStep):
         tf.cond(finite, lambda: None, undo_metrics)
         return finite
 
-    def calls(self, feed: Feed, jit_compile: bool, accumulated: Accumulated | None = None) -> TrainCalls:
-        gradients = accumulated.gradients if accumulated else self.gradients
-
-        def replica_step(*args: tf.Tensor) -> tf.Tensor:
-            features, labels = feed.replica_batch(*args)
-            return self.update(lambda: gradients(features, labels))
-
-        def count_skips(skipped: tf.Tensor, finite: Returned) -> tf.Tensor:
-            finite = self.strategy.experimental_local_results(finite)[0]
-            return skipped + tf.cast(tf.logical_not(finite), tf.int32)
-
-        network = self.built.network
-        call = _training_call(
-            self.strategy,
-            feed,
-            jit_compile,
-            replica_step,
-            count_skips,
-            tf.constant(0),
-            lambda skipped: (network.get_metrics_result(), skipped),
-        )
-        return TrainCalls(call, feed, self.global_batch, accumulated.n if accumulated else 1)
-
-
-@dataclass(frozen=True)
-class Accumulated:
-    """The engine's `step`, each replica taking its share of a step in `n` micro-batches, one after another in a
-    loop inside the step, the same examples with the same seeds as without: their gradients summed (one copy of the
-    trainable variables per replica, nothing outliving the step), then one all-reduce and one update."""
-
-    step: EngineStep
-    n: int
-
-    def calls(self, feed: Feed, jit_compile: bool) -> TrainCalls:
-        return self.step.calls(feed, jit_compile, self)
-
-    def evaluator(self, predict: keras.Model | None = None) -> Evaluate:
-        return self.step.evaluator(predict)
-
-    def gradients(self, features: Inputs, labels: tf.Tensor) -> Gradients:
-        """The sum of the micro-batches' gradients (micro-batch j: the share's j-th run of examples)."""
-        n, variables = self.n, self.step.built.network.trainable_variables
-        split = tf.nest.map_structure(lambda t: tf.reshape(t, [n, -1, *t.shape[1:]]), (features, labels))
-        reached: list[bool] = []  # which variables the loss reaches: known once the loop's body is traced
-
-        def micro_step(index: tf.Tensor, sums: list[tf.Tensor]) -> tuple[tf.Tensor, list[tf.Tensor]]:
-            x, y = tf.nest.map_structure(lambda tensor: tensor[index], split)
-            gradients = self.step.gradients(x, y, share=n)
-            reached[:] = [gradient is not None for gradient in gradients]
-            dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
-            return index + 1, [total if g is None else total + g for total, g in zip(sums, dense, strict=True)]
-
-        sums = [tf.zeros_like(variable) for variable in variables]
-        # SYNC_BATCH_NORM: each micro-batch's moments are all-reduced over the replicas, which tf.distribute refuses
-        # inside a while loop's body (merge_call): the loop unrolled
-        if any(getattr(layer, "synchronized", False) for layer in all_layers(self.step.built.serving)):
-            for index in range(n):
-                _, sums = micro_step(tf.constant(index), sums)
-        else:
-            _, sums = tf.while_loop(lambda i, _: i < n, micro_step, (tf.constant(0), sums), parallel_iterations=1)
-        return [total if kept else None for total, kept in zip(sums, reached, strict=True)]
-
-
-class OwnStep(ModelStep):
-    """The model's own train_step (traced once by train.model.build): the last step's logs, reduced over the
-    replicas as `model.fit` reduces them and flattened as it flattens them, and no skips (a model's own step
-    applies its optimizers as it likes)."""
-
-    def calls(self, feed: Feed, jit_compile: bool) -> TrainCalls:
-        built, strategy = self.built, self.strategy
-
-        def replica_step(*args: tf.Tensor) -> Returned:
-            return built.network.train_step(built.step_data(*feed.replica_batch(*args)))
-
-        empty = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), built.step.logs_spec)
-        call = _training_call(
-            strategy,
-            feed,
-            jit_compile,
-            replica_step,
-            lambda _, logs: mean_over_replicas(strategy, logs),
-            empty,
-            lambda logs: (flatten_logs(logs), tf.constant(0)),
-        )
-        return TrainCalls(call, feed, self.global_batch)
-
-
-def step_of(built: Built, strategy: tf.distribute.Strategy, global_batch: int = 0, accumulation: int = 1) -> Step:
-    """`built`'s step: the model's own train_step where it has one, else the engine's, `Accumulated` where a step
-    takes `accumulation` > 1 micro-batches (refused for a model's own step before: `refuse_custom_train_step`)."""
-    if built.step.own:
-        return OwnStep(built, strategy, global_batch)
-    step = EngineStep(built, strategy, global_batch)
-    return Accumulated(step, accumulation) if accumulation > 1 else step
-
 
 def make_calls(
     built: Built,
@@ -304,14 +204,68 @@ def make_calls(
     jit_compile: bool,
     accumulation: int = 1,
 ) -> TrainCalls:
-    """The training calls of `built`'s step (`step_of`). Every caller that trains goes through here, so an
-    overridden train_step is never bypassed."""
-    return step_of(built, strategy, global_batch, accumulation).calls(feed, jit_compile)
+    """The training calls of `built`'s step (see the module's table): the model's own train_step where it has one
+    (its logs reduced over the replicas as `model.fit` reduces them and flattened as it flattens them, no skips),
+    else the engine's, in `accumulation` micro-batches where > 1 (refused for a model's own step before:
+    `refuse_custom_train_step`). Every caller that trains goes through here, so an overridden train_step is never
+    bypassed."""
+    if built.step.own:
+
+        def own_step(*args: tf.Tensor) -> Returned:
+            return built.network.train_step(built.step_data(*feed.replica_batch(*args)))
+
+        empty = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), built.step.logs_spec)
+        call = _training_call(
+            strategy,
+            feed,
+            jit_compile,
+            own_step,
+            lambda _, logs: mean_over_replicas(strategy, logs),
+            empty,
+            lambda logs: (flatten_logs(logs), tf.constant(0)),
+        )
+        return TrainCalls(call, feed, global_batch)
+    step = EngineStep(built, accumulation)
+    gradients = step.accumulated if accumulation > 1 else step.gradients
+
+    def replica_step(*args: tf.Tensor) -> tf.Tensor:
+        features, labels = feed.replica_batch(*args)
+        return step.update(lambda: gradients(features, labels))
+
+    def count_skips(skipped: tf.Tensor, finite: Returned) -> tf.Tensor:
+        finite = strategy.experimental_local_results(finite)[0]
+        return skipped + tf.cast(tf.logical_not(finite), tf.int32)
+
+    call = _training_call(
+        strategy,
+        feed,
+        jit_compile,
+        replica_step,
+        count_skips,
+        tf.constant(0),
+        lambda skipped: (built.network.get_metrics_result(), skipped),
+    )
+    return TrainCalls(call, feed, global_batch, accumulation)
 
 
 def make_evaluator(built: Built, strategy: tf.distribute.Strategy, predict: keras.Model | None = None) -> Evaluate:
-    """Evaluation's step for `built` (`ModelStep.evaluator`)."""
-    return ModelStep(built, strategy).evaluator(predict)
+    """Evaluation's step for `built`: the model's own test_step, none (its own train_step, no loss, no test_step),
+    or the engine's; `predict`: a loaded export to score instead of the trained weights. Raises SettingsError for an
+    export a model's own test_step cannot score."""
+    if built.step.own_test_step:
+        try:  # evaluate --exported: the export's weights, scored by the model's own test_step
+            if predict is not None:
+                built.serving.set_weights(predict.get_weights())
+        except ValueError:
+            raise SettingsError(
+                f"evaluate --exported: {predict.name!r} in model.keras is not the model that trained (MODEL's "
+                "export_model replaced it), so its test_step cannot score it: evaluate the checkpoint (without "
+                "--exported)"
+            ) from None
+        return Evaluator(built, strategy, own_test_step=True)
+    if not built.step.evaluates:
+        return NoEvaluation(built)
+    return Evaluator(built, strategy, predict)
 
 
 class Evaluator:
@@ -389,17 +343,6 @@ class NoEvaluation:
 
 
 Evaluate = Evaluator | NoEvaluation  # each called as evaluate(split, global_batch) -> the metrics' values
-
-
-def _take_weights(built: Built, exported: keras.Model) -> None:
-    """The exported model's weights into the model that trained. Raises SettingsError where they do not fit."""
-    try:
-        built.serving.set_weights(exported.get_weights())
-    except ValueError:
-        raise SettingsError(
-            f"evaluate --exported: {exported.name!r} in model.keras is not the model that trained (MODEL's "
-            "export_model replaced it), so its test_step cannot score it: evaluate the checkpoint (without --exported)"
-        ) from None
 
 
 def refuse_custom_train_step(model: str, network: keras.Model, accumulation: int) -> None:
