@@ -35,9 +35,10 @@ from train.cluster.role import Role, take_role
 from train.custom_step import make_calls, make_evaluator
 from train.data import open_dataset
 from train.data.adapt import check_recorded
-from train.data.feeds import Remainder, gathers_in_step, make_feed
+from train.data.feeds import adapter
 from train.data.opening import check_same_data
 from train.data.raised import preprocess_raised
+from train.data.source import Remainder
 from train.devices.runtime import Runtime, setup_runtime
 from train.errors import SettingsError, first_line
 from train.failures import halve_batch, preprocess_shapes_hold, streamed_files_intact
@@ -167,10 +168,14 @@ def _feed(start: Start, position: Position, schedule: Schedule, first: int):
     if segment.in_remainder(first):
         length, done = segment.remainder_end - segment.first_step, first - segment.first_step
         remainder = Remainder(segment.remainder_pass, position.marks, length, done)
-    return make_feed(runtime.strategy, start.data.train, runtime.global_batch, settings.seed,
-                     segment.data_step(max(first, segment.remainder_end) if remainder else first),
-                     longest_call(schedule.cadence, schedule.steps_per_epoch), settings.device_prefetch,
-                     remainder)  # fmt: skip
+    return adapter(runtime.strategy, start.data.train).train_feed(
+        runtime.global_batch,
+        settings.seed,
+        segment.data_step(max(first, segment.remainder_end) if remainder else first),
+        longest_call(schedule.cadence, schedule.steps_per_epoch),
+        settings.device_prefetch,
+        remainder,
+    )
 
 
 def _describe(start: Start, runtime: Runtime, schedule: Schedule, first: int) -> str:
@@ -184,20 +189,13 @@ def _describe(start: Start, runtime: Runtime, schedule: Schedule, first: int) ->
             "evaluating again"
         )
     workers = f" on {runtime.workers} workers" if runtime.workers > 1 else ""
-    where = "in memory" if data.in_memory else "streamed from the TFDS files"
-    if data.spec.records:
-        made = "preprocessed" if data.spec.examples.preprocess else "decoded"
-        where += f" as the stored records, each {made} in tf.data"
-    if not gathers_in_step(runtime.strategy, data.spec.records):
-        how = "fed by tf.data"
-    else:
-        how = "gathered inside the step" if data.in_memory else "read ahead a call at a time"
     per_epoch = f"{schedule.steps_per_epoch} step{'s' if schedule.steps_per_epoch != 1 else ''} per epoch"
     return (
         f"Training {data.name} on {runtime.replicas} replica(s){workers} ({runtime.strategy_name}: "
         f"{', '.join(runtime.devices)}{' on each worker' if workers else ''}), "
         f"{describe_batch(batch_of(start.settings), runtime)}, {per_epoch}, {span}; {runtime.precision}; "
-        f"data {where}, batches {how}, XLA {'on' if start.jit_compile else 'off'} ({start.jit_why})."
+        f"data {data.describe()}, batches {adapter(runtime.strategy, data.train).describe()}, "
+        f"XLA {'on' if start.jit_compile else 'off'} ({start.jit_why})."
     )
 
 

@@ -14,11 +14,11 @@ from train.batches import Batch
 from train.built import build
 from train.callbacks import build_callbacks, build_hooks
 from train.cluster.role import Peers, Role
-from train.context import Context, sample_function
+from train.context import Context
 from train.custom_step import refuse_unevaluated_monitor
 from train.data import Dataset, open_dataset
 from train.data.adapt import check_recorded
-from train.data.feeds import batches_per_pass, gathers_in_step, input_pipelines
+from train.data.feeds import adapter
 from train.data.opening import check_same_data, data_identity_text
 from train.data.source import Data
 from train.data.spec import features_record
@@ -51,7 +51,7 @@ def run_context(
     return Context(
         global_batch=runtime.global_batch, replicas=runtime.replicas, workers=runtime.workers,
         steps_per_epoch=steps_per_epoch, epochs=settings.epochs, seed=settings.seed, precision=runtime.precision,
-        output_dir=settings.output_dir, _sample=sample_function(data.train, data.spec),
+        output_dir=settings.output_dir, _sample=data.sample,
         **(role.facts() if role else {}),
     )  # fmt: skip
 
@@ -69,8 +69,7 @@ def cadence_of(settings: Settings) -> Cadence:
 
 def steps_per_epoch(settings: Settings, data: Data, runtime: Runtime) -> int:
     """STEPS_PER_EPOCH, or one pass over the split. Raises SettingsError for a split under one global batch."""
-    pipelines = input_pipelines(runtime.strategy, streamed=not data.in_memory)
-    return settings.steps_per_epoch or batches_per_pass(data.train, runtime.global_batch, pipelines=pipelines)
+    return settings.steps_per_epoch or adapter(runtime.strategy, data.train).pass_batches(runtime.global_batch)
 
 
 def workers_here(runtime: Runtime) -> int:
@@ -183,7 +182,7 @@ def start_run(settings: Settings, runtime: Runtime, role: Role[Writer], say: Say
     refuse_unevaluated_monitor(settings.monitor, settings.model, built)
     refuse_custom_train_step(settings.model, built.network, runtime.accumulation)
     writer.check_export(built, settings)  # the chief's: a model it could not export is refused before the first step
-    whole_call = gathers_in_step(runtime.strategy, data.spec.records)  # the feed lets XLA compile the whole call
+    whole_call = adapter(runtime.strategy, data.train).whole_call  # the feed lets XLA compile the whole call
     jit, why = _decide_xla(runtime, role, built, whole_call, decision.jit_compile, recorded)
     if jit and decision.jit_compile == "auto" and built.custom_step is not None and not built.network.jit_compile:
         # as model.fit runs it: a step of the fork's own may hold what XLA cannot compile (a tf.print)

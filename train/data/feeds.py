@@ -1,62 +1,38 @@
 """Batches for the training step and for evaluation, in an order that is a pure function of (SEED, step).
 
-So a resumed run reads exactly the batches an uninterrupted one would, and replicas and workers take disjoint
-slices of every global batch:
+A resumed run reads exactly the batches an uninterrupted one would; replicas and workers take disjoint slices:
 
 - in memory: pass p over the split is the permutation stateless_shuffle(range(N), seed=(SEED, p));
 - streamed: pass p reads the files in one fixed shuffled order through a shuffle buffer seeded by (SEED, p).
 
-A feed hands batches to the training step (see `make_feed`). On one host's CPU devices every input of a
-call is a tensor: the step gathers its rows from the split in memory itself (`RowsFeed`), or takes its batch
-from a block of the call's batches that tf.data read ahead from the streamed files (`BlocksFeed`). On GPUs
-and across workers a tf.data pipeline per worker prefetches each step's batch (`PipelineFeed`). Features and
-labels reach the model as the dataset stores them; scaling and augmentation are layers of the model.
+A feed, chosen once by `adapter`, hands batches to the training step. On one host's CPU devices every input of a
+call is a tensor: the step gathers its rows from the split in memory itself (`RowsFeed`), or takes its batch from
+a block of the call's batches that tf.data read ahead from the streamed files (`BlocksFeed`). On GPUs and across
+workers a tf.data pipeline per worker prefetches each step's batch (`PipelineFeed`). The model gets what is
+stored; scaling and augmentation are its layers.
 
-The general path (MODEL's `preprocess`, or a dict of columns: train.data.examples) follows the same plans
-over the stored records, and decodes and prepares each example after the plan has placed and skipped it
-(`_prepared`); it is always fed by a tf.data pipeline.
+The general path (MODEL's `preprocess`, or a dict of columns: train.data.examples) follows the same plans over the
+stored records, decoding and preparing each example after the plan has placed and skipped it (`_prepared`); it is
+always fed by a tf.data pipeline.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import tensorflow as tf
 
 from train.data.examples import EVAL_PASS, Inputs
-from train.data.in_memory import SerializedSplit, Split
-from train.data.source import TrainSplit
-from train.data.streamed import StreamedSplit
+from train.data.source import Remainder, SerializedSplit, Split, StreamedSplit, TrainSplit
 from train.errors import SettingsError
 
 GATHER_BATCHES = 32  # training batches gathered by one op in the in-memory tf.data pipeline
 
 
-@dataclass(frozen=True)
-class Remainder:
-    """The rest of a streamed pass that a run resumed in at another worker count: what each input pipeline reads
-    of pass `pass_number` (`marks`: StreamedSplit.remainder_marks), `length` batches of it, `done` of them
-    trained before this start; then the passes after it, whole."""
-
-    pass_number: int
-    marks: tuple[np.ndarray, ...] = field(repr=False)
-    length: int
-    done: int = 0
-
-
-def input_pipelines(strategy, streamed: bool = False) -> int:
-    """How many input pipelines feed the replicas (train.data.feeds.distribute): one per worker on GPUs, across
-    workers, and for a streamed split (each reads its worker's share: the order is then the worker's, whatever
-    its devices); one per replica for a split in memory on a host's CPU devices (its order is the split's)."""
-    workers = strategy.num_replicas_in_sync // len(strategy.extended.worker_devices)
-    if streamed or _on_gpus(strategy) or isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return workers
-    return strategy.num_replicas_in_sync
-
-
-def batches_per_pass(split: TrainSplit, global_batch: int, setting: str = "TRAIN_SPLIT", pipelines: int = 1) -> int:
+def batches_per_pass(split: TrainSplit, global_batch: int, pipelines: int = 1) -> int:
     """Whole global batches in one pass over the split (the remainder waits for the next pass). A streamed split
     read by several `pipelines`, each its own share, makes as many as its smallest share does."""
     if isinstance(split, StreamedSplit):
@@ -65,7 +41,7 @@ def batches_per_pass(split: TrainSplit, global_batch: int, setting: str = "TRAIN
         batches = len(split) // global_batch
     if batches == 0:
         raise SettingsError(
-            f"{setting} has {len(split)} examples, fewer than one global batch of {global_batch}: lower BATCH_SIZE"
+            f"TRAIN_SPLIT has {len(split)} examples, fewer than one global batch of {global_batch}: lower BATCH_SIZE"
         )
     return batches
 
@@ -91,9 +67,14 @@ def _local_replicas(replicas: int, context: tf.distribute.InputContext) -> tuple
 
 
 def train_dataset(
-    strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int, device_prefetch: int = 1,
+    strategy: tf.distribute.Strategy,
+    split: TrainSplit,
+    global_batch: int,
+    seed: int,
+    start_step: int,
+    device_prefetch: int = 1,
     remainder: Remainder | None = None,
-):  # fmt: skip
+) -> tf.data.Dataset | tf.distribute.DistributedDataset:
     """Per-replica training batches from `start_step` on, forever, as a distributed tf.data dataset.
 
     The k-th global batch of a pass is cut into per-replica slices, replica r taking slice r. A restart at
@@ -101,19 +82,20 @@ def train_dataset(
     `remainder` (streamed): the rest of the pass a run resumed in at another worker count comes first, then
     the plan from `start_step` on.
     """
-    dataset_fn = _dataset_fn(strategy, split, global_batch, seed, start_step, remainder)
+    dataset_fn = _dataset_fn(adapter(strategy, split), global_batch, seed, start_step, remainder)
     return distribute(strategy, dataset_fn, device_prefetch, per_replica=not isinstance(split, StreamedSplit))
 
 
-def _dataset_fn(strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int, remainder=None):
+def _dataset_fn(
+    feeding: Adapter, global_batch: int, seed: int, start_step: int, remainder: Remainder | None = None
+) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
     """`train_dataset`'s dataset_fn: an input pipeline's batches, given its tf.distribute.InputContext."""
-    streamed = isinstance(split, StreamedSplit)
-    pass_batches = batches_per_pass(split, global_batch, pipelines=input_pipelines(strategy, streamed))
-    first_pass, offset = divmod(start_step, pass_batches)
-    replicas = strategy.num_replicas_in_sync
-    per_replica = global_batch // replicas
+    split, replicas = feeding.split, feeding.strategy.num_replicas_in_sync
     if isinstance(split, StreamedSplit):
-        return _streamed(split, replicas, per_replica, pass_batches, seed, first_pass, offset, remainder)
+        return _streamed(feeding, global_batch, seed, start_step, remainder)
+    pass_batches = feeding.pass_batches(global_batch)
+    first_pass, offset = divmod(start_step, pass_batches)
+    per_replica = global_batch // replicas
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         local, first_replica = _local_replicas(replicas, context)
@@ -157,9 +139,8 @@ def _prepared(spec, batches: tf.data.Dataset, per_replica: int, in_memory: bool)
 
 
 def _streamed(
-    split: StreamedSplit, replicas: int, per_replica: int, pass_batches: int, seed: int, first_pass: int, offset: int,
-    remainder: Remainder | None = None,
-):  # fmt: skip
+    feeding: Adapter, global_batch: int, seed: int, start_step: int, remainder: Remainder | None
+) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
     """The dataset_fn of a streamed split: each input pipeline reads only its share of the files (or, with fewer
     files than pipelines, of the records), in shuffled windows, and makes its replicas' batches from it.
 
@@ -167,6 +148,9 @@ def _streamed(
     with as many pipelines reads exactly the same batches; the order is not one worker's order (each pipeline
     shuffles its own share).
     """
+    split, replicas = feeding.split, feeding.strategy.num_replicas_in_sync
+    pass_batches, per_replica = feeding.pass_batches(global_batch), global_batch // replicas
+    first_pass, offset = divmod(start_step, pass_batches)
     feature_shape, label_shape = list(split.spec.feature_shape), list(split.spec.label_shape)
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -217,7 +201,7 @@ def distribute(strategy, dataset_fn, device_prefetch: int = 1, per_replica: bool
     that MultiDeviceIterator costs more per step than a small model's step itself, so each replica gets a
     plain tf.data iterator on the host: one replica takes the dataset as it is, several take one pipeline
     each (PER_REPLICA) without a copy to the device they already share. `per_replica=False` (a streamed
-    split: `input_pipelines`): one pipeline for the host's CPU devices, as on GPUs, without the copy.
+    split: `Adapter.pipelines`): one pipeline for the host's CPU devices, as on GPUs, without the copy.
     """
     if _on_gpus(strategy):
         options = tf.distribute.InputOptions(experimental_per_replica_buffer_size=device_prefetch)
@@ -248,7 +232,7 @@ class Feed(Protocol):
     iterator), and moves the feed on by `steps`; inside it, step `step` (from 0) of the call takes
     `step_args(call_args, step)`, which `strategy.run` hands each replica, and the replica's
     `replica_batch(*those)` is its (features, labels). `compilable`: every input of the call is a tensor, so XLA
-    can compile the whole call (else only the replica step). `make_feed` picks one of the three:
+    can compile the whole call (else only the replica step). `adapter` picks one of the three, once:
 
     | feed           | where                              | a call is handed                      |
     |----------------|------------------------------------|---------------------------------------|
@@ -396,40 +380,67 @@ class PipelineFeed:
         return features, labels
 
 
-def gathers_in_step(strategy, records: bool) -> bool:
-    """Whether the step gathers its batch from tensors the call is handed (`RowsFeed`, `BlocksFeed`): on the
-    CPU devices of one host, for one fixed-shape feature as stored (not the general path: `preprocess` runs in
-    tf.data), the split in memory or streamed. Then XLA can compile the whole call.
-
-    `records`: whether the examples take the general path (DatasetSpec.records)."""
-    if records:
-        return False
-    return not _on_gpus(strategy) and not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+_HOW = {"rows": "gathered inside the step", "blocks": "read ahead a call at a time", "pipelines": "fed by tf.data"}
 
 
-def general_path(split: TrainSplit) -> bool:
-    """Whether the split's examples are stored records, prepared one at a time (train.data.examples)."""
-    return isinstance(split, SerializedSplit) or (isinstance(split, StreamedSplit) and split.spec.records)
+@dataclass(frozen=True)
+class Adapter:
+    """How a training split feeds the step on `strategy`, chosen once by `adapter` (as Keras's `get_data_adapter`
+    chooses): the start, the resume's segment and fit's feed ask this one object. Its `kind` names its feed (`Feed`'s
+    table): `rows` (`RowsFeed`), `blocks` (`BlocksFeed`) or `pipelines` (`PipelineFeed`). A streamed split is read
+    by one input pipeline per worker (each its worker's share: the order is the worker's, whatever its devices), as
+    is any split on GPUs or across workers; a split in memory on a host's CPU devices by one per replica."""
+
+    strategy: tf.distribute.Strategy
+    split: TrainSplit
+    kind: str  # "rows", "blocks" or "pipelines"
+    pipelines: int  # input pipelines feeding the replicas (train.data.feeds.distribute)
+
+    @property
+    def whole_call(self) -> bool:
+        """Whether every input of a call is a tensor, the step gathering its batch from them: XLA can compile the
+        whole call (else only the replica step)."""
+        return self.kind != "pipelines"
+
+    def pass_batches(self, global_batch: int) -> int:
+        """Whole global batches in one pass over the split (`batches_per_pass`, for this many pipelines)."""
+        return batches_per_pass(self.split, global_batch, pipelines=self.pipelines)
+
+    def train_feed(
+        self,
+        global_batch: int,
+        seed: int,
+        start_step: int,
+        longest: int,
+        device_prefetch: int = 1,
+        remainder: Remainder | None = None,
+    ) -> Feed:
+        """The training feed from `start_step` on. `longest`: the most steps a call takes (what the CPU feeds plan
+        ahead for); `device_prefetch`: DEVICE_PREFETCH; `remainder`: see `train_dataset`."""
+        strategy, split = self.strategy, self.split
+        if self.kind == "pipelines":
+            return PipelineFeed(
+                train_dataset(strategy, split, global_batch, seed, start_step, device_prefetch, remainder)
+            )
+        replicas = strategy.num_replicas_in_sync
+        if self.kind == "rows":
+            return RowsFeed(split, replicas, global_batch, seed, start_step, longest)
+        blocks = _blocks(_dataset_fn(self, global_batch, seed, start_step, remainder), replicas, longest)
+        return BlocksFeed(blocks, longest)
+
+    def describe(self) -> str:
+        """How the batches reach the step, in a few words: what `fit` says as it starts."""
+        return _HOW[self.kind]
 
 
-def make_feed(
-    strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int, longest: int, device_prefetch: int = 1,
-    remainder: Remainder | None = None,
-) -> Feed:  # fmt: skip
-    """On one host's CPU devices, rows gathered by the step (in memory) or blocks of a call's batches (streamed):
-    the fast path of one fixed-shape feature as stored; a tf.data pipeline otherwise (GPUs, workers, and the
-    general path, where `preprocess` runs per example in tf.data).
-
-    `longest`: the most steps a call takes (what the CPU feeds plan ahead for); `device_prefetch`: DEVICE_PREFETCH;
-    `remainder`: see `train_dataset`.
-    """
-    if not gathers_in_step(strategy, general_path(split)):
-        return PipelineFeed(train_dataset(strategy, split, global_batch, seed, start_step, device_prefetch, remainder))
-    replicas = strategy.num_replicas_in_sync
-    if isinstance(split, Split):
-        return RowsFeed(split, replicas, global_batch, seed, start_step, longest)
-    blocks = _blocks(_dataset_fn(strategy, split, global_batch, seed, start_step, remainder), replicas, longest)
-    return BlocksFeed(blocks, longest)
+def adapter(strategy: tf.distribute.Strategy, split: TrainSplit) -> Adapter:
+    """The one choice of how `split` (the training split) feeds the step on `strategy` (see `Adapter`)."""
+    streamed = isinstance(split, StreamedSplit)
+    records = isinstance(split, SerializedSplit) or (streamed and split.spec.records)
+    pipelined = _on_gpus(strategy) or isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    kind = "pipelines" if pipelined or records else "blocks" if streamed else "rows"
+    workers = strategy.num_replicas_in_sync // len(strategy.extended.worker_devices)
+    return Adapter(strategy, split, kind, workers if streamed or pipelined else strategy.num_replicas_in_sync)
 
 
 def eval_steps(split: TrainSplit, global_batch: int) -> int:
@@ -475,11 +486,13 @@ def eval_dataset(strategy, split: TrainSplit, global_batch: int):
 
             return tf.data.Dataset.range(first_replica, first_replica + local).map(rows)
 
-        if general_path(split):  # preprocess(training=False) on each example, in order
-            batches = _no_copy(split.ordered_records().map(
+        if split.spec.records:  # preprocess(training=False) on each example, in order
+            prepared = split.ordered_records().map(
                 lambda record, position: split.spec.examples.prepare(record, position, EVAL_PASS, training=False),
-                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
-            ).batch(global_batch))  # fmt: skip
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True,
+            )
+            batches = _no_copy(prepared.batch(global_batch))
         else:
             batches = split.read(shuffle_files=False).batch(global_batch)
         return batches.flat_map(ours).prefetch(tf.data.AUTOTUNE)
