@@ -112,7 +112,7 @@ def _may_hold_untracked(built: Built, own: keras.Model | None) -> bool:
     a second) is skipped for a model of them alone."""
     from train.keras_seams import all_layers
 
-    if own is None and built.spec.records and built.spec.examples.preprocess is not None:
+    if own is None and built.spec.runs_preprocess:
         return True
     exported = own or built.serving
     classes = {type(layer) for layer in [exported, *all_layers(exported)]}

@@ -5,69 +5,13 @@ Each handler names the last checkpoint, which stays intact: the run resumes from
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
-import tensorflow as tf
-
 from train.batches import smaller_micro_batch
 from train.checkpoints import RunCheckpoint
-from train.data.images import DECODE_ERROR, undecodable
-from train.data.shapes import odd_shape
 from train.devices.runtime import Runtime
-from train.errors import TrainingError, first_line
-from train.model_file import RESNET_EXAMPLE
+from train.errors import TrainingError
 from train.resume import rebase
 from train.run_state import Position, Start
 from train.writer import Writer
-
-
-@contextlib.contextmanager
-def streamed_files_intact(start: Start, checkpoint: RunCheckpoint) -> Iterator[None]:
-    """Damage in a streamed split's files, found while reading them (training or evaluating), in one line; and an
-    image that cannot be decoded, by its filename."""
-    data = start.data
-    try:
-        yield
-    # What reading damaged TFRecords raises: lost bytes, a missing file, fewer examples than recorded.
-    except (tf.errors.DataLossError, tf.errors.NotFoundError, tf.errors.FailedPreconditionError) as error:
-        if data.in_memory:
-            raise
-        raise TrainingError(
-            f"reading the streamed {data.name} failed while training ({first_line(error, 160)}): its prepared "
-            f"files are damaged; the last checkpoint {checkpoint.latest} is intact. Delete the "
-            "dataset's directory, prepare it anew and run again to resume"
-        ) from None
-    except tf.errors.InvalidArgumentError as error:
-        if not DECODE_ERROR.search(str(error.message)):
-            raise
-        for split in (data.train, data.eval):
-            found = undecodable(split, data.spec)
-            if found:
-                raise TrainingError(
-                    f"the image {found[0]} of DATASET={start.settings.dataset} cannot be decoded ({found[1]}); the "
-                    f"last checkpoint {checkpoint.latest} is intact. Remove or replace the file and train in a "
-                    "new OUTPUT_DIR (the data then differs)"
-                ) from None
-        raise
-
-
-@contextlib.contextmanager
-def preprocess_shapes_hold(start: Start, checkpoint: RunCheckpoint) -> Iterator[None]:
-    """A later example whose output differs from the shape the first examples gave (train.data.shapes), in one
-    line."""
-    try:
-        yield
-    except tf.errors.InvalidArgumentError as error:
-        odd = odd_shape(error)
-        if odd is None:
-            raise
-        raise TrainingError(
-            f"MODEL={start.settings.model!r}: preprocess returned {odd[0]} for an example of {start.data.name}, where "
-            f"the first examples gave {odd[1]}; the last checkpoint {checkpoint.latest} is intact. Make "
-            f"preprocess return one shape for every example (resize or crop it to a constant size, as "
-            f"{RESNET_EXAMPLE} does)"
-        ) from None
 
 
 def _smaller(start: Start, runtime: Runtime) -> tuple[int | None, bool]:

@@ -37,11 +37,11 @@ from train.data import open_dataset
 from train.data.adapt import check_recorded
 from train.data.feeds import adapter
 from train.data.opening import check_same_data
-from train.data.raised import preprocess_raised
+from train.data.reading_errors import reading_errors
 from train.data.source import Remainder
 from train.devices.runtime import Runtime, setup_runtime
 from train.errors import SettingsError, first_line
-from train.failures import halve_batch, preprocess_shapes_hold, streamed_files_intact
+from train.failures import halve_batch
 from train.finish import Evaluate, Metrics, finish
 from train.hooks import Hook, Say
 from train.loop import Outcome, Schedule, longest_call, run_loop
@@ -96,7 +96,7 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say, hooks: Sequence[
             start.phases.rates_as_built()  # a schedule unscaled: what the export holds
             if not outcome.interrupted:  # not by a signal (model.stop_training, a pruned trial: finished)
                 callbacks.end(outcome.step)
-            with streamed_files_intact(start, checkpoint), preprocess_shapes_hold(start, checkpoint):
+            with reading_errors(start.data, start.settings.dataset, start.settings.model, lambda: checkpoint.latest):
                 added = {key: value for hook in plugged for key, value in (hook.summary() or {}).items()}  # a trial's
                 summary = finish(start, position, checkpoint, callbacks, role, scalars, evaluate, outcome, added)
                 return summary
@@ -150,11 +150,7 @@ def _train(
             checkpoints=checkpoint,
         )
         try:
-            with (  # the innermost hears an error first: an odd shape, then a damaged or undecodable file
-                preprocess_raised(data.spec, settings.model, lambda: checkpoint.latest),
-                streamed_files_intact(start, checkpoint),
-                preprocess_shapes_hold(start, checkpoint),
-            ):
+            with reading_errors(data, settings.dataset, settings.model, lambda: checkpoint.latest):
                 return run_loop(calls, schedule, first, checkpoint.skipped, hooks, evaluate_epoch)
         except tf.errors.ResourceExhaustedError:
             halve_batch(start, position, checkpoint, role.writer)

@@ -238,7 +238,7 @@ def _spec_batch(spec: DatasetSpec, model_input: bool) -> tuple[SymbolicInputs, k
     labels = keras.KerasTensor((None, *spec.label_shape), spec.label_dtype)
     if spec.inputs is not None:  # the general path: what preprocess (or the columns) gives
         return tf.nest.map_structure(lambda s: keras.KerasTensor((None, *s.shape), s.dtype.name), spec.inputs), labels
-    dtype = "float32" if model_input and spec.is_image else spec.feature_dtype
+    dtype = "float32" if model_input and spec.scale else spec.feature_dtype
     return keras.KerasTensor((None, *spec.feature_shape), dtype), labels
 
 
@@ -246,10 +246,10 @@ def _serving_model(settings: Settings, network: keras.Model, spec: DatasetSpec) 
     """The model that trains and is exported: on the general path the fork's own (it gets what preprocess
     returns, exactly); else an Input of the stored feature, named after it, and an image's scaling, in front.
     Raises SettingsError for a model that cannot be called on its input (a subclass without `call`)."""
-    if spec.records:
+    if not spec.as_stored:
         return network
     inputs = keras.Input(shape=spec.feature_shape, dtype=spec.feature_dtype, name=spec.feature_key)
-    features = keras.layers.Rescaling(1.0 / 255, name="scale_to_unit_range")(inputs) if spec.is_image else inputs
+    features = keras.layers.Rescaling(spec.scale, name="scale_to_unit_range")(inputs) if spec.scale else inputs
     try:
         outputs = network(features)
     except NotImplementedError:
@@ -313,7 +313,7 @@ def _check_engine_step_model(settings: Settings, network: keras.Model, serving: 
         f"{spec.name} (LABEL_KEY={spec.label_key!r}: {_label_kind(spec)})"
     ))  # fmt: skip
     # The output as the data meets it (on the general path the network is the served model: no Input of ours)
-    output = network.compute_output_spec(_spec_batch(spec, True)[0]) if spec.records else serving.output
+    output = serving.output if spec.as_stored else network.compute_output_spec(_spec_batch(spec, True)[0])
     _check_output(settings, network, output, spec)
 
 
@@ -336,10 +336,10 @@ def _stored_batch(spec: DatasetSpec) -> tuple[InputSpec, tf.TensorSpec]:
 
 
 def _model_input(serving: keras.Model, spec: DatasetSpec) -> Callable[[Inputs], Inputs]:
-    if spec.is_image and not spec.records:
+    if spec.scale:
         if any(layer.name == "scale_to_unit_range" for layer in serving.layers):
             return serving.get_layer("scale_to_unit_range")
-        return keras.layers.Rescaling(1.0 / 255, name="scale_to_unit_range")  # a model without call(): no Input
+        return keras.layers.Rescaling(spec.scale, name="scale_to_unit_range")  # a model without call(): no Input
     return lambda inputs: inputs  # as stored, or what preprocess returns
 
 
@@ -439,12 +439,12 @@ def serving_endpoints(built: Built) -> list[Endpoint]:
     Each returns the outputs named as train.outputs has them (`scores` and `classes` for a class label)."""
     serving, spec = built.serving, built.spec
     named = name_outputs(built.network, spec)
-    if not spec.records:
+    if spec.as_stored:
         signature = [tf.TensorSpec((None, *spec.feature_shape), spec.feature_dtype, name=spec.feature_key)]
         return [("serve", lambda features: named(serving(features, training=False)), signature)]
     serve, signature = spec.examples.serving_function(serving, spec.inputs)
     endpoints = [("serve", lambda *batch: named(serve(*batch)), signature)]
-    if spec.examples.preprocess is not None:
+    if spec.runs_preprocess:
         if isinstance(spec.inputs, dict):
             names = list(spec.inputs)
             inputs = [tf.TensorSpec((None, *s.shape), s.dtype, name=name) for name, s in spec.inputs.items()]
@@ -527,7 +527,7 @@ def preprocess_resources(built: Built) -> list[keras.layers.Layer | tf.saved_mod
     """The layers and tables of the MODEL file that `preprocess` may use (train.data.adapt.resources): what the
     export's default signature runs besides the model, so the SavedModel must carry them."""
     spec = built.spec
-    if not spec.records or spec.examples.preprocess is None:
+    if not spec.runs_preprocess:
         return []
     found = resources(built.experiment.module).values()
     return [each for each in found if getattr(each, "built", True)]  # a layer never called is not in the graph

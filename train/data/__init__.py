@@ -9,6 +9,7 @@ none, and imports TensorFlow only inside its functions, so that the modules with
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -95,7 +96,7 @@ def _check_readable(split: StreamedSplit) -> None:
         pass
 
 
-def open_dataset(settings: DataSettings, experiment: Experiment, say=print) -> Dataset:
+def open_dataset(settings: DataSettings, experiment: Experiment, say: Callable[[str], None] = print) -> Dataset:
     """Open DATASET, prepare (or, a path, write) it if needed, run the `experiment`'s `adapt` on it (train.data.adapt)
     and read its spec, with its `preprocess` where MODEL's file defines one. `say` hears a path's writing progress.
     Raises SettingsError."""
@@ -110,7 +111,7 @@ def open_dataset(settings: DataSettings, experiment: Experiment, say=print) -> D
     return Dataset(opened.builder, spec, opened.identity, opened.settings, opened.notes, adapted, opened.left_out)
 
 
-def load_data(settings: DataSettings, experiment: Experiment, say=print) -> Data:
+def load_data(settings: DataSettings, experiment: Experiment, say: Callable[[str], None] = print) -> Data:
     """One host: open DATASET (for the `experiment`, MODEL's file loaded) and hold its splits in memory
     (DATA_IN_MEMORY, or auto: if they fit) or stream them."""
     dataset = open_dataset(settings, experiment, say)

@@ -82,6 +82,7 @@ def run_adapt(settings, builder, experiment: Experiment) -> Fingerprint:
     """Call the `experiment`'s `adapt` (MODEL's, once a process for this dataset and split) and return the
     fingerprint of what the layers `preprocess` uses hold. Raises SettingsError for an `adapt` that fails."""
     from train.data.examples import float32_policy
+    from train.data.spec import default_keys
 
     key = (settings.model, str(getattr(builder, "data_dir", "")), f"{builder.info.full_name}:{settings.train_split}")
     # Layers made at import or in adapt compute in float32, as those made while preprocess is traced: a
@@ -89,7 +90,9 @@ def run_adapt(settings, builder, experiment: Experiment) -> Fingerprint:
     with float32_policy():
         if key not in _adapted and experiment.adapt is not None:
             context = AdaptContext(
-                settings.seed, stored_examples(builder, settings.train_split), label_key(settings, builder)
+                settings.seed,
+                stored_examples(builder, settings.train_split),
+                settings.label_key or default_keys(builder)[1],
             )
             try:
                 experiment.adapt(context)
@@ -100,13 +103,6 @@ def run_adapt(settings, builder, experiment: Experiment) -> Fingerprint:
     if key not in _adapted:
         _adapted[key] = fingerprint(resources(experiment.module))
     return _adapted[key]
-
-
-def label_key(settings, builder) -> str:
-    """LABEL_KEY, else the label of the dataset's supervised keys, else "label" (as train.data.spec finds it)."""
-    supervised = builder.info.supervised_keys
-    default = supervised[1] if supervised and isinstance(supervised[1], str) else "label"
-    return settings.label_key or default
 
 
 def resources(module: ModuleType | None) -> dict[str, Resource]:

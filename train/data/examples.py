@@ -9,11 +9,18 @@ for one batch of what a client sends, in the export (`serving_function`).
 
 Each example's seed is `stateless_fold_in((SEED, pass), position)`: a function of the seed, the pass and the
 example's place in the split, whatever the topology, the order or the step a run resumed at.
+
+`preprocess`'s outputs taken as Keras takes them: a static shape with unknown dimensions (an image resized to
+32x32 from a crop of its own size has the static shape (32, 32, None)) is taken at the concrete shape the first
+PINNED_EXAMPLES examples give, in training and in evaluation, and pinned with `tf.ensure_shape` in the map. A
+dimension that differs among those examples really varies and is refused; a later example of another shape
+stops the run in one line (train.data.reading_errors.odd_shape reads TensorFlow's error for it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -21,7 +28,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import tensorflow as tf
 
-from train.data.shapes import concrete_shapes, pin, shape_text, unknown
 from train.errors import SettingsError, clip, first_line
 from train.model_file import RESNET_EXAMPLE
 
@@ -35,6 +41,9 @@ Example = dict[str, tf.Tensor | dict[str, tf.Tensor]]
 # What the model gets of one example (`preprocess`'s inputs): a tensor, or a dict of them by Input name; its spec.
 Inputs = tf.Tensor | dict[str, tf.Tensor]
 InputSpec = tf.TensorSpec | dict[str, tf.TensorSpec]
+PINNED_EXAMPLES = 32  # the first examples of the training split an output of unknown dimensions is taken at
+PINNED_OP = "preprocess_output_pinned"  # the ensure_shape op's name: how its error is told from others
+MISMATCH = re.compile(r"Shape of tensor \S+ \[([^\]]*)\] is not compatible with expected shape \[([^\]]*)\]")
 
 
 def example_seed(seed: int, pass_number, position) -> tf.Tensor:
@@ -139,7 +148,7 @@ class Examples:
     seed: int = 0
     read: set[str] = field(default_factory=set)  # what `preprocess(training=False)` reads (found when traced)
     pinned: dict[str, tuple[int, ...]] = field(default_factory=dict)  # outputs of unknown dimensions, as taken
-    notes: list[str] = field(default_factory=list)  # what the start says of them (train.data.shapes)
+    notes: list[str] = field(default_factory=list)  # what the start says of them (`pin`)
 
     @property
     def images(self) -> tuple[str, ...]:
@@ -214,8 +223,12 @@ class Examples:
 
         served = self.served()
         names = list(served)
-        columns = {name: key for key, feature in self.features.items()
-                   if isinstance(feature, tfds.features.FeaturesDict) for name in feature}  # fmt: skip
+        columns = {
+            name: key
+            for key, feature in self.features.items()
+            if isinstance(feature, tfds.features.FeaturesDict)
+            for name in feature
+        }
         label_info = self.features[self.label_key].get_tensor_info() if self.label_key else None
 
         def one(row: dict[str, tf.Tensor]):
@@ -250,8 +263,11 @@ def check_outputs(
             f"{RESNET_EXAMPLE})"
         )
     inputs, label = element_spec
-    where = f"MODEL={examples.model!r}: preprocess(training={training})" if examples.preprocess else (
-        f"FEATURE_KEY={examples.feature_key!r}")  # fmt: skip
+    where = (
+        f"MODEL={examples.model!r}: preprocess(training={training})"
+        if examples.preprocess
+        else (f"FEATURE_KEY={examples.feature_key!r}")
+    )
     if examples.label_key is None and isinstance(inputs, tuple):
         raise SettingsError(
             f"{where} returns a tuple of {len(inputs)}, but LABEL_KEY=none gives the model its inputs alone: return "
@@ -291,7 +307,7 @@ def _shape(spec: tf.TensorSpec) -> str:
 def probe(examples: Examples, records: list[bytes]) -> tuple[InputSpec, tf.TensorSpec]:
     """(inputs spec, label spec) of the examples, from `preprocess` run on `records` (the first stored examples)
     in training and in evaluation: both must give the same fixed shapes and dtypes, an unknown dimension taken at
-    what the examples give (train.data.shapes). Raises SettingsError."""
+    what the examples give (`pin`). Raises SettingsError."""
     specs, datasets = _probed(examples, records, fixed=False)
     paths = unknown([*named(specs[0][0]), ("label", specs[0][1]), *named(specs[1][0]), ("label", specs[1][1])])
     if paths and examples.preprocess is not None:
@@ -386,3 +402,40 @@ def random_record(features, rng: np.random.Generator) -> bytes:
         return rng.integers(0, 2 if dtype != np.uint8 else 256, size=shape).astype(dtype)
 
     return features.serialize_example(value(features))
+
+
+def shape_text(shape) -> str:
+    dims = shape.as_list() if isinstance(shape, tf.TensorShape) else list(shape)
+    return "(" + ", ".join("None" if dim is None else str(dim) for dim in dims) + ("," if len(dims) == 1 else "") + ")"
+
+
+def unknown(paths: list[tuple[str, tf.TensorSpec]]) -> list[str]:
+    """The paths whose static shape has an unknown dimension."""
+    return [path for path, spec in paths if isinstance(spec, tf.TensorSpec) and not spec.shape.is_fully_defined()]
+
+
+def concrete_shapes(datasets: list[tf.data.Dataset], paths: list[str], named) -> dict[str, set[tuple[int, ...]]]:
+    """Each path's concrete shapes over every element of `datasets` ((inputs, label) pairs)."""
+    found: dict[str, set[tuple[int, ...]]] = {path: set() for path in paths}
+    for dataset in datasets:
+        for inputs, label in dataset:
+            for path, value in [*named(inputs), ("label", label)]:
+                if path in found:
+                    found[path].add(tuple(value.shape.as_list()))
+    return found
+
+
+def pin(pinned: dict[str, tuple[int, ...]], result: object, named) -> object:
+    """(inputs, label) with each pinned output passed through `tf.ensure_shape` at its taken shape."""
+    if not pinned or not (isinstance(result, tuple) and len(result) == 2):
+        return result
+    inputs, label = result
+
+    def fixed(path: str, value):
+        return tf.ensure_shape(value, pinned[path], name=PINNED_OP) if path in pinned else value
+
+    if isinstance(inputs, dict):
+        inputs = {key: fixed(str(key), value) for key, value in inputs.items()}
+    else:
+        inputs = fixed(named(inputs)[0][0], inputs)
+    return inputs, fixed("label", label)

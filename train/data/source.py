@@ -89,7 +89,7 @@ def aligned_empty(shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
     return raw[offset : offset + size].view(dtype).reshape(shape)
 
 
-def read_split(builder, spec: DatasetSpec, split: str, examples: int) -> Split:
+def read_split(builder: tfds.core.DatasetBuilder, spec: DatasetSpec, split: str, examples: int) -> Split:
     """The split in memory, from the cache if it is there, else from TFDS (then cached)."""
     cache = _cache_path(builder, split, spec)
     arrays = _read_cache(cache, spec, examples)
@@ -106,7 +106,9 @@ def _empty_split(spec: DatasetSpec, examples: int) -> tuple[np.ndarray, np.ndarr
     )
 
 
-def _read_tfds(builder, spec: DatasetSpec, split: str, examples: int) -> tuple[np.ndarray, np.ndarray]:
+def _read_tfds(
+    builder: tfds.core.DatasetBuilder, spec: DatasetSpec, split: str, examples: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Read in chunks straight into the final arrays: no list of chunks, no concatenated copy."""
     import tensorflow_datasets as tfds
 
@@ -137,7 +139,7 @@ def _read_tfds(builder, spec: DatasetSpec, split: str, examples: int) -> tuple[n
     return features, labels
 
 
-def _cache_path(builder, split: str, spec: DatasetSpec) -> Path | None:
+def _cache_path(builder: tfds.core.DatasetBuilder, split: str, spec: DatasetSpec) -> Path | None:
     """Where an in-memory split's arrays are kept after the first read.
 
     Inside the prepared dataset's own directory, so deleting that deletes the cache too. The name holds a hash
@@ -491,6 +493,6 @@ class Data:
             examples = examples.take(n).map(lambda example: example[spec.feature_key])
         else:
             examples = tf.data.Dataset.from_tensor_slices(split.tensors[0][:n])
-        if spec.is_image:  # as the engine scales it in front of the model
-            examples = examples.map(lambda image: tf.cast(image, tf.float32) * (1.0 / 255))
+        if spec.scale:  # as the engine scales it in front of the model
+            examples = examples.map(lambda image: tf.cast(image, tf.float32) * spec.scale)
         return examples.batch(SAMPLE_BATCH)
