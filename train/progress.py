@@ -69,12 +69,8 @@ class Counter:
             self.task = self.bar.add_task(what, total=total, rate="")
             self.bar.start()
 
-    @property
-    def seconds(self) -> float:
-        return time.monotonic() - self.start
-
     def rate(self) -> str:
-        return f"{self.done / max(self.seconds, 1e-9):,.0f} {self.unit}/s"
+        return f"{self.done / max(time.monotonic() - self.start, 1e-9):,.0f} {self.unit}/s"
 
     def advance(self, count: int = 1) -> None:
         self.done += count

@@ -31,7 +31,9 @@ if TYPE_CHECKING:
 
     import keras
     import tensorflow as tf
+    import tensorflow_datasets as tfds
 
+    from train.data.data_settings import DataSettings
     from train.model_file import Experiment
 
     Resource = keras.layers.Layer | tf.saved_model.experimental.TrackableResource  # a layer, or a tf.lookup table
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
 Json = dict[str, object]
 Fingerprint = dict[str, Json]  # by resource: {"layer": class, "vocabulary"/"bins": {size, sha256}, "mean", ...}
 
-EXAMPLES_BATCH = 256  # examples per batch of `examples`: as `context.sample` batches (train.context.SAMPLE_BATCH)
+EXAMPLES_BATCH = 256  # examples per batch of `examples`: as `context.sample` batches (train.data.source.SAMPLE_BATCH)
 FLOAT_RTOL = 1e-6  # a Normalization's statistics: their last bits differ between CPUs and GPUs
 STATISTICS = ("mean", "variance")
 
@@ -55,7 +57,7 @@ class AdaptContext:
     _examples: Callable[[int], tf.data.Dataset] | None = field(default=None, repr=False, compare=False)
     label_key: str = "label"
 
-    def examples(self, n: int):
+    def examples(self, n: int) -> tf.data.Dataset:
         """The first `n` stored training examples (all of them where the split holds fewer), batched.
         Raises ValueError for an `n` under 1."""
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -63,10 +65,10 @@ class AdaptContext:
         return self._examples(n)
 
 
-def stored_examples(builder, split: str):
+def stored_examples(builder: tfds.core.DatasetBuilder, split: str) -> Callable[[int], tf.data.Dataset]:
     """`examples(n)` over TFDS's `split` of `builder`: the files one after another, no shuffle, as decoded."""
 
-    def examples(n: int):
+    def examples(n: int) -> tf.data.Dataset:
         import tensorflow as tf
         import tensorflow_datasets as tfds
 
@@ -78,7 +80,7 @@ def stored_examples(builder, split: str):
     return examples
 
 
-def run_adapt(settings, builder, experiment: Experiment) -> Fingerprint:
+def run_adapt(settings: DataSettings, builder: tfds.core.DatasetBuilder, experiment: Experiment) -> Fingerprint:
     """Call the `experiment`'s `adapt` (MODEL's, once a process for this dataset and split) and return the
     fingerprint of what the layers `preprocess` uses hold. Raises SettingsError for an `adapt` that fails."""
     from train.data.examples import float32_policy
@@ -179,7 +181,7 @@ def _sized(state: object) -> str:
     )
 
 
-def check_recorded(settings, recorded: Json, now: Fingerprint) -> None:
+def check_recorded(settings: DataSettings, recorded: Json, now: Fingerprint) -> None:
     """This start's adapted state against the one run.json records. Raises SettingsError where they differ."""
     if "adapted" not in recorded:
         return

@@ -32,6 +32,7 @@ from train.errors import SettingsError, clip, first_line
 from train.model_file import RESNET_EXAMPLE
 
 if TYPE_CHECKING:
+    import keras
     import tensorflow_datasets as tfds
 
 BYTES_SUFFIX = "_bytes"  # example["image_bytes"]: an image feature's stored bytes, beside the decoded image
@@ -46,7 +47,7 @@ PINNED_OP = "preprocess_output_pinned"  # the ensure_shape op's name: how its er
 MISMATCH = re.compile(r"Shape of tensor \S+ \[([^\]]*)\] is not compatible with expected shape \[([^\]]*)\]")
 
 
-def example_seed(seed: int, pass_number, position) -> tf.Tensor:
+def example_seed(seed: int, pass_number: int | tf.Tensor, position: int | tf.Tensor) -> tf.Tensor:
     """The (2,) int64 seed `preprocess` gets: different for every example and pass, the same wherever it runs."""
     base = tf.stack([tf.constant(seed, tf.int64), tf.cast(pass_number, tf.int64)])
     return tf.random.experimental.stateless_fold_in(base, tf.cast(position, tf.int64))
@@ -118,7 +119,7 @@ class _Reads(dict):
         return super(_Reads, self._all()).values()
 
 
-def decode_image(feature, encoded: tf.Tensor) -> tf.Tensor:
+def decode_image(feature: tfds.features.Image, encoded: tf.Tensor) -> tf.Tensor:
     """An Image feature's stored bytes decoded as TFDS does, but a GIF as its first frame (TFDS's decode gives
     every frame, a 4-D tensor) and a BMP too: whatever a folder of images held (train.data.local)."""
     if feature.np_dtype != np.uint8:  # TFDS's float images are bitcast PNGs: its own decode
@@ -189,9 +190,11 @@ class Examples:
             result = (result, no_label())
         # (inputs, label) as returned; what is not is refused from the map's spec (`check_outputs`): an error raised
         # here, inside tf.data's tracing, would reach the user wrapped in autograph's stack
-        return pin(self.pinned, by_name(tuple(result) if isinstance(result, list) else result), named)
+        return pin(self.pinned, by_name(tuple(result) if isinstance(result, list) else result))
 
-    def prepare(self, record, position, pass_number, training: bool) -> tuple[Inputs, tf.Tensor]:
+    def prepare(
+        self, record: tf.Tensor, position: tf.Tensor, pass_number: int | tf.Tensor, training: bool
+    ) -> tuple[Inputs, tf.Tensor]:
         """A stored record, its place in the split and the pass -> (inputs, label)."""
         return self.call(self.decode(record), training, example_seed(self.seed, pass_number, position))
 
@@ -216,7 +219,7 @@ class Examples:
                 served[key] = tf.TensorSpec(info.shape, info.tf_dtype, name=key)
         return served
 
-    def serving_function(self, model, inputs_spec) -> tuple[Callable, list[tf.TensorSpec]]:
+    def serving_function(self, model: keras.Model, inputs_spec: InputSpec) -> tuple[Callable, list[tf.TensorSpec]]:
         """A function of a batch of what `served` lists (positional, in its order) that runs `prepare`'s
         evaluation path on each example and then `model(training=False)`; and its input signature."""
         import tensorflow_datasets as tfds
@@ -252,7 +255,7 @@ class Examples:
 
 
 def check_outputs(
-    examples: Examples, element_spec, training: bool, fixed: bool = True
+    examples: Examples, element_spec: tuple[InputSpec, tf.TensorSpec], training: bool, fixed: bool = True
 ) -> tuple[InputSpec, tf.TensorSpec]:
     """`preprocess`'s (inputs, label) spec, refused where the model cannot take it; with `fixed`, also where a
     static shape has an unknown dimension. Raises SettingsError."""
@@ -347,11 +350,13 @@ def _probed(
     return specs, datasets
 
 
-def _take_shapes(examples: Examples, paths: list[str], datasets: list[tf.data.Dataset], spec) -> None:
+def _take_shapes(
+    examples: Examples, paths: list[str], datasets: list[tf.data.Dataset], spec: tuple[InputSpec, tf.TensorSpec]
+) -> None:
     """Pin each output in `paths` at the one shape the examples give in both modes, or refuse it as variable."""
     static = dict([*named(spec[0]), ("label", spec[1])])
     try:
-        found = [concrete_shapes([dataset], paths, named) for dataset in datasets]  # in training, in evaluation
+        found = [concrete_shapes(dataset, paths) for dataset in datasets]  # in training, in evaluation
     except Exception as error:
         raise SettingsError(f"MODEL={examples.model!r}: preprocess raised {_raised(error)}") from None
     for path in paths:
@@ -375,17 +380,17 @@ def _raised(error: BaseException) -> str:
     return f"{type(error).__name__}: {first_line(error, 240)}"
 
 
-def _describe(spec) -> str:
+def _describe(spec: InputSpec) -> str:
     inputs, label = spec
     return ", ".join(f"{path} {_shape(s)} {s.dtype.name}" for path, s in [*named(inputs), ("label", label)])
 
 
-def random_record(features, rng: np.random.Generator) -> bytes:
+def random_record(features: tfds.features.FeaturesDict, rng: np.random.Generator) -> bytes:
     """A serialized example of random values of the features' shapes and dtypes (images of a random size): what
     the spec is found from where the dataset is not prepared (the fork's contract test)."""
     import tensorflow_datasets as tfds
 
-    def value(feature):
+    def value(feature: tfds.features.FeatureConnector):
         if isinstance(feature, tfds.features.FeaturesDict):
             return {key: value(each) for key, each in feature.items()}
         if isinstance(feature, tfds.features.ClassLabel):
@@ -404,7 +409,7 @@ def random_record(features, rng: np.random.Generator) -> bytes:
     return features.serialize_example(value(features))
 
 
-def shape_text(shape) -> str:
+def shape_text(shape: tf.TensorShape | list[int | None] | tuple[int, ...]) -> str:
     dims = shape.as_list() if isinstance(shape, tf.TensorShape) else list(shape)
     return "(" + ", ".join("None" if dim is None else str(dim) for dim in dims) + ("," if len(dims) == 1 else "") + ")"
 
@@ -414,24 +419,23 @@ def unknown(paths: list[tuple[str, tf.TensorSpec]]) -> list[str]:
     return [path for path, spec in paths if isinstance(spec, tf.TensorSpec) and not spec.shape.is_fully_defined()]
 
 
-def concrete_shapes(datasets: list[tf.data.Dataset], paths: list[str], named) -> dict[str, set[tuple[int, ...]]]:
-    """Each path's concrete shapes over every element of `datasets` ((inputs, label) pairs)."""
+def concrete_shapes(dataset: tf.data.Dataset, paths: list[str]) -> dict[str, set[tuple[int, ...]]]:
+    """Each path's concrete shapes over every element of `dataset` ((inputs, label) pairs)."""
     found: dict[str, set[tuple[int, ...]]] = {path: set() for path in paths}
-    for dataset in datasets:
-        for inputs, label in dataset:
-            for path, value in [*named(inputs), ("label", label)]:
-                if path in found:
-                    found[path].add(tuple(value.shape.as_list()))
+    for inputs, label in dataset:
+        for path, value in [*named(inputs), ("label", label)]:
+            if path in found:
+                found[path].add(tuple(value.shape.as_list()))
     return found
 
 
-def pin(pinned: dict[str, tuple[int, ...]], result: object, named) -> object:
+def pin(pinned: dict[str, tuple[int, ...]], result: object) -> object:
     """(inputs, label) with each pinned output passed through `tf.ensure_shape` at its taken shape."""
     if not pinned or not (isinstance(result, tuple) and len(result) == 2):
         return result
     inputs, label = result
 
-    def fixed(path: str, value):
+    def fixed(path: str, value: tf.Tensor) -> tf.Tensor:
         return tf.ensure_shape(value, pinned[path], name=PINNED_OP) if path in pinned else value
 
     if isinstance(inputs, dict):

@@ -18,7 +18,7 @@ always fed by a tf.data pipeline.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,8 +27,10 @@ import tensorflow as tf
 
 from train.data.examples import EVAL_PASS, Inputs
 from train.data.source import Remainder, SerializedSplit, Split, StreamedSplit, TrainSplit
+from train.data.spec import DatasetSpec
 from train.errors import SettingsError
 
+DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]  # an input pipeline's batches, given its place
 GATHER_BATCHES = 32  # training batches gathered by one op in the in-memory tf.data pipeline
 
 
@@ -46,7 +48,7 @@ def batches_per_pass(split: TrainSplit, global_batch: int, pipelines: int = 1) -
     return batches
 
 
-def pass_order(examples: int, seed: int, pass_number) -> tf.Tensor:
+def pass_order(examples: int, seed: int, pass_number: int | tf.Tensor) -> tf.Tensor:
     """The order of an in-memory split's examples in pass `pass_number`: the same in a graph and eagerly."""
     seeds = tf.stack([tf.constant(seed, tf.int64), tf.cast(pass_number, tf.int64)])
     return tf.random.experimental.stateless_shuffle(tf.range(examples, dtype=tf.int64), seed=seeds)
@@ -88,7 +90,7 @@ def train_dataset(
 
 def _dataset_fn(
     feeding: Adapter, global_batch: int, seed: int, start_step: int, remainder: Remainder | None = None
-) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
+) -> DatasetFn:
     """`train_dataset`'s dataset_fn: an input pipeline's batches, given its tf.distribute.InputContext."""
     split, replicas = feeding.split, feeding.strategy.num_replicas_in_sync
     if isinstance(split, StreamedSplit):
@@ -100,7 +102,7 @@ def _dataset_fn(
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         local, first_replica = _local_replicas(replicas, context)
 
-        def pass_rows(pass_number):
+        def pass_rows(pass_number: tf.Tensor) -> tf.data.Dataset:
             order = pass_order(len(split), seed, pass_number)
             plan = tf.reshape(order[: pass_batches * global_batch], [pass_batches, replicas, per_replica])
             ours = tf.reshape(plan[:, first_replica : first_replica + local, :], [pass_batches * local, per_replica])
@@ -124,7 +126,7 @@ def _dataset_fn(
     return dataset_fn
 
 
-def _prepared(spec, batches: tf.data.Dataset, per_replica: int, in_memory: bool) -> tf.data.Dataset:
+def _prepared(spec: DatasetSpec, batches: tf.data.Dataset, per_replica: int, in_memory: bool) -> tf.data.Dataset:
     """The general path: batches of (stored records, positions, passes), already in their order and already
     skipped to the resumed step, made into batches of `preprocess`'s (inputs, label), `per_replica` examples
     each. Decoding and `preprocess` run one example at a time, in parallel, in order."""
@@ -140,7 +142,7 @@ def _prepared(spec, batches: tf.data.Dataset, per_replica: int, in_memory: bool)
 
 def _streamed(
     feeding: Adapter, global_batch: int, seed: int, start_step: int, remainder: Remainder | None
-) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
+) -> DatasetFn:
     """The dataset_fn of a streamed split: each input pipeline reads only its share of the files (or, with fewer
     files than pipelines, of the records), in shuffled windows, and makes its replicas' batches from it.
 
@@ -158,13 +160,13 @@ def _streamed(
         count, index = context.num_input_pipelines, context.input_pipeline_id
         local_batch = local * per_replica
 
-        def one_pass(pass_number, mine=None, length=pass_batches):
+        def one_pass(pass_number: tf.Tensor, mine: tf.Tensor | None = None, length: int = pass_batches):
             batches = split.batches(index, count, seed, pass_number, local_batch, mine=mine).take(length)
             if split.spec.records:  # (records, positions) and the pass, for each example's seed
                 return batches.map(lambda records, positions: (records, positions, tf.fill([local_batch], pass_number)))
             return batches
 
-        def per_replica_batches(features, labels):  # after batching: one vectorised op per batch
+        def per_replica_batches(features: tf.Tensor, labels: tf.Tensor):  # after batching: one vectorised op a batch
             return (
                 tf.reshape(features, [local, per_replica, *feature_shape]),
                 tf.reshape(labels, [local, per_replica, *label_shape]),
@@ -185,7 +187,7 @@ def _streamed(
     return dataset_fn
 
 
-def _blocks(dataset_fn, replicas: int, longest: int) -> tf.data.Dataset:
+def _blocks(dataset_fn: DatasetFn, replicas: int, longest: int) -> tf.data.Dataset:
     """The batches `train_dataset` gives one host's CPU replicas from a streamed split (one input pipeline for the
     host, its per-replica batches in replica order), `longest` steps to an element: [longest, replicas,
     per_replica, ...], replica r's batch in slice r."""
@@ -193,16 +195,15 @@ def _blocks(dataset_fn, replicas: int, longest: int) -> tf.data.Dataset:
     return steps.batch(longest, drop_remainder=True).prefetch(1)
 
 
-def distribute(strategy, dataset_fn, device_prefetch: int = 1, per_replica: bool = True):
-    """The per-replica datasets as `strategy.run` takes them.
-
-    On GPUs, tf.distribute's default: one input pipeline per worker, prefetched to every GPU (DEVICE_PREFETCH
-    batches ahead: its per-replica buffer). On CPU devices
-    that MultiDeviceIterator costs more per step than a small model's step itself, so each replica gets a
-    plain tf.data iterator on the host: one replica takes the dataset as it is, several take one pipeline
-    each (PER_REPLICA) without a copy to the device they already share. `per_replica=False` (a streamed
-    split: `Adapter.pipelines`): one pipeline for the host's CPU devices, as on GPUs, without the copy.
-    """
+def distribute(
+    strategy: tf.distribute.Strategy, dataset_fn: DatasetFn, device_prefetch: int = 1, per_replica: bool = True
+) -> tf.data.Dataset | tf.distribute.DistributedDataset:
+    """The per-replica datasets as `strategy.run` takes them. On GPUs, tf.distribute's default: one input pipeline
+    per worker, prefetched to every GPU (DEVICE_PREFETCH batches ahead: its per-replica buffer). On CPU devices that
+    MultiDeviceIterator costs more per step than a small model's step itself, so each replica gets a plain tf.data
+    iterator on the host: one replica takes the dataset as it is, several take one pipeline each (PER_REPLICA)
+    without a copy to the device they already share. `per_replica=False` (a streamed split: `Adapter.pipelines`):
+    one pipeline for the host's CPU devices, as on GPUs, without the copy."""
     if _on_gpus(strategy):
         options = tf.distribute.InputOptions(experimental_per_replica_buffer_size=device_prefetch)
         return strategy.distribute_datasets_from_function(dataset_fn, options)
@@ -221,7 +222,7 @@ def distribute(strategy, dataset_fn, device_prefetch: int = 1, per_replica: bool
     return strategy.distribute_datasets_from_function(dataset_fn, options)
 
 
-def _on_gpus(strategy) -> bool:
+def _on_gpus(strategy: tf.distribute.Strategy) -> bool:
     return any("GPU" in device.upper() for device in strategy.extended.worker_devices)
 
 
@@ -299,14 +300,14 @@ class RowsFeed:
         return self.features, self.labels, self._window, tf.constant(first_batch, tf.int32)
 
     @staticmethod
-    def step_args(call_args, step):
+    def step_args(call_args: tuple[tf.Tensor, ...], step: tf.Tensor) -> tuple[tf.Tensor, ...]:
         features, labels, window, first_batch = call_args
         # tf.gather, not window[first_batch + step]: XLA takes a slice's start as a compile-time constant
         # where it can, and compiled the call anew for every value of first_batch.
         return features, labels, tf.gather(window, first_batch + step)
 
     @staticmethod
-    def replica_batch(features, labels, rows):
+    def replica_batch(features: tf.Tensor, labels: tf.Tensor, rows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         ours = rows[tf.distribute.get_replica_context().replica_id_in_sync_group]
         return tf.gather(features, ours), tf.gather(labels, ours)
 
@@ -342,7 +343,7 @@ class BlocksFeed:
             self.current, self.cursor = next(self.blocks), self.cursor - self.longest
         return (*first, *self.current, tf.constant(start, tf.int32))
 
-    def step_args(self, call_args, step):
+    def step_args(self, call_args: tuple[tf.Tensor, ...], step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         features, labels, next_features, next_labels, start = call_args
         index = start + step
         # tf.gather, not a slice: XLA compiled the call anew for every slice start it could see (RowsFeed)
@@ -353,7 +354,7 @@ class BlocksFeed:
         )
 
     @staticmethod
-    def replica_batch(features, labels):
+    def replica_batch(features: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
         return tf.gather(features, replica), tf.gather(labels, replica)
 
@@ -363,7 +364,7 @@ class PipelineFeed:
 
     compilable = False  # XLA cannot compile an iterator's get_next: only the replica step is compiled
 
-    def __init__(self, distributed) -> None:
+    def __init__(self, distributed: tf.data.Dataset | tf.distribute.DistributedDataset) -> None:
         self.iterator = iter(distributed)
 
     def call_args(self, steps: int) -> tuple[object, ...]:
@@ -371,12 +372,12 @@ class PipelineFeed:
         return (self.iterator,)
 
     @staticmethod
-    def step_args(call_args, step):
+    def step_args(call_args: tuple[Iterator, ...], step: tf.Tensor) -> tuple[Inputs, tf.Tensor]:
         del step
         return next(call_args[0])
 
     @staticmethod
-    def replica_batch(features, labels):
+    def replica_batch(features: Inputs, labels: tf.Tensor) -> tuple[Inputs, tf.Tensor]:
         return features, labels
 
 
@@ -417,16 +418,13 @@ class Adapter:
     ) -> Feed:
         """The training feed from `start_step` on. `longest`: the most steps a call takes (what the CPU feeds plan
         ahead for); `device_prefetch`: DEVICE_PREFETCH; `remainder`: see `train_dataset`."""
-        strategy, split = self.strategy, self.split
-        if self.kind == "pipelines":
-            return PipelineFeed(
-                train_dataset(strategy, split, global_batch, seed, start_step, device_prefetch, remainder)
-            )
-        replicas = strategy.num_replicas_in_sync
+        strategy, split, replicas = self.strategy, self.split, self.strategy.num_replicas_in_sync
         if self.kind == "rows":
             return RowsFeed(split, replicas, global_batch, seed, start_step, longest)
-        blocks = _blocks(_dataset_fn(self, global_batch, seed, start_step, remainder), replicas, longest)
-        return BlocksFeed(blocks, longest)
+        if self.kind == "blocks":
+            blocks = _blocks(_dataset_fn(self, global_batch, seed, start_step, remainder), replicas, longest)
+            return BlocksFeed(blocks, longest)
+        return PipelineFeed(train_dataset(strategy, split, global_batch, seed, start_step, device_prefetch, remainder))
 
     def describe(self) -> str:
         """How the batches reach the step, in a few words: what `fit` says as it starts."""
@@ -448,14 +446,16 @@ def eval_steps(split: TrainSplit, global_batch: int) -> int:
     return -(-len(split) // global_batch)
 
 
-def _share(rows, replica, replicas: int):
+def _share(rows: tf.Tensor, replica: int | tf.Tensor, replicas: int) -> tuple[tf.Tensor, tf.Tensor]:
     """[start, end) of a batch of `rows` rows that replica `replica` evaluates: the rows split as evenly as they
     go (a partial last batch leaves some replicas fewer rows, or none)."""
     rows = tf.cast(rows, tf.int64)
     return replica * rows // replicas, (replica + 1) * rows // replicas
 
 
-def eval_dataset(strategy, split: TrainSplit, global_batch: int):
+def eval_dataset(
+    strategy: tf.distribute.Strategy, split: TrainSplit, global_batch: int
+) -> tuple[tf.data.Dataset | tf.distribute.DistributedDataset, int]:
     """Every example of the split exactly once, in order, cut into `eval_steps` global batches, each split over
     every replica of every worker: so any number of replicas reports exactly what one device would, and every
     replica runs the same number of steps (no collective waits on a replica that ran out)."""
@@ -468,7 +468,7 @@ def eval_dataset(strategy, split: TrainSplit, global_batch: int):
         if isinstance(split, Split):
             features, labels = split.tensors
 
-            def rows(index):
+            def rows(index: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
                 base = index // local * global_batch
                 start, end = _share(
                     tf.minimum(tf.constant(global_batch, tf.int64), examples - base),
@@ -479,8 +479,8 @@ def eval_dataset(strategy, split: TrainSplit, global_batch: int):
 
             return _no_copy(tf.data.Dataset.range(steps * local).map(rows).prefetch(tf.data.AUTOTUNE))
 
-        def ours(features, labels):
-            def rows(replica):
+        def ours(features: Inputs, labels: tf.Tensor) -> tf.data.Dataset:
+            def rows(replica: tf.Tensor) -> tuple[Inputs, tf.Tensor]:
                 start, end = _share(tf.shape(labels, tf.int64)[0], replica, replicas)
                 return tf.nest.map_structure(lambda tensor: tensor[start:end], (features, labels))
 

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 import train.data.written as written
 from train.data.data_settings import DataSettings
+from train.data.examples import Example, Inputs
 from train.data.written import Identity, LeftOut
 from train.dataset_path import SHOWN, Survey, TableReader, data_dir, survey
 from train.datasets import registered
@@ -45,7 +46,7 @@ class Opened:
     notes: tuple[str, ...] = ()
     left_out: LeftOut = field(default_factory=dict)  # a folder's files not in the data (written.Written)
 
-    def columns(self, settings: DataSettings):
+    def columns(self, settings: DataSettings) -> Callable | None:
         """A table's (CSV, JSON Lines) `preprocess` where MODEL has none and FEATURE_KEY is unset: every column but
         the label, as a dict by name. None for other data. Raises SettingsError for a text column."""
         if self.identity.get("kind") != TableReader.kind or settings.feature_key:  # any table reader's rows
@@ -65,7 +66,9 @@ class Opened:
                 "drop the column"
             )
 
-        def columns(example, training, seed):  # the engine's own preprocess: the columns as stored
+        def columns(
+            example: Example, training: bool, seed: tf.Tensor
+        ) -> Inputs | tuple[Inputs, tf.Tensor]:  # the engine's own preprocess: the columns as stored
             inputs = {name: example[name] for name in names}
             return (inputs, example[label_key]) if label_key else inputs  # LABEL_KEY=none: the inputs alone
 

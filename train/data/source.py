@@ -38,15 +38,16 @@ ALIGNMENT = 64  # bytes: what TensorFlow's kernels assume of a tensor's buffer (
 SHUFFLE_BUFFER_BYTES = 256 << 20  # streamed splits: the shuffle buffer holds about this many bytes of examples
 SHUFFLE_BUFFER_EXAMPLES = (1024, 65536)  # ... but at least and at most this many examples
 RECORD_CHUNK = 256  # streamed splits: serialized examples read (and shared between pipelines) in chunks of this many
+Files = tuple[tuple[str, int, int], ...]  # (file, first record, records) of a split, as TFDS instructs
 SAMPLE_BATCH = 256  # examples per batch of `Data.sample`: fixed, so its batches are alike on every topology
 
 
+@dataclass(eq=False)  # compared and hashed by identity, as its arrays are large
 class Split:
     """A split held in memory: NumPy arrays as stored, and the same memory as TensorFlow tensors on the CPU."""
 
-    def __init__(self, features: np.ndarray, labels: np.ndarray) -> None:
-        self.features = features
-        self.labels = labels
+    features: np.ndarray
+    labels: np.ndarray
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -243,7 +244,7 @@ class StreamedSplit:
         return dataset.map(self.spec.pair)
 
     @cached_property
-    def files(self) -> tuple[tuple[str, int, int], ...]:
+    def files(self) -> Files:
         """(file, first record, records) of the split: TFDS's own instructions, sliced splits included."""
         return tuple(
             (i.filename, int(i.skip), int(i.take)) for i in self.builder.info.splits[self.split].file_instructions
@@ -272,7 +273,7 @@ class StreamedSplit:
 
         return self.builder.info.file_format == tfds.core.FileFormat.TFRECORD and bool(self.files)
 
-    def share(self, index: int, count: int) -> tuple[tuple[tuple[str, int, int], ...], int]:
+    def share(self, index: int, count: int) -> tuple[Files, int]:
         """Input pipeline `index` of `count`'s share: its files (every count-th one), or, with fewer files than
         pipelines, every file and every count-th chunk of RECORD_CHUNK records of each. Returns (files, records
         in the share)."""
@@ -293,7 +294,7 @@ class StreamedSplit:
         return min(self.share(index, count)[1] for index in range(count)) // local_batch
 
     def _records(
-        self, files, seed: tf.Tensor, index: int, count: int, positions: bool = False, read: bool = True
+        self, files: Files, seed: tf.Tensor, index: int, count: int, positions: bool = False, read: bool = True
     ) -> tf.data.Dataset:
         """The files' serialized examples in chunks of RECORD_CHUNK, the files in an order drawn from `seed`
         (one per pass). `count` > 1 pipelines reading the same files: every count-th chunk of each file is
@@ -311,7 +312,7 @@ class StreamedSplit:
         )
         positions = positions or self.spec.records
 
-        def chunks(name, skip, take, first):
+        def chunks(name: tf.Tensor, skip: tf.Tensor, take: tf.Tensor, first: tf.Tensor) -> tf.data.Dataset:
             places = tf.data.Dataset.range(first, first + take)
             if not read:
                 return places.batch(RECORD_CHUNK).shard(count, index)
@@ -358,7 +359,7 @@ class StreamedSplit:
             else:
                 examples = self._decoded(records, window)
 
-        def shuffled_batches(number, window_examples):
+        def shuffled_batches(number: tf.Tensor, window_examples: tuple[tf.Tensor, ...]) -> tuple[tf.Tensor, ...]:
             size = tf.shape(window_examples[-1])[0]
             order = tf.random.experimental.stateless_shuffle(
                 tf.range(size), seed=tf.stack([seeds[0], seeds[1] * 65_537 + number])
@@ -396,7 +397,7 @@ class StreamedSplit:
         serialized = features.get_serialized_info()
         specs = {key: _example_spec(serialized[key]) for key in keys}
 
-        def decode(chunk):
+        def decode(chunk: tf.Tensor) -> tuple[tf.Tensor, ...]:
             parsed = tf.io.parse_example(chunk, specs)
             values = []
             for key in keys:
@@ -423,7 +424,7 @@ def _kept(chunk: tf.Tensor, at: tf.Tensor, keep: tf.Tensor, with_places: bool):
     return (records, tf.boolean_mask(at, keep)) if with_places else records
 
 
-def _example_spec(info) -> tf.io.FixedLenFeature:
+def _example_spec(info: tfds.features.TensorInfo) -> tf.io.FixedLenFeature:
     """How tf.train.Example holds a TFDS tensor: float32 as floats, integers as int64, the rest as bytes."""
     dtype = info.tf_dtype
     kind = tf.string if dtype == tf.string else tf.float32 if dtype.is_floating else tf.int64

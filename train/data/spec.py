@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -189,7 +190,9 @@ def _feature_keys(
     return feature_key, label_key
 
 
-def _fixed_tensor(feature, setting: str, key: str, dataset: str) -> tuple[tuple[int, ...], str]:
+def _fixed_tensor(
+    feature: tfds.features.FeatureConnector, setting: str, key: str, dataset: str
+) -> tuple[tuple[int, ...], str]:
     """A feature's shape and stored dtype, where it is one fixed-shape numeric tensor. Raises SettingsError."""
     shape, dtype = getattr(feature, "shape", None), getattr(feature, "np_dtype", None)
     if not isinstance(shape, tuple) or dtype is None:
@@ -234,7 +237,11 @@ def _label(
 
 
 def _general_path(
-    builder, settings: DataSettings, feature_key: str, label_key: str | None, preprocess
+    builder: tfds.core.DatasetBuilder,
+    settings: DataSettings,
+    feature_key: str,
+    label_key: str | None,
+    preprocess: Callable | None,
 ) -> Examples | None:
     """The general path's Examples where MODEL defines `preprocess` or FEATURE_KEY is a dict of columns."""
     import tensorflow_datasets as tfds
@@ -282,7 +289,7 @@ def _record_bytes(builder: tfds.core.DatasetBuilder, split: str) -> int:
 
 
 def inspect(
-    builder: tfds.core.DatasetBuilder, settings: DataSettings, count: bool = True, preprocess=None
+    builder: tfds.core.DatasetBuilder, settings: DataSettings, count: bool = True, preprocess: Callable | None = None
 ) -> DatasetSpec:
     """The spec of TRAIN_SPLIT and EVAL_SPLIT: keys, shapes, dtypes, label kind, counts, and with MODEL's
     `preprocess` (or a dict of columns) what the model gets, found by running it on one example. Raises

@@ -363,7 +363,7 @@ def _write_images(
     splits, counts, sizes = {}, {}, set()
     progress = Counter(f"Writing {survey.root}", sum(map(len, survey.splits.values())), say)
 
-    def make(item) -> bytes | None:
+    def make(item: tuple[dataset_path.Entry, str]) -> bytes | None:
         entry, label = item
         image = local.read_image(survey, entry, read)
         progress.advance()
@@ -390,10 +390,11 @@ def _write_images(
         finished = not read.broken or settings.bad_files == "skip"  # else refused just below: no line of success
     finally:
         progress.close()
-    if finished:  # refused or stopped: what it says is the line
+    if finished:  # else refused or stopped: what it says is the line
         images = sum(counts.values())  # every image read, once none is refused
         left = f", {progress.done - images:,} file(s) left out" if progress.done > images else ""
-        say(f"Writing {survey.root}: {images:,} images in {progress.seconds:.1f} s ({progress.rate()}){left}")
+        seconds = time.monotonic() - progress.start
+        say(f"Writing {survey.root}: {images:,} images in {seconds:.1f} s ({progress.rate()}){left}")
     _check_broken(settings, sorted(read.broken))  # every file read: every broken one counted
     for split, (lengths, _) in splits.items():
         if not sum(lengths):
