@@ -371,15 +371,12 @@ def _write_images(
             return None
         counts[label] = counts.get(label, 0) + 1
         sizes.add(local.image_size(*image))
-        return tf.train.Example(
-            features=tf.train.Features(
-                feature={
-                    "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image[0]])),
-                    "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[index[label]])),
-                    "filename": tf.train.Feature(bytes_list=tf.train.BytesList(value=[entry.path.encode()])),
-                }
-            )
-        ).SerializeToString()
+        feature = {
+            "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image[0]])),
+            "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[index[label]])),
+            "filename": tf.train.Feature(bytes_list=tf.train.BytesList(value=[entry.path.encode()])),
+        }
+        return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
     finished = False
     try:
