@@ -227,7 +227,7 @@ def prepare_data_dir(script: str, data_dir: Path) -> None:
 def copy_data_dir(source: Path, destination: Path) -> None:
     """A private copy of a shared data dir, to damage or watch: without the arrays caches, which runs on the
     other worker may be rewriting meanwhile."""
-    # train/data/in_memory.py's CACHE_DIR (importing that module would import TensorFlow into pytest's process)
+    # train/data/source.py's CACHE_DIR (importing that module would import TensorFlow into pytest's process)
     shutil.copytree(source, destination, ignore=shutil.ignore_patterns("train-arrays-cache"))
 
 

@@ -1,4 +1,4 @@
-"""A folder's broken images found while it is written (train/data/intact.py, BAD_FILES), one class refused, and a
+"""A folder's broken images found while it is written (train.data.local.damage, BAD_FILES), one class refused, and a
 SIGTERM while writing (train/data/written.py). Runs that train do it in processes of their own."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tests.conftest import clean_env, read_summary, run_train, start_python
 from tests.harness.runs import RESIZED
 from tests.test_local_data import FAST, photos
 from train.data import written
-from train.data.intact import damage
+from train.data.local import damage
 
 
 def encoded(kind: str, seed: int = 0, **options) -> bytes:

@@ -17,8 +17,8 @@ import json, sys
 import numpy as np
 import tensorflow as tf
 from train.data import load_data
-from train.data.feeds import make_feed, train_dataset
-from train.data.in_memory import Split
+from train.data.feeds import adapter, train_dataset
+from train.data.source import Split
 from train.devices.runtime import setup_runtime
 from train.model_file import load_model_file
 from train.settings import load_settings
@@ -46,7 +46,7 @@ def pipeline(start, stop):
 result = {"replicas": runtime.replicas, "passes": passes, "in_memory": data.in_memory,
           "seen": pipeline(0, 2 * passes), "resumed": pipeline(passes // 2, 2 * passes)}
 def gathered(start, stop, block, lengths=()):  # the rows each step gathers, in calls of these lengths (or `block`)
-    feed = make_feed(runtime.strategy, data.train, batch, settings.seed, start, block)
+    feed = adapter(runtime.strategy, data.train).train_feed(batch, settings.seed, start, block)
     steps, call, shapes = [], 0, set()
     while len(steps) < stop - start:
         length = lengths[call % len(lengths)] if lengths else block
@@ -62,7 +62,7 @@ def rows_of(step_args):  # each replica's examples: RowsFeed hands row numbers, 
     return [[index[row.tobytes()] for row in part] for part in step_args[0].numpy()]
 
 def taken(steps, block, lengths):  # what each replica's step takes from the call's input, in a graph
-    feed = make_feed(runtime.strategy, data.train, batch, settings.seed, 0, block)
+    feed = adapter(runtime.strategy, data.train).train_feed(batch, settings.seed, 0, block)
     jit = runtime.replicas == 1  # and compiled by XLA where fit would compile it (not mirrored on CPUs)
     take = tf.function(
         lambda args, step: runtime.strategy.run(feed.replica_batch, args=feed.step_args(args, step)), jit_compile=jit
@@ -76,7 +76,7 @@ def taken(steps, block, lengths):  # what each replica's step takes from the cal
             seen.append([[index[row.tobytes()] for row in part.numpy()] for part in parts])
     return seen[:steps]
 
-result["feed"] = type(make_feed(runtime.strategy, data.train, batch, settings.seed, 0, 5)).__name__
+result["feed"] = type(adapter(runtime.strategy, data.train).train_feed(batch, settings.seed, 0, 5)).__name__
 if result["feed"] in ("RowsFeed", "BlocksFeed"):
     result["taken"] = taken(passes, block=5, lengths=(5, 3, 1, 4))  # calls cut short, and run into the next block
     result["gathered"] = gathered(0, 2 * passes, block=5)

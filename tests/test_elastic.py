@@ -17,7 +17,7 @@ import json, sys
 import numpy as np
 from train.data import load_data
 from train.data.feeds import train_dataset
-from train.data.in_memory import Split
+from train.data.source import Split
 from train.devices.runtime import setup_runtime
 from train.model_file import load_model_file
 from train.settings import load_settings
@@ -152,7 +152,8 @@ import json, sys
 import numpy as np
 import tensorflow as tf
 from train.data import load_data
-from train.data.feeds import train_dataset, Remainder
+from train.data.feeds import train_dataset
+from train.data.source import Remainder
 from train.devices.runtime import setup_runtime
 from train.model_file import load_model_file
 from train.settings import load_settings

@@ -330,7 +330,7 @@ SHARDS = """
 import json, sys
 import numpy as np
 from train.data.feeds import batches_per_pass, train_dataset
-from train.data.in_memory import Split
+from train.data.source import Split
 from train.devices.runtime import setup_runtime
 from train.settings import load_settings
 

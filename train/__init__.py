@@ -36,12 +36,11 @@ Model, data, devices, phases, the loop, its hook interface and the plug-ins are 
 |                 | peers, the writer and what only the chief does (role); local   |                                   |
 |                 | workers (launch)                                               |                                   |
 | data/           | DATA: DATASET opened, or written once (opening, local,         | import the model, the step or the |
-|                 | written), each image's structure checked (intact); what it     | run directory                     |
-|                 | holds (spec); held in memory (in_memory) or streamed           |                                   |
-|                 | (streamed); the                                                |                                   |
-|                 | general path's examples and preprocess (examples); batches     |                                   |
-|                 | behind the Feed protocol, in an order fixed by (SEED, step)    |                                   |
-|                 | (feeds)                                                        |                                   |
+|                 | written); what it holds (spec); its splits held in memory or   | run directory                     |
+|                 | streamed (source); the general path's examples and preprocess  |                                   |
+|                 | (examples); what reading them raises mid-run (reading_errors); |                                   |
+|                 | batches behind the Feed protocol, chosen once (feeds.adapter), |                                   |
+|                 | in an order fixed by (SEED, step) (feeds)                      |                                   |
 | data/adapt,     | MODEL's adapt(context), once a process; the run's facts handed | train; write                      |
 | context         | to build_model, build_callbacks and build_hooks                |                                   |
 | model           | MODEL: the fork's compiled model checked against the data,     | run a training step, or import    |

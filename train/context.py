@@ -6,11 +6,12 @@
     context.is_chief, .output_dir                    where a callback may write files (only the chief should)
     context.sample(n)                                n training inputs, batched, as the model gets them
 
-`sample(n)` is what `Normalization.adapt` (and the like) needs: the first n examples of TRAIN_SPLIT in the order
-TFDS lists them, after `preprocess(training=False)` where the MODEL file has one (else the feature as stored, an
-image scaled to [0, 1]), inputs only. It depends on nothing but the split, so it is the same on every worker and
-every start, and a layer adapted on it comes out the same everywhere. A layer that `preprocess` uses is
-adapted earlier, in the MODEL file's `adapt(context)`, on the raw stored examples (train.data.adapt).
+`sample(n)` (train.data.source.Data.sample) is what `Normalization.adapt` (and the like) needs: the first n
+examples of TRAIN_SPLIT in the order TFDS lists them, after `preprocess(training=False)` where the MODEL file has
+one (else the feature as stored, an image scaled to [0, 1]), inputs only. It depends on nothing but the split,
+so it is the same on every worker and every start, and a layer adapted on it comes out the same everywhere. A
+layer that `preprocess` uses is adapted earlier, in the MODEL file's `adapt(context)`, on the raw stored examples
+(train.data.adapt).
 """
 
 from __future__ import annotations
@@ -18,15 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import tensorflow as tf
-
-from train.data.examples import EVAL_PASS
-from train.data.source import TrainSplit
-from train.data.spec import DatasetSpec
-from train.data.streamed import StreamedSplit
-
-SAMPLE_BATCH = 256  # examples per batch of `sample`: fixed, so its batches are alike on every topology
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 
 @dataclass(frozen=True)
@@ -56,30 +52,3 @@ class Context:
         if self._sample is None:
             raise ValueError("context.sample is not available here: this context has no training split")
         return self._sample(n)
-
-
-def sample_function(split: TrainSplit, spec: DatasetSpec) -> Callable[[int], tf.data.Dataset]:
-    """`sample(n)` over a training split: in memory or streamed, the fixed-shape path or the general one."""
-
-    def sample(n: int) -> tf.data.Dataset:
-        if spec.records:  # preprocess(training=False), or the dict of columns, as evaluation prepares them
-            records = split.ordered_records()
-            prepare = spec.examples.prepare
-            examples = records.take(n).map(
-                lambda record, position: prepare(record, position, EVAL_PASS, training=False)[0],
-                num_parallel_calls=tf.data.AUTOTUNE,
-                deterministic=True,
-            )
-        elif isinstance(split, StreamedSplit):  # the files one after another, as a split in memory is read
-            import tensorflow_datasets as tfds
-
-            config = tfds.ReadConfig(interleave_cycle_length=1, try_autocache=False)
-            examples = split.builder.as_dataset(split=split.split, shuffle_files=False, read_config=config)
-            examples = examples.take(n).map(lambda example: example[spec.feature_key])
-        else:
-            examples = tf.data.Dataset.from_tensor_slices(split.tensors[0][:n])
-        if spec.is_image and not spec.records:  # as the engine scales it in front of the model
-            examples = examples.map(lambda image: tf.cast(image, tf.float32) * (1.0 / 255))
-        return examples.batch(SAMPLE_BATCH)
-
-    return sample

@@ -113,7 +113,7 @@ def _may_hold_untracked(built: Built, own: keras.Model | None) -> bool:
     """Whether the SavedModel could meet a resource nothing tracks: `preprocess` runs in it, or a layer (or the
     model) is the fork's own class. Keras's own layers track their state, so the SavedModel write (about half
     a second) is skipped for a model of them alone."""
-    if own is None and built.spec.records and built.spec.examples.preprocess is not None:
+    if own is None and built.spec.runs_preprocess:
         return True
     exported = own or built.serving
     classes = {type(layer) for layer in [exported, *all_layers(exported)]}
@@ -141,12 +141,12 @@ def serving_endpoints(built: Built, model: keras.Model | None = None) -> list[En
             return [("serve", lambda values: named(model(values, training=False)), signature)]
         return [("serve", lambda *values: named(model(list(values), training=False)), signature)]
     named = name_outputs(built.network, spec)
-    if not spec.records:
+    if spec.as_stored:
         signature = [tf.TensorSpec((None, *spec.feature_shape), spec.feature_dtype, name=spec.feature_key)]
         return [("serve", lambda features: named(serving(features, training=False)), signature)]
     serve, signature = spec.examples.serving_function(serving, spec.inputs)
     endpoints = [("serve", lambda *batch: named(serve(*batch)), signature)]
-    if spec.examples.preprocess is not None:
+    if spec.runs_preprocess:
         if isinstance(spec.inputs, dict):
             names = list(spec.inputs)
             inputs = [tf.TensorSpec((None, *s.shape), s.dtype, name=name) for name, s in spec.inputs.items()]
@@ -215,7 +215,7 @@ def preprocess_resources(built: Built) -> list[keras.layers.Layer | tf.saved_mod
     """The layers and tables of the MODEL file that `preprocess` may use (train.data.adapt.resources): what the
     export's default signature runs besides the model, so the SavedModel must carry them."""
     spec = built.spec
-    if not spec.records or spec.examples.preprocess is None:
+    if not spec.runs_preprocess:
         return []
     found = resources(built.experiment.module).values()
     return [each for each in found if getattr(each, "built", True)]  # a layer never called is not in the graph

@@ -22,8 +22,7 @@ Which worker this is, chief or not, is decided once: its `Role` (train.cluster.r
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from functools import partial
 
 import keras
@@ -32,16 +31,14 @@ import tensorflow as tf
 from train.callbacks import Callbacks
 from train.checkpoints import RunCheckpoint
 from train.cluster.role import Role, take_role
-from train.data.feeds import Remainder, gathers_in_step, make_feed
-from train.data.images import DECODE_ERROR, undecodable
-from train.data.raised import preprocess_raised
-from train.data.shapes import odd_shape
+from train.data.feeds import adapter
+from train.data.reading_errors import reading_errors
+from train.data.source import Remainder
 from train.devices.runtime import Runtime, setup_runtime
 from train.errors import SettingsError, TrainingError, first_line
 from train.exportable import averaged_weights
 from train.hooks import Hook, Json, Say
 from train.loop import Outcome, Schedule, longest_call, run_loop
-from train.model_file import RESNET_EXAMPLE
 from train.phased import PhaseCalls
 from train.predict import open_trained
 from train.progress import Lines, Quiet, reporter
@@ -102,7 +99,7 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say, hooks: Sequence[
             start.phases.rates_as_built()  # a schedule unscaled: what the export holds
             if not outcome.interrupted:  # not by a signal (model.stop_training, a pruned trial: finished)
                 callbacks.end(outcome.step)
-            with streamed_files_intact(start, checkpoint), preprocess_shapes_hold(start, checkpoint):
+            with reading_errors(start.data, start.settings.dataset, start.settings.model, lambda: checkpoint.latest):
                 added = {key: value for hook in plugged for key, value in (hook.summary() or {}).items()}  # a trial's
                 summary = finish(start, position, checkpoint, callbacks, role, scalars, evaluate, outcome, added)
                 return summary
@@ -157,11 +154,7 @@ def _train(
             checkpoints=checkpoint,
         )
         try:
-            with (  # the innermost hears an error first: an odd shape, then a damaged or undecodable file
-                preprocess_raised(data.spec, settings.model, lambda: checkpoint.latest),
-                streamed_files_intact(start, checkpoint),
-                preprocess_shapes_hold(start, checkpoint),
-            ):
+            with reading_errors(data, settings.dataset, settings.model, lambda: checkpoint.latest):
                 return run_loop(calls, schedule, first, checkpoint.skipped, hooks, evaluate_epoch)
         except tf.errors.ResourceExhaustedError:
             halve_batch(start, position, checkpoint, role.writer)
@@ -175,10 +168,14 @@ def _feed(start: Start, position: Position, schedule: Schedule, first: int):
     if segment.in_remainder(first):
         length, done = segment.remainder_end - segment.first_step, first - segment.first_step
         remainder = Remainder(segment.remainder_pass, position.marks, length, done)
-    return make_feed(runtime.strategy, start.data.train, runtime.global_batch, settings.seed,
-                     segment.data_step(max(first, segment.remainder_end) if remainder else first),
-                     longest_call(schedule.cadence, schedule.steps_per_epoch), settings.device_prefetch,
-                     remainder)  # fmt: skip
+    return adapter(runtime.strategy, start.data.train).train_feed(
+        runtime.global_batch,
+        settings.seed,
+        segment.data_step(max(first, segment.remainder_end) if remainder else first),
+        longest_call(schedule.cadence, schedule.steps_per_epoch),
+        settings.device_prefetch,
+        remainder,
+    )
 
 
 def _describe(start: Start, runtime: Runtime, schedule: Schedule, first: int) -> str:
@@ -192,20 +189,13 @@ def _describe(start: Start, runtime: Runtime, schedule: Schedule, first: int) ->
             "evaluating again"
         )
     workers = f" on {runtime.workers} workers" if runtime.workers > 1 else ""
-    where = "in memory" if data.in_memory else "streamed from the TFDS files"
-    if data.spec.records:
-        made = "preprocessed" if data.spec.examples.preprocess else "decoded"
-        where += f" as the stored records, each {made} in tf.data"
-    if not gathers_in_step(runtime.strategy, data.spec.records):
-        how = "fed by tf.data"
-    else:
-        how = "gathered inside the step" if data.in_memory else "read ahead a call at a time"
     per_epoch = f"{schedule.steps_per_epoch} step{'s' if schedule.steps_per_epoch != 1 else ''} per epoch"
     return (
         f"Training {data.name} on {runtime.replicas} replica(s){workers} ({runtime.strategy_name}: "
         f"{', '.join(runtime.devices)}{' on each worker' if workers else ''}), "
         f"{describe_batch(batch_of(start.settings), runtime)}, {per_epoch}, {span}; {runtime.precision}; "
-        f"data {where}, batches {how}, XLA {'on' if start.jit_compile else 'off'} ({start.jit_why})."
+        f"data {data.describe()}, batches {adapter(runtime.strategy, data.train).describe()}, "
+        f"XLA {'on' if start.jit_compile else 'off'} ({start.jit_why})."
     )
 
 
@@ -231,54 +221,6 @@ def evaluate(settings: Settings, exported: bool = False, say: Say = _say) -> Jso
 
 # --- What can go wrong while training or evaluating, told in one line (or, out of memory under AUTO_BATCH, mended).
 # Each handler names the last checkpoint, which stays intact: the run resumes from it once the cause is fixed.
-
-
-@contextlib.contextmanager
-def streamed_files_intact(start: Start, checkpoint: RunCheckpoint) -> Iterator[None]:
-    """Damage in a streamed split's files, found while reading them (training or evaluating), in one line; and an
-    image that cannot be decoded, by its filename."""
-    data = start.data
-    try:
-        yield
-    # What reading damaged TFRecords raises: lost bytes, a missing file, fewer examples than recorded.
-    except (tf.errors.DataLossError, tf.errors.NotFoundError, tf.errors.FailedPreconditionError) as error:
-        if data.in_memory:
-            raise
-        raise TrainingError(
-            f"reading the streamed {data.name} failed while training ({first_line(error, 160)}): its prepared "
-            f"files are damaged; the last checkpoint {checkpoint.latest} is intact. Delete the "
-            "dataset's directory, prepare it anew and run again to resume"
-        ) from None
-    except tf.errors.InvalidArgumentError as error:
-        if not DECODE_ERROR.search(str(error.message)):
-            raise
-        for split in (data.train, data.eval):
-            found = undecodable(split, data.spec)
-            if found:
-                raise TrainingError(
-                    f"the image {found[0]} of DATASET={start.settings.dataset} cannot be decoded ({found[1]}); the "
-                    f"last checkpoint {checkpoint.latest} is intact. Remove or replace the file and train in a "
-                    "new OUTPUT_DIR (the data then differs)"
-                ) from None
-        raise
-
-
-@contextlib.contextmanager
-def preprocess_shapes_hold(start: Start, checkpoint: RunCheckpoint) -> Iterator[None]:
-    """A later example whose output differs from the shape the first examples gave (train.data.shapes), in one
-    line."""
-    try:
-        yield
-    except tf.errors.InvalidArgumentError as error:
-        odd = odd_shape(error)
-        if odd is None:
-            raise
-        raise TrainingError(
-            f"MODEL={start.settings.model!r}: preprocess returned {odd[0]} for an example of {start.data.name}, where "
-            f"the first examples gave {odd[1]}; the last checkpoint {checkpoint.latest} is intact. Make "
-            f"preprocess return one shape for every example (resize or crop it to a constant size, as "
-            f"{RESNET_EXAMPLE} does)"
-        ) from None
 
 
 def _smaller(start: Start, runtime: Runtime) -> tuple[int | None, bool]:

@@ -229,7 +229,7 @@ def _spec_batch(spec: DatasetSpec, model_input: bool) -> tuple[SymbolicInputs, k
     labels = keras.KerasTensor((None, *spec.label_shape), spec.label_dtype)
     if spec.inputs is not None:  # the general path: what preprocess (or the columns) gives
         return tf.nest.map_structure(lambda s: keras.KerasTensor((None, *s.shape), s.dtype.name), spec.inputs), labels
-    dtype = "float32" if model_input and spec.is_image else spec.feature_dtype
+    dtype = "float32" if model_input and spec.scale else spec.feature_dtype
     return keras.KerasTensor((None, *spec.feature_shape), dtype), labels
 
 
@@ -237,10 +237,10 @@ def _serving_model(settings: Settings, network: keras.Model, spec: DatasetSpec) 
     """The model that trains and is exported: on the general path the fork's own (it gets what preprocess
     returns, exactly); else an Input of the stored feature, named after it, and an image's scaling, in front.
     Raises SettingsError for a model that cannot be called on its input (a subclass without `call`)."""
-    if spec.records:
+    if not spec.as_stored:
         return network
     inputs = keras.Input(shape=spec.feature_shape, dtype=spec.feature_dtype, name=spec.feature_key)
-    features = keras.layers.Rescaling(1.0 / 255, name="scale_to_unit_range")(inputs) if spec.is_image else inputs
+    features = keras.layers.Rescaling(spec.scale, name="scale_to_unit_range")(inputs) if spec.scale else inputs
     try:
         outputs = network(features)
     except NotImplementedError:
@@ -435,7 +435,7 @@ def _check_engine_step_model(settings: Settings, network: keras.Model, serving: 
     labels = f"the labels of {spec.name} (LABEL_KEY={spec.label_key!r}: {label_words(spec)})"
     _build_on_spec(network, spec, f"MODEL={settings.model!r}: its output {output_shape(network)} does not fit {labels}")
     # The output as the data meets it (on the general path the network is the served model: no Input of ours)
-    output = network.compute_output_spec(_spec_batch(spec, True)[0]) if spec.records else serving.output
+    output = serving.output if spec.as_stored else network.compute_output_spec(_spec_batch(spec, True)[0])
     check_output(settings.model, network, output, spec)
 
 
@@ -445,10 +445,10 @@ def _stored_batch(spec: DatasetSpec) -> tuple[InputSpec, tf.TensorSpec]:
 
 
 def _model_input(serving: keras.Model, spec: DatasetSpec) -> Callable[[Inputs], Inputs]:
-    if spec.is_image and not spec.records:
+    if spec.scale:
         if any(layer.name == "scale_to_unit_range" for layer in serving.layers):
             return serving.get_layer("scale_to_unit_range")
-        return keras.layers.Rescaling(1.0 / 255, name="scale_to_unit_range")  # a model without call(): no Input
+        return keras.layers.Rescaling(spec.scale, name="scale_to_unit_range")  # a model without call(): no Input
     return lambda inputs: inputs  # as stored, or what preprocess returns
 
 

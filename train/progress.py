@@ -4,6 +4,8 @@ The line format is kept stable for scripts that grep it, one line every LOG_EVER
 
     step     40/80  epoch 1/2  loss 0.4321  accuracy 0.8750  12,345 examples/s
 
+While a folder is written, a `Counter` shows the files read (a bar, or a line every LINE_SECONDS).
+
 The bar (rich, which typer brings) shows the step of the total, the epoch, the loss and every compiled
 metric, examples/s and the time left, updated after every call. Under multi-worker the chief shows the
 progress and the other workers say only what matters (their start, their end, and what goes wrong).
@@ -13,12 +15,14 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 from train.hooks import CallResult, Hook, Metrics, Say
 
 EVALUATION_NOTICE_SECONDS = 2.0  # an evaluation that takes longer than this says that it runs
+LINE_SECONDS = 5.0  # a Counter's lines, off a terminal
 
 
 def format_metrics(metrics: dict[str, float | list]) -> str:
@@ -32,7 +36,7 @@ def format_metrics(metrics: dict[str, float | list]) -> str:
     return "  ".join(parts)
 
 
-def _flat(value) -> list[str]:
+def _flat(value: float | list) -> list[str]:
     if isinstance(value, list):
         return [text for item in value for text in _flat(item)]
     return [f"{value:.4f}"]
@@ -50,6 +54,39 @@ def evaluation_notice(say: Say, split: str, examples: int) -> Iterator[None]:
         timer.cancel()
 
 
+class Counter:
+    """Work done so far of `total` (the files a folder's writing reads, train.data.written), with its rate: a
+    transient bar where `shown` (None: where stdout is a terminal), else a line through `say` every LINE_SECONDS."""
+
+    def __init__(self, what: str, total: int, say: Say, unit: str = "files", shown: bool | None = None) -> None:
+        self.what, self.total, self.say, self.unit = what, total, say, unit
+        self.done, self.start = 0, time.monotonic()
+        self.last, self.bar = self.start, None
+        if sys.stdout.isatty() if shown is None else shown:
+            from rich.progress import Progress
+
+            self.bar = Progress(*Progress.get_default_columns(), "{task.fields[rate]}", transient=True)
+            self.task = self.bar.add_task(what, total=total, rate="")
+            self.bar.start()
+
+    def rate(self) -> str:
+        return f"{self.done / max(time.monotonic() - self.start, 1e-9):,.0f} {self.unit}/s"
+
+    def advance(self, count: int = 1) -> None:
+        self.done += count
+        now = time.monotonic()
+        if self.bar is not None and (now - self.last > 0.1 or self.done == self.total):
+            self.bar.update(self.task, completed=self.done, rate=self.rate())
+            self.last = now
+        elif self.bar is None and now - self.last > LINE_SECONDS:
+            self.say(f"{self.what}: {self.done:,}/{self.total:,} {self.unit}, {self.rate()}")
+            self.last = now
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
 class Lines(Hook):
     """Plain lines: container logs, CI, `| tee`. A hook between the loop's calls (train.hooks): the lines wait for
     `log` and an epoch's end, where the bar moves after every call."""
@@ -62,7 +99,7 @@ class Lines(Hook):
         speed = f"{examples_per_sec:,.0f} examples/s" if examples_per_sec else "(first call: tracing)"
         self.say(f"step {step:>7}/{self.total}  epoch {epoch}/{self.epochs}  {metrics}  {speed}")
 
-    def evaluating(self, split: str, examples: int):
+    def evaluating(self, split: str, examples: int) -> AbstractContextManager[None]:
         return evaluation_notice(self.say, split, examples)
 
     def epoch_end(self, epoch: int, step: int, metrics: Metrics) -> None:
@@ -82,18 +119,25 @@ class Quiet(Lines):
 class Bar(Lines):
     """A live bar on a terminal; what the lines would say stays above it, epoch by epoch."""
 
-    def __init__(self, say: Say, total_steps: int, epoch_of: Callable[[int], int], epochs: int, start_step: int = 0
-                 ) -> None:  # fmt: skip
+    def __init__(
+        self, say: Say, total_steps: int, epoch_of: Callable[[int], int], epochs: int, start_step: int = 0
+    ) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         super().__init__(say, total_steps, epoch_of, epochs)
         self.console = Console(file=sys.stdout)
         self.progress = Progress(
-            TextColumn("epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[metrics]}"), TextColumn("{task.fields[speed]}"), TextColumn("ETA"),
-            TimeRemainingColumn(), console=self.console, transient=False,
-        )  # fmt: skip
+            TextColumn("epoch {task.fields[epoch]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[metrics]}"),
+            TextColumn("{task.fields[speed]}"),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
+        )
         self.task = self.progress.add_task(
             "train", total=total_steps, completed=start_step, epoch=self._epoch(start_step), metrics="", speed=""
         )
@@ -123,8 +167,9 @@ class Bar(Lines):
         self.progress.stop()
 
 
-def reporter(mode: str, chief: bool, say: Say, total_steps: int, epoch_of: Callable[[int], int], epochs: int,
-             start: int):  # fmt: skip
+def reporter(
+    mode: str, chief: bool, say: Say, total_steps: int, epoch_of: Callable[[int], int], epochs: int, start: int
+) -> Lines:
     """PROGRESS resolved: auto is a bar where stdout is a terminal (and this is the chief), else lines.
     `epoch_of(step)`: the epoch (from 1) a step belongs to."""
     if not chief:

@@ -22,9 +22,8 @@ from train.callbacks import Callbacks
 from train.checkpoints import RunCheckpoint, make_checkpoint
 from train.cluster.role import Role
 from train.cluster.workers import WeightsDiffer, WorkerCheckpoints
-from train.data.feeds import batches_per_pass, input_pipelines
-from train.data.source import TrainSplit
-from train.data.streamed import StreamedSplit
+from train.data.feeds import adapter
+from train.data.source import StreamedSplit, TrainSplit
 from train.devices.runtime import Runtime
 from train.errors import SettingsError, TrainingError, first_line, storage_fix
 from train.exportable import averaged_weights, export, model_to_export
@@ -35,7 +34,7 @@ from train.model import weights_fingerprint
 from train.model_file import model_fingerprint
 from train.progress import evaluation_notice, format_metrics
 from train.rundir import CRASH_LOG, RunLock
-from train.start import Start, moved, steps_per_epoch, topology
+from train.start import Start, moved, topology
 from train.step import accumulation_changed
 from train.timeline import Segment, first_segment, resume, segment_at, unread_pass, with_remainder
 from train.writer import SummaryWriters, Writer
@@ -174,9 +173,9 @@ def run_record(start: Start, position: Position) -> Json:
 
 def segment_facts(start: Start, runtime: Runtime) -> tuple[int, int, int, int]:
     """(global batch, steps per epoch, batches per pass, input pipelines) of the run on `runtime`."""
-    pipelines = input_pipelines(runtime.strategy, streamed=not start.data.in_memory)
-    pass_batches = batches_per_pass(start.data.train, runtime.global_batch, pipelines=pipelines)
-    return runtime.global_batch, steps_per_epoch(start.settings, start.data, runtime), pass_batches, pipelines
+    feeding = adapter(runtime.strategy, start.data.train)
+    pass_batches = feeding.pass_batches(runtime.global_batch)
+    return runtime.global_batch, start.settings.steps_per_epoch or pass_batches, pass_batches, feeding.pipelines
 
 
 def _marks(start: Start, segment: Segment) -> tuple[np.ndarray, ...]:

@@ -15,10 +15,10 @@ from train.batches import Batch
 from train.callbacks import build_callbacks, build_hooks
 from train.cluster.role import Role
 from train.cluster.workers import SingleHost
-from train.context import Context, sample_function
+from train.context import Context
 from train.data import Dataset, open_dataset
 from train.data.adapt import check_recorded
-from train.data.feeds import batches_per_pass, gathers_in_step, input_pipelines
+from train.data.feeds import adapter
 from train.data.opening import check_same_data, data_identity_text
 from train.data.source import Data
 from train.data.spec import features_record
@@ -77,7 +77,7 @@ def run_context(
     return Context(
         global_batch=runtime.global_batch, replicas=runtime.replicas, workers=runtime.workers,
         steps_per_epoch=steps_per_epoch, epochs=settings.epochs, seed=settings.seed, precision=runtime.precision,
-        output_dir=settings.output_dir, _sample=sample_function(data.train, data.spec),
+        output_dir=settings.output_dir, _sample=data.sample,
         **(role.facts() if role else {}),
     )  # fmt: skip
 
@@ -89,8 +89,7 @@ def batch_of(settings: Settings) -> Batch:
 
 def steps_per_epoch(settings: Settings, data: Data, runtime: Runtime) -> int:
     """STEPS_PER_EPOCH, or one pass over the split. Raises SettingsError for a split under one global batch."""
-    pipelines = input_pipelines(runtime.strategy, streamed=not data.in_memory)
-    return settings.steps_per_epoch or batches_per_pass(data.train, runtime.global_batch, pipelines=pipelines)
+    return settings.steps_per_epoch or adapter(runtime.strategy, data.train).pass_batches(runtime.global_batch)
 
 
 def workers_here(runtime: Runtime) -> int:
@@ -216,7 +215,7 @@ def start_run(settings: Settings, runtime: Runtime, role: Role, say: Say) -> tup
     refuse_unevaluated_monitor(settings.monitor, settings.model, built)
     refuse_custom_train_step(settings.model, built.network, runtime.accumulation)
     role.chief_only(check_exportable, built, settings)  # the chief exports: a model it could not is refused now
-    whole_call = gathers_in_step(runtime.strategy, data.spec.records)  # the feed lets XLA compile the whole call
+    whole_call = adapter(runtime.strategy, data.train).whole_call  # the feed lets XLA compile the whole call
     jit, why = _decide_xla(runtime, role, built, whole_call, decision.jit_compile, recorded)
     callbacks = tuple(build_callbacks(experiment, context))  # bad callbacks (and hooks, below): before writing
     phases = make_phases(settings, experiment, built, context)  # a FREEZE glob matching no layer: before writing

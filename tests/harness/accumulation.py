@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from tests.harness.replicas import MODEL, SPEC, arrays, weights
-from train.data.feeds import RowsFeed, make_feed
+from train.data.feeds import RowsFeed, adapter
 from train.keras_seams import loss_tracker
 from train.model import build
 from train.model_file import load_model_file
@@ -29,7 +29,7 @@ GLOBAL_BATCH, STEPS = 64, 12
 
 def train(strategy, settings, accumulation: int):
     built = build(settings, load_model_file(settings.model), SPEC, strategy)
-    feed = make_feed(strategy, arrays(), GLOBAL_BATCH, settings.seed, 0, STEPS)
+    feed = adapter(strategy, arrays()).train_feed(GLOBAL_BATCH, settings.seed, 0, STEPS)
     calls = make_calls(built, strategy, feed, GLOBAL_BATCH, jit_compile=False, accumulation=accumulation)
     return built, calls(STEPS)
 
@@ -85,7 +85,7 @@ def overflow() -> dict:
     first = make_calls(built, strategy, scaled, runtime.global_batch, False, accumulation)(1)
     after_overflow, scale_after = weights(built), built.loss_scale
     counted = float(loss_tracker(built.network).count.numpy())
-    normal = make_feed(strategy, split, runtime.global_batch, settings.seed, 1, 1)
+    normal = adapter(strategy, split).train_feed(runtime.global_batch, settings.seed, 1, 1)
     second = make_calls(built, strategy, normal, runtime.global_batch, False, accumulation)(1)
     return {
         "accumulation": accumulation,

@@ -25,12 +25,12 @@ import numpy as np
 import tensorflow as tf
 
 from train.callbacks import build_callbacks
-from train.context import Context, sample_function
+from train.context import Context
 from train.data.adapt import AdaptContext
 from train.data.examples import BYTES_SUFFIX, random_record
-from train.data.feeds import make_feed
-from train.data.in_memory import SerializedSplit, Split
+from train.data.feeds import adapter
 from train.data.opening import open_builder, open_source
+from train.data.source import Data, SerializedSplit, Split
 from train.data.spec import inspect
 from train.dataset_path import Survey
 from train.errors import SettingsError, TrainingError, first_line
@@ -77,11 +77,11 @@ def main(output_dir: Path) -> dict:
     split = random_split(spec)
     context = Context(global_batch=BATCH, replicas=1, workers=1, steps_per_epoch=1, epochs=settings.epochs,
                       seed=settings.seed, precision="float32", output_dir=output_dir,
-                      _sample=sample_function(split, spec))  # fmt: skip
+                      _sample=Data(spec, split, split).sample)  # fmt: skip
     experiment = load_model_file(settings.model)
     built = build(settings, experiment, spec, strategy, context)
     callbacks = build_callbacks(experiment, context)
-    feed = make_feed(strategy, split, BATCH, settings.seed, 0, 1)
+    feed = adapter(strategy, split).train_feed(BATCH, settings.seed, 0, 1)
     result = make_calls(built, strategy, feed, BATCH, jit_compile=False)(1)
     output_dir.mkdir(parents=True, exist_ok=True)
     paths = export(built, output_dir)

@@ -20,8 +20,8 @@ import numpy as np
 import tensorflow as tf
 
 from examples.custom_step import build_model
-from train.data.feeds import make_feed, pass_order
-from train.data.in_memory import Split
+from train.data.feeds import adapter, pass_order
+from train.data.source import Split
 from train.data.spec import DatasetSpec
 from train.devices.runtime import setup_runtime
 from train.model import build
@@ -49,7 +49,7 @@ def weights(model) -> list[np.ndarray]:
 def engine(strategy, settings, xla: bool = False) -> tuple[list[np.ndarray], dict]:
     """STEPS steps in calls of 4 (STEPS_PER_CALL), XLA compiling each whole call or not."""
     built = build(settings, load_model_file(settings.model), SPEC, strategy)
-    feed = make_feed(strategy, arrays(), GLOBAL_BATCH, settings.seed, 0, 4)
+    feed = adapter(strategy, arrays()).train_feed(GLOBAL_BATCH, settings.seed, 0, 4)
     calls = make_calls(built, strategy, feed, GLOBAL_BATCH, jit_compile=xla)
     result = [calls(4) for _ in range(STEPS // 4)][-1]
     return weights(built.network), result.metrics

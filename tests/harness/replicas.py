@@ -20,8 +20,8 @@ import numpy as np
 import tensorflow as tf
 
 from train.context import Context
-from train.data.feeds import RowsFeed, make_feed
-from train.data.in_memory import Split
+from train.data.feeds import RowsFeed, adapter
+from train.data.source import Split
 from train.data.spec import DatasetSpec
 from train.devices.runtime import setup_runtime
 from train.model import build
@@ -46,7 +46,7 @@ def weights(built) -> list[np.ndarray]:
 
 def train(strategy, settings, steps: int, global_batch: int):
     built = build(settings, load_model_file(settings.model), SPEC, strategy)
-    feed = make_feed(strategy, arrays(), global_batch, settings.seed, 0, steps)
+    feed = adapter(strategy, arrays()).train_feed(global_batch, settings.seed, 0, steps)
     result = make_calls(built, strategy, feed, global_batch, jit_compile=False)(steps)
     return built, result
 
@@ -96,7 +96,7 @@ def overflow() -> dict:
     copies = [
         [np.asarray(v.numpy()) for v in strategy.experimental_local_results(w.value)] for w in built.serving.weights
     ]
-    normal = make_feed(strategy, split, runtime.global_batch, settings.seed, 1, 1)
+    normal = adapter(strategy, split).train_feed(runtime.global_batch, settings.seed, 1, 1)
     second = make_calls(built, strategy, normal, runtime.global_batch, jit_compile=False)(1)
     return {
         "replicas": runtime.replicas,

@@ -31,7 +31,9 @@ if TYPE_CHECKING:
 
     import keras
     import tensorflow as tf
+    import tensorflow_datasets as tfds
 
+    from train.data.data_settings import DataSettings
     from train.model_file import Experiment
 
     Resource = keras.layers.Layer | tf.saved_model.experimental.TrackableResource  # a layer, or a tf.lookup table
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
 Json = dict[str, object]
 Fingerprint = dict[str, Json]  # by resource: {"layer": class, "vocabulary"/"bins": {size, sha256}, "mean", ...}
 
-EXAMPLES_BATCH = 256  # examples per batch of `examples`: as `context.sample` batches (train.context.SAMPLE_BATCH)
+EXAMPLES_BATCH = 256  # examples per batch of `examples`: as `context.sample` batches (train.data.source.SAMPLE_BATCH)
 FLOAT_RTOL = 1e-6  # a Normalization's statistics: their last bits differ between CPUs and GPUs
 STATISTICS = ("mean", "variance")
 
@@ -55,7 +57,7 @@ class AdaptContext:
     _examples: Callable[[int], tf.data.Dataset] | None = field(default=None, repr=False, compare=False)
     label_key: str = "label"
 
-    def examples(self, n: int):
+    def examples(self, n: int) -> tf.data.Dataset:
         """The first `n` stored training examples (all of them where the split holds fewer), batched.
         Raises ValueError for an `n` under 1."""
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -63,10 +65,10 @@ class AdaptContext:
         return self._examples(n)
 
 
-def stored_examples(builder, split: str):
+def stored_examples(builder: tfds.core.DatasetBuilder, split: str) -> Callable[[int], tf.data.Dataset]:
     """`examples(n)` over TFDS's `split` of `builder`: the files one after another, no shuffle, as decoded."""
 
-    def examples(n: int):
+    def examples(n: int) -> tf.data.Dataset:
         import tensorflow as tf
         import tensorflow_datasets as tfds
 
@@ -78,10 +80,11 @@ def stored_examples(builder, split: str):
     return examples
 
 
-def run_adapt(settings, builder, experiment: Experiment) -> Fingerprint:
+def run_adapt(settings: DataSettings, builder: tfds.core.DatasetBuilder, experiment: Experiment) -> Fingerprint:
     """Call the `experiment`'s `adapt` (MODEL's, once a process for this dataset and split) and return the
     fingerprint of what the layers `preprocess` uses hold. Raises SettingsError for an `adapt` that fails."""
     from train.data.examples import float32_policy
+    from train.data.spec import default_keys
 
     key = (settings.model, str(getattr(builder, "data_dir", "")), f"{builder.info.full_name}:{settings.train_split}")
     # Layers made at import or in adapt compute in float32, as those made while preprocess is traced: a
@@ -89,7 +92,9 @@ def run_adapt(settings, builder, experiment: Experiment) -> Fingerprint:
     with float32_policy():
         if key not in _adapted and experiment.adapt is not None:
             context = AdaptContext(
-                settings.seed, stored_examples(builder, settings.train_split), label_key(settings, builder)
+                settings.seed,
+                stored_examples(builder, settings.train_split),
+                settings.label_key or default_keys(builder)[1],
             )
             try:
                 experiment.adapt(context)
@@ -100,13 +105,6 @@ def run_adapt(settings, builder, experiment: Experiment) -> Fingerprint:
     if key not in _adapted:
         _adapted[key] = fingerprint(resources(experiment.module))
     return _adapted[key]
-
-
-def label_key(settings, builder) -> str:
-    """LABEL_KEY, else the label of the dataset's supervised keys, else "label" (as train.data.spec finds it)."""
-    supervised = builder.info.supervised_keys
-    default = supervised[1] if supervised and isinstance(supervised[1], str) else "label"
-    return settings.label_key or default
 
 
 def resources(module: ModuleType | None) -> dict[str, Resource]:
@@ -183,7 +181,7 @@ def _sized(state: object) -> str:
     )
 
 
-def check_recorded(settings, recorded: Json, now: Fingerprint) -> None:
+def check_recorded(settings: DataSettings, recorded: Json, now: Fingerprint) -> None:
     """This start's adapted state against the one run.json records. Raises SettingsError where they differ."""
     if "adapted" not in recorded:
         return

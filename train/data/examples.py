@@ -9,11 +9,18 @@ for one batch of what a client sends, in the export (`serving_function`).
 
 Each example's seed is `stateless_fold_in((SEED, pass), position)`: a function of the seed, the pass and the
 example's place in the split, whatever the topology, the order or the step a run resumed at.
+
+`preprocess`'s outputs taken as Keras takes them: a static shape with unknown dimensions (an image resized to
+32x32 from a crop of its own size has the static shape (32, 32, None)) is taken at the concrete shape the first
+PINNED_EXAMPLES examples give, in training and in evaluation, and pinned with `tf.ensure_shape` in the map. A
+dimension that differs among those examples really varies and is refused; a later example of another shape
+stops the run in one line (train.data.reading_errors.odd_shape reads TensorFlow's error for it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -21,11 +28,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import tensorflow as tf
 
-from train.data.shapes import concrete_shapes, pin, shape_text, unknown
 from train.errors import SettingsError, clip, first_line
 from train.model_file import RESNET_EXAMPLE
 
 if TYPE_CHECKING:
+    import keras
     import tensorflow_datasets as tfds
 
 BYTES_SUFFIX = "_bytes"  # example["image_bytes"]: an image feature's stored bytes, beside the decoded image
@@ -35,9 +42,12 @@ Example = dict[str, tf.Tensor | dict[str, tf.Tensor]]
 # What the model gets of one example (`preprocess`'s inputs): a tensor, or a dict of them by Input name; its spec.
 Inputs = tf.Tensor | dict[str, tf.Tensor]
 InputSpec = tf.TensorSpec | dict[str, tf.TensorSpec]
+PINNED_EXAMPLES = 32  # the first examples of the training split an output of unknown dimensions is taken at
+PINNED_OP = "preprocess_output_pinned"  # the ensure_shape op's name: how its error is told from others
+MISMATCH = re.compile(r"Shape of tensor \S+ \[([^\]]*)\] is not compatible with expected shape \[([^\]]*)\]")
 
 
-def example_seed(seed: int, pass_number, position) -> tf.Tensor:
+def example_seed(seed: int, pass_number: int | tf.Tensor, position: int | tf.Tensor) -> tf.Tensor:
     """The (2,) int64 seed `preprocess` gets: different for every example and pass, the same wherever it runs."""
     base = tf.stack([tf.constant(seed, tf.int64), tf.cast(pass_number, tf.int64)])
     return tf.random.experimental.stateless_fold_in(base, tf.cast(position, tf.int64))
@@ -109,7 +119,7 @@ class _Reads(dict):
         return super(_Reads, self._all()).values()
 
 
-def decode_image(feature, encoded: tf.Tensor) -> tf.Tensor:
+def decode_image(feature: tfds.features.Image, encoded: tf.Tensor) -> tf.Tensor:
     """An Image feature's stored bytes decoded as TFDS does, but a GIF as its first frame (TFDS's decode gives
     every frame, a 4-D tensor) and a BMP too: whatever a folder of images held (train.data.local)."""
     if feature.np_dtype != np.uint8:  # TFDS's float images are bitcast PNGs: its own decode
@@ -139,7 +149,7 @@ class Examples:
     seed: int = 0
     read: set[str] = field(default_factory=set)  # what `preprocess(training=False)` reads (found when traced)
     pinned: dict[str, tuple[int, ...]] = field(default_factory=dict)  # outputs of unknown dimensions, as taken
-    notes: list[str] = field(default_factory=list)  # what the start says of them (train.data.shapes)
+    notes: list[str] = field(default_factory=list)  # what the start says of them (`pin`)
 
     @property
     def images(self) -> tuple[str, ...]:
@@ -180,9 +190,11 @@ class Examples:
             result = (result, no_label())
         # (inputs, label) as returned; what is not is refused from the map's spec (`check_outputs`): an error raised
         # here, inside tf.data's tracing, would reach the user wrapped in autograph's stack
-        return pin(self.pinned, by_name(tuple(result) if isinstance(result, list) else result), named)
+        return pin(self.pinned, by_name(tuple(result) if isinstance(result, list) else result))
 
-    def prepare(self, record, position, pass_number, training: bool) -> tuple[Inputs, tf.Tensor]:
+    def prepare(
+        self, record: tf.Tensor, position: tf.Tensor, pass_number: int | tf.Tensor, training: bool
+    ) -> tuple[Inputs, tf.Tensor]:
         """A stored record, its place in the split and the pass -> (inputs, label)."""
         return self.call(self.decode(record), training, example_seed(self.seed, pass_number, position))
 
@@ -207,15 +219,19 @@ class Examples:
                 served[key] = tf.TensorSpec(info.shape, info.tf_dtype, name=key)
         return served
 
-    def serving_function(self, model, inputs_spec) -> tuple[Callable, list[tf.TensorSpec]]:
+    def serving_function(self, model: keras.Model, inputs_spec: InputSpec) -> tuple[Callable, list[tf.TensorSpec]]:
         """A function of a batch of what `served` lists (positional, in its order) that runs `prepare`'s
         evaluation path on each example and then `model(training=False)`; and its input signature."""
         import tensorflow_datasets as tfds
 
         served = self.served()
         names = list(served)
-        columns = {name: key for key, feature in self.features.items()
-                   if isinstance(feature, tfds.features.FeaturesDict) for name in feature}  # fmt: skip
+        columns = {
+            name: key
+            for key, feature in self.features.items()
+            if isinstance(feature, tfds.features.FeaturesDict)
+            for name in feature
+        }
         label_info = self.features[self.label_key].get_tensor_info() if self.label_key else None
 
         def one(row: dict[str, tf.Tensor]):
@@ -239,7 +255,7 @@ class Examples:
 
 
 def check_outputs(
-    examples: Examples, element_spec, training: bool, fixed: bool = True
+    examples: Examples, element_spec: tuple[InputSpec, tf.TensorSpec], training: bool, fixed: bool = True
 ) -> tuple[InputSpec, tf.TensorSpec]:
     """`preprocess`'s (inputs, label) spec, refused where the model cannot take it; with `fixed`, also where a
     static shape has an unknown dimension. Raises SettingsError."""
@@ -250,8 +266,11 @@ def check_outputs(
             f"{RESNET_EXAMPLE})"
         )
     inputs, label = element_spec
-    where = f"MODEL={examples.model!r}: preprocess(training={training})" if examples.preprocess else (
-        f"FEATURE_KEY={examples.feature_key!r}")  # fmt: skip
+    where = (
+        f"MODEL={examples.model!r}: preprocess(training={training})"
+        if examples.preprocess
+        else (f"FEATURE_KEY={examples.feature_key!r}")
+    )
     if examples.label_key is None and isinstance(inputs, tuple):
         raise SettingsError(
             f"{where} returns a tuple of {len(inputs)}, but LABEL_KEY=none gives the model its inputs alone: return "
@@ -291,7 +310,7 @@ def _shape(spec: tf.TensorSpec) -> str:
 def probe(examples: Examples, records: list[bytes]) -> tuple[InputSpec, tf.TensorSpec]:
     """(inputs spec, label spec) of the examples, from `preprocess` run on `records` (the first stored examples)
     in training and in evaluation: both must give the same fixed shapes and dtypes, an unknown dimension taken at
-    what the examples give (train.data.shapes). Raises SettingsError."""
+    what the examples give (`pin`). Raises SettingsError."""
     specs, datasets = _probed(examples, records, fixed=False)
     paths = unknown([*named(specs[0][0]), ("label", specs[0][1]), *named(specs[1][0]), ("label", specs[1][1])])
     if paths and examples.preprocess is not None:
@@ -331,11 +350,13 @@ def _probed(
     return specs, datasets
 
 
-def _take_shapes(examples: Examples, paths: list[str], datasets: list[tf.data.Dataset], spec) -> None:
+def _take_shapes(
+    examples: Examples, paths: list[str], datasets: list[tf.data.Dataset], spec: tuple[InputSpec, tf.TensorSpec]
+) -> None:
     """Pin each output in `paths` at the one shape the examples give in both modes, or refuse it as variable."""
     static = dict([*named(spec[0]), ("label", spec[1])])
     try:
-        found = [concrete_shapes([dataset], paths, named) for dataset in datasets]  # in training, in evaluation
+        found = [concrete_shapes(dataset, paths) for dataset in datasets]  # in training, in evaluation
     except Exception as error:
         raise SettingsError(f"MODEL={examples.model!r}: preprocess raised {_raised(error)}") from None
     for path in paths:
@@ -359,17 +380,17 @@ def _raised(error: BaseException) -> str:
     return f"{type(error).__name__}: {first_line(error, 240)}"
 
 
-def _describe(spec) -> str:
+def _describe(spec: InputSpec) -> str:
     inputs, label = spec
     return ", ".join(f"{path} {_shape(s)} {s.dtype.name}" for path, s in [*named(inputs), ("label", label)])
 
 
-def random_record(features, rng: np.random.Generator) -> bytes:
+def random_record(features: tfds.features.FeaturesDict, rng: np.random.Generator) -> bytes:
     """A serialized example of random values of the features' shapes and dtypes (images of a random size): what
     the spec is found from where the dataset is not prepared (the fork's contract test)."""
     import tensorflow_datasets as tfds
 
-    def value(feature):
+    def value(feature: tfds.features.FeatureConnector):
         if isinstance(feature, tfds.features.FeaturesDict):
             return {key: value(each) for key, each in feature.items()}
         if isinstance(feature, tfds.features.ClassLabel):
@@ -386,3 +407,39 @@ def random_record(features, rng: np.random.Generator) -> bytes:
         return rng.integers(0, 2 if dtype != np.uint8 else 256, size=shape).astype(dtype)
 
     return features.serialize_example(value(features))
+
+
+def shape_text(shape: tf.TensorShape | list[int | None] | tuple[int, ...]) -> str:
+    dims = shape.as_list() if isinstance(shape, tf.TensorShape) else list(shape)
+    return "(" + ", ".join("None" if dim is None else str(dim) for dim in dims) + ("," if len(dims) == 1 else "") + ")"
+
+
+def unknown(paths: list[tuple[str, tf.TensorSpec]]) -> list[str]:
+    """The paths whose static shape has an unknown dimension."""
+    return [path for path, spec in paths if isinstance(spec, tf.TensorSpec) and not spec.shape.is_fully_defined()]
+
+
+def concrete_shapes(dataset: tf.data.Dataset, paths: list[str]) -> dict[str, set[tuple[int, ...]]]:
+    """Each path's concrete shapes over every element of `dataset` ((inputs, label) pairs)."""
+    found: dict[str, set[tuple[int, ...]]] = {path: set() for path in paths}
+    for inputs, label in dataset:
+        for path, value in [*named(inputs), ("label", label)]:
+            if path in found:
+                found[path].add(tuple(value.shape.as_list()))
+    return found
+
+
+def pin(pinned: dict[str, tuple[int, ...]], result: object) -> object:
+    """(inputs, label) with each pinned output passed through `tf.ensure_shape` at its taken shape."""
+    if not pinned or not (isinstance(result, tuple) and len(result) == 2):
+        return result
+    inputs, label = result
+
+    def fixed(path: str, value: tf.Tensor) -> tf.Tensor:
+        return tf.ensure_shape(value, pinned[path], name=PINNED_OP) if path in pinned else value
+
+    if isinstance(inputs, dict):
+        inputs = {key: fixed(str(key), value) for key, value in inputs.items()}
+    else:
+        inputs = fixed(named(inputs)[0][0], inputs)
+    return inputs, fixed("label", label)

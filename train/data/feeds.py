@@ -1,62 +1,40 @@
 """Batches for the training step and for evaluation, in an order that is a pure function of (SEED, step).
 
-So a resumed run reads exactly the batches an uninterrupted one would, and replicas and workers take disjoint
-slices of every global batch:
+A resumed run reads exactly the batches an uninterrupted one would; replicas and workers take disjoint slices:
 
 - in memory: pass p over the split is the permutation stateless_shuffle(range(N), seed=(SEED, p));
 - streamed: pass p reads the files in one fixed shuffled order through a shuffle buffer seeded by (SEED, p).
 
-A feed hands batches to the training step (see `make_feed`). On one host's CPU devices every input of a
-call is a tensor: the step gathers its rows from the split in memory itself (`RowsFeed`), or takes its batch
-from a block of the call's batches that tf.data read ahead from the streamed files (`BlocksFeed`). On GPUs
-and across workers a tf.data pipeline per worker prefetches each step's batch (`PipelineFeed`). Features and
-labels reach the model as the dataset stores them; scaling and augmentation are layers of the model.
+A feed, chosen once by `adapter`, hands batches to the training step. On one host's CPU devices every input of a
+call is a tensor: the step gathers its rows from the split in memory itself (`RowsFeed`), or takes its batch from
+a block of the call's batches that tf.data read ahead from the streamed files (`BlocksFeed`). On GPUs and across
+workers a tf.data pipeline per worker prefetches each step's batch (`PipelineFeed`). The model gets what is
+stored; scaling and augmentation are its layers.
 
-The general path (MODEL's `preprocess`, or a dict of columns: train.data.examples) follows the same plans
-over the stored records, and decodes and prepares each example after the plan has placed and skipped it
-(`_prepared`); it is always fed by a tf.data pipeline.
+The general path (MODEL's `preprocess`, or a dict of columns: train.data.examples) follows the same plans over the
+stored records, decoding and preparing each example after the plan has placed and skipped it (`_prepared`); it is
+always fed by a tf.data pipeline.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import tensorflow as tf
 
 from train.data.examples import EVAL_PASS, Inputs
-from train.data.in_memory import SerializedSplit, Split
-from train.data.source import TrainSplit
-from train.data.streamed import StreamedSplit
+from train.data.source import Remainder, SerializedSplit, Split, StreamedSplit, TrainSplit
+from train.data.spec import DatasetSpec
 from train.errors import SettingsError
 
+DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]  # an input pipeline's batches, given its place
 GATHER_BATCHES = 32  # training batches gathered by one op in the in-memory tf.data pipeline
 
 
-@dataclass(frozen=True)
-class Remainder:
-    """The rest of a streamed pass that a run resumed in at another worker count: what each input pipeline reads
-    of pass `pass_number` (`marks`: StreamedSplit.remainder_marks), `length` batches of it, `done` of them
-    trained before this start; then the passes after it, whole."""
-
-    pass_number: int
-    marks: tuple[np.ndarray, ...] = field(repr=False)
-    length: int
-    done: int = 0
-
-
-def input_pipelines(strategy, streamed: bool = False) -> int:
-    """How many input pipelines feed the replicas (train.data.feeds.distribute): one per worker on GPUs, across
-    workers, and for a streamed split (each reads its worker's share: the order is then the worker's, whatever
-    its devices); one per replica for a split in memory on a host's CPU devices (its order is the split's)."""
-    workers = strategy.num_replicas_in_sync // len(strategy.extended.worker_devices)
-    if streamed or _on_gpus(strategy) or isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return workers
-    return strategy.num_replicas_in_sync
-
-
-def batches_per_pass(split: TrainSplit, global_batch: int, setting: str = "TRAIN_SPLIT", pipelines: int = 1) -> int:
+def batches_per_pass(split: TrainSplit, global_batch: int, pipelines: int = 1) -> int:
     """Whole global batches in one pass over the split (the remainder waits for the next pass). A streamed split
     read by several `pipelines`, each its own share, makes as many as its smallest share does."""
     if isinstance(split, StreamedSplit):
@@ -65,12 +43,12 @@ def batches_per_pass(split: TrainSplit, global_batch: int, setting: str = "TRAIN
         batches = len(split) // global_batch
     if batches == 0:
         raise SettingsError(
-            f"{setting} has {len(split)} examples, fewer than one global batch of {global_batch}: lower BATCH_SIZE"
+            f"TRAIN_SPLIT has {len(split)} examples, fewer than one global batch of {global_batch}: lower BATCH_SIZE"
         )
     return batches
 
 
-def pass_order(examples: int, seed: int, pass_number) -> tf.Tensor:
+def pass_order(examples: int, seed: int, pass_number: int | tf.Tensor) -> tf.Tensor:
     """The order of an in-memory split's examples in pass `pass_number`: the same in a graph and eagerly."""
     seeds = tf.stack([tf.constant(seed, tf.int64), tf.cast(pass_number, tf.int64)])
     return tf.random.experimental.stateless_shuffle(tf.range(examples, dtype=tf.int64), seed=seeds)
@@ -91,9 +69,14 @@ def _local_replicas(replicas: int, context: tf.distribute.InputContext) -> tuple
 
 
 def train_dataset(
-    strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int, device_prefetch: int = 1,
+    strategy: tf.distribute.Strategy,
+    split: TrainSplit,
+    global_batch: int,
+    seed: int,
+    start_step: int,
+    device_prefetch: int = 1,
     remainder: Remainder | None = None,
-):  # fmt: skip
+) -> tf.data.Dataset | tf.distribute.DistributedDataset:
     """Per-replica training batches from `start_step` on, forever, as a distributed tf.data dataset.
 
     The k-th global batch of a pass is cut into per-replica slices, replica r taking slice r. A restart at
@@ -101,24 +84,25 @@ def train_dataset(
     `remainder` (streamed): the rest of the pass a run resumed in at another worker count comes first, then
     the plan from `start_step` on.
     """
-    dataset_fn = _dataset_fn(strategy, split, global_batch, seed, start_step, remainder)
+    dataset_fn = _dataset_fn(adapter(strategy, split), global_batch, seed, start_step, remainder)
     return distribute(strategy, dataset_fn, device_prefetch, per_replica=not isinstance(split, StreamedSplit))
 
 
-def _dataset_fn(strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int, remainder=None):
+def _dataset_fn(
+    feeding: Adapter, global_batch: int, seed: int, start_step: int, remainder: Remainder | None = None
+) -> DatasetFn:
     """`train_dataset`'s dataset_fn: an input pipeline's batches, given its tf.distribute.InputContext."""
-    streamed = isinstance(split, StreamedSplit)
-    pass_batches = batches_per_pass(split, global_batch, pipelines=input_pipelines(strategy, streamed))
-    first_pass, offset = divmod(start_step, pass_batches)
-    replicas = strategy.num_replicas_in_sync
-    per_replica = global_batch // replicas
+    split, replicas = feeding.split, feeding.strategy.num_replicas_in_sync
     if isinstance(split, StreamedSplit):
-        return _streamed(split, replicas, per_replica, pass_batches, seed, first_pass, offset, remainder)
+        return _streamed(feeding, global_batch, seed, start_step, remainder)
+    pass_batches = feeding.pass_batches(global_batch)
+    first_pass, offset = divmod(start_step, pass_batches)
+    per_replica = global_batch // replicas
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         local, first_replica = _local_replicas(replicas, context)
 
-        def pass_rows(pass_number):
+        def pass_rows(pass_number: tf.Tensor) -> tf.data.Dataset:
             order = pass_order(len(split), seed, pass_number)
             plan = tf.reshape(order[: pass_batches * global_batch], [pass_batches, replicas, per_replica])
             ours = tf.reshape(plan[:, first_replica : first_replica + local, :], [pass_batches * local, per_replica])
@@ -142,7 +126,7 @@ def _dataset_fn(strategy, split: TrainSplit, global_batch: int, seed: int, start
     return dataset_fn
 
 
-def _prepared(spec, batches: tf.data.Dataset, per_replica: int, in_memory: bool) -> tf.data.Dataset:
+def _prepared(spec: DatasetSpec, batches: tf.data.Dataset, per_replica: int, in_memory: bool) -> tf.data.Dataset:
     """The general path: batches of (stored records, positions, passes), already in their order and already
     skipped to the resumed step, made into batches of `preprocess`'s (inputs, label), `per_replica` examples
     each. Decoding and `preprocess` run one example at a time, in parallel, in order."""
@@ -157,9 +141,8 @@ def _prepared(spec, batches: tf.data.Dataset, per_replica: int, in_memory: bool)
 
 
 def _streamed(
-    split: StreamedSplit, replicas: int, per_replica: int, pass_batches: int, seed: int, first_pass: int, offset: int,
-    remainder: Remainder | None = None,
-):  # fmt: skip
+    feeding: Adapter, global_batch: int, seed: int, start_step: int, remainder: Remainder | None
+) -> DatasetFn:
     """The dataset_fn of a streamed split: each input pipeline reads only its share of the files (or, with fewer
     files than pipelines, of the records), in shuffled windows, and makes its replicas' batches from it.
 
@@ -167,6 +150,9 @@ def _streamed(
     with as many pipelines reads exactly the same batches; the order is not one worker's order (each pipeline
     shuffles its own share).
     """
+    split, replicas = feeding.split, feeding.strategy.num_replicas_in_sync
+    pass_batches, per_replica = feeding.pass_batches(global_batch), global_batch // replicas
+    first_pass, offset = divmod(start_step, pass_batches)
     feature_shape, label_shape = list(split.spec.feature_shape), list(split.spec.label_shape)
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -174,13 +160,13 @@ def _streamed(
         count, index = context.num_input_pipelines, context.input_pipeline_id
         local_batch = local * per_replica
 
-        def one_pass(pass_number, mine=None, length=pass_batches):
+        def one_pass(pass_number: tf.Tensor, mine: tf.Tensor | None = None, length: int = pass_batches):
             batches = split.batches(index, count, seed, pass_number, local_batch, mine=mine).take(length)
             if split.spec.records:  # (records, positions) and the pass, for each example's seed
                 return batches.map(lambda records, positions: (records, positions, tf.fill([local_batch], pass_number)))
             return batches
 
-        def per_replica_batches(features, labels):  # after batching: one vectorised op per batch
+        def per_replica_batches(features: tf.Tensor, labels: tf.Tensor):  # after batching: one vectorised op a batch
             return (
                 tf.reshape(features, [local, per_replica, *feature_shape]),
                 tf.reshape(labels, [local, per_replica, *label_shape]),
@@ -201,7 +187,7 @@ def _streamed(
     return dataset_fn
 
 
-def _blocks(dataset_fn, replicas: int, longest: int) -> tf.data.Dataset:
+def _blocks(dataset_fn: DatasetFn, replicas: int, longest: int) -> tf.data.Dataset:
     """The batches `train_dataset` gives one host's CPU replicas from a streamed split (one input pipeline for the
     host, its per-replica batches in replica order), `longest` steps to an element: [longest, replicas,
     per_replica, ...], replica r's batch in slice r."""
@@ -209,16 +195,15 @@ def _blocks(dataset_fn, replicas: int, longest: int) -> tf.data.Dataset:
     return steps.batch(longest, drop_remainder=True).prefetch(1)
 
 
-def distribute(strategy, dataset_fn, device_prefetch: int = 1, per_replica: bool = True):
-    """The per-replica datasets as `strategy.run` takes them.
-
-    On GPUs, tf.distribute's default: one input pipeline per worker, prefetched to every GPU (DEVICE_PREFETCH
-    batches ahead: its per-replica buffer). On CPU devices
-    that MultiDeviceIterator costs more per step than a small model's step itself, so each replica gets a
-    plain tf.data iterator on the host: one replica takes the dataset as it is, several take one pipeline
-    each (PER_REPLICA) without a copy to the device they already share. `per_replica=False` (a streamed
-    split: `input_pipelines`): one pipeline for the host's CPU devices, as on GPUs, without the copy.
-    """
+def distribute(
+    strategy: tf.distribute.Strategy, dataset_fn: DatasetFn, device_prefetch: int = 1, per_replica: bool = True
+) -> tf.data.Dataset | tf.distribute.DistributedDataset:
+    """The per-replica datasets as `strategy.run` takes them. On GPUs, tf.distribute's default: one input pipeline
+    per worker, prefetched to every GPU (DEVICE_PREFETCH batches ahead: its per-replica buffer). On CPU devices that
+    MultiDeviceIterator costs more per step than a small model's step itself, so each replica gets a plain tf.data
+    iterator on the host: one replica takes the dataset as it is, several take one pipeline each (PER_REPLICA)
+    without a copy to the device they already share. `per_replica=False` (a streamed split: `Adapter.pipelines`):
+    one pipeline for the host's CPU devices, as on GPUs, without the copy."""
     if _on_gpus(strategy):
         options = tf.distribute.InputOptions(experimental_per_replica_buffer_size=device_prefetch)
         return strategy.distribute_datasets_from_function(dataset_fn, options)
@@ -237,7 +222,7 @@ def distribute(strategy, dataset_fn, device_prefetch: int = 1, per_replica: bool
     return strategy.distribute_datasets_from_function(dataset_fn, options)
 
 
-def _on_gpus(strategy) -> bool:
+def _on_gpus(strategy: tf.distribute.Strategy) -> bool:
     return any("GPU" in device.upper() for device in strategy.extended.worker_devices)
 
 
@@ -248,7 +233,7 @@ class Feed(Protocol):
     iterator), and moves the feed on by `steps`; inside it, step `step` (from 0) of the call takes
     `step_args(call_args, step)`, which `strategy.run` hands each replica, and the replica's
     `replica_batch(*those)` is its (features, labels). `compilable`: every input of the call is a tensor, so XLA
-    can compile the whole call (else only the replica step). `make_feed` picks one of the three:
+    can compile the whole call (else only the replica step). `adapter` picks one of the three, once:
 
     | feed           | where                              | a call is handed                      |
     |----------------|------------------------------------|---------------------------------------|
@@ -315,14 +300,14 @@ class RowsFeed:
         return self.features, self.labels, self._window, tf.constant(first_batch, tf.int32)
 
     @staticmethod
-    def step_args(call_args, step):
+    def step_args(call_args: tuple[tf.Tensor, ...], step: tf.Tensor) -> tuple[tf.Tensor, ...]:
         features, labels, window, first_batch = call_args
         # tf.gather, not window[first_batch + step]: XLA takes a slice's start as a compile-time constant
         # where it can, and compiled the call anew for every value of first_batch.
         return features, labels, tf.gather(window, first_batch + step)
 
     @staticmethod
-    def replica_batch(features, labels, rows):
+    def replica_batch(features: tf.Tensor, labels: tf.Tensor, rows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         ours = rows[tf.distribute.get_replica_context().replica_id_in_sync_group]
         return tf.gather(features, ours), tf.gather(labels, ours)
 
@@ -358,7 +343,7 @@ class BlocksFeed:
             self.current, self.cursor = next(self.blocks), self.cursor - self.longest
         return (*first, *self.current, tf.constant(start, tf.int32))
 
-    def step_args(self, call_args, step):
+    def step_args(self, call_args: tuple[tf.Tensor, ...], step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         features, labels, next_features, next_labels, start = call_args
         index = start + step
         # tf.gather, not a slice: XLA compiled the call anew for every slice start it could see (RowsFeed)
@@ -369,7 +354,7 @@ class BlocksFeed:
         )
 
     @staticmethod
-    def replica_batch(features, labels):
+    def replica_batch(features: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
         return tf.gather(features, replica), tf.gather(labels, replica)
 
@@ -379,7 +364,7 @@ class PipelineFeed:
 
     compilable = False  # XLA cannot compile an iterator's get_next: only the replica step is compiled
 
-    def __init__(self, distributed) -> None:
+    def __init__(self, distributed: tf.data.Dataset | tf.distribute.DistributedDataset) -> None:
         self.iterator = iter(distributed)
 
     def call_args(self, steps: int) -> tuple[object, ...]:
@@ -387,49 +372,73 @@ class PipelineFeed:
         return (self.iterator,)
 
     @staticmethod
-    def step_args(call_args, step):
+    def step_args(call_args: tuple[Iterator, ...], step: tf.Tensor) -> tuple[Inputs, tf.Tensor]:
         del step
         return next(call_args[0])
 
     @staticmethod
-    def replica_batch(features, labels):
+    def replica_batch(features: Inputs, labels: tf.Tensor) -> tuple[Inputs, tf.Tensor]:
         return features, labels
 
 
-def gathers_in_step(strategy, records: bool) -> bool:
-    """Whether the step gathers its batch from tensors the call is handed (`RowsFeed`, `BlocksFeed`): on the
-    CPU devices of one host, for one fixed-shape feature as stored (not the general path: `preprocess` runs in
-    tf.data), the split in memory or streamed. Then XLA can compile the whole call.
-
-    `records`: whether the examples take the general path (DatasetSpec.records)."""
-    if records:
-        return False
-    return not _on_gpus(strategy) and not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+_HOW = {"rows": "gathered inside the step", "blocks": "read ahead a call at a time", "pipelines": "fed by tf.data"}
 
 
-def general_path(split: TrainSplit) -> bool:
-    """Whether the split's examples are stored records, prepared one at a time (train.data.examples)."""
-    return isinstance(split, SerializedSplit) or (isinstance(split, StreamedSplit) and split.spec.records)
+@dataclass(frozen=True)
+class Adapter:
+    """How a training split feeds the step on `strategy`, chosen once by `adapter` (as Keras's `get_data_adapter`
+    chooses): the start, the resume's segment and fit's feed ask this one object. Its `kind` names its feed (`Feed`'s
+    table): `rows` (`RowsFeed`), `blocks` (`BlocksFeed`) or `pipelines` (`PipelineFeed`). A streamed split is read
+    by one input pipeline per worker (each its worker's share: the order is the worker's, whatever its devices), as
+    is any split on GPUs or across workers; a split in memory on a host's CPU devices by one per replica."""
 
+    strategy: tf.distribute.Strategy
+    split: TrainSplit
+    kind: str  # "rows", "blocks" or "pipelines"
+    pipelines: int  # input pipelines feeding the replicas (train.data.feeds.distribute)
 
-def make_feed(
-    strategy, split: TrainSplit, global_batch: int, seed: int, start_step: int, longest: int, device_prefetch: int = 1,
-    remainder: Remainder | None = None,
-) -> Feed:  # fmt: skip
-    """On one host's CPU devices, rows gathered by the step (in memory) or blocks of a call's batches (streamed):
-    the fast path of one fixed-shape feature as stored; a tf.data pipeline otherwise (GPUs, workers, and the
-    general path, where `preprocess` runs per example in tf.data).
+    @property
+    def whole_call(self) -> bool:
+        """Whether every input of a call is a tensor, the step gathering its batch from them: XLA can compile the
+        whole call (else only the replica step)."""
+        return self.kind != "pipelines"
 
-    `longest`: the most steps a call takes (what the CPU feeds plan ahead for); `device_prefetch`: DEVICE_PREFETCH;
-    `remainder`: see `train_dataset`.
-    """
-    if not gathers_in_step(strategy, general_path(split)):
+    def pass_batches(self, global_batch: int) -> int:
+        """Whole global batches in one pass over the split (`batches_per_pass`, for this many pipelines)."""
+        return batches_per_pass(self.split, global_batch, pipelines=self.pipelines)
+
+    def train_feed(
+        self,
+        global_batch: int,
+        seed: int,
+        start_step: int,
+        longest: int,
+        device_prefetch: int = 1,
+        remainder: Remainder | None = None,
+    ) -> Feed:
+        """The training feed from `start_step` on. `longest`: the most steps a call takes (what the CPU feeds plan
+        ahead for); `device_prefetch`: DEVICE_PREFETCH; `remainder`: see `train_dataset`."""
+        strategy, split, replicas = self.strategy, self.split, self.strategy.num_replicas_in_sync
+        if self.kind == "rows":
+            return RowsFeed(split, replicas, global_batch, seed, start_step, longest)
+        if self.kind == "blocks":
+            blocks = _blocks(_dataset_fn(self, global_batch, seed, start_step, remainder), replicas, longest)
+            return BlocksFeed(blocks, longest)
         return PipelineFeed(train_dataset(strategy, split, global_batch, seed, start_step, device_prefetch, remainder))
-    replicas = strategy.num_replicas_in_sync
-    if isinstance(split, Split):
-        return RowsFeed(split, replicas, global_batch, seed, start_step, longest)
-    blocks = _blocks(_dataset_fn(strategy, split, global_batch, seed, start_step, remainder), replicas, longest)
-    return BlocksFeed(blocks, longest)
+
+    def describe(self) -> str:
+        """How the batches reach the step, in a few words: what `fit` says as it starts."""
+        return _HOW[self.kind]
+
+
+def adapter(strategy: tf.distribute.Strategy, split: TrainSplit) -> Adapter:
+    """The one choice of how `split` (the training split) feeds the step on `strategy` (see `Adapter`)."""
+    streamed = isinstance(split, StreamedSplit)
+    records = isinstance(split, SerializedSplit) or (streamed and split.spec.records)
+    pipelined = _on_gpus(strategy) or isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    kind = "pipelines" if pipelined or records else "blocks" if streamed else "rows"
+    workers = strategy.num_replicas_in_sync // len(strategy.extended.worker_devices)
+    return Adapter(strategy, split, kind, workers if streamed or pipelined else strategy.num_replicas_in_sync)
 
 
 def eval_steps(split: TrainSplit, global_batch: int) -> int:
@@ -437,14 +446,16 @@ def eval_steps(split: TrainSplit, global_batch: int) -> int:
     return -(-len(split) // global_batch)
 
 
-def _share(rows, replica, replicas: int):
+def _share(rows: tf.Tensor, replica: int | tf.Tensor, replicas: int) -> tuple[tf.Tensor, tf.Tensor]:
     """[start, end) of a batch of `rows` rows that replica `replica` evaluates: the rows split as evenly as they
     go (a partial last batch leaves some replicas fewer rows, or none)."""
     rows = tf.cast(rows, tf.int64)
     return replica * rows // replicas, (replica + 1) * rows // replicas
 
 
-def eval_dataset(strategy, split: TrainSplit, global_batch: int):
+def eval_dataset(
+    strategy: tf.distribute.Strategy, split: TrainSplit, global_batch: int
+) -> tuple[tf.data.Dataset | tf.distribute.DistributedDataset, int]:
     """Every example of the split exactly once, in order, cut into `eval_steps` global batches, each split over
     every replica of every worker: so any number of replicas reports exactly what one device would, and every
     replica runs the same number of steps (no collective waits on a replica that ran out)."""
@@ -457,7 +468,7 @@ def eval_dataset(strategy, split: TrainSplit, global_batch: int):
         if isinstance(split, Split):
             features, labels = split.tensors
 
-            def rows(index):
+            def rows(index: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
                 base = index // local * global_batch
                 start, end = _share(
                     tf.minimum(tf.constant(global_batch, tf.int64), examples - base),
@@ -468,18 +479,20 @@ def eval_dataset(strategy, split: TrainSplit, global_batch: int):
 
             return _no_copy(tf.data.Dataset.range(steps * local).map(rows).prefetch(tf.data.AUTOTUNE))
 
-        def ours(features, labels):
-            def rows(replica):
+        def ours(features: Inputs, labels: tf.Tensor) -> tf.data.Dataset:
+            def rows(replica: tf.Tensor) -> tuple[Inputs, tf.Tensor]:
                 start, end = _share(tf.shape(labels, tf.int64)[0], replica, replicas)
                 return tf.nest.map_structure(lambda tensor: tensor[start:end], (features, labels))
 
             return tf.data.Dataset.range(first_replica, first_replica + local).map(rows)
 
-        if general_path(split):  # preprocess(training=False) on each example, in order
-            batches = _no_copy(split.ordered_records().map(
+        if split.spec.records:  # preprocess(training=False) on each example, in order
+            prepared = split.ordered_records().map(
                 lambda record, position: split.spec.examples.prepare(record, position, EVAL_PASS, training=False),
-                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
-            ).batch(global_batch))  # fmt: skip
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True,
+            )
+            batches = _no_copy(prepared.batch(global_batch))
         else:
             batches = split.read(shuffle_files=False).batch(global_batch)
         return batches.flat_map(ours).prefetch(tf.data.AUTOTUNE)

@@ -4,9 +4,16 @@ folder), read without TensorFlow, so that a bad file is refused before it loads.
 What the path holds is its survey (train.dataset_path: `stat` only, made when the settings were validated).
 `read_image` and `read_table` read each file once, as the survey's reader (train.dataset_path's READERS) reads
 it: its bytes, its kind told from its first bytes (an image) or its rows (a table), its sha256
-(an image's structure checked too, train.data.intact).
+(an image's structure checked too, `damage`).
 The fingerprint is the files' relative paths, sizes and sha256 (`fingerprint`): the data's identity, whatever the
 path is called on this host. Modification times only decide whether to read again (train.data.written).
+
+Whether an image file is whole (`damage`) is told from its structure without decoding it: a file cut short (a copy
+or download that stopped) would otherwise be found only when a batch reaches it, mid-training. JPEG: the end marker
+(FFD9) after the first scan; PNG: the IEND chunk; GIF: the trailer (0x3B); BMP: the size its header gives. Bytes
+after the end (padding, a camera's trailer, a motion photo's video) are allowed, as the decoders allow them. No PIL:
+a few byte searches from the file's end, so that checking costs next to nothing beside reading the file. An image's
+height and width (`image_size`) are read from its header, no decode, as well.
 """
 
 from __future__ import annotations
@@ -17,12 +24,19 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from train.data.data_settings import DataSettings
-from train.data.intact import damage
 from train.dataset_path import IMAGES, SHOWN, Entry, Survey, TableReader, number, reader_of
 from train.errors import SettingsError
 
 INT64 = (-(2**63), 2**63 - 1)  # a whole-number column beyond this range is float32
 MAX_INTEGER_CLASSES = 1000  # whole-number labels from 0 with at most this many values are classes
+JPEG_END = b"\xff\xd9"
+JPEG_SCAN = 0xDA
+PNG_END = b"IEND\xaeB`\x82"  # the IEND chunk's type and its CRC (its length, 0, before them)
+GIF_END = 0x3B
+PADDING = b"\x00\r\n "  # what writers leave after a GIF's trailer
+# JPEG's start-of-frame markers (baseline, progressive, lossless...): C4, C8 and CC are other segments
+_JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+TAIL = 64 << 10  # a GIF's trailer is looked for this far from the end, past padding
 
 
 @dataclass
@@ -164,11 +178,15 @@ def _typed(survey: Survey, name: str, every: list, is_label: bool, label_kind: s
         empty = [f"row {number} of {split}" for split, number, value in values if is_empty(value)]
         shown = ", ".join(empty[:SHOWN]) + (", ..." if len(empty) > SHOWN else "")
         rows = f"{empty[0]} is empty" if len(empty) == 1 else f"{len(empty)} rows are empty ({shown})"
-        raise SettingsError(f"DATASET={survey.root}: column {name!r} is the label but {rows}: fill the label in, or "
-                            "remove the row")  # fmt: skip
+        raise SettingsError(
+            f"DATASET={survey.root}: column {name!r} is the label but {rows}: fill the label in, or remove the row"
+        )
     # "3" is whole, "3.0" is not; a column with an empty cell is float32, to hold it as NaN
-    whole = numeric and len(present) == len(values) and all(isinstance(n, int) and INT64[0] <= n <= INT64[1]
-                                                            for n in numbers)  # fmt: skip
+    whole = (
+        numeric
+        and len(present) == len(values)
+        and all(isinstance(n, int) and INT64[0] <= n <= INT64[1] for n in numbers)
+    )
     dtype = "int64" if whole else "float32" if numeric else "string"
     if not is_label:
         return Column(name, dtype)
@@ -180,8 +198,10 @@ def _typed(survey: Survey, name: str, every: list, is_label: bool, label_kind: s
     guess_class = whole and min(integers) >= 0 and len(set(integers)) <= MAX_INTEGER_CLASSES
     if label_kind == "class" or (label_kind is None and guess_class):
         if not whole or min(integers) < 0:
-            raise SettingsError(f"LABEL_KIND=class but LABEL_KEY={name!r} holds values that are not whole numbers "
-                                "from 0: use LABEL_KIND=value")  # fmt: skip
+            raise SettingsError(
+                f"LABEL_KIND=class but LABEL_KEY={name!r} holds values that are not whole numbers "
+                "from 0: use LABEL_KIND=value"
+            )
         return Column(name, "int64", num_classes=max(integers) + 1)
     return Column(name, "float32")
 
@@ -194,3 +214,111 @@ def _value(column: Column, value):
     if column.dtype == "float32":
         return math.nan if is_empty(value) else float(number(value))
     return "" if value is None else str(value)
+
+
+def damage(data: bytes, kind: str) -> str | None:
+    """What is wrong with the image `data` of `kind` (jpeg, png, gif, bmp), in a few words; None where it is whole."""
+    return {"jpeg": _jpeg, "png": _png, "gif": _gif, "bmp": _bmp}[kind](data)
+
+
+def _jpeg(data: bytes) -> str | None:
+    """The segments are walked to the first scan (an EXIF thumbnail before it holds an end marker of its own); the
+    end marker must follow it. A scan's data cannot hold FF D9 (an FF in it is followed by 00 or a restart marker)."""
+    scan = _first_scan(data)
+    if scan is None:
+        return "cut short: it ends before its image data"
+    if data.rfind(JPEG_END, scan) < 0:
+        return "cut short: no JPEG end marker (FF D9)"
+    return None
+
+
+def _first_scan(data: bytes) -> int | None:
+    """Where the first scan's data begins, None where the file ends first."""
+    position = 2  # after SOI
+    while position + 4 <= len(data):
+        if data[position] != 0xFF:  # not where a marker should be: looked for, as a lenient decoder does
+            found = data.find(b"\xff\xda", position)
+            return None if found < 0 else found + 2
+        marker = data[position + 1]
+        if marker == 0xFF:  # fill bytes before a marker
+            position += 1
+        elif marker == 0xD8 or 0xD0 <= marker <= 0xD7 or marker == 0x01:  # markers without a length
+            position += 2
+        elif marker == 0xD9:  # the end before any scan
+            return None
+        else:
+            end = position + 2 + int.from_bytes(data[position + 2 : position + 4], "big")
+            if marker == JPEG_SCAN:
+                return end if end <= len(data) else None
+            position = end
+    return None
+
+
+def _png(data: bytes) -> str | None:
+    return None if data.rfind(PNG_END) >= 8 else "cut short: no PNG IEND chunk"
+
+
+def _gif(data: bytes) -> str | None:
+    end = len(data)
+    while end > max(6, len(data) - TAIL) and data[end - 1] in PADDING:
+        end -= 1
+    return None if end > 6 and data[end - 1] == GIF_END else "cut short: no GIF trailer (3B)"
+
+
+def _bmp(data: bytes) -> str | None:
+    """The file's size in its header (some writers leave 0 there: then the pixel array's own size), against the
+    bytes there are."""
+    if len(data) < 26:
+        return "cut short: its header is incomplete"
+    declared = int.from_bytes(data[2:6], "little")
+    if declared < 26:  # not given: the pixel array of an uncompressed bitmap (BI_RGB) after its offset
+        declared = _bmp_pixels_end(data)
+    if declared > len(data):
+        return f"cut short: {len(data):,} of its {declared:,} bytes"
+    return None
+
+
+def _bmp_pixels_end(data: bytes) -> int:
+    offset, header = int.from_bytes(data[10:14], "little"), int.from_bytes(data[14:18], "little")
+    if header < 40 or len(data) < 34:  # an OS/2 header, or too short to say: only the offset is known
+        return offset
+    width = abs(int.from_bytes(data[18:22], "little", signed=True))
+    height = abs(int.from_bytes(data[22:26], "little", signed=True))
+    bits, compression = int.from_bytes(data[28:30], "little"), int.from_bytes(data[30:34], "little")
+    if compression != 0:
+        return offset
+    return offset + (width * bits + 31) // 32 * 4 * height
+
+
+def image_size(data: bytes, kind: str) -> tuple[int, int] | None:
+    """(height, width) of a JPEG, PNG, GIF or BMP from its header; None where the header does not say."""
+    try:
+        if kind == "png" and data[12:16] == b"IHDR":
+            return int.from_bytes(data[20:24], "big"), int.from_bytes(data[16:20], "big")
+        if kind == "gif":  # the logical screen, what a decoded frame fills
+            return int.from_bytes(data[8:10], "little"), int.from_bytes(data[6:8], "little")
+        if kind == "bmp":  # a negative height: the rows stored top-down
+            height = int.from_bytes(data[22:26], "little", signed=True)
+            return abs(height), int.from_bytes(data[18:22], "little", signed=True)
+        if kind == "jpeg":
+            return _jpeg_size(data)
+    except (IndexError, ValueError):
+        return None
+    return None
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    at = 2  # after SOI
+    while at + 9 < len(data):
+        if data[at] != 0xFF:
+            return None
+        marker = data[at + 1]
+        if marker == 0xFF:  # a fill byte
+            at += 1
+            continue
+        if marker in _JPEG_FRAMES:
+            return int.from_bytes(data[at + 5 : at + 7], "big"), int.from_bytes(data[at + 7 : at + 9], "big")
+        if marker == 0xDA:  # start of scan before any frame: not a JPEG we can read
+            return None
+        at += 2 + int.from_bytes(data[at + 2 : at + 4], "big")
+    return None

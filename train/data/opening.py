@@ -13,7 +13,7 @@ import difflib
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +22,7 @@ import tensorflow as tf
 
 import train.data.written as written
 from train.data.data_settings import DataSettings
+from train.data.examples import Example, Inputs
 from train.data.written import Identity, LeftOut
 from train.dataset_path import SHOWN, Survey, TableReader, data_dir, survey
 from train.datasets import registered
@@ -45,7 +46,7 @@ class Opened:
     notes: tuple[str, ...] = ()
     left_out: LeftOut = field(default_factory=dict)  # a folder's files not in the data (written.Written)
 
-    def columns(self, settings: DataSettings):
+    def columns(self, settings: DataSettings) -> Callable | None:
         """A table's (CSV, JSON Lines) `preprocess` where MODEL has none and FEATURE_KEY is unset: every column but
         the label, as a dict by name. None for other data. Raises SettingsError for a text column."""
         if self.identity.get("kind") != TableReader.kind or settings.feature_key:  # any table reader's rows
@@ -65,14 +66,16 @@ class Opened:
                 "drop the column"
             )
 
-        def columns(example, training, seed):  # the engine's own preprocess: the columns as stored
+        def columns(
+            example: Example, training: bool, seed: tf.Tensor
+        ) -> Inputs | tuple[Inputs, tf.Tensor]:  # the engine's own preprocess: the columns as stored
             inputs = {name: example[name] for name in names}
             return (inputs, example[label_key]) if label_key else inputs  # LABEL_KEY=none: the inputs alone
 
         return columns
 
 
-def open_source(settings: DataSettings, say) -> Opened:
+def open_source(settings: DataSettings, say: Callable[[str], None]) -> Opened:
     """DATASET's builder, prepared or written once. Raises SettingsError."""
     import tensorflow_datasets as tfds
 
@@ -97,7 +100,7 @@ def open_source(settings: DataSettings, say) -> Opened:
     return Opened(builder, identity, settings, (*notes, *split_note), left_out)
 
 
-def image_folder_root(builder, dataset: str) -> str:
+def image_folder_root(builder: tfds.core.DatasetBuilder, dataset: str) -> str:
     """The folder a tfds.ImageFolder (a fork's subclass, say) reads its images from: TFDS keeps its root_dir as the
     builder's data_dir (ImageFolder.__init__ sets `_data_dir = root_dir`; TFDS 4.9). Another builder that TFDS reads
     without prepared files (a TranslateFolder, say) is refused. Raises SettingsError."""
@@ -116,8 +119,13 @@ def tfds_identity(builder: tfds.core.DatasetBuilder) -> Identity:
     """A TFDS name's identity: name, config, version and each split's prepared shard lengths."""
     config = getattr(builder, "builder_config", None)
     shards = {name: [int(n) for n in split.shard_lengths] for name, split in builder.info.splits.items()}
-    return {"kind": "tfds", "name": builder.name, "config": config.name if config else None,
-            "version": str(builder.version), "shard_lengths": shards}  # fmt: skip
+    return {
+        "kind": "tfds",
+        "name": builder.name,
+        "config": config.name if config else None,
+        "version": str(builder.version),
+        "shard_lengths": shards,
+    }
 
 
 def data_identity_text(identity: Identity) -> str:
@@ -127,7 +135,7 @@ def data_identity_text(identity: Identity) -> str:
     return json.dumps({key: identity[key] for key in sorted(identity) if key != "kind"}, separators=(",", ":"))
 
 
-def one_split(settings: DataSettings, builder) -> tuple[DataSettings, tuple[str, ...]]:
+def one_split(settings: DataSettings, builder: tfds.core.DatasetBuilder) -> tuple[DataSettings, tuple[str, ...]]:
     """A dataset with one split, train, and TRAIN_SPLIT/EVAL_SPLIT at their defaults: 90% to train on, 10% to
     evaluate on."""
     if list(builder.info.splits.keys()) != ["train"] or (settings.train_split, settings.eval_split) != (
@@ -135,13 +143,16 @@ def one_split(settings: DataSettings, builder) -> tuple[DataSettings, tuple[str,
         "test",
     ):
         return settings, ()
-    note = (f"DATASET={settings.dataset} has one split, train: training on {ONE_SPLIT[0]}, evaluating on "
-            f"{ONE_SPLIT[1]} (TRAIN_SPLIT and EVAL_SPLIT choose others)")  # fmt: skip
+    note = (
+        f"DATASET={settings.dataset} has one split, train: training on {ONE_SPLIT[0]}, evaluating on "
+        f"{ONE_SPLIT[1]} (TRAIN_SPLIT and EVAL_SPLIT choose others)"
+    )
     return settings.replace(train_split=ONE_SPLIT[0], eval_split=ONE_SPLIT[1]), (note,)
 
 
-def check_same_data(settings: DataSettings, recorded: Identity | None, identity: Identity,
-                    doing: str = "trained", trained: bool = True) -> str | None:  # fmt: skip
+def check_same_data(
+    settings: DataSettings, recorded: Identity | None, identity: Identity, doing: str = "trained", trained: bool = True
+) -> str | None:
     """A run directory trained on other data (another DATASET, or its files changed) is refused in one line: nothing
     is `doing` (trained, evaluated, predicted) on it. `recorded`: run.json's "data" (None for a new run). A fit of a
     run that trained no step yet (`trained` False: stopped by a file that did not decode, say) takes the data as it
@@ -150,8 +161,10 @@ def check_same_data(settings: DataSettings, recorded: Identity | None, identity:
         return None
     where = f"OUTPUT_DIR={settings.output_dir}"
     if not trained and doing == "trained":
-        return (f"DATASET={settings.dataset!r} is not the data {where} was first started on, but no step was trained "
-                "on that: this run trains on the data as it is now")  # fmt: skip
+        return (
+            f"DATASET={settings.dataset!r} is not the data {where} was first started on, but no step was trained "
+            "on that: this run trains on the data as it is now"
+        )
     if _source(recorded) is not None and _source(recorded) == _source(identity):  # the same folder or file, changed
         changes = _changes(settings.tfds_data_dir, recorded, identity)
         raise SettingsError(
@@ -160,8 +173,11 @@ def check_same_data(settings: DataSettings, recorded: Identity | None, identity:
             "or put the files back"
         )
     keys = ("name", "config", "version", "shard_lengths", "files")
-    differs = [f"{key} {_short(recorded.get(key))} now {_short(identity.get(key))}" for key in keys
-               if recorded.get(key) != identity.get(key)]  # fmt: skip
+    differs = [
+        f"{key} {_short(recorded.get(key))} now {_short(identity.get(key))}"
+        for key in keys
+        if recorded.get(key) != identity.get(key)
+    ]
     what = "; ".join(differs[:2]) or "its fingerprint differs"
     if differs and differs[0].startswith("shard_lengths"):
         what += ": it was prepared anew"
@@ -182,8 +198,8 @@ def _source(identity: Identity) -> tuple[str, str] | None:
 def _short(value: object) -> str:
     """A value of the identity as a refusal shows it: shard lengths as each split's files and examples."""
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{split}: {len(lengths)} files, {sum(lengths)} examples"
-                               for split, lengths in value.items()) + "}"  # fmt: skip
+        shown = (f"{split}: {len(lengths)} files, {sum(lengths)} examples" for split, lengths in value.items())
+        return "{" + ", ".join(shown) + "}"
     return repr(value)
 
 
@@ -194,9 +210,7 @@ def _changes(tfds_data_dir: Path | None, recorded: Identity, identity: Identity)
     if identity.get("kind") == "tfds folder":  # read in place: no list of its files was kept
         return fallback
     try:  # a tfds.ImageFolder's copy is named by "written"; a path's by "name"
-        before, now = ({path: tuple(value) for path, value in json.loads((root / each.get("written", each["name"])
-            / written.VERSION / written.SOURCE).read_text(encoding="utf-8"))["files"].items()}
-            for each in (recorded, identity))  # fmt: skip
+        before, now = (_listed(root / each.get("written", each["name"])) for each in (recorded, identity))
     except (OSError, ValueError, KeyError, TypeError):
         return fallback
     changes = [f"added {p}" for p in sorted(set(now) - set(before))]
@@ -208,7 +222,13 @@ def _changes(tfds_data_dir: Path | None, recorded: Identity, identity: Identity)
     return f"{len(changes)} file(s) changed ({shown})"
 
 
-def open_builder(dataset: str, tfds_data_dir: Path | None):
+def _listed(folder: Path) -> dict[str, tuple[int, str]]:
+    """A written dataset's source files, each with its (size, sha256), from its source.json."""
+    listed = json.loads((folder / written.VERSION / written.SOURCE).read_text(encoding="utf-8"))["files"]
+    return {path: tuple(value) for path, value in listed.items()}
+
+
+def open_builder(dataset: str, tfds_data_dir: Path | None) -> tfds.core.DatasetBuilder:
     """The TFDS builder of DATASET: the template's own datasets and the fork's (`project.datasets`) registered."""
     tfds = registered()
     tfds.display_progress_bar(sys.stderr.isatty())  # a log that is not a terminal gets no bars' escape codes ("[A")
@@ -291,7 +311,7 @@ def _downloads_checked_first() -> Iterator[None]:
             setattr(manager, name, original)
 
 
-def prepare(builder, dataset: str) -> None:
+def prepare(builder: tfds.core.DatasetBuilder, dataset: str) -> None:
     """Make sure the data is on disk: generated locally, or downloaded once if it must be.
 
     Under TFDS_DATA_DIR's lock (written.locked), where a killed preparation's `incomplete.*` folders are removed
@@ -310,7 +330,7 @@ def prepare(builder, dataset: str) -> None:
         _prepare(builder, dataset, root)
 
 
-def _prepare(builder, dataset: str, root: Path) -> None:
+def _prepare(builder: tfds.core.DatasetBuilder, dataset: str, root: Path) -> None:
     # The dataset's own folder and the downloads, where TFDS makes folders (dataset/version/.tmp,
     # downloads/dataset/file.tmp.ID) before it knows that the download fails.
     roots = (root / Path(str(builder.data_dir)).relative_to(root).parts[0], root / "downloads")

@@ -7,16 +7,30 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
 
 from train.data.data_settings import DataSettings
-from train.data.examples import BYTES_SUFFIX, Example, Examples, InputSpec, named, no_label, probe, random_record
-from train.data.shapes import PINNED_EXAMPLES
+from train.data.examples import (
+    BYTES_SUFFIX,
+    PINNED_EXAMPLES,
+    Example,
+    Examples,
+    InputSpec,
+    named,
+    no_label,
+    probe,
+    random_record,
+)
 from train.errors import SettingsError, first_line
 from train.model_file import RESNET_EXAMPLE
+
+if TYPE_CHECKING:
+    import tensorflow_datasets as tfds
 
 
 @dataclass(frozen=True)
@@ -61,6 +75,24 @@ class DatasetSpec:
         return self.examples is not None
 
     @property
+    def as_stored(self) -> bool:
+        """Whether the model gets the stored feature through the engine's own Input (an image scaled to [0, 1] in
+        front of it, `scale`), not what `preprocess` or a dict of columns makes of a stored record."""
+        return self.examples is None
+
+    @property
+    def runs_preprocess(self) -> bool:
+        """Whether MODEL's `preprocess` makes the model's inputs: it runs in tf.data and in the export's default
+        signature, with the layers and tables it uses."""
+        return self.examples is not None and self.examples.preprocess is not None
+
+    @property
+    def scale(self) -> float | None:
+        """What the engine multiplies the stored feature by in front of the model: 1/255 for a uint8 image (to
+        [0, 1]), None for the rest (passed as stored, or made by `preprocess`)."""
+        return 1.0 / 255 if self.is_image else None
+
+    @property
     def input_shape(self) -> tuple[int, ...] | dict[str, tuple[int, ...]]:
         """`build_model`'s `input_shape`: a tuple, or a dict of Input name to tuple."""
         if self.inputs is None:
@@ -101,7 +133,7 @@ class DatasetSpec:
         }
 
 
-def _split_examples(builder, setting: str, split: str) -> int | None:
+def _split_examples(builder: tfds.core.DatasetBuilder, setting: str, split: str) -> int | None:
     """The number of examples of the split (TFDS split syntax, like train[:90%]), None where the dataset's
     info does not list its splits (tfds.testing.mock_data). Raises SettingsError."""
     known = list(builder.info.splits.keys())
@@ -121,7 +153,7 @@ def _split_examples(builder, setting: str, split: str) -> int | None:
     return examples
 
 
-def _count(builder, split: str) -> int:
+def _count(builder: tfds.core.DatasetBuilder, split: str) -> int:
     try:
         return int(builder.as_dataset(split=split).reduce(np.int64(0), lambda count, _: count + 1))
     # KeyError: the prepared dataset_info.json that lists the splits is gone
@@ -129,14 +161,21 @@ def _count(builder, split: str) -> int:
         raise damaged(builder, error) from None
 
 
-def _feature_keys(builder, settings: DataSettings, preprocessed: bool = False) -> tuple[str, str | None]:
-    """(FEATURE_KEY, LABEL_KEY), given or from the dataset's supervised keys. `preprocessed`: MODEL's preprocess
-    makes the inputs from whatever features it reads, so a default FEATURE_KEY need not name one."""
+def default_keys(builder: tfds.core.DatasetBuilder) -> tuple[str, str]:
+    """The (feature, label) keys where FEATURE_KEY and LABEL_KEY are unset: the dataset's supervised keys where it
+    names two, else ("image", "label"). What `inspect`, run.json's "features" and MODEL's `adapt` all read."""
     supervised = builder.info.supervised_keys
     if supervised and isinstance(supervised[0], str) and isinstance(supervised[1], str):
-        default_feature, default_label = supervised
-    else:
-        default_feature, default_label = "image", "label"
+        return supervised[0], supervised[1]
+    return "image", "label"
+
+
+def _feature_keys(
+    builder: tfds.core.DatasetBuilder, settings: DataSettings, preprocessed: bool = False
+) -> tuple[str, str | None]:
+    """(FEATURE_KEY, LABEL_KEY), given or from the dataset's supervised keys. `preprocessed`: MODEL's preprocess
+    makes the inputs from whatever features it reads, so a default FEATURE_KEY need not name one."""
+    default_feature, default_label = default_keys(builder)
     feature_key = settings.feature_key or default_feature
     label_key = (settings.label_key or default_label) if settings.labeled else None
     features = builder.info.features
@@ -151,7 +190,9 @@ def _feature_keys(builder, settings: DataSettings, preprocessed: bool = False) -
     return feature_key, label_key
 
 
-def _fixed_tensor(feature, setting: str, key: str, dataset: str) -> tuple[tuple[int, ...], str]:
+def _fixed_tensor(
+    feature: tfds.features.FeatureConnector, setting: str, key: str, dataset: str
+) -> tuple[tuple[int, ...], str]:
     """A feature's shape and stored dtype, where it is one fixed-shape numeric tensor. Raises SettingsError."""
     shape, dtype = getattr(feature, "shape", None), getattr(feature, "np_dtype", None)
     if not isinstance(shape, tuple) or dtype is None:
@@ -173,7 +214,9 @@ def _fixed_tensor(feature, setting: str, key: str, dataset: str) -> tuple[tuple[
     return tuple(int(dim) for dim in shape), dtype.name
 
 
-def _label(builder, dataset: str, label_key: str | None) -> tuple[tuple[int, ...], str, int | None]:
+def _label(
+    builder: tfds.core.DatasetBuilder, dataset: str, label_key: str | None
+) -> tuple[tuple[int, ...], str, int | None]:
     """The label's stored shape, dtype and `num_classes` (no_label's, for LABEL_KEY=none). Raises SettingsError."""
     import tensorflow_datasets as tfds
 
@@ -194,7 +237,11 @@ def _label(builder, dataset: str, label_key: str | None) -> tuple[tuple[int, ...
 
 
 def _general_path(
-    builder, settings: DataSettings, feature_key: str, label_key: str | None, preprocess
+    builder: tfds.core.DatasetBuilder,
+    settings: DataSettings,
+    feature_key: str,
+    label_key: str | None,
+    preprocess: Callable | None,
 ) -> Examples | None:
     """The general path's Examples where MODEL defines `preprocess` or FEATURE_KEY is a dict of columns."""
     import tensorflow_datasets as tfds
@@ -208,12 +255,14 @@ def _general_path(
     if preprocess is not None:
         clashes = [key + BYTES_SUFFIX for key in builder.info.features if key + BYTES_SUFFIX in builder.info.features]
         if clashes:
-            raise SettingsError(f"DATASET={settings.dataset!r} has a feature {clashes[0]!r}, the name under which "
-                                "preprocess gets an image's stored bytes: rename it in your builder")  # fmt: skip
+            raise SettingsError(
+                f"DATASET={settings.dataset!r} has a feature {clashes[0]!r}, the name under which "
+                "preprocess gets an image's stored bytes: rename it in your builder"
+            )
     return Examples(builder.info.features, feature_key, label_key, preprocess, settings.model, settings.seed)
 
 
-def _first_records(builder, split: str) -> list[bytes]:
+def _first_records(builder: tfds.core.DatasetBuilder, split: str) -> list[bytes]:
     """The split's first PINNED_EXAMPLES stored records where it is prepared as TFRecord files, in order, else a
     random one of its features."""
     import tensorflow_datasets as tfds
@@ -231,7 +280,7 @@ def _first_records(builder, split: str) -> list[bytes]:
     return [random_record(builder.info.features, np.random.default_rng(0))]
 
 
-def _record_bytes(builder, split: str) -> int:
+def _record_bytes(builder: tfds.core.DatasetBuilder, split: str) -> int:
     """A stored record's bytes on average, from the dataset's info (the split's bytes over its examples)."""
     info = builder.info.splits.get(re.split(r"[\[+]", split)[0]) if builder.info.splits else None
     if info is None or not info.num_examples:
@@ -239,7 +288,9 @@ def _record_bytes(builder, split: str) -> int:
     return max(1, int(info.num_bytes) // int(info.num_examples))
 
 
-def inspect(builder, settings: DataSettings, count: bool = True, preprocess=None) -> DatasetSpec:
+def inspect(
+    builder: tfds.core.DatasetBuilder, settings: DataSettings, count: bool = True, preprocess: Callable | None = None
+) -> DatasetSpec:
     """The spec of TRAIN_SPLIT and EVAL_SPLIT: keys, shapes, dtypes, label kind, counts, and with MODEL's
     `preprocess` (or a dict of columns) what the model gets, found by running it on one example. Raises
     SettingsError.
@@ -284,15 +335,14 @@ def inspect(builder, settings: DataSettings, count: bool = True, preprocess=None
     )
 
 
-def features_record(builder, settings: DataSettings) -> dict[str, object]:
+def features_record(builder: tfds.core.DatasetBuilder, settings: DataSettings) -> dict[str, object]:
     """What `predict` on files needs of the data, recorded in run.json (its "features") so that it needs neither the
     source nor its written copy: which stored features are images (an image file is read as one), whether the label
     is one class or value (else a multi-hot vector), and a class label's names."""
     import tensorflow_datasets as tfds
 
     features = builder.info.features
-    supervised = builder.info.supervised_keys
-    label_key = settings.label_key or (supervised[1] if supervised else "label")
+    label_key = settings.label_key or default_keys(builder)[1]
     label = features[label_key] if label_key in features else None  # noqa: SIM401 (a FeaturesDict has no .get)
     is_class = isinstance(label, tfds.features.ClassLabel)
     return {
@@ -302,7 +352,7 @@ def features_record(builder, settings: DataSettings) -> dict[str, object]:
     }
 
 
-def damaged(builder, error: BaseException) -> SettingsError:
+def damaged(builder: tfds.core.DatasetBuilder, error: BaseException) -> SettingsError:
     return SettingsError(
         f"DATASET={builder.info.full_name} in {builder.data_dir} cannot be read ({first_line(error, 160)}): "
         "the prepared files are incomplete or damaged; delete that directory and run again to prepare it anew"

@@ -7,9 +7,11 @@ reads them. The writing goes to a temporary folder renamed into place (`<name>/1
 fingerprint, LABEL_KEY and LABEL_KIND), under a lock for the processes sharing TFDS_DATA_DIR; a later start
 whose files have the same sizes and mtimes reuses it from an index, reading nothing.
 
-Each image's structure is checked as it is read (train.data.intact): broken files are named and refused, or left out
-(BAD_FILES), before anything trains. A SIGTERM or Ctrl-C that fit hears stops the writing between two files, and
-the temporary folder is removed: nothing half-written, and the next start writes again.
+Each image's structure is checked as it is read (local.damage): broken files are named and refused, or left out
+(BAD_FILES), before anything trains. A folder whose images all share one size (local.image_size, from the headers)
+is written with that fixed shape, as Keras's image_dataset_from_directory gives images of one size. A
+SIGTERM or Ctrl-C that fit hears stops the writing between two files, and the temporary folder is removed: nothing
+half-written, and the next start writes again.
 """
 
 from __future__ import annotations
@@ -22,22 +24,24 @@ import math
 import os
 import re
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
 import train.data.local as local
 from train import dataset_path
 from train.data.data_settings import DataSettings
-from train.data.image_size import image_size
 from train.errors import SettingsError, Stopped
+from train.progress import Counter
 from train.signals import stop_heard
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
 
 VERSION = "1.0.0"
 SHARD_BYTES = 64 << 20  # a TFRecord file's bytes, about: several files let workers stream disjoint shares
@@ -46,9 +50,9 @@ LOCK = ".train-local.lock"  # in TFDS_DATA_DIR: one writer at a time
 WRITING = ".train-writing-"  # in TFDS_DATA_DIR: a folder being written (a leftover, once the lock is free)
 INDEX = ".train-sources"  # in TFDS_DATA_DIR: path + stat listing -> dataset written from them
 SOURCE = "source.json"  # in the written dataset: its fingerprint and files, for a refusal to name what changed
-PROGRESS_SECONDS = 5.0  # lines while writing, off a terminal
 # a reader's records written into the temporary folder: (features, each split's (shard lengths, bytes), supervised)
-Records = Callable[[Path, "local.Read", ModuleType], tuple[object, dict[str, tuple[list[int], int]], tuple | None]]
+Made = tuple["tfds.features.FeaturesDict", dict[str, tuple[list[int], int]], tuple[str, str] | None]
+Records = Callable[[Path, "local.Read"], Made]
 NAMED = 10  # broken files named in a refusal, and left out files in summary.json's "left_out"
 LOCK_POLL_SECONDS = 0.2  # how often a process waiting for the lock looks whether it was told to stop
 
@@ -177,11 +181,9 @@ def prepare_path(settings: DataSettings, survey: dataset_path.Survey, say: Calla
         return _prepared_folder(settings, survey)
     label_key = settings.label_key or "label"
     if isinstance(survey.reader, dataset_path.TableReader):
-        return _written(
-            settings, survey, lambda temp, read, tf: _write_table(settings, survey, temp, read, label_key, tf)
-        )
+        return _written(settings, survey, lambda temp, read: _write_table(settings, survey, temp, read, label_key))
     _check_classes(settings, survey)
-    return _written(settings, survey, lambda temp, read, tf: _write_images(settings, survey, temp, read, say, tf))
+    return _written(settings, survey, lambda temp, read: _write_images(settings, survey, temp, read, say))
 
 
 def _written(settings: DataSettings, survey: dataset_path.Survey, records: Records) -> Written:
@@ -216,7 +218,7 @@ def _written(settings: DataSettings, survey: dataset_path.Survey, records: Recor
         return written
 
 
-def _check_classes(settings, survey: dataset_path.Survey) -> None:
+def _check_classes(settings: DataSettings, survey: dataset_path.Survey) -> None:
     """A folder of images with one class folder cannot train a classifier (it would learn the one answer, with loss
     0): refused before anything is written, unless LABEL_KEY=none (the images without labels). Raises
     SettingsError."""
@@ -229,7 +231,7 @@ def _check_classes(settings, survey: dataset_path.Survey) -> None:
     )
 
 
-def _check_broken(settings, broken: list[tuple[str, str]]) -> None:
+def _check_broken(settings: DataSettings, broken: list[tuple[str, str]]) -> None:
     """Broken image files (cut short, or named as images but not ones) with BAD_FILES=refuse: every one counted, the
     first NAMED named. Raises SettingsError."""
     if not broken or settings.bad_files == "skip":
@@ -242,7 +244,7 @@ def _check_broken(settings, broken: list[tuple[str, str]]) -> None:
     )
 
 
-def _prepared_folder(settings, survey: dataset_path.Survey) -> Written:
+def _prepared_folder(settings: DataSettings, survey: dataset_path.Survey) -> Written:
     """A prepared TFDS folder, read in place: its identity covers dataset_info.json and the prepared files (hashed
     once for the same sizes and mtimes, then kept in TFDS_DATA_DIR's index where it is writable)."""
     index = _index_path(dataset_path.data_dir(settings.tfds_data_dir), survey, "", None)
@@ -258,8 +260,9 @@ def _prepared_folder(settings, survey: dataset_path.Survey) -> Written:
                 data = survey.file(entry).read_bytes()
                 read.files[entry.path] = (len(data), hashlib.sha256(data).hexdigest())
     except (OSError, ValueError) as error:
-        raise SettingsError(f"DATASET={settings.dataset!r}: its dataset_info.json or prepared files cannot be read "
-                            f"({error})") from None  # fmt: skip
+        raise SettingsError(
+            f"DATASET={settings.dataset!r}: its dataset_info.json or prepared files cannot be read ({error})"
+        ) from None
     identity = {"kind": "tfds folder", "fingerprint": read.fingerprint, "files": len(read.files), "name": name}
     with contextlib.suppress(OSError):  # a read-only TFDS_DATA_DIR: hashed again next time
         _write_index(index, {"listing": survey.listing, "identity": identity})
@@ -274,14 +277,13 @@ def _write_index(index: Path, record: dict[str, Any]) -> None:
     os.replace(temporary, index)
 
 
-def _write(settings, survey: dataset_path.Survey, temporary: Path, root: Path, label_key: str, records: Records
-           ) -> Written:  # fmt: skip
+def _write(
+    settings: DataSettings, survey: dataset_path.Survey, temporary: Path, root: Path, label_key: str, records: Records
+) -> Written:
     """Read every file once and write the records to `temporary`; then rename into `root/<name>/1.0.0`."""
-    import tensorflow as tf
-
     temporary.mkdir(parents=True)
     read = local.Read()
-    features, splits, supervised = records(temporary, read, tf)
+    features, splits, supervised = records(temporary, read)
     fingerprint = read.fingerprint
     name = _name(survey, fingerprint, label_key, settings.label_kind)
     identity = {"kind": survey.kind, "fingerprint": fingerprint, "files": len(read.files), "name": name}
@@ -304,11 +306,14 @@ def _left_out(skipped: list[str], broken: list[tuple[str, str]]) -> tuple[str, .
     notes = []
     if broken:
         named = "; ".join(f"{path} ({why})" for path, why in broken[: dataset_path.SHOWN])
-        notes.append(f"{len(broken)} broken image file(s) left out (BAD_FILES=skip): {named}"
-                     + ("; ..." if len(broken) > dataset_path.SHOWN else ""))  # fmt: skip
+        notes.append(
+            f"{len(broken)} broken image file(s) left out (BAD_FILES=skip): {named}"
+            + ("; ..." if len(broken) > dataset_path.SHOWN else "")
+        )
     if skipped:
-        notes.append(f"{len(skipped)} file(s) left out, not a JPEG, PNG, GIF or BMP: "
-                     f"{', '.join(skipped[: dataset_path.SHOWN])}")  # fmt: skip
+        notes.append(
+            f"{len(skipped)} file(s) left out, not a JPEG, PNG, GIF or BMP: {', '.join(skipped[: dataset_path.SHOWN])}"
+        )
     return tuple(notes)
 
 
@@ -320,51 +325,18 @@ def _missing(missing: dict[str, int]) -> tuple[str, ...]:
     return (f"Empty numeric cells, stored as missing (NaN): {counts}.",)
 
 
-class _Progress:
-    """Files written so far: a rich bar on a terminal, else a line every PROGRESS_SECONDS, with files/s."""
-
-    def __init__(self, what: str, total: int, say) -> None:
-        self.what, self.total, self.say, self.done, self.start = what, total, say, 0, time.monotonic()
-        self.images = 0  # of the files done, those written (the others: left out)
-        self.last, self.bar = self.start, None
-        if sys.stdout.isatty():
-            from rich.progress import Progress
-
-            self.bar = Progress(*Progress.get_default_columns(), "{task.fields[rate]}", transient=True)
-            self.task = self.bar.add_task(what, total=total, rate="")
-            self.bar.start()
-
-    def advance(self, image: bool) -> None:
-        self.done += 1
-        self.images += image
-        now = time.monotonic()
-        if self.bar is not None and (now - self.last > 0.1 or self.done == self.total):
-            rate = f"{self.done / max(now - self.start, 1e-9):,.0f} files/s"
-            self.bar.update(self.task, completed=self.done, rate=rate)
-            self.last = now
-        elif self.bar is None and now - self.last > PROGRESS_SECONDS:
-            self.say(f"{self.what}: {self.done:,}/{self.total:,} files, {self.done / (now - self.start):,.0f} files/s")
-            self.last = now
-
-    def close(self, finished: bool) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-        if not finished:  # refused or stopped: what it says is the line
-            return
-        seconds = time.monotonic() - self.start
-        left = self.done - self.images
-        self.say(f"{self.what}: {self.images:,} images in {seconds:.1f} s ({self.done / max(seconds, 1e-9):,.0f} "
-                 f"files/s){f', {left:,} file(s) left out' if left else ''}")  # fmt: skip
-
-
 def _order(count: int) -> np.ndarray:
     """The written order of a split's examples (sorted by path first): shuffled so that slices mix the classes."""
     return np.random.default_rng(ORDER_SEED).permutation(count)
 
 
-def _write_records(temporary: Path, split: str, items: list, total_bytes: int, make, tf) -> tuple[list[int], int]:
+def _write_records(
+    temporary: Path, split: str, items: list, total_bytes: int, make: Callable[..., bytes | None]
+) -> tuple[list[int], int]:
     """`make(item)` (a serialized example, or None to leave the item out) of each item, in order, into the split's
     TFRecord files of about SHARD_BYTES each; returns (examples per file, bytes written)."""
+    import tensorflow as tf
+
     shards = max(1, min(len(items), math.ceil(total_bytes / SHARD_BYTES)))
     lengths, written = [0] * shards, 0
     for shard in range(shards):
@@ -380,50 +352,63 @@ def _write_records(temporary: Path, split: str, items: list, total_bytes: int, m
     return lengths, written
 
 
-def _write_images(settings, survey: dataset_path.Survey, temporary: Path, read: local.Read, say, tf):
+def _write_images(
+    settings: DataSettings, survey: dataset_path.Survey, temporary: Path, read: local.Read, say: Callable[[str], None]
+) -> Made:
+    import tensorflow as tf
     import tensorflow_datasets as tfds
 
     index = {name: number for number, name in enumerate(survey.classes)}
     read.beside.extend(entry.path for entry in survey.entries if "/" not in entry.path)  # not in a class folder
     splits, counts, sizes = {}, {}, set()
-    progress = _Progress(f"Writing {survey.root}", sum(map(len, survey.splits.values())), say)
+    progress = Counter(f"Writing {survey.root}", sum(map(len, survey.splits.values())), say)
 
-    def make(item) -> bytes | None:
+    def make(item: tuple[dataset_path.Entry, str]) -> bytes | None:
         entry, label = item
         image = local.read_image(survey, entry, read)
-        progress.advance(image is not None)
+        progress.advance()
         if image is None or (read.broken and settings.bad_files == "refuse"):  # refused once read: not written
             return None
         counts[label] = counts.get(label, 0) + 1
-        sizes.add(image_size(*image))
-        return tf.train.Example(features=tf.train.Features(feature={
+        sizes.add(local.image_size(*image))
+        feature = {
             "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image[0]])),
             "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[index[label]])),
             "filename": tf.train.Feature(bytes_list=tf.train.BytesList(value=[entry.path.encode()])),
-        })).SerializeToString()  # fmt: skip
+        }
+        return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
     finished = False
     try:
         for split, entries in survey.splits.items():
             ordered = [entries[i] for i in _order(len(entries))]
             size = sum(entry.size for entry, _ in entries)
-            splits[split] = _write_records(temporary, split, ordered, size, make, tf)
+            splits[split] = _write_records(temporary, split, ordered, size, make)
         finished = not read.broken or settings.bad_files == "skip"  # else refused just below: no line of success
     finally:
-        progress.close(finished)
+        progress.close()
+    if finished:  # else refused or stopped: what it says is the line
+        images = sum(counts.values())  # every image read, once none is refused
+        left = f", {progress.done - images:,} file(s) left out" if progress.done > images else ""
+        seconds = time.monotonic() - progress.start
+        say(f"Writing {survey.root}: {images:,} images in {seconds:.1f} s ({progress.rate()}){left}")
     _check_broken(settings, sorted(read.broken))  # every file read: every broken one counted
     for split, (lengths, _) in splits.items():
         if not sum(lengths):
             raise SettingsError(f"DATASET={survey.root}: the split {split} holds no JPEG, PNG, GIF or BMP images")
     empty = [name for name in survey.classes if not counts.get(name)]
     if empty:
-        raise SettingsError(f"DATASET={survey.root}: the class folder {empty[0]} holds no JPEG, PNG, GIF or BMP "
-                            "image: put its images in it or remove it")  # fmt: skip
-    features = tfds.features.FeaturesDict({
-        "image": tfds.features.Image(shape=(*_one(sizes), 3)),
-        "label": tfds.features.ClassLabel(names=list(survey.classes)),
-        "filename": tfds.features.Text(),
-    })  # fmt: skip
+        raise SettingsError(
+            f"DATASET={survey.root}: the class folder {empty[0]} holds no JPEG, PNG, GIF or BMP "
+            "image: put its images in it or remove it"
+        )
+    features = tfds.features.FeaturesDict(
+        {
+            "image": tfds.features.Image(shape=(*_one(sizes), 3)),
+            "label": tfds.features.ClassLabel(names=list(survey.classes)),
+            "filename": tfds.features.Text(),
+        }
+    )
     return features, splits, ("image", "label")
 
 
@@ -432,7 +417,9 @@ def _one(sizes: set) -> tuple[int | None, int | None]:
     return next(iter(sizes)) if len(sizes) == 1 and None not in sizes else (None, None)
 
 
-def _write_table(settings, survey: dataset_path.Survey, temporary: Path, read: local.Read, label_key: str, tf):
+def _write_table(
+    settings: DataSettings, survey: dataset_path.Survey, temporary: Path, read: local.Read, label_key: str
+) -> Made:
     import tensorflow_datasets as tfds
 
     table = local.read_table(survey, label_key if settings.labeled else None, settings.label_kind, read)
@@ -441,8 +428,9 @@ def _write_table(settings, survey: dataset_path.Survey, temporary: Path, read: l
     for split, rows in table.rows.items():
         ordered = [rows[i] for i in _order(len(rows))]
         size = sum(entry.size for entry, _ in survey.splits[split])
-        splits[split] = _write_records(temporary, split, ordered, size,
-                                       lambda row: _table_example(table, row, tf).SerializeToString(), tf)  # fmt: skip
+        splits[split] = _write_records(
+            temporary, split, ordered, size, lambda row: _table_example(table, row).SerializeToString()
+        )
     features = {}
     for column in table.columns:
         if column.classes is not None:
@@ -456,7 +444,9 @@ def _write_table(settings, survey: dataset_path.Survey, temporary: Path, read: l
     return tfds.features.FeaturesDict(features), splits, None
 
 
-def _table_example(table: local.Table, row: dict, tf):
+def _table_example(table: local.Table, row: dict) -> tf.train.Example:
+    import tensorflow as tf
+
     feature = {}
     for column in table.columns:
         value = row[column.name]
@@ -469,7 +459,13 @@ def _table_example(table: local.Table, row: dict, tf):
     return tf.train.Example(features=tf.train.Features(feature=feature))
 
 
-def _finish(temporary: Path, name: str, features, splits: dict, supervised) -> None:
+def _finish(
+    temporary: Path,
+    name: str,
+    features: tfds.features.FeaturesDict,
+    splits: dict[str, tuple[list[int], int]],
+    supervised: tuple[str, str] | None,
+) -> None:
     """The shard files renamed as TFDS names them, and dataset_info.json and features.json beside them."""
     import tensorflow_datasets as tfds
     from tensorflow_datasets.core import dataset_info, naming
@@ -480,12 +476,15 @@ def _finish(temporary: Path, name: str, features, splits: dict, supervised) -> N
         for index in range(len(lengths)):
             part = temporary / f"{split}.part-{index:05d}-of-{len(lengths):05d}"
             part.rename(temporary / f"{name}-{split}.tfrecord-{index:05d}-of-{len(lengths):05d}")
-        template = naming.ShardedFileTemplate(data_dir=temporary, dataset_name=name, split=split,
-                                              filetype_suffix="tfrecord")  # fmt: skip
-        infos.append(splits_lib.SplitInfo(name=split, shard_lengths=lengths, num_bytes=num_bytes,
-                                          filename_template=template))  # fmt: skip
-    identity = dataset_info.DatasetIdentity(name=name, version=tfds.core.Version(VERSION), data_dir=str(temporary),
-                                            module_name="")  # fmt: skip
+        template = naming.ShardedFileTemplate(
+            data_dir=temporary, dataset_name=name, split=split, filetype_suffix="tfrecord"
+        )
+        infos.append(
+            splits_lib.SplitInfo(name=split, shard_lengths=lengths, num_bytes=num_bytes, filename_template=template)
+        )
+    identity = dataset_info.DatasetIdentity(
+        name=name, version=tfds.core.Version(VERSION), data_dir=str(temporary), module_name=""
+    )
     info = dataset_info.DatasetInfo(builder=identity, features=features, supervised_keys=supervised)
     info.set_file_format(tfds.core.FileFormat.TFRECORD)
     info.set_splits(splits_lib.SplitDict(infos))

@@ -5,7 +5,7 @@ and LOG_EVERY, CHECKPOINT_EVERY, STEPS_PER_EPOCH where they cut calls short), th
 on the same data are measured in examples per second (train.tools.contenders builds each from the engine's public
 parts; the benchmark never reaches inside the engine):
 
-  1  template           the template's own path: `make_calls` on `make_feed`, in the calls `fit` makes,
+  1  template           the template's own path: `make_calls` on `adapter`'s feed, in the calls `fit` makes,
                         XLA as `fit` decides (without what `fit` does between calls: logging, checkpoints, evaluation)
   1a accumulated        the same at the same micro-batch, each step accumulating ACCUMULATION of them (GLOBAL_BATCH_SIZE
                         with BATCH_SIZE): a global batch ACCUMULATION times larger, one optimizer update a step
@@ -402,7 +402,7 @@ def build_contenders(
 ) -> list:
     """Each contender named, made and warmed up (tracing and first calls, not counted), each model from the
     `experiment` (MODEL's file, loaded once). `streamed`: the same splits streamed (the data of 5 and 6), or None."""
-    from train.data.in_memory import Split
+    from train.data.source import Split
     from train.loop import longest_call
     from train.start import steps_per_epoch
     from train.tools import contenders as c

@@ -17,7 +17,7 @@ from typing import Any
 import tensorflow as tf
 
 from train.data import load_data
-from train.data.feeds import gathers_in_step, make_feed
+from train.data.feeds import adapter
 from train.devices.backend import TensorFlowDevices
 from train.devices.runtime import choose_xla, setup_runtime
 from train.errors import SettingsError, first_line
@@ -48,7 +48,8 @@ class _Trials:
 
     def _seconds(self, per_replica_batch: int, xla: bool) -> float:
         global_batch = self.runtime.with_batch(per_replica_batch).global_batch
-        feed = make_feed(self.runtime.strategy, self.data.train, global_batch, self.settings.seed, 0, self.steps)
+        feeding = adapter(self.runtime.strategy, self.data.train)
+        feed = feeding.train_feed(global_batch, self.settings.seed, 0, self.steps)
         calls = make_calls(self.built, self.runtime.strategy, feed, global_batch, xla)  # traced per shape
         calls(self.steps)  # warm-up: traces (and compiles) the graph for this shape
         for gpu in self.gpus:
@@ -100,7 +101,7 @@ def check(
         say(note)
     context = run_context(settings, runtime, data, steps_per_epoch(settings, data, runtime))
     built = build(settings, experiment, data.spec, runtime.strategy, context)
-    whole_call = gathers_in_step(runtime.strategy, data.spec.records)
+    whole_call = adapter(runtime.strategy, data.train).whole_call
     jit, why = choose_xla(settings.jit_compile, runtime, whole_call, built.convolutional, built.layer_without_xla())
     try:  # where XLA can compile the step, both are timed
         choose_xla("true", runtime, whole_call, built.convolutional, built.layer_without_xla())

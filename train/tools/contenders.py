@@ -1,7 +1,7 @@
 """The ways of training that `bench` measures against each other, each built from the engine's public parts.
 
 A contender trains a fresh copy of the same model (`train.model.build`) on the same data and measures how many
-examples a second it takes. The template's own contender is what `fit` runs: its feed (`make_feed`), its
+examples a second it takes. The template's own contender is what `fit` runs: its feed (`adapter`), its
 training calls (`make_calls`) in the lengths `fit` cuts them (`call_steps`), XLA as `fit` decides it. The
 ceilings feed the same training calls batches that cost nothing to make (through the engine's `Feed` seam), so
 the gap to them is what the input costs; Keras `model.fit` trains the same model as Keras would.
@@ -21,9 +21,8 @@ import numpy as np
 import tensorflow as tf
 
 from train.context import Context
-from train.data.feeds import BlocksFeed, PipelineFeed, distribute, gathers_in_step, make_feed
-from train.data.in_memory import Split
-from train.data.source import Data
+from train.data.feeds import BlocksFeed, PipelineFeed, adapter, distribute
+from train.data.source import Data, Split
 from train.devices.runtime import Runtime, choose_xla
 from train.errors import TrainingError, first_line
 from train.loop import call_steps, longest_call
@@ -49,9 +48,9 @@ class Contender:
     crashed: list[str] = field(default_factory=list)
 
 
-def template_xla(settings: Settings, runtime: Runtime, built) -> tuple[bool, str]:
+def template_xla(settings: Settings, runtime: Runtime, built, data: Data) -> tuple[bool, str]:
     """XLA as `fit` decides it for this model on these devices."""
-    whole_call = gathers_in_step(runtime.strategy, built.spec.records)
+    whole_call = adapter(runtime.strategy, data.train).whole_call
     return choose_xla(settings.jit_compile, runtime, whole_call, built.convolutional, built.layer_without_xla())
 
 
@@ -63,18 +62,13 @@ def loop_contender(
     longest)` gives another feed than the template's own (a ceiling)."""
     per_epoch, global_batch = steps_per_epoch(settings, data, runtime), runtime.global_batch
     built = build(settings, experiment, data.spec, runtime.strategy, run_context(settings, runtime, data, per_epoch))
-    jit, _ = template_xla(settings, runtime, built)
+    jit, _ = template_xla(settings, runtime, built, data)
     cadence = settings
     longest = longest_call(cadence, per_epoch)
-    feed = (
-        feed_for
-        or (
-            lambda: make_feed(
-                runtime.strategy, data.train, global_batch, settings.seed, 0, longest, settings.device_prefetch
-            )
-        )
-    )()
-    jit = jit and (feed.compilable or not gathers_in_step(runtime.strategy, data.spec.records))
+    feeding = adapter(runtime.strategy, data.train)
+    feed = (feed_for or (lambda: feeding.train_feed(global_batch, settings.seed, 0, longest,
+                                                    settings.device_prefetch)))()  # fmt: skip
+    jit = jit and (feed.compilable or not feeding.whole_call)
     calls = make_calls(built, runtime.strategy, feed, global_batch, jit, runtime.accumulation)
     step = 0  # goes on from one measurement to the next, as a run's step does
 
@@ -398,9 +392,8 @@ def input_contender(name: str, settings: Settings, runtime: Runtime, data: Data,
     if tuned:
         feed = tuned_tfdata_feed(runtime, data, settings.seed)
     else:
-        feed = make_feed(
-            runtime.strategy, data.train, global_batch, settings.seed, 0, longest, settings.device_prefetch
-        )
+        feeding = adapter(runtime.strategy, data.train)
+        feed = feeding.train_feed(global_batch, settings.seed, 0, longest, settings.device_prefetch)
 
     def measure(seconds: float) -> tuple[int, float]:
         examples, started = 0, time.perf_counter()
