@@ -117,10 +117,8 @@ def data_dir(flag: Path | None) -> Path:
     the flag, the environment, .env, project/defaults.env; an empty value is unset; TFDS's own default last."""
     defaults = project_defaults_path()
     layers = [os.environ, read_dotenv(Path(".env")), read_dotenv(defaults) if defaults else {}]
-    for value in [str(flag) if flag else "", *(layer.get("TFDS_DATA_DIR", "") for layer in layers)]:
-        if value.strip():
-            return Path(value.strip()).expanduser()
-    return Path(DEFAULT_DATA_DIR).expanduser()
+    given = [str(flag) if flag else "", *(layer.get("TFDS_DATA_DIR", "") for layer in layers)]
+    return Path(next((value.strip() for value in given if value.strip()), DEFAULT_DATA_DIR)).expanduser()
 
 
 def load_settings(
@@ -215,8 +213,15 @@ def _add_run_layer(
 ) -> None:
     """A run's settings.json: below the flags and the environment, above the files, never with this machine's
     settings (MACHINE: its devices and strategy are this host's, as a run trained on 2 workers is evaluated on one).
-    `defining` (fit's): only what defines the run, and a damaged file left to fit's preflight to refuse."""
-    layer = {name: value for name, value in run_layer(path, None if defining else warn).items() if name not in MACHINE}
+    `defining` (fit's): only what defines the run, and a damaged file left to fit's preflight to refuse; else a
+    damaged one is said (as fit says it) and left out."""
+    settings, problem = read_run_settings(path)
+    if problem and warn and not defining:
+        warn(
+            f"{path} {problem}: the run's settings are not known; evaluating with the flags, the environment, "
+            ".env and the defaults alone"
+        )
+    layer = {name: value for name, value in settings.items() if name not in MACHINE}
     if defining:
         layer = {
             name: value for name, value in layer.items() if name in RUN_LAYER_OF_FIT or name.startswith(hparams.PREFIX)
@@ -370,17 +375,6 @@ def check_same_phase_settings(output_dir: Path, settings: Settings) -> None:
             f"{'; '.join(changed)}: OUTPUT_DIR={output_dir} was trained with other phases, and they define the run. "
             "Set them back to the run's, or use another OUTPUT_DIR"
         )
-
-
-def run_layer(path: Path, warn: Callable[[str], None] | None) -> dict[str, str]:
-    """A run's settings.json as a layer; a damaged one is said (as fit says it) and left out."""
-    settings, problem = read_run_settings(path)
-    if problem and warn:
-        warn(
-            f"{path} {problem}: the run's settings are not known; evaluating with the flags, the environment, "
-            ".env and the defaults alone"
-        )
-    return settings
 
 
 # What a step and its data are: changing one of these between a run's starts changes what resuming continues.
