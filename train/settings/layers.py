@@ -257,14 +257,13 @@ def _overridden_by_run(layers: list[Mapping[str, str]], places: list[str]) -> li
 
 
 def _batch_sizes(
-    values: dict[str, object], layers: Iterable[Mapping[str, str]], places: Iterable[str]
+    values: dict[str, object], layers: list[Mapping[str, str]], places: list[str]
 ) -> tuple[tuple[str, str], ...]:
     """BATCH_SIZE and GLOBAL_BATCH_SIZE, each from the highest layer that sets it (they may come from different
     ones: a fork's project/defaults.env BATCH_SIZE, what fits its GPU, under a flag's GLOBAL_BATCH_SIZE, what the
     recipe needs). Both: BATCH_SIZE is the most one replica takes at once, a step in micro-batches (train.batches).
     GLOBAL_BATCH_SIZE alone: `batch_size` is None (the global batch divided by the replicas). Returns
     where each that is set came from, ((name, place), ...)."""
-    layers, places = list(layers), list(places)
     found = []
     for name in ("BATCH_SIZE", "GLOBAL_BATCH_SIZE"):  # an empty value (`GLOBAL_BATCH_SIZE=`) sets nothing
         setting = (
@@ -341,27 +340,23 @@ def read_run_settings(path: Path) -> tuple[dict[str, str], str | None]:
     return settings, None
 
 
-def check_run_settings(output_dir: Path, warn: Callable[[str], None]) -> None:
-    """A damaged settings.json is said to `warn`, not refused: which settings changed since the run's last start
-    cannot be said, and this start writes it anew (before TensorFlow loads, after train.rundir.preflight)."""
-    _, problem = read_run_settings(output_dir / RUN_SETTINGS)
-    if problem:
-        warn(
-            f"{output_dir / RUN_SETTINGS} {problem}: which settings changed since the run's last start cannot be "
-            "said; this start writes it anew"
-        )
-
-
 PHASE_SETTINGS = ("FREEZE", "UNFREEZE_AT_EPOCH", "UNFREEZE_LEARNING_RATE")  # the phases' (train.phases)
 
 
-def check_same_phase_settings(output_dir: Path, settings: Settings) -> None:
-    """FREEZE, UNFREEZE_AT_EPOCH and UNFREEZE_LEARNING_RATE define the run's phases: another value than the run's
-    settings.json (unset where it has none: a run from before them had one phase) is refused before TensorFlow
-    loads, as another DATASET is. (What MODEL's phases() returns is compared with run.json's "phases" once the model
-    is built: train.start.check_same_phases.) Raises SettingsError."""
+def check_run_settings(output_dir: Path, settings: Settings, warn: Callable[[str], None]) -> None:
+    """fit's look at the run's settings.json before TensorFlow loads (after train.rundir.preflight). A damaged one is
+    said to `warn`, not refused: which settings changed since the run's last start cannot be said, and this start
+    writes it anew. FREEZE, UNFREEZE_AT_EPOCH and UNFREEZE_LEARNING_RATE define the run's phases: another value than
+    the file's (unset where it has none: a run from before them had one phase) is refused, as another DATASET is.
+    (What MODEL's phases() returns is compared with run.json's "phases" once the model is built:
+    train.start.check_same_phases.) Raises SettingsError."""
     path = output_dir / RUN_SETTINGS
     before, problem = read_run_settings(path)
+    if problem:
+        warn(
+            f"{path} {problem}: which settings changed since the run's last start cannot be said; this start "
+            "writes it anew"
+        )
     if problem or not path.is_file():
         return
     now = settings.to_json()

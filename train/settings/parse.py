@@ -89,9 +89,6 @@ def tracking(name: str, text: str) -> str:
     return chosen
 
 
-tracking.metavar = "|".join(TRACKERS)  # type: ignore[attr-defined]
-
-
 def gpus(name: str, text: str) -> str | tuple[int, ...]:
     """`all`, `none`, or distinct GPU indices like `0,1`."""
     if text in ("all", "none"):
@@ -161,6 +158,7 @@ _METAVARS = {  # the form of each parser's value, for --help (Field.metavar); TE
     "NAME|PATH": (dataset,),
     "FILE|MODULE": (model,),
     "START-END": (profile_steps,),
+    "|".join(TRACKERS): (tracking,),
 }
 for _metavar, _parsers in _METAVARS.items():
     for _parse in _parsers:
