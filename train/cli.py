@@ -29,6 +29,7 @@ import typer
 from train.command import end, settings_command, warn
 from train.errors import EXIT_FAILED, EXIT_PREEMPTED, SettingsError, TrainingError
 from train.settings import FIELDS, Settings, check_run_settings
+from train.settings.layers import data_dir
 
 app = typer.Typer(
     help=__doc__.split("\n\n")[0],
@@ -353,7 +354,6 @@ DataDir = Annotated[
 @data_app.command("list", short_help="Each prepared dataset, its source, size, date and runs.")
 def data_list(runs: RunsRoot = Path("runs"), tfds_data_dir: DataDir = None, json_path: JsonPath = None) -> None:
     """Each prepared dataset: its source, size, date, and the run directories under --runs that use it."""
-    from train.settings.layers import data_dir
     from train.tools.prepared import format_list, listed
 
     try:
@@ -373,7 +373,6 @@ def data_prune(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
 ) -> None:
     """Remove the copies written from a folder or table that no run under --runs records; say what was freed."""
-    from train.settings.layers import data_dir
     from train.tools.prepared import format_pruned, prune
 
     try:

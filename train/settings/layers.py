@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from train import dataset_path, hparams
-from train.dataset_path import DEFAULT_DATA_DIR, Survey, TableReader
 from train.errors import SettingsError, first_line
 from train.model_file import model_for_data, model_hyperparameters
 from train.run_files import RUN_SETTINGS
@@ -118,7 +117,7 @@ def data_dir(flag: Path | None) -> Path:
     defaults = project_defaults_path()
     layers = [os.environ, read_dotenv(Path(".env")), read_dotenv(defaults) if defaults else {}]
     given = [str(flag) if flag else "", *(layer.get("TFDS_DATA_DIR", "") for layer in layers)]
-    return Path(next((value.strip() for value in given if value.strip()), DEFAULT_DATA_DIR)).expanduser()
+    return Path(next((value.strip() for value in given if value.strip()), dataset_path.DEFAULT_DATA_DIR)).expanduser()
 
 
 def load_settings(
@@ -168,7 +167,7 @@ def load_settings(
             source = _value(field, values["dataset"], dataset_path.source)  # text: a path moved since is no error)
     # the documented MLP on a table's columns: behind their preprocessing (FEATURE_KEY set: on that one column)
     # (not `data`: the run's settings.json already names the model it trained)
-    table = source is not None and source.kind == TableReader.kind and not values["feature_key"]
+    table = source is not None and source.kind == dataset_path.TableReader.kind and not values["feature_key"]
     values["model"] = model_for_data(values["model"], table)
     batch_from = _batch_sizes(values, layers, places)
     declared = model_hyperparameters(values["model"])
@@ -388,7 +387,8 @@ WORKERS_AGREE = tuple(field.env for field in FIELDS if field.workers_agree)
 def agreed_settings(settings: Settings) -> dict[str, str]:
     """The settings every worker must have alike, as text: WORKERS_AGREE's and build_model's hyperparameters."""
     text = settings.to_json()
-    if isinstance(settings.source, Survey):  # a path can differ between hosts: the workers compare its fingerprint
+    # a path can differ between hosts: the workers compare its fingerprint
+    if isinstance(settings.source, dataset_path.Survey):
         text["DATASET"] = "(a path: its data's fingerprint is compared)"
     return {name: text[name] for name in WORKERS_AGREE} | {
         hparams.env_name(name): text[hparams.env_name(name)] for name, _ in settings.hyperparameters
