@@ -274,11 +274,9 @@ class Settings:
         def text(value: object, separator: str) -> str:
             if value is None:
                 return ""
-            if isinstance(value, bool):
-                return str(value).lower()
             if isinstance(value, tuple):
                 return separator.join(map(str, value))
-            return str(value)
+            return str(value).lower() if isinstance(value, bool) else str(value)  # as hparams.text writes it
 
         # GPUS=0,1 but PROFILE_STEPS=100-110: each tuple as its setting writes it
         fixed = {
