@@ -200,8 +200,7 @@ def predict(
         raise SettingsError("predict needs INPUT files or folders, or --split NAME: nothing to predict")
     check_run(settings, checkpoint=not exported)  # before TensorFlow loads, as the inputs below
     sources = gather(list(inputs or []), warn=warn)
-    if output is not None:
-        _check_json_path(output, "--output")
+    _check_json_path(output, "--output")
     _load_tensorflow()
     from train.predict import predict as run_predict
 

@@ -145,20 +145,19 @@ def load_settings(
     flags = {name: value for name, value in (flags or {}).items() if value is not None}
     environ = os.environ if environ is None else environ
     files = _read_files(dotenv_path, defaults_path, warn)
-    if warn:
-        typos = [message for where, values in files for message in _typo_warnings(values, where)]
-        # `make train EPOCH=3` arrives as an environment variable: said, not silently ignored. Closer alike than
-        # in .env, which holds only settings: the environment holds everything (GPU, CHECKPOINT_DIR).
-        typos += _typo_warnings(environ, "environment (or make variable)", ENVIRONMENT_TYPO_CUTOFF)
-        for message in typos:
-            warn(message)
+    say = warn or (lambda _: None)  # what would be said, where no one hears it
+    typos = [message for where, values in files for message in _typo_warnings(values, where)]
+    # `make train EPOCH=3` arrives as an environment variable: said, not silently ignored. Closer alike than
+    # in .env, which holds only settings: the environment holds everything (GPU, CHECKPOINT_DIR).
+    typos += _typo_warnings(environ, "environment (or make variable)", ENVIRONMENT_TYPO_CUTOFF)
+    for message in typos:
+        say(message)
     layers, places = _layers(flags, environ, files)
     if from_run:
         output_dir = _value(FIELDS_BY_ENV["OUTPUT_DIR"], _resolve("OUTPUT_DIR", layers))
         _add_run_layer(layers, places, output_dir / RUN_SETTINGS, warn, defining=from_run == "defining")
-        if warn:
-            for message in _overridden_by_run(layers, places):
-                warn(message)
+        for message in _overridden_by_run(layers, places):
+            say(message)
 
     values, source = {}, None
     for field in FIELDS:  # in the table's order: the first bad value is the one told
@@ -171,9 +170,8 @@ def load_settings(
     values["model"] = model_for_data(values["model"], table)
     batch_from = _batch_sizes(values, layers, places)
     declared = model_hyperparameters(values["model"])
-    if warn:
-        for message in _hyperparameter_hints(declared, dict(files)):
-            warn(message)
+    for message in _hyperparameter_hints(declared, dict(files)):
+        say(message)
     resolved = hparams.resolve(declared, zip(places, layers, strict=True), values["model"])
     cluster = parse_tf_config(environ.get("TF_CONFIG"))
     settings = Settings(**values, cluster=cluster, hyperparameters=resolved, batch_from=batch_from, source=source)
