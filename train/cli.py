@@ -21,15 +21,15 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from train.command import Command, SettingsCommand, end, warn, with_settings
+from train.command import end, settings_command, warn
 from train.errors import EXIT_FAILED, EXIT_PREEMPTED, SettingsError, TrainingError
-from train.settings import FIELDS, Settings, check_run_settings, check_same_phase_settings
+from train.settings import FIELDS, Settings, check_run_settings
+from train.settings.layers import data_dir
 
 app = typer.Typer(
     help=__doc__.split("\n\n")[0],
@@ -83,25 +83,8 @@ def _load_tensorflow() -> None:
             os.write(2, "".join(lines).encode())
 
 
-def settings_command(
-    short_help: str, *, from_run: bool | str = False, data: Callable[..., bool] | None = None
-) -> Callable[[Command], Command]:
-    """Register a command of `app` that takes the settings: `with_settings` gives it one flag per setting and the
-    resolved `Settings`, and `SettingsCommand` build_model's hyperparameters' flags."""
-
-    def register(command: Command) -> Command:
-        command = with_settings(command, from_run=from_run, data=data)
-        return app.command(short_help=short_help, cls=SettingsCommand)(command)
-
-    return register
-
-
 # `--json PATH`, as the commands whose result scripts read offer it (`_check_json_path`, `_write_json`)
 JsonPath = Annotated[Optional[Path], typer.Option("--json", help="Also write the result as JSON here.")]  # noqa: UP045
-
-
-def _print_json(payload: object) -> None:
-    typer.echo(json.dumps(payload, indent=2))
 
 
 def _check_json_path(path: Path | None, flag: str = "--json") -> None:
@@ -133,7 +116,7 @@ def _write_json(path: Path | None, payload: object) -> None:
         raise TrainingError(f"could not write --json {path} ({error.strerror}); the result is printed above") from None
 
 
-@settings_command("Train; resume from OUTPUT_DIR's latest checkpoint.", from_run="defining")
+@settings_command(app, "Train; resume from OUTPUT_DIR's latest checkpoint.", from_run="defining")
 def fit(settings: Settings) -> None:
     """Train, checkpointing as it goes; resumes from OUTPUT_DIR's latest checkpoint."""
     from train.init_from import check_init_from
@@ -151,9 +134,8 @@ def fit(settings: Settings) -> None:
         settings.cluster is not None and settings.cluster.is_chief,
         warn,
     )
-    check_run_settings(settings.output_dir, warn)
+    check_run_settings(settings.output_dir, settings, warn)  # another FREEZE or UNFREEZE_*: refused, as DATASET is
     hooks = fit_hooks(settings.tracking, settings.multi_worker)  # a tune's trial (one process), TRACKING's tracker
-    check_same_phase_settings(settings.output_dir, settings)  # another FREEZE or UNFREEZE_*: refused, as DATASET is
     check_init_from(
         settings.init_from,
         settings.init_layers,
@@ -169,7 +151,7 @@ def fit(settings: Settings) -> None:
         raise typer.Exit(EXIT_PREEMPTED)
 
 
-@settings_command("Score the latest checkpoint (or --exported) on EVAL_SPLIT.", from_run=True)
+@settings_command(app, "Score the latest checkpoint (or --exported) on EVAL_SPLIT.", from_run=True)
 def evaluate(
     settings: Settings,
     exported: Annotated[
@@ -185,10 +167,11 @@ def evaluate(
     _load_tensorflow()
     from train.fit import evaluate as run_evaluate
 
-    _print_json(run_evaluate(settings, exported=exported))
+    typer.echo(json.dumps(run_evaluate(settings, exported=exported), indent=2))
 
 
 @settings_command(
+    app,
     "Predict with the run's export: image files, folders, CSV or JSON Lines rows, a split.",
     from_run=True,
     data=lambda split=None, exported=True, **_: split is not None or not exported,  # files: the run's records
@@ -217,8 +200,7 @@ def predict(
         raise SettingsError("predict needs INPUT files or folders, or --split NAME: nothing to predict")
     check_run(settings, checkpoint=not exported)  # before TensorFlow loads, as the inputs below
     sources = gather(list(inputs or []), warn=warn)
-    if output is not None:
-        _check_json_path(output, "--output")
+    _check_json_path(output, "--output")
     _load_tensorflow()
     from train.predict import predict as run_predict
 
@@ -233,7 +215,7 @@ def predict(
         typer.echo(f"{count} predictions written to {output}", err=True)
 
 
-@settings_command("Trial-run real steps; find the batch size that fits.")
+@settings_command(app, "Trial-run real steps; find the batch size that fits.")
 def check(
     settings: Settings,
     start_batch: Annotated[int, typer.Option(min=1, help="Per-replica batch of the first trial.")] = 16,
@@ -251,7 +233,7 @@ def check(
     _write_json(json_path, result)
 
 
-@settings_command("Measure the loop against its ceiling and Keras fit.")
+@settings_command(app, "Measure the loop against its ceiling and Keras fit.")
 def bench(
     settings: Settings,
     repetitions: Annotated[int, typer.Option(min=1, help="Interleaved rounds; the median is reported.")] = 5,
@@ -300,11 +282,13 @@ def bench(
     _write_json(json_path, result)
 
 
-SPACE_HELP = "A setting or HP_ name over low..high, low..high:log, int:low..high or a|b|c; repeatable (default: "
-SPACE_HELP += "MODEL's search_space(trial))."
+SPACE_HELP = (
+    "A setting or HP_ name over low..high, low..high:log, int:low..high or a|b|c; repeatable (default: "
+    "MODEL's search_space(trial))."
+)
 
 
-@settings_command("Search settings and HP_ values with Optuna; each trial a run in STUDY_DIR.")
+@settings_command(app, "Search settings and HP_ values with Optuna; each trial a run in STUDY_DIR.")
 def tune(
     settings: Settings,
     space: Annotated[
@@ -369,7 +353,6 @@ DataDir = Annotated[
 @data_app.command("list", short_help="Each prepared dataset, its source, size, date and runs.")
 def data_list(runs: RunsRoot = Path("runs"), tfds_data_dir: DataDir = None, json_path: JsonPath = None) -> None:
     """Each prepared dataset: its source, size, date, and the run directories under --runs that use it."""
-    from train.settings.layers import data_dir
     from train.tools.prepared import format_list, listed
 
     try:
@@ -389,7 +372,6 @@ def data_prune(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
 ) -> None:
     """Remove the copies written from a folder or table that no run under --runs records; say what was freed."""
-    from train.settings.layers import data_dir
     from train.tools.prepared import format_pruned, prune
 
     try:
@@ -399,7 +381,7 @@ def data_prune(
         end(error, None)
 
 
-@settings_command("What TensorFlow sees; what the settings resolve to.")
+@settings_command(app, "What TensorFlow sees; what the settings resolve to.")
 def devices(
     settings: Settings,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (stable schema) for scripts.")] = False,

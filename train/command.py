@@ -1,5 +1,5 @@
 """How a command of `python -m train` takes its settings and ends: one flag per setting and per build_model
-hyperparameter (`with_settings`, `SettingsCommand`), the resolved `Settings` handed to it, and every error mapped
+hyperparameter (`settings_command`, `SettingsCommand`), the resolved `Settings` handed to it, and every error mapped
 to its exit code in one line (`fail`); what the engine did not foresee is `crash`: one line, the traceback kept in
 a file. No TensorFlow here.
 """
@@ -76,19 +76,19 @@ def crash(error: Exception, settings: Settings | None) -> None:
 
 
 # The --hp-* values of the command being run, by setting name (HP_WIDTH): SettingsCommand.invoke sets them,
-# with_settings reads them (typer hands its callback only the parameters the function declares).
+# settings_command's commands read them (typer hands its callback only the parameters the function declares).
 _HYPERPARAMETER_FLAGS: contextvars.ContextVar[dict[str, str | None] | None] = contextvars.ContextVar("hp", default=None)
 
 
-def _flag_values(args: list[str], flag: str) -> list[str]:
-    """The values `args` give a flag, as `--flag value` or `--flag=value`, in order (click keeps the last)."""
-    values = []
+def _flag_value(args: list[str], flag: str) -> str | None:
+    """The value `args` give a flag, as `--flag value` or `--flag=value`: the last, as click keeps it; None."""
+    value = None
     for index, arg in enumerate(args):
         if arg == flag and index + 1 < len(args):
-            values.append(args[index + 1])
+            value = args[index + 1]
         elif arg.startswith(flag + "="):
-            values.append(arg.partition("=")[2])
-    return values
+            value = arg.partition("=")[2]
+    return value
 
 
 class SettingsCommand(TyperCommand):
@@ -98,11 +98,8 @@ class SettingsCommand(TyperCommand):
     one line naming the declared ones."""
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
-        flags = {}
-        for name in ("MODEL", "OUTPUT_DIR"):
-            given = _flag_values(args, FIELDS_BY_ENV[name].flag)
-            if given:
-                flags[name] = given[-1]
+        given = {name: _flag_value(args, FIELDS_BY_ENV[name].flag) for name in ("MODEL", "OUTPUT_DIR")}
+        flags = {name: value for name, value in given.items() if value is not None}
         declared = peek_hyperparameters(flags, from_run=getattr(self.callback, "from_run", False))
         help_of = {each.flag: (each.metavar, each.help) for each in declared.values()}
         for arg in args:
@@ -132,59 +129,63 @@ class SettingsCommand(TyperCommand):
 Command = Callable[..., None]
 
 
-def with_settings(
-    command: Command, *, from_run: bool | str = False, data: Callable[..., bool] | None = None
-) -> Command:
-    """Give a command one flag per setting, and hand it the resolved, validated `Settings`.
+def settings_command(
+    app: typer.Typer, short_help: str, *, from_run: bool | str = False, data: Callable[..., bool] | None = None
+) -> Callable[[Command], Command]:
+    """Register a command of `app` that takes one flag per setting and is handed the resolved, validated `Settings`.
 
     Flags are declared as text and parsed by `train.settings`, so a bad value reads the same
     whether it came from a flag, the environment or `.env`: one line, exit code 2. `from_run`: the
     run directory's settings.json fills in what flags and the environment leave (evaluate; fit: "defining", what
     defines the run, train.settings.layers). `data`: whether the command's arguments need DATASET (default: yes);
-    where not, its path is not surveyed (predict on files). `settings_command`
-    registers the command with `cls=SettingsCommand`, which adds build_model's hyperparameters' flags.
+    where not, its path is not surveyed (predict on files). The command is registered with `cls=SettingsCommand`,
+    which adds build_model's hyperparameters' flags.
     """
-    hints = typing.get_type_hints(command, include_extras=True)  # real objects, not `from __future__` strings
-    own = [
-        p.replace(annotation=hints[p.name])
-        for p in inspect.signature(command).parameters.values()
-        if p.name != "settings"
-    ]
-    setting_params = [
-        inspect.Parameter(
-            field.attr,
-            inspect.Parameter.KEYWORD_ONLY,
-            default=None,
-            annotation=Annotated[
-                Optional[str],  # noqa: UP045 (typer reads this annotation at run time)
-                typer.Option(
-                    field.flag,
-                    metavar=field.metavar,
-                    help=f"{field.help} (env: {field.env}; default: {field.default or 'unset'})",
-                    show_default=False,
-                    rich_help_panel="Settings",
-                ),
-            ],
-        )
-        for field in FIELDS
-    ]
 
-    @functools.wraps(command)
-    def run(**kwargs: object) -> None:
-        flags = {field.env: kwargs.pop(field.attr) for field in FIELDS}
-        flags |= _HYPERPARAMETER_FLAGS.get() or {}
-        settings = None
-        if os.environ.get("TFDS_DATA_DIR") == "":  # unset, as the settings take it: TFDS's default, not the cwd
-            del os.environ["TFDS_DATA_DIR"]
-        try:
-            needed = data is None or data(**kwargs)
-            settings = load_settings(flags, warn=warn, from_run=from_run, data=needed)
-            return command(settings, **kwargs)
-        except Exception as error:
-            end(error, settings)
+    def register(command: Command) -> Command:
+        hints = typing.get_type_hints(command, include_extras=True)  # real objects, not `from __future__` strings
+        own = [
+            p.replace(annotation=hints[p.name])
+            for p in inspect.signature(command).parameters.values()
+            if p.name != "settings"
+        ]
+        setting_params = [
+            inspect.Parameter(
+                field.attr,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None,
+                annotation=Annotated[
+                    Optional[str],  # noqa: UP045 (typer reads this annotation at run time)
+                    typer.Option(
+                        field.flag,
+                        metavar=field.metavar,
+                        help=f"{field.help} (env: {field.env}; default: {field.default or 'unset'})",
+                        show_default=False,
+                        rich_help_panel="Settings",
+                    ),
+                ],
+            )
+            for field in FIELDS
+        ]
 
-    del run.__wrapped__  # typer must see the signature below, not the command's own
-    run.from_run = from_run  # type: ignore[attr-defined]  # what SettingsCommand resolves MODEL from
-    run.__signature__ = inspect.Signature(own + setting_params)
-    run.__annotations__ = {p.name: p.annotation for p in own + setting_params}
-    return run
+        @functools.wraps(command)
+        def run(**kwargs: object) -> None:
+            flags = {field.env: kwargs.pop(field.attr) for field in FIELDS}
+            flags |= _HYPERPARAMETER_FLAGS.get() or {}
+            settings = None
+            if os.environ.get("TFDS_DATA_DIR") == "":  # unset, as the settings take it: TFDS's default, not the cwd
+                del os.environ["TFDS_DATA_DIR"]
+            try:
+                needed = data is None or data(**kwargs)
+                settings = load_settings(flags, warn=warn, from_run=from_run, data=needed)
+                return command(settings, **kwargs)
+            except Exception as error:
+                end(error, settings)
+
+        del run.__wrapped__  # typer must see the signature below, not the command's own
+        run.from_run = from_run  # type: ignore[attr-defined]  # what SettingsCommand resolves MODEL from
+        run.__signature__ = inspect.Signature(own + setting_params)
+        run.__annotations__ = {p.name: p.annotation for p in own + setting_params}
+        return app.command(short_help=short_help, cls=SettingsCommand)(run)
+
+    return register

@@ -18,6 +18,7 @@ too is TFDS's where TFDS has a builder of that name (train.datasets.registered).
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import io
 import json
@@ -28,7 +29,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Protocol
 
 from train.datasets import registered
 from train.errors import SettingsError
@@ -48,16 +48,13 @@ MAGIC = (
 )
 
 
-class Reader(Protocol):
-    """What every reader answers: its kind and the file suffixes it claims. How its data is written as records is
-    train.data.written's, by its class: images, a TableReader's rows, or a PreparedFolder read in place."""
-
-    kind: str  # run.json's "data" kind: images, table or tfds (runs and tests read it: never renamed)
-    suffixes: tuple[str, ...]  # the file names it claims (lower case); () for a folder's kind
-
-
 class ImageFolder:
-    """Image files in class folders (<class>/<file>, or <split>/<class>/<file>); as predict's INPUT, image files."""
+    """Image files in class folders (<class>/<file>, or <split>/<class>/<file>); as predict's INPUT, image files.
+
+    Every reader answers `kind`, run.json's "data" kind (images, table or tfds: runs and tests read it, never
+    renamed), and `suffixes`, the file names it claims (lower case; () for a folder's kind). How its data is written
+    as records is train.data.written's, by its class: images, a TableReader's rows, or a PreparedFolder read in
+    place."""
 
     kind = "images"
     suffixes = (".jpg", ".jpeg", ".jpe", ".png", ".gif", ".bmp")  # a file named so must be one (else refused)
@@ -148,6 +145,7 @@ class TfdsName:
     kind = "tfds"
 
 
+Reader = ImageFolder | TableReader | PreparedFolder  # a path's kind of data (READERS)
 IMAGES, PREPARED, TFDS = ImageFolder(), PreparedFolder(), TfdsName()
 READERS: tuple[Reader, ...] = (IMAGES, PREPARED, Csv(), JsonLines())  # the one registration of a path's kinds
 TABLES: dict[str, TableReader] = {suffix: r for r in READERS if isinstance(r, TableReader) for suffix in r.suffixes}
@@ -201,15 +199,11 @@ def is_path(text: str) -> bool:
     return "/" in text or not is_tfds_name(text)
 
 
-_KNOWN: dict[str, bool] = {}  # a bare name's answer, asked once a process
-
-
+@functools.cache  # a bare name's answer, asked once a process
 def is_tfds_name(name: str) -> bool:
     """Whether TFDS has a builder of this name (`name:1.2.3` too): its own, the template's, the fork's
     (`project.datasets`). Imports TFDS (not TensorFlow), asked only where a file or folder of that name is here."""
-    if name not in _KNOWN:
-        _KNOWN[name] = name.split(":")[0] in registered().list_builders(with_community_datasets=False)
-    return _KNOWN[name]
+    return name.split(":")[0] in registered().list_builders(with_community_datasets=False)
 
 
 @dataclass(frozen=True)

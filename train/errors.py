@@ -40,8 +40,17 @@ class BusyError(RuntimeError):
 # failed) amid "Graph execution error:", the Python stack of the op and a "{{function_node ...}}" prefix.
 _STATUS = re.compile(r"^(\(\d+\) )?[A-Z][A-Z_]{4,}:\s*")
 FUNCTION_NODE = re.compile(r"\{\{function_node [^}]*\}\}\s*")
-_NOISE = ("Graph execution error", "Detected at node", 'File "', "[[", "root error", "successful operations", "Cf. ")
-_NOISE += ("Exception encountered when calling", "Arguments received by")  # Keras's wrapping of a call's
+_NOISE = (  # TensorFlow's wrapping, then Keras's of a call's
+    "Graph execution error",
+    "Detected at node",
+    'File "',
+    "[[",
+    "root error",
+    "successful operations",
+    "Cf. ",
+    "Exception encountered when calling",
+    "Arguments received by",
+)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Keras's bold in a terminal's escape codes
 
 

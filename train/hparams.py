@@ -127,11 +127,8 @@ def text(value: Value) -> str:
 
 def _function(tree: ast.Module, name: str = "build_model") -> ast.FunctionDef | None:
     """The module's own `def <name>` (the last one, as Python would keep), or None."""
-    found = None
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
-            found = node
-    return found
+    defined = (node for node in reversed(tree.body) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef))
+    return next((node for node in defined if node.name == name), None)
 
 
 def _constants(tree: ast.Module) -> dict[str, object]:

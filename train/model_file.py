@@ -58,8 +58,6 @@ DEFAULT_MODEL = "examples.mlp"  # the documented model: Dense(64, relu) -> Dense
 TABLE_MODEL = "examples.mlp_table"  # ... on a table: behind a preprocessing adapted on the train split
 TABULAR_TEXT_EXAMPLE = "examples/tabular_text.py"  # a table's text column, with preprocess and adapt
 RESNET_EXAMPLE = "examples/resnet.py"  # where a fork finds a preprocess to start from
-CALLBACKS_EXAMPLE = "examples/early_stopping.py"  # ... and build_callbacks
-TEXT_EXAMPLE = "examples/text.py"  # ... and adapt
 PHASES_DOC = "docs/fork.md, Phases: freeze, then unfreeze"  # ... and phases
 
 
@@ -120,7 +118,9 @@ def model_tree(text: str) -> ast.Module:
         raise SettingsError(f"MODEL={text!r} is no longer a file (from {Path.cwd()}): put it back, or set MODEL again")
     try:
         data = source.read_bytes()
-        return _parsed(str(source.resolve()), hashlib.sha256(data).hexdigest(), data)
+        key = (str(source.resolve()), hashlib.sha256(data).hexdigest())
+        if key not in _TREES:  # bytes: Python's own rules for the encoding
+            _TREES[key] = ast.parse(data, filename=key[0])
     except OSError as error:
         raise SettingsError(f"MODEL={text!r}: {source} cannot be read ({error.strerror})") from None
     except SyntaxError as error:  # IndentationError, a null byte and text that is not UTF-8 included
@@ -128,15 +128,10 @@ def model_tree(text: str) -> ast.Module:
         raise SettingsError(f"MODEL={text!r} does not parse: {where}: {error.msg}") from None
     except (RecursionError, MemoryError, ValueError) as error:  # nesting too deep for the parser, and the like
         raise SettingsError(f"MODEL={text!r} does not parse: {source}: {type(error).__name__}") from None
+    return _TREES[key]
 
 
 _TREES: dict[tuple[str, str], ast.Module] = {}  # (resolved path, sha256 of its bytes): a changed file is parsed again
-
-
-def _parsed(path: str, digest: str, data: bytes) -> ast.Module:
-    if (path, digest) not in _TREES:
-        _TREES[(path, digest)] = ast.parse(data, filename=path)  # bytes: Python's own rules for the encoding
-    return _TREES[(path, digest)]
 
 
 @dataclass(frozen=True)
@@ -172,10 +167,10 @@ class Experiment:
 # The MODEL file's optional functions: what each must be, and the example that shows it.
 OPTIONAL_SEAMS = {
     "preprocess": ("preprocess(example, training, seed) -> (inputs, label)", RESNET_EXAMPLE),
-    "build_callbacks": ("build_callbacks(context) -> a list of keras.callbacks.Callback", CALLBACKS_EXAMPLE),
+    "build_callbacks": ("build_callbacks(context) -> a list of keras.callbacks.Callback", "examples/early_stopping.py"),
     "build_hooks": ("build_hooks(context) -> a list of train.hooks.Hook", "docs/fork.md, Hooks"),
     "export_model": ("export_model(model) -> the keras.Model to export", "examples/gan.py"),
-    "adapt": ("adapt(context) that fits the layers preprocess uses on context.examples(n)", TEXT_EXAMPLE),
+    "adapt": ("adapt(context) that fits the layers preprocess uses on context.examples(n)", "examples/text.py"),
     "phases": ("phases(context, *, ...) -> a list of train.Phase", PHASES_DOC),
 }
 

@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from train import dataset_path, hparams
-from train.dataset_path import DEFAULT_DATA_DIR, Survey, TableReader
 from train.errors import SettingsError, first_line
 from train.model_file import model_for_data, model_hyperparameters
 from train.run_files import RUN_SETTINGS
@@ -117,10 +116,8 @@ def data_dir(flag: Path | None) -> Path:
     the flag, the environment, .env, project/defaults.env; an empty value is unset; TFDS's own default last."""
     defaults = project_defaults_path()
     layers = [os.environ, read_dotenv(Path(".env")), read_dotenv(defaults) if defaults else {}]
-    for value in [str(flag) if flag else "", *(layer.get("TFDS_DATA_DIR", "") for layer in layers)]:
-        if value.strip():
-            return Path(value.strip()).expanduser()
-    return Path(DEFAULT_DATA_DIR).expanduser()
+    given = [str(flag) if flag else "", *(layer.get("TFDS_DATA_DIR", "") for layer in layers)]
+    return Path(next((value.strip() for value in given if value.strip()), dataset_path.DEFAULT_DATA_DIR)).expanduser()
 
 
 def load_settings(
@@ -148,20 +145,19 @@ def load_settings(
     flags = {name: value for name, value in (flags or {}).items() if value is not None}
     environ = os.environ if environ is None else environ
     files = _read_files(dotenv_path, defaults_path, warn)
-    if warn:
-        typos = [message for where, values in files for message in _typo_warnings(values, where)]
-        # `make train EPOCH=3` arrives as an environment variable: said, not silently ignored. Closer alike than
-        # in .env, which holds only settings: the environment holds everything (GPU, CHECKPOINT_DIR).
-        typos += _typo_warnings(environ, "environment (or make variable)", ENVIRONMENT_TYPO_CUTOFF)
-        for message in typos:
-            warn(message)
+    say = warn or (lambda _: None)  # what would be said, where no one hears it
+    typos = [message for where, values in files for message in _typo_warnings(values, where)]
+    # `make train EPOCH=3` arrives as an environment variable: said, not silently ignored. Closer alike than
+    # in .env, which holds only settings: the environment holds everything (GPU, CHECKPOINT_DIR).
+    typos += _typo_warnings(environ, "environment (or make variable)", ENVIRONMENT_TYPO_CUTOFF)
+    for message in typos:
+        say(message)
     layers, places = _layers(flags, environ, files)
     if from_run:
         output_dir = _value(FIELDS_BY_ENV["OUTPUT_DIR"], _resolve("OUTPUT_DIR", layers))
         _add_run_layer(layers, places, output_dir / RUN_SETTINGS, warn, defining=from_run == "defining")
-        if warn:
-            for message in _overridden_by_run(layers, places):
-                warn(message)
+        for message in _overridden_by_run(layers, places):
+            say(message)
 
     values, source = {}, None
     for field in FIELDS:  # in the table's order: the first bad value is the one told
@@ -170,13 +166,12 @@ def load_settings(
             source = _value(field, values["dataset"], dataset_path.source)  # text: a path moved since is no error)
     # the documented MLP on a table's columns: behind their preprocessing (FEATURE_KEY set: on that one column)
     # (not `data`: the run's settings.json already names the model it trained)
-    table = source is not None and source.kind == TableReader.kind and not values["feature_key"]
+    table = source is not None and source.kind == dataset_path.TableReader.kind and not values["feature_key"]
     values["model"] = model_for_data(values["model"], table)
     batch_from = _batch_sizes(values, layers, places)
     declared = model_hyperparameters(values["model"])
-    if warn:
-        for message in _hyperparameter_hints(declared, dict(files)):
-            warn(message)
+    for message in _hyperparameter_hints(declared, dict(files)):
+        say(message)
     resolved = hparams.resolve(declared, zip(places, layers, strict=True), values["model"])
     cluster = parse_tf_config(environ.get("TF_CONFIG"))
     settings = Settings(**values, cluster=cluster, hyperparameters=resolved, batch_from=batch_from, source=source)
@@ -215,8 +210,15 @@ def _add_run_layer(
 ) -> None:
     """A run's settings.json: below the flags and the environment, above the files, never with this machine's
     settings (MACHINE: its devices and strategy are this host's, as a run trained on 2 workers is evaluated on one).
-    `defining` (fit's): only what defines the run, and a damaged file left to fit's preflight to refuse."""
-    layer = {name: value for name, value in run_layer(path, None if defining else warn).items() if name not in MACHINE}
+    `defining` (fit's): only what defines the run, and a damaged file left to fit's preflight to refuse; else a
+    damaged one is said (as fit says it) and left out."""
+    settings, problem = read_run_settings(path)
+    if problem and warn and not defining:
+        warn(
+            f"{path} {problem}: the run's settings are not known; evaluating with the flags, the environment, "
+            ".env and the defaults alone"
+        )
+    layer = {name: value for name, value in settings.items() if name not in MACHINE}
     if defining:
         layer = {
             name: value for name, value in layer.items() if name in RUN_LAYER_OF_FIT or name.startswith(hparams.PREFIX)
@@ -252,14 +254,13 @@ def _overridden_by_run(layers: list[Mapping[str, str]], places: list[str]) -> li
 
 
 def _batch_sizes(
-    values: dict[str, object], layers: Iterable[Mapping[str, str]], places: Iterable[str]
+    values: dict[str, object], layers: list[Mapping[str, str]], places: list[str]
 ) -> tuple[tuple[str, str], ...]:
     """BATCH_SIZE and GLOBAL_BATCH_SIZE, each from the highest layer that sets it (they may come from different
     ones: a fork's project/defaults.env BATCH_SIZE, what fits its GPU, under a flag's GLOBAL_BATCH_SIZE, what the
     recipe needs). Both: BATCH_SIZE is the most one replica takes at once, a step in micro-batches (train.batches).
     GLOBAL_BATCH_SIZE alone: `batch_size` is None (the global batch divided by the replicas). Returns
     where each that is set came from, ((name, place), ...)."""
-    layers, places = list(layers), list(places)
     found = []
     for name in ("BATCH_SIZE", "GLOBAL_BATCH_SIZE"):  # an empty value (`GLOBAL_BATCH_SIZE=`) sets nothing
         setting = (
@@ -336,27 +337,23 @@ def read_run_settings(path: Path) -> tuple[dict[str, str], str | None]:
     return settings, None
 
 
-def check_run_settings(output_dir: Path, warn: Callable[[str], None]) -> None:
-    """A damaged settings.json is said to `warn`, not refused: which settings changed since the run's last start
-    cannot be said, and this start writes it anew (before TensorFlow loads, after train.rundir.preflight)."""
-    _, problem = read_run_settings(output_dir / RUN_SETTINGS)
-    if problem:
-        warn(
-            f"{output_dir / RUN_SETTINGS} {problem}: which settings changed since the run's last start cannot be "
-            "said; this start writes it anew"
-        )
-
-
 PHASE_SETTINGS = ("FREEZE", "UNFREEZE_AT_EPOCH", "UNFREEZE_LEARNING_RATE")  # the phases' (train.phases)
 
 
-def check_same_phase_settings(output_dir: Path, settings: Settings) -> None:
-    """FREEZE, UNFREEZE_AT_EPOCH and UNFREEZE_LEARNING_RATE define the run's phases: another value than the run's
-    settings.json (unset where it has none: a run from before them had one phase) is refused before TensorFlow
-    loads, as another DATASET is. (What MODEL's phases() returns is compared with run.json's "phases" once the model
-    is built: train.start.check_same_phases.) Raises SettingsError."""
+def check_run_settings(output_dir: Path, settings: Settings, warn: Callable[[str], None]) -> None:
+    """fit's look at the run's settings.json before TensorFlow loads (after train.rundir.preflight). A damaged one is
+    said to `warn`, not refused: which settings changed since the run's last start cannot be said, and this start
+    writes it anew. FREEZE, UNFREEZE_AT_EPOCH and UNFREEZE_LEARNING_RATE define the run's phases: another value than
+    the file's (unset where it has none: a run from before them had one phase) is refused, as another DATASET is.
+    (What MODEL's phases() returns is compared with run.json's "phases" once the model is built:
+    train.start.check_same_phases.) Raises SettingsError."""
     path = output_dir / RUN_SETTINGS
     before, problem = read_run_settings(path)
+    if problem:
+        warn(
+            f"{path} {problem}: which settings changed since the run's last start cannot be said; this start "
+            "writes it anew"
+        )
     if problem or not path.is_file():
         return
     now = settings.to_json()
@@ -370,17 +367,6 @@ def check_same_phase_settings(output_dir: Path, settings: Settings) -> None:
             f"{'; '.join(changed)}: OUTPUT_DIR={output_dir} was trained with other phases, and they define the run. "
             "Set them back to the run's, or use another OUTPUT_DIR"
         )
-
-
-def run_layer(path: Path, warn: Callable[[str], None] | None) -> dict[str, str]:
-    """A run's settings.json as a layer; a damaged one is said (as fit says it) and left out."""
-    settings, problem = read_run_settings(path)
-    if problem and warn:
-        warn(
-            f"{path} {problem}: the run's settings are not known; evaluating with the flags, the environment, "
-            ".env and the defaults alone"
-        )
-    return settings
 
 
 # What a step and its data are: changing one of these between a run's starts changes what resuming continues.
@@ -399,7 +385,8 @@ WORKERS_AGREE = tuple(field.env for field in FIELDS if field.workers_agree)
 def agreed_settings(settings: Settings) -> dict[str, str]:
     """The settings every worker must have alike, as text: WORKERS_AGREE's and build_model's hyperparameters."""
     text = settings.to_json()
-    if isinstance(settings.source, Survey):  # a path can differ between hosts: the workers compare its fingerprint
+    # a path can differ between hosts: the workers compare its fingerprint
+    if isinstance(settings.source, dataset_path.Survey):
         text["DATASET"] = "(a path: its data's fingerprint is compared)"
     return {name: text[name] for name in WORKERS_AGREE} | {
         hparams.env_name(name): text[hparams.env_name(name)] for name, _ in settings.hyperparameters

@@ -32,10 +32,6 @@ def non_negative_int(name: str, text: str) -> int:
     return int(text)
 
 
-def optional_positive_int(name: str, text: str) -> int | None:
-    return None if text == "" else positive_int(name, text)
-
-
 def positive_float(name: str, text: str) -> float:
     try:
         value = float(text)
@@ -44,10 +40,6 @@ def positive_float(name: str, text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise SettingsError(f"{name}={text!r} is not allowed: use a number greater than 0, e.g. 0.001")
     return value
-
-
-def optional_positive_float(name: str, text: str) -> float | None:
-    return None if text == "" else positive_float(name, text)
 
 
 def globs(name: str, text: str) -> tuple[str, ...]:
@@ -97,14 +89,6 @@ def tracking(name: str, text: str) -> str:
     return chosen
 
 
-tracking.metavar = "|".join(TRACKERS)  # type: ignore[attr-defined]
-
-
-def label_kind(name: str, text: str) -> str | None:
-    """LABEL_KIND: class or value; empty: guessed from the label column (train.data.local)."""
-    return None if text == "" else choice(("class", "value"))(name, text)
-
-
 def gpus(name: str, text: str) -> str | tuple[int, ...]:
     """`all`, `none`, or distinct GPU indices like `0,1`."""
     if text in ("all", "none"):
@@ -122,14 +106,6 @@ def required_text(name: str, text: str) -> str:
     if text.strip() != text or text == "":
         raise SettingsError(f"{name}={text!r} is not allowed: use a non-empty value without surrounding spaces")
     return text
-
-
-def optional_text(name: str, text: str) -> str | None:
-    return None if text == "" else required_text(name, text)
-
-
-def text_or_empty(name: str, text: str) -> str:
-    return "" if text == "" else required_text(name, text)
 
 
 def dataset(name: str, text: str) -> str:
@@ -158,10 +134,6 @@ def path(name: str, text: str) -> Path:
     return Path(required_text(name, text)).expanduser()
 
 
-def optional_path(name: str, text: str) -> Path | None:
-    return None if text == "" else path(name, text)
-
-
 def profile_steps(name: str, text: str) -> tuple[int, int] | None:
     """`start-end`, global steps counted from 1, both ends inclusive (100-110); empty: no profiling."""
     if text == "":
@@ -177,18 +149,28 @@ def profile_steps(name: str, text: str) -> tuple[int, int] | None:
 
 
 _METAVARS = {  # the form of each parser's value, for --help (Field.metavar); TEXT where none is given
-    "N": (positive_int, non_negative_int, optional_positive_int),
-    "X": (positive_float, optional_positive_float),
-    "PATH": (path, optional_path),
+    "N": (positive_int, non_negative_int),
+    "X": (positive_float,),
+    "PATH": (path,),
     "GLOB,...": (globs,),
     "true|false": (true_or_false,),
     "all|none|0,1": (gpus,),
     "NAME|PATH": (dataset,),
     "FILE|MODULE": (model,),
     "START-END": (profile_steps,),
-    "class|value": (label_kind,),
-    "PATH|PRESET": (text_or_empty,),
+    "|".join(TRACKERS): (tracking,),
 }
 for _metavar, _parsers in _METAVARS.items():
     for _parse in _parsers:
         _parse.metavar = _metavar  # type: ignore[attr-defined]
+
+
+def optional(parser: Parser, empty: str | None = None, metavar: str | None = None) -> Parser:
+    """`parser`, but an empty text is `empty` (None: unset; LABEL_KIND's: guessed from the label column, by
+    train.data.local), as GPU_MEMORY_LIMIT_MB= or FEATURE_KEY= leave the setting unset."""
+
+    def parse(name: str, text: str) -> object:
+        return empty if text == "" else parser(name, text)
+
+    parse.metavar = metavar or getattr(parser, "metavar", "TEXT")  # type: ignore[attr-defined]
+    return parse

@@ -104,7 +104,7 @@ class Settings:
         "true", parse.true_or_false, "Allocate GPU memory as needed instead of all of it up front."
     )
     gpu_memory_limit_mb: int | None = setting(
-        "", parse.optional_positive_int, "Cap per GPU in MiB (needs MEMORY_GROWTH=false)."
+        "", parse.optional(parse.positive_int), "Cap per GPU in MiB (needs MEMORY_GROWTH=false)."
     )
     strategy: str = setting(
         "auto", parse.choice(STRATEGIES), "auto, one_device, mirrored or multi_worker (see README).", **RW
@@ -119,7 +119,7 @@ class Settings:
         "synthetic_clusters", parse.dataset, "TFDS name[/config][:version], or a folder or file path.", **RW
     )
     tfds_data_dir: Path | None = setting(
-        "", parse.optional_path, "Where TFDS keeps prepared datasets (TFDS default if empty)."
+        "", parse.optional(parse.path), "Where TFDS keeps prepared datasets (TFDS default if empty)."
     )
     data_in_memory: str = setting(
         "auto", parse.choice(AUTO_TRUE_FALSE), "auto: in memory if they fit, else streamed.", **RW
@@ -128,13 +128,19 @@ class Settings:
     train_split: str = setting("train", parse.required_text, "TFDS split to train on, e.g. train or train[:90%].", **RW)
     eval_split: str = setting("test", parse.required_text, "TFDS split to evaluate on.", **W)
     feature_key: str | None = setting(
-        "", parse.optional_text, "Input feature; default: supervised keys, else image.", **RW
+        "", parse.optional(parse.required_text), "Input feature; default: supervised keys, else image.", **RW
     )
     label_key: str | None = setting(
-        "", parse.optional_text, "Label feature; none: the inputs alone; default: supervised keys, else label.", **RW
+        "",
+        parse.optional(parse.required_text),
+        "Label feature; none: the inputs alone; default: supervised keys, else label.",
+        **RW,
     )
     label_kind: str | None = setting(
-        "", parse.label_kind, "A CSV/JSONL label: class or value (default: guessed).", **RW
+        "",
+        parse.optional(parse.choice(("class", "value"))),
+        "A CSV/JSONL label: class or value (default: guessed).",
+        **RW,
     )
     bad_files: str = setting(
         "refuse",
@@ -143,14 +149,17 @@ class Settings:
         **RW,
     )
     batch_size: int | None = setting(
-        "128", parse.optional_positive_int, "Examples per replica at once (global: x replicas).", **RW
+        "128", parse.optional(parse.positive_int), "Examples per replica at once (global: x replicas).", **RW
     )  # None: GLOBAL_BATCH_SIZE is set
     global_batch_size: int | None = setting(
-        "", parse.optional_positive_int, "Examples per step on all replicas (in micro-batches of BATCH_SIZE).", **RW
+        "",
+        parse.optional(parse.positive_int),
+        "Examples per step on all replicas (in micro-batches of BATCH_SIZE).",
+        **RW,
     )
     epochs: int = setting("5", parse.positive_int, "Number of epochs.", **W)
     steps_per_epoch: int | None = setting(
-        "", parse.optional_positive_int, "Steps per epoch; default: one pass over the split.", **RW
+        "", parse.optional(parse.positive_int), "Steps per epoch; default: one pass over the split.", **RW
     )
     steps_per_call: int = setting(
         "32", parse.positive_int, "Most steps per tf.function call (cut at log, save, epoch).", **W
@@ -169,11 +178,14 @@ class Settings:
         **RW,
     )
     unfreeze_at_epoch: int | None = setting(
-        "", parse.optional_positive_int, "The epoch (from 1) from which FREEZE's layers train; empty: never.", **RW
+        "",
+        parse.optional(parse.positive_int),
+        "The epoch (from 1) from which FREEZE's layers train; empty: never.",
+        **RW,
     )
     unfreeze_learning_rate: float | None = setting(
         "",
-        parse.optional_positive_float,
+        parse.optional(parse.positive_float),
         "The learning rate from UNFREEZE_AT_EPOCH on; default: LEARNING_RATE / 10.",
         **RW,
     )
@@ -182,7 +194,10 @@ class Settings:
         "false", parse.true_or_false, "Deterministic ops (same seed and hardware: same weights); slower.", **RW
     )
     init_from: str = setting(
-        "", parse.text_or_empty, "Start from a run directory, a .keras or .weights.h5 file, or a KerasHub preset.", **RW
+        "",
+        parse.optional(parse.required_text, "", "PATH|PRESET"),
+        "Start from a run directory, a .keras or .weights.h5 file, or a KerasHub preset.",
+        **RW,
     )
     init_layers: tuple[str, ...] = setting(
         "", parse.globs, "INIT_FROM's layers to load: comma-separated globs on layer paths (default all).", **RW
@@ -202,7 +217,10 @@ class Settings:
     )
     keep_checkpoints: int = setting("3", parse.positive_int, "How many recent checkpoints to keep.")
     monitor: str | None = setting(
-        "", parse.optional_text, "Export (and keep) the best epoch by this metric, e.g. val_accuracy.", **W
+        "",
+        parse.optional(parse.required_text),
+        "Export (and keep) the best epoch by this metric, e.g. val_accuracy.",
+        **W,
     )
     monitor_mode: str = setting(
         "auto", parse.choice(MONITOR_MODES), "MONITOR's best: min, max, or auto (from its name).", **W
@@ -256,11 +274,9 @@ class Settings:
         def text(value: object, separator: str) -> str:
             if value is None:
                 return ""
-            if isinstance(value, bool):
-                return str(value).lower()
             if isinstance(value, tuple):
                 return separator.join(map(str, value))
-            return str(value)
+            return str(value).lower() if isinstance(value, bool) else str(value)  # as hparams.text writes it
 
         # GPUS=0,1 but PROFILE_STEPS=100-110: each tuple as its setting writes it
         fixed = {
