@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # importing this module loads no TensorFlow: the command line
 
     Batch = dict[str, tf.Tensor | np.ndarray]  # the signature's inputs for a batch, by name
     Outputs = dict[str, np.ndarray]  # what the signature returns for a batch, by name
+    Serve = Callable[[Batch], dict[str, tf.Tensor]]
 
 Json = dict[str, object]  # run.json's, read back and checked; a line of predictions, written
 Say = Callable[[str], None]
@@ -126,42 +127,25 @@ def open_trained(settings: Settings, doing: str, say: Say, restore: bool = True)
     return Trained(runtime, dataset, data, built, restored)
 
 
-@dataclass
-class Predictor:
-    """The signature's inputs (name -> tf.TensorSpec) and a function of a batch of them to the outputs (NumPy)."""
-
-    inputs: dict[str, tf.TensorSpec]
-    call: Callable[[Batch], Outputs]
-    keep: object = None  # what the function needs alive (the loaded SavedModel, or the model built)
-
-
-def _exported(settings: Settings) -> Predictor:
+def _signature(settings: Settings, built: Built | None) -> tuple[dict[str, tf.TensorSpec], Serve]:
+    """What predicts: the export's `serving_default` (`built` None), or the checkpoint's weights (open_trained's
+    model) through the export's default function. Returns its inputs (name -> tf.TensorSpec) and the function of a
+    batch of them, which holds what it runs alive (the loaded SavedModel, the model)."""
     import tensorflow as tf
 
+    if built is not None:
+        from train.exportable import serving_endpoints
+
+        _, function, specs = serving_endpoints(built)[0]
+        serve = tf.function(function, input_signature=specs)
+        return {spec.name: spec for spec in specs}, lambda batch: serve(*[batch[spec.name] for spec in specs])
     path = settings.output_dir / SAVED_MODEL
     try:
         loaded = tf.saved_model.load(str(path))
         signature = loaded.signatures["serving_default"]
     except (OSError, KeyError, ValueError, tf.errors.OpError) as error:
         raise SettingsError(f"{path} cannot be loaded: {first_line(error, 200)}; run fit to its end again") from None
-    inputs = dict(signature.structured_input_signature[1])
-    return Predictor(inputs, lambda batch: {k: v.numpy() for k, v in signature(**batch).items()}, loaded)
-
-
-def _from_checkpoint(built: Built) -> Predictor:
-    """The checkpoint's weights (open_trained's model) through the export's default function."""
-    import tensorflow as tf
-
-    from train.exportable import serving_endpoints
-
-    _, function, signature = serving_endpoints(built)[0]
-    serve = tf.function(function, input_signature=signature)
-    names = [spec.name for spec in signature]
-
-    def call(batch: Batch) -> Outputs:
-        return {k: v.numpy() for k, v in serve(*[batch[name] for name in names]).items()}
-
-    return Predictor({spec.name: spec for spec in signature}, call, built)
+    return dict(signature.structured_input_signature[1]), lambda batch: loaded.signatures["serving_default"](**batch)
 
 
 def _batch(examples: list[InputExample], inputs: dict[str, tf.TensorSpec]) -> Batch:
@@ -226,18 +210,18 @@ def predict(
 
     if checkpoint:
         trained = open_trained(settings, "predicted", say)
-        runtime, opened, predictor = trained.runtime, trained.dataset, _from_checkpoint(trained.built)
+        runtime, opened, built = trained.runtime, trained.dataset, trained.built
         features = features_record(opened.builder, opened.settings)
     else:  # the export on files needs the run's records alone (a run from before they were kept: the data's own)
-        runtime, recorded, opened = setup_runtime(settings, local_only=True), read_run(settings.output_dir), None
+        runtime, recorded = setup_runtime(settings, local_only=True), read_run(settings.output_dir)
+        opened = built = None
         features = recorded.get("features")
         if split is not None or not isinstance(features, dict):
             opened = open_source(settings, say)  # for a split, or the data's own description
             check_same_data(opened.settings, recorded.get("data"), opened.identity, "predicted")
             features = features_record(opened.builder, opened.settings)
-        predictor = _exported(settings)
-    images = {name for name in predictor.inputs if name in features["images"]}
-    reading = SignatureExamples(predictor.inputs, images)
+    inputs, serve = _signature(settings, built)
+    reading = SignatureExamples(inputs, {name for name in inputs if name in features["images"]})
     examples: Iterable[InputExample] = reading.read(sources)
     total = len(examples)
     if split is not None:
@@ -247,7 +231,7 @@ def predict(
     written = 0
     with tf.device(runtime.devices[0]), open_output() as output, _progress(total, bar) as advance:
         for chunk in _chunks(examples, batch):
-            outputs = predictor.call(_batch(chunk, predictor.inputs))
+            outputs = {name: value.numpy() for name, value in serve(_batch(chunk, inputs)).items()}
             for row, example in enumerate(chunk):
                 output.write(json.dumps({"input": example.input, **describe(outputs, row, is_class)}) + "\n")
             written += len(chunk)
