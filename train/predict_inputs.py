@@ -95,11 +95,14 @@ class SignatureExamples:
         """Every source's examples, in order, each checked. Raises SettingsError naming the file (and line)."""
         examples: list[InputExample] = []
         for source in sources:
-            if isinstance(source.reader, TableReader):
-                rows = _rows(source.path, source.reader)
-                examples.extend(self._row(source.path, where, row) for where, row in rows)
-            else:
+            if not isinstance(source.reader, TableReader):
                 examples.append(self._image_file(source.path))
+                continue
+            try:  # a table file's rows as DATASET's are read (the same TableReader), each with "file:line"
+                rows = source.reader.rows(f"INPUT {source.path}", source.path.read_bytes())
+            except OSError as error:
+                raise SettingsError(f"INPUT {source.path} cannot be read ({error.strerror})") from None
+            examples.extend(self._row(source.path, f"{source.path}:{number}", row) for number, row in rows)
         return examples
 
     def split(self, builder: tfds.core.DatasetBuilder, split: str) -> Iterator[InputExample]:
@@ -117,7 +120,7 @@ class SignatureExamples:
                 f"{first_line(error, 200)}"
             ) from None
         names = list(self.inputs)
-        missing = [name for name in names if not _stored(dataset.element_spec, name)]
+        missing = [name for name in names if _column(dataset.element_spec, name) is None]
         if missing:
             raise SettingsError(f"--split {split!r}: the model takes {missing[0]!r}, which the dataset does not store")
         return (
@@ -183,26 +186,13 @@ class SignatureExamples:
         return InputExample(where, values)
 
 
-def _stored(element_spec: dict, name: str) -> bool:
-    return name in element_spec or any(isinstance(s, dict) and name in s for s in element_spec.values())
-
-
-def _column(stored: dict, name: str) -> np.ndarray | np.generic | bytes:
-    """A stored feature by name, or a column of a dict feature by its own name: as tfds.as_numpy gives it (an
-    array, a NumPy scalar, or the bytes of a string)."""
+def _column(stored: dict, name: str) -> np.ndarray | np.generic | bytes | None:
+    """A stored feature by name, or a column of a dict feature by its own name, as tfds.as_numpy gives it (an
+    array, a NumPy scalar, or the bytes of a string); None where the dataset stores none (of an element_spec: its
+    tf.TensorSpec)."""
     if name in stored:
         return stored[name]
-    return next(value[name] for value in stored.values() if isinstance(value, dict) and name in value)
-
-
-def _rows(path: Path, reader: TableReader) -> Iterator[tuple[str, Row]]:
-    """A table file's rows as DATASET's are read (the same TableReader), each with "file:line"."""
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise SettingsError(f"INPUT {path} cannot be read ({error.strerror})") from None
-    for number, row in reader.rows(f"INPUT {path}", data):
-        yield f"{path}:{number}", row
+    return next((value[name] for value in stored.values() if isinstance(value, dict) and name in value), None)
 
 
 def _value(given: object, spec: tf.TensorSpec, where: str) -> Value:
