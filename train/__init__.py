@@ -90,9 +90,9 @@ Model, data, devices, phases, the loop, its hook interface and the plug-ins are 
 |                 | Writer does nothing                                            |                                   |
 | failures,       | errors told in one line, AUTO_BATCH's retry; the last          | write but through the writer      |
 | finish          | evaluation, the export, summary.json                           |                                   |
-| predict,        | a trained run opened for evaluate and predict (open_trained);  | train; write into OUTPUT_DIR      |
-| predict_inputs  | `predict`: the export run on files, rows or a split, as JSON   |                                   |
-|                 | Lines; what it reads, checked (predict_inputs)                 |                                   |
+| predict         | a trained run opened for evaluate and predict (open_trained);  | train; write into OUTPUT_DIR      |
+|                 | `predict`: the export run on files, rows or a split, as JSON   |                                   |
+|                 | Lines; what it reads, checked                                  |                                   |
 | plugins/        | PLUG-INS over the hook interface, imported by the command line | import TensorFlow, or of the      |
 |                 | alone: `tune`, an Optuna study over --space (search_space) or  | engine more than hooks, errors,   |
 |                 | MODEL's search_space(trial), its trials `fit` processes in run | settings, model_file, rundir; be  |
