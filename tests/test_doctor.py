@@ -1,8 +1,8 @@
 """The device doctor: each diagnosis from made-up facts, through the same device seam as training.
 
-`FakeDevices` (from test_devices) stands in for `train.devices.backend.TensorFlowDevices`; here it also
-reports GPU names, memory, TensorFlow's build and the versions the loaded CUDA libraries would report
-(`loaded_cuda_versions`, the ctypes calls only a GPU machine makes).
+`FakeDevices` (from test_devices) stands in for `train.devices.backend.TensorFlowDevices`, and here for
+`train.tools.cuda_versions.ProbedDevices`: it also reports GPU names, memory, TensorFlow's build and the versions
+the loaded CUDA libraries would report (`loaded_cuda_versions`, the ctypes calls only a GPU machine makes).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 
 from tests.conftest import REPO, run_python, run_train
 from tests.test_devices import FakeDevices
-from train.devices.backend import decode_version
 from train.settings import load_settings
+from train.tools.cuda_versions import decode_version
 from train.tools.doctor import collect_report, format_report
 
 CUDA_BUILD = {"is_cuda_build": True, "cuda_version": "12.5.1", "cudnn_version": "9"}

@@ -87,9 +87,9 @@ Model, data, devices, phases, the loop, its hook interface and the plug-ins are 
 | writer          | what the chief writes (settings.json, run.json, epochs.json,   | be bypassed (a checkpoint is a    |
 |                 | summary.json, logs), decided once; the other workers' Writer   | collective: checkpoints, peers)   |
 |                 | does nothing                                                   |                                   |
-| predict,        | a trained run opened for evaluate and predict (open_trained);  | train; write into OUTPUT_DIR      |
-| predict_inputs  | `predict`: the export run on files, rows or a split, as JSON   |                                   |
-|                 | Lines; what it reads, checked (predict_inputs)                 |                                   |
+| predict         | a trained run opened for evaluate and predict (open_trained);  | train; write into OUTPUT_DIR      |
+|                 | `predict`: the export run on files, rows or a split, as JSON   |                                   |
+|                 | Lines; what it reads, checked                                  |                                   |
 | plugins/        | PLUG-INS over the hook interface, imported by the command line | import TensorFlow, or of the      |
 |                 | alone: `tune`, an Optuna study over --space (search_space) or  | engine more than hooks, errors,   |
 |                 | MODEL's search_space(trial), its trials `fit` processes in run | settings, model_file, rundir; be  |

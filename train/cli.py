@@ -193,8 +193,7 @@ def predict(
 ) -> None:
     """One JSON object per example, in input order: "input" and the class (with its score and every class's), the
     labels above 0.5, or the prediction; from OUTPUT_DIR's saved_model/, what a server runs."""
-    from train.predict import check_run
-    from train.predict_inputs import gather
+    from train.predict import check_run, gather
 
     if not inputs and split is None:
         raise SettingsError("predict needs INPUT files or folders, or --split NAME: nothing to predict")

@@ -7,7 +7,7 @@ The readers: one object per kind of data (a folder of images, a CSV file, a JSON
 folder, a TFDS name). A path's are registered once in READERS, by kind and by the file suffixes each claims; a TFDS
 name's is TFDS (`TfdsName`: no file here, TFDS's builder reads it). The writing of the records
 (train.data.written, by the reader's class), the reading of the files (train.data.local) and predict's INPUT
-(train.predict_inputs) all ask READERS; none tests a kind's name. Adding a kind (Parquet) is one subclass of
+(train.predict) all ask READERS; none tests a kind's name. Adding a kind (Parquet) is one subclass of
 `TableReader` and one entry in READERS.
 
 Below the settings (which make the source) and the data (train.data.local reads the files the survey lists;

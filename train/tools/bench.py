@@ -40,11 +40,16 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from train.dataset_path import Survey
 from train.errors import SettingsError, TrainingError
 from train.settings import FIELDS, Settings
+
+if TYPE_CHECKING:
+    from train.data.source import Data
+    from train.devices.runtime import Runtime
+    from train.model_file import Experiment
 
 SCHEMA = 1
 CONTENDERS = (
@@ -398,7 +403,14 @@ def _goal(name: str, value: float | None, target: float, at_least: bool = True) 
 
 
 def build_contenders(
-    settings: Settings, experiment, runtime, data, streamed, names: tuple[str, ...], trial_seconds: float, say: Say
+    settings: Settings,
+    experiment: Experiment,
+    runtime: Runtime,
+    data: Data,
+    streamed: Data | None,
+    names: tuple[str, ...],
+    trial_seconds: float,
+    say: Say,
 ) -> list:
     """Each contender named, made and warmed up (tracing and first calls, not counted), each model from the
     `experiment` (MODEL's file, loaded once). `streamed`: the same splits streamed (the data of 5 and 6), or None."""
@@ -588,7 +600,17 @@ def run_benchmark(
     return result
 
 
-def _in_subprocesses(result, settings, runtime, repetitions, seconds, say, startup, replicas, levers) -> None:
+def _in_subprocesses(
+    result: dict[str, Any],
+    settings: Settings,
+    runtime: Runtime,
+    repetitions: int,
+    seconds: float,
+    say: Say,
+    startup: bool,
+    replicas: bool,
+    levers: tuple[str, ...],
+) -> None:
     """The measurements that need processes of their own (TensorFlow fixes its devices once per process)."""
     goals = result["goals"]
     if startup:

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
@@ -28,6 +28,11 @@ from train.start import run_context, steps_per_epoch
 from train.step import make_calls
 from train.tools.probe import Trial, format_probe, probe_batch_sizes
 
+if TYPE_CHECKING:
+    from train.data.source import Data
+    from train.devices.runtime import Runtime
+    from train.model import Built
+
 Say = Callable[[str], None]
 
 
@@ -39,7 +44,17 @@ class _WithoutRetracingWarning(logging.Filter):
 class _Trials:
     """Real training steps at one batch size after another, timed; with both XLA and not where `both`."""
 
-    def __init__(self, settings: Settings, runtime, data, built, jit: bool, both: bool, steps: int, say: Say) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        runtime: Runtime,
+        data: Data,
+        built: Built,
+        jit: bool,
+        both: bool,
+        steps: int,
+        say: Say,
+    ) -> None:
         self.settings, self.runtime, self.data, self.built = settings, runtime, data, built
         self.jit, self.both, self.steps, self.say = jit, both, steps, say
         self.gpus = [f"GPU:{i}" for i in range(len(runtime.plan.visible_gpus))]

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
@@ -32,6 +32,14 @@ from train.settings import Settings
 from train.start import run_context, steps_per_epoch
 from train.step import make_calls
 
+if TYPE_CHECKING:
+    import tensorflow_datasets as tfds
+
+    from train.data.examples import Inputs
+    from train.data.feeds import Feed
+    from train.data.source import TrainSplit
+    from train.model import Built
+
 TUTORIAL_BATCH = 32  # Keras fit's default batch_size
 Say = Callable[[str], None]
 
@@ -48,14 +56,19 @@ class Contender:
     crashed: list[str] = field(default_factory=list)
 
 
-def template_xla(settings: Settings, runtime: Runtime, built, data: Data) -> tuple[bool, str]:
+def template_xla(settings: Settings, runtime: Runtime, built: Built, data: Data) -> tuple[bool, str]:
     """XLA as `fit` decides it for this model on these devices."""
     whole_call = adapter(runtime.strategy, data.train).whole_call
     return choose_xla(settings.jit_compile, runtime, whole_call, built.convolutional, built.layer_without_xla())
 
 
 def loop_contender(
-    name: str, settings: Settings, experiment: Experiment, runtime: Runtime, data: Data, feed_for=None
+    name: str,
+    settings: Settings,
+    experiment: Experiment,
+    runtime: Runtime,
+    data: Data,
+    feed_for: Callable[[], Feed] | None = None,
 ) -> Contender:
     """The training loop as `fit` runs it: calls as long as `fit` makes them (STEPS_PER_CALL, cut at epoch ends,
     CHECKPOINT_EVERY and LOG_EVERY), each returning the metrics (which waits for the call). `feed_for(built,
@@ -116,15 +129,15 @@ class SameBatchFeed:
             tf.constant(labels.reshape(*shape, *labels.shape[1:])),
         )
 
-    def call_args(self, steps: int):
+    def call_args(self, steps: int) -> tuple[tf.Tensor, tf.Tensor]:
         return self.batch
 
     @staticmethod
-    def step_args(call_args, step):
+    def step_args(call_args: tuple[tf.Tensor, tf.Tensor], step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         return call_args
 
     @staticmethod
-    def replica_batch(features, labels):
+    def replica_batch(features: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
         return features[replica], labels[replica]
 
@@ -146,7 +159,7 @@ class LaidOutBatchesFeed(SameBatchFeed):
         )
 
     @staticmethod
-    def step_args(call_args, step):
+    def step_args(call_args: tuple[tf.Tensor, tf.Tensor], step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         features, labels = call_args
         return features[step], labels[step]
 
@@ -200,7 +213,9 @@ def _clock(seconds: float) -> keras.callbacks.Callback:
         def _step(self) -> int:
             return int(self.model.optimizer.iterations.numpy())
 
-        def on_train_batch_end(self, batch, logs=None):  # synchronous: fit waited for the execution
+        def on_train_batch_end(
+            self, batch: int, logs: dict | None = None
+        ) -> None:  # synchronous: fit waited for the execution
             now = time.perf_counter()
             if self.started is None:
                 self.started, self.first_step = now, self._step()
@@ -307,7 +322,9 @@ def streamed(settings: Settings, experiment: Experiment) -> Data:
     return open_dataset(settings, experiment).load(settings, in_memory=False)
 
 
-def _tuned_read(split, seed: int, decoders=None) -> tf.data.Dataset:
+def _tuned_read(
+    split: TrainSplit, seed: int, decoders: dict[str, tfds.decode.Decoder] | None = None
+) -> tf.data.Dataset:
     """The split's examples as TFDS reads them at its best: files interleaved and decoded in parallel, in one
     order drawn from `seed`, deterministic. try_autocache=False: with a shuffle seed TFDS caches a small split,
     decoded, in memory after its first pass (docs/performance.md): that would be in memory, not streamed."""
@@ -345,7 +362,9 @@ def tuned_tfdata_feed(runtime: Runtime, data: Data, seed: int) -> PipelineFeed:
         batches = examples.shuffle(split.shuffle_buffer, seed=seed).repeat()
         batches = batches.batch(local * per_replica, drop_remainder=True, num_parallel_calls=tf.data.AUTOTUNE)
 
-        def per_replica_batches(features, labels):  # vectorised, after batching
+        def per_replica_batches(
+            features: tf.Tensor, labels: tf.Tensor
+        ) -> tuple[tf.Tensor, tf.Tensor]:  # vectorised, after batching
             return (
                 tf.reshape(features, [local, per_replica, *feature_shape]),
                 tf.reshape(labels, [local, per_replica, *label_shape]),
@@ -357,7 +376,7 @@ def tuned_tfdata_feed(runtime: Runtime, data: Data, seed: int) -> PipelineFeed:
     return PipelineFeed(distribute(runtime.strategy, dataset_fn, per_replica=False))  # streamed: one per worker
 
 
-def _tuned_preprocess_feed(runtime: Runtime, split, seed: int) -> PipelineFeed:
+def _tuned_preprocess_feed(runtime: Runtime, split: TrainSplit, seed: int) -> PipelineFeed:
     """The general path's tuned tf.data pipeline (flax's imagenet input_pipeline): TFDS reads the files
     interleaved, images undecoded (SkipDecoding), shuffles the bytes, then decodes and runs the same
     `preprocess` per example in a parallel, deterministic map, batches and prefetches; each example's seed from
@@ -374,7 +393,7 @@ def _tuned_preprocess_feed(runtime: Runtime, split, seed: int) -> PipelineFeed:
         stored = stored.shard(context.num_input_pipelines, context.input_pipeline_id)
         stored = stored.shuffle(split.shuffle_buffer, seed=seed).repeat().enumerate()
 
-        def prepare(index, example):
+        def prepare(index: tf.Tensor, example: dict[str, tf.Tensor]) -> tuple[Inputs, tf.Tensor]:
             return examples_of.call(examples_of.with_images(example), True, example_seed(seed, 0, index))
 
         prepared = stored.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
@@ -411,7 +430,9 @@ def input_contender(name: str, settings: Settings, runtime: Runtime, data: Data,
     return Contender(name, measure, global_batch, runtime.strategy_name, "input only, no step")
 
 
-def reading_per_share(data: Data, seed: int, global_batch: int, counts=(1, 2, 4), batches: int = 64) -> dict:
+def reading_per_share(
+    data: Data, seed: int, global_batch: int, counts: tuple[int, ...] = (1, 2, 4), batches: int = 64
+) -> dict:
     """What each of 1, 2 and 4 workers reads of a streamed split, and how fast: each its own share (the input
     pipeline each worker would run, timed alone). The same pipeline fit runs; no training."""
     split = data.train

@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from typing import Any
 
-from train.devices.backend import TensorFlowDevices
 from train.devices.runtime import Runtime, configure_devices, resolve
 from train.errors import SettingsError
 from train.model_file import OWN_STEP_PRECISION, load_model_file, overrides
@@ -94,7 +93,7 @@ def _own_step_precision(settings: Settings, resolution: Runtime) -> Runtime:
 
 def collect_report(
     settings: Settings,
-    backend: TensorFlowDevices,
+    backend: cuda_versions.ProbedDevices,
     environ: dict[str, str],
     shm: int | None,
     libraries: dict[str, list[str]],
@@ -325,8 +324,6 @@ def device_report(settings: Settings) -> dict[str, Any]:
     import keras
     import tensorflow as tf
 
-    from train.devices.backend import TensorFlowDevices
-
     versions = {"tensorflow": tf.__version__, "keras": keras.__version__}
     lock = cuda_versions.lock_path()
     wheels = {
@@ -334,7 +331,7 @@ def device_report(settings: Settings) -> dict[str, Any]:
         "lock": {"file": str(lock) if lock else None, "wheels": cuda_versions.locked_wheels(lock)},
     }
     return collect_report(
-        settings, TensorFlowDevices(), dict(os.environ), shm_bytes(), cuda_libraries(), versions, wheels
+        settings, cuda_versions.ProbedDevices(), dict(os.environ), shm_bytes(), cuda_libraries(), versions, wheels
     )
 
 

@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,7 +122,7 @@ def run_directories(runs: Path) -> list[Path]:
     return sorted(found)
 
 
-def runs_using(runs: Path, warn) -> dict[str, list[Path]]:
+def runs_using(runs: Path, warn: Callable[[str], None]) -> dict[str, list[Path]]:
     """The prepared dataset (its key, as `prepared` names it) that each run under `runs` records, and the runs."""
     using: dict[str, list[Path]] = {}
     for run in run_directories(runs):
@@ -148,7 +149,7 @@ def _key(identity: Identity) -> str | None:
     return None
 
 
-def listed(root: Path, runs: Path, warn) -> list[Prepared]:
+def listed(root: Path, runs: Path, warn: Callable[[str], None]) -> list[Prepared]:
     """`prepared(root)`, each with the runs under `runs` that record it."""
     using = runs_using(runs, warn)
     found = prepared(root)
@@ -157,7 +158,7 @@ def listed(root: Path, runs: Path, warn) -> list[Prepared]:
     return found
 
 
-def prune(root: Path, runs: Path, warn, dry_run: bool = False) -> list[Prepared]:
+def prune(root: Path, runs: Path, warn: Callable[[str], None], dry_run: bool = False) -> list[Prepared]:
     """Remove every copy written from a path that no run under `runs` records (under TFDS_DATA_DIR's lock, with
     the index's records of it); returns what was (or, `dry_run`, would be) removed. Raises TrainingError where a
     copy, out of use already, cannot be removed whole (`_empty`)."""
