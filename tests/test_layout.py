@@ -18,7 +18,7 @@ ENGINE = [
     for path in (REPO / "train").rglob("*.py")
     if "tools" not in path.relative_to(REPO / "train").parts and path.name not in COMMAND_LINE
 ]
-LONGEST_FUNCTION = 80  # lines: readable in one sitting
+LONGEST_FUNCTION = 60  # lines: readable in one sitting
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -159,7 +159,7 @@ COUNTED = sorted(path for path in TRAIN.rglob("*.py") if "tools" not in path.rel
 PACKAGE_NODES = ("train.settings", "train.data", "train.cluster", "train.devices")  # each one node (imports back up)
 
 ANY_TARGET = 40
-SETTINGS_IMPORTERS_TARGET = 7  # the command line's two not counted
+SETTINGS_IMPORTERS_TARGET = 6  # the command line's two not counted
 ROLE_CHECKS_TARGET = 3
 CSV_PARSERS_TARGET = 1
 CIRCLES_TARGET = 0
@@ -458,14 +458,14 @@ def test_only_the_device_backend_calls_tensorflows_device_functions():
 PLUGINS = ("plugins",)  # the plug-ins of item 3: train/plugins/ (tune, study, search_space, trial, tracking)
 CORE = [path for path in COUNTED if path.relative_to(TRAIN).parts[0] not in PLUGINS]  # the command line included
 ISSUE_56 = {  # name: (bound today, the issue's target)
-    "statements in the core": (7_680, 5_500),
-    "statements in train/": (9_472, 7_300),
-    "engine files naming accumulat": (18, 6),
-    "fmt: skip or off in train/": (162, 0),
-    "Any or object annotations": (68, 20),
-    "parameters without a type": (201, 0),
-    "functions over 60 lines": (1, 0),
-    "files over 500 lines": (1, 0),
+    "statements in the core": (7_167, 5_500),
+    "statements in train/": (9_030, 7_300),
+    "engine files naming accumulat": (6, 6),
+    "fmt: skip or off in train/": (0, 0),
+    "Any or object annotations": (65, 20),
+    "parameters without a type": (0, 0),
+    "functions over 60 lines": (0, 0),
+    "files over 500 lines": (0, 0),
 }
 
 

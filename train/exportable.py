@@ -51,13 +51,13 @@ TRACK_FIX = (
 )
 
 
-def check_exportable(built: Built, settings) -> None:
+def check_exportable(built: Built, dataset: str) -> None:
     """Export `built` (or what MODEL's `export_model` returns in its place) to a temporary directory and load its
     model.keras back with safe_mode. Raises SettingsError naming the fix for a model that cannot be saved,
     loaded or served; an engine fault propagates as it is."""
-    model = settings.model
+    model = built.experiment.text
     try:
-        own = model_to_export(settings, built)
+        own = model_to_export(built)
     except TrainingError as error:  # said for the end of a run: here nothing is trained yet
         said = str(error).replace("; fix it and run again to export (the checkpoint is kept)", "")
         raise SettingsError(f"{said}: fix it (the export is tried before the first step)") from None
@@ -67,7 +67,7 @@ def check_exportable(built: Built, settings) -> None:
             f"MODEL={model!r}: {type(built.network).__name__} trains with its own train_step and defines no call(), "
             f"so there is no model to export: {EXPORT_MODEL_FIX}, or define call(inputs)"
         )
-    _check_input_names(built, own, settings)
+    _check_input_names(built, own, dataset)
     with tempfile.TemporaryDirectory(prefix="train-export-check-") as directory:
         where = Path(directory)
         try:
@@ -95,14 +95,14 @@ def check_exportable(built: Built, settings) -> None:
             ) from None
 
 
-def _check_input_names(built: Built, own: keras.Model | None, settings) -> None:
+def _check_input_names(built: Built, own: keras.Model | None, dataset: str) -> None:
     """Each input of the SavedModel's signatures has a name TensorFlow takes (its op names: `INPUT_NAME`); another
     (a column "petal width", "größe") fails only when the SavedModel is written, after the training."""
     for _, _, signature in serving_endpoints(built, own):
         for spec in signature:
             if spec.name and not INPUT_NAME.match(spec.name):
                 raise SettingsError(
-                    f"DATASET={settings.dataset!r} with MODEL={settings.model!r}: the export's signature would take an "
+                    f"DATASET={dataset!r} with MODEL={built.experiment.text!r}: the export's signature would take an "
                     f"input named {spec.name!r}, and TensorFlow takes only names of letters, digits and . _ - / > "
                     "(beginning with a letter, a digit or .): rename that column in the data (or the key preprocess "
                     "returns)"
@@ -189,7 +189,7 @@ def export(built: Built, output_dir: Path, model: keras.Model | None = None) -> 
     return {"keras": str(keras_path), "saved_model": str(saved_model)}
 
 
-def model_to_export(settings, built: Built) -> keras.Model | None:  # settings: train.settings.Settings, its MODEL
+def model_to_export(built: Built) -> keras.Model | None:
     """What MODEL's `export_model(model)` returns (None where it defines none). Raises TrainingError for what is
     not a keras.Model with Inputs (the run's checkpoint stays: fix it and run again to export)."""
     export_model = built.experiment.export_model
@@ -200,12 +200,12 @@ def model_to_export(settings, built: Built) -> keras.Model | None:  # settings: 
         model.inputs  # noqa: B018 (a subclassed model without Inputs has no signature to serve)
     except Exception as error:
         raise TrainingError(
-            f"MODEL={settings.model!r}: export_model raised {type(error).__name__}: {first_line(error, 200)}; fix "
-            "it and run again to export (the checkpoint is kept)"
+            f"MODEL={built.experiment.text!r}: export_model raised {type(error).__name__}: "
+            f"{first_line(error, 200)}; fix it and run again to export (the checkpoint is kept)"
         ) from None
     if not isinstance(model, keras.Model) or not model.inputs:
         raise TrainingError(
-            f"MODEL={settings.model!r}: export_model returned {type(model).__name__}, not a keras.Model with "
+            f"MODEL={built.experiment.text!r}: export_model returned {type(model).__name__}, not a keras.Model with "
             "keras.Inputs; fix it and run again to export (the checkpoint is kept)"
         )
     return model

@@ -21,6 +21,7 @@ phase's first step (the loop ends a call there: train.loop).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import keras
 import tensorflow as tf
@@ -41,6 +42,9 @@ from train.model_file import PHASES_DOC, Experiment
 from train.phases import Layer, Phase, Phases, in_model, recipe, resolve
 from train.step import TrainCalls
 from train.timeline import Segment
+
+if TYPE_CHECKING:  # the settings' type only: make_phases reads FREEZE, UNFREEZE_*, LEARNING_RATE, MODEL, HP_
+    from train.settings import Settings
 
 Say = Callable[[str], None]
 
@@ -85,7 +89,7 @@ def layer_tree(network: keras.Model) -> tuple[Layer, ...]:
 
 
 def _specs(
-    settings, experiment: Experiment, context: Context | None
+    settings: Settings, experiment: Experiment, context: Context | None
 ) -> tuple[list[Phase], tuple[str, ...] | None, str]:
     """The phases asked for: (the Phase list, FREEZE's globs or None, where they come from). Raises SettingsError."""
     if experiment.phases is not None and settings.freeze:
@@ -120,7 +124,7 @@ def _specs(
     return list(returned), None, f"phases() of MODEL={settings.model}"
 
 
-def make_phases(settings, experiment: Experiment, built: Built, context: Context | None = None) -> Phased:
+def make_phases(settings: Settings, experiment: Experiment, built: Built, context: Context | None = None) -> Phased:
     """The run's phases on `built` (right after it is built, before any restore). Raises SettingsError for FREEZE
     with phases(), a phases() that fails or returns other than Phases, a glob that matches no layer."""
     specs, frozen, source = _specs(settings, experiment, context)

@@ -385,7 +385,7 @@ def _export(start: Start, latest: str | None) -> dict[str, str]:
     where they cannot be written: `latest`, the last checkpoint, is intact."""
     output_dir = start.output_dir
     try:
-        return export(start.built, output_dir, model_to_export(start.settings, start.built))
+        return export(start.built, output_dir, model_to_export(start.built))
     except (OSError, tf.errors.OpError) as error:
         raise TrainingError(
             f"could not export the model to {output_dir} ({first_line(error, 160)}); checkpoint "

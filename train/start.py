@@ -75,11 +75,17 @@ def run_context(
     """The facts of a run on this runtime (its topology and precision) and data (`sample` reads its train split);
     what it says of this worker, its `role`'s (None: the only process, as `evaluate` runs)."""
     return Context(
-        global_batch=runtime.global_batch, replicas=runtime.replicas, workers=runtime.workers,
-        steps_per_epoch=steps_per_epoch, epochs=settings.epochs, seed=settings.seed, precision=runtime.precision,
-        output_dir=settings.output_dir, _sample=data.sample,
+        global_batch=runtime.global_batch,
+        replicas=runtime.replicas,
+        workers=runtime.workers,
+        steps_per_epoch=steps_per_epoch,
+        epochs=settings.epochs,
+        seed=settings.seed,
+        precision=runtime.precision,
+        output_dir=settings.output_dir,
+        _sample=data.sample,
         **(role.facts() if role else {}),
-    )  # fmt: skip
+    )
 
 
 def batch_of(settings: Settings) -> Batch:
@@ -214,7 +220,7 @@ def start_run(settings: Settings, runtime: Runtime, role: Role, say: Say) -> tup
     runtime, context, built = _build(settings, experiment, runtime, data, role, say)
     refuse_unevaluated_monitor(settings.monitor, settings.model, built)
     refuse_custom_train_step(settings.model, built.network, runtime.accumulation)
-    role.chief_only(check_exportable, built, settings)  # the chief exports: a model it could not is refused now
+    role.chief_only(check_exportable, built, settings.dataset)  # the chief exports: a model it could not is refused now
     whole_call = adapter(runtime.strategy, data.train).whole_call  # the feed lets XLA compile the whole call
     jit, why = _decide_xla(runtime, role, built, whole_call, decision.jit_compile, recorded)
     callbacks = tuple(build_callbacks(experiment, context))  # bad callbacks (and hooks, below): before writing

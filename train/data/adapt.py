@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -113,7 +113,7 @@ def resources(module: ModuleType | None) -> dict[str, Resource]:
     import keras
     import tensorflow as tf
 
-    def wanted(value) -> bool:
+    def wanted(value: object) -> bool:  # any global of MODEL's module
         return isinstance(value, (keras.layers.Layer, tf.saved_model.experimental.TrackableResource))  # a table
 
     found: dict[str, Resource] = {}
@@ -134,7 +134,7 @@ def fingerprint(found: dict[str, Resource]) -> Fingerprint:
     "variance": [...]}}; layers without such state are left out."""
     import numpy as np
 
-    def digest(values) -> Json:
+    def digest(values: Sequence[str | bytes | float]) -> Json:
         text = "\n".join(v.decode() if isinstance(v, bytes) else str(v) for v in values)
         return {"size": len(values), "sha256": hashlib.sha256(text.encode()).hexdigest()}
 

@@ -42,6 +42,8 @@ Example = dict[str, tf.Tensor | dict[str, tf.Tensor]]
 # What the model gets of one example (`preprocess`'s inputs): a tensor, or a dict of them by Input name; its spec.
 Inputs = tf.Tensor | dict[str, tf.Tensor]
 InputSpec = tf.TensorSpec | dict[str, tf.TensorSpec]
+# A nest of tensors, specs or shapes (what `by_name` orders): dicts and tuples of them.
+Structure = tf.Tensor | tf.TensorSpec | dict | tuple
 PINNED_EXAMPLES = 32  # the first examples of the training split an output of unknown dimensions is taken at
 PINNED_OP = "preprocess_output_pinned"  # the ensure_shape op's name: how its error is told from others
 MISMATCH = re.compile(r"Shape of tensor \S+ \[([^\]]*)\] is not compatible with expected shape \[([^\]]*)\]")
@@ -60,7 +62,7 @@ def named(structure: Inputs | InputSpec) -> list[tuple[str, tf.Tensor | tf.Tenso
     return [("inputs", structure)]
 
 
-def by_name(structure):
+def by_name(structure: Structure) -> Structure:
     """`structure` with every dict's keys in name order. A prepared table's columns come back from its files in
     another order in each process (TFDS keeps its features in a protobuf map), and a model built by iterating
     `input_shape`, or calling on `inputs.items()`, would take them in that order: after a restart its weights
@@ -94,11 +96,11 @@ class _Reads(dict):
         super().__init__(example)
         self.read = read
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: str) -> tf.Tensor:
         self.read.add(key)
         return super().__getitem__(key)
 
-    def get(self, key, default=None):
+    def get(self, key: str, default: tf.Tensor | None = None) -> tf.Tensor | None:
         self.read.add(key)
         return super().get(key, default)
 
@@ -246,7 +248,7 @@ class Examples:
             inputs, _ = self.call(self.with_images(example), False, example_seed(self.seed, EVAL_PASS, 0))
             return inputs
 
-        def serve(*batch):
+        def serve(*batch: tf.Tensor) -> tf.Tensor | dict[str, tf.Tensor]:
             prepared = tf.map_fn(one, dict(zip(names, batch, strict=True)), fn_output_signature=inputs_spec)
             return model(prepared, training=False)
 

@@ -164,7 +164,7 @@ def check_label_values(settings: DataSettings, table: Table, label_key: str) -> 
     )
 
 
-def is_empty(value) -> bool:
+def is_empty(value: object) -> bool:  # a cell as read: text (CSV) or any JSON value
     """An empty cell: nothing or only spaces (CSV), null or no such key (JSON Lines)."""
     return value is None or (isinstance(value, str) and not value.strip())
 
@@ -206,7 +206,7 @@ def _typed(survey: Survey, name: str, every: list, is_label: bool, label_kind: s
     return Column(name, "float32")
 
 
-def _value(column: Column, value):
+def _value(column: Column, value: object) -> int | float | str:  # a cell as read
     if column.classes is not None:
         return column.index[str(value)]
     if column.dtype == "int64":

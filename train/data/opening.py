@@ -290,8 +290,8 @@ def _downloads_checked_first() -> Iterator[None]:
     manager = tfds.download.DownloadManager
     originals = {name: getattr(manager, name) for name in ("download", "download_and_extract")}
 
-    def checked(original):
-        def method(self, url_or_urls, *args, **kwargs):
+    def checked(original: Callable[..., object]) -> Callable[..., object]:  # TFDS's download methods
+        def method(self: tfds.download.DownloadManager, url_or_urls: object, *args: object, **kwargs: object) -> object:
             for host, port in sorted(_hosts(url_or_urls)):
                 try:
                     socket.create_connection((host, port), timeout=CONNECT_SECONDS).close()

@@ -1,14 +1,10 @@
-"""TFDS in: a dataset's splits as `Data`, each held in memory or streamed from the prepared files; what they hold
-is the spec (train.data.spec).
+"""TFDS in: a dataset's splits as `Data`, each in memory or streamed from the prepared files (spec: train.data.spec).
 
-- In memory as stored (`Split`): a fixed-shape feature's split is read once into one 64-byte-aligned NumPy buffer
-  and handed to TensorFlow without a copy (DLPack): `tf.constant` of an array costs twice its size, and TensorFlow
-  needs the alignment. The first read is cached beside the prepared files, so later runs load in milliseconds.
-- In memory as stored records (`SerializedSplit`, the general path: `preprocess`, or a dict of columns,
-  train.data.examples): the serialized examples, images encoded, read from the TFRecord files in order.
-- Streamed (`StreamedSplit`): read through TFDS, or, where TFDS prepared it as TFRecord files (its default format),
-  read from them directly, in chunks of serialized examples shared out between input pipelines, shuffled in
-  windows, and parsed a chunk at a time.
+- `Split`, in memory as stored: a fixed-shape feature's split, read once into one 64-byte-aligned NumPy buffer and
+  handed to TensorFlow without a copy (DLPack; `tf.constant` costs twice the size), cached beside the files.
+- `SerializedSplit`, in memory on the general path (`preprocess`, or a dict of columns): the serialized examples.
+- `StreamedSplit`: read through TFDS or, from TFRecord files, directly: in chunks of serialized examples shared out
+  between input pipelines, shuffled in windows, parsed a chunk at a time.
 """
 
 from __future__ import annotations
@@ -328,17 +324,21 @@ class StreamedSplit:
         )
 
     def batches(
-        self, index: int, count: int, seed: int, pass_number, batch: int, places: bool = False, mine=None
+        self,
+        index: int,
+        count: int,
+        seed: int,
+        pass_number: int | tf.Tensor,
+        batch: int,
+        places: bool = False,
+        mine: tf.Tensor | None = None,
     ) -> tf.data.Dataset:
-        """One pass over input pipeline `index` of `count`'s share, in batches of `batch` examples as stored.
-
-        The share is read in windows of about `shuffle_buffer` examples (a multiple of `batch`), each decoded
-        at once and put in its own order drawn from (SEED, pass, pipeline, window): what a shuffle buffer does
-        one example at a time, vectorised. The last window's remainder is the pass's, and waits for the next.
-
-        `places=True`: each batch as the places in the split of its examples, `(places,)`, no file read.
-        `mine`: a bool per place of the split; the pass reads every file and keeps the examples it marks (the
-        rest of a pass that a run resumed in at another worker count: `remainder_marks`)."""
+        """One pass over input pipeline `index` of `count`'s share, in batches of `batch` examples as stored, read
+        in windows of about `shuffle_buffer` examples (a multiple of `batch`), each decoded at once and put in its own
+        order drawn from (SEED, pass, pipeline, window): a shuffle buffer, vectorised. The last window's remainder
+        is the pass's, and waits for the next. `places=True`: each batch as the places in the split of its
+        examples, `(places,)`, no file read. `mine`: a bool per place of the split; the pass reads every file and
+        keeps the examples it marks (a pass resumed at another worker count: `remainder_marks`)."""
         seeds = tf.stack([tf.constant(seed, tf.int64), tf.cast(pass_number, tf.int64) * 1_000_003 + index])
         window = max(batch, self.shuffle_buffer // batch * batch)
         if not self.tfrecord:

@@ -76,11 +76,12 @@ def loop_contender(
     per_epoch, global_batch = steps_per_epoch(settings, data, runtime), runtime.global_batch
     built = build(settings, experiment, data.spec, runtime.strategy, run_context(settings, runtime, data, per_epoch))
     jit, _ = template_xla(settings, runtime, built, data)
-    cadence = settings
-    longest = longest_call(cadence, per_epoch)
+    longest = longest_call(settings, per_epoch)
     feeding = adapter(runtime.strategy, data.train)
-    feed = (feed_for or (lambda: feeding.train_feed(global_batch, settings.seed, 0, longest,
-                                                    settings.device_prefetch)))()  # fmt: skip
+    if feed_for is None:
+        feed = feeding.train_feed(global_batch, settings.seed, 0, longest, settings.device_prefetch)
+    else:
+        feed = feed_for()
     jit = jit and (feed.compilable or not feeding.whole_call)
     calls = make_calls(built, runtime.strategy, feed, global_batch, jit, runtime.accumulation)
     step = 0  # goes on from one measurement to the next, as a run's step does
@@ -89,7 +90,7 @@ def loop_contender(
         nonlocal step
         examples, started = 0, time.perf_counter()
         while True:
-            steps = call_steps(cadence, step, per_epoch, sys.maxsize)
+            steps = call_steps(settings, step, per_epoch, sys.maxsize)
             calls(steps)
             examples, step = examples + steps * global_batch, step + steps
             elapsed = time.perf_counter() - started
