@@ -94,8 +94,8 @@ def open_trained(settings: Settings, doing: str, say: Say, restore: bool = True)
     loads, its averaged weights in place. The caller has checked that MODEL made the run (check_same_model). Raises
     SettingsError for changed data or adapted state, or no checkpoint."""
     from train.checkpoints import make_checkpoint
-    from train.context import Context, sample_function
-    from train.data.feeds import batches_per_pass, input_pipelines
+    from train.context import Context
+    from train.data.feeds import adapter
     from train.data.opening import check_same_data
     from train.exportable import use_averaged_weights
     from train.model import build
@@ -111,8 +111,7 @@ def open_trained(settings: Settings, doing: str, say: Say, restore: bool = True)
     settings = dataset.settings  # a dataset with one split: TRAIN_SPLIT and EVAL_SPLIT slice it
     in_memory = settings.data_in_memory == "true" or (settings.data_in_memory == "auto" and dataset.fits_in_memory())
     data = dataset.load(settings, in_memory)
-    pipelines = input_pipelines(runtime.strategy, streamed=not data.in_memory)
-    steps = settings.steps_per_epoch or batches_per_pass(data.train, runtime.global_batch, pipelines=pipelines)
+    steps = settings.steps_per_epoch or adapter(runtime.strategy, data.train).pass_batches(runtime.global_batch)
     context = Context(
         global_batch=runtime.global_batch,
         replicas=runtime.replicas,
@@ -122,7 +121,7 @@ def open_trained(settings: Settings, doing: str, say: Say, restore: bool = True)
         seed=settings.seed,
         precision=runtime.precision,
         output_dir=settings.output_dir,
-        _sample=sample_function(data.train, data.spec),
+        _sample=data.sample,
     )
     built = build(settings, experiment, data.spec, runtime.strategy, context)
     if not restore:
