@@ -13,7 +13,7 @@ export $(foreach name,$(SETTINGS),$(if $(filter undefined,$(origin $(name))),,$(
 # build_model's hyperparameters pass through too: `make train HP_WIDTH=128` (MODEL's own settings, train/hparams.py).
 export $(filter HP_%,$(.VARIABLES))
 
-.PHONY: help setup train train-workers devices check bench bench-images bench-text bench-gpu bench-levers evaluate test test-all test-gpu lint format tensorboard mlflow-ui lock clean
+.PHONY: help setup train train-workers devices check formats bench bench-images bench-text bench-gpu bench-levers evaluate test test-all test-gpu lint format tensorboard mlflow-ui lock clean
 
 help: ## Show this help
 	@[ -t 1 ] && tty=1; grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -v tty="$$tty" 'BEGIN {FS = ":.*?## "}; \
@@ -79,6 +79,9 @@ bench-levers: setup ## The benchmark, then each value of every speed lever in it
 
 evaluate: setup ## Evaluate the latest checkpoint on EVAL_SPLIT
 	$(BIN)/python -m train evaluate
+
+formats: setup ## OUTPUT_DIR's model.keras as ONNX and LiteRT, checked against it (FORMATS=onnx,litert; QUANTIZE=int8)
+	$(BIN)/python -m train formats --format "$(or $(FORMATS),onnx$(comma)litert)" $(if $(QUANTIZE),--quantize $(QUANTIZE))
 
 .PHONY: predict
 predict: setup ## Predict with OUTPUT_DIR's export: make predict INPUT="photos/ rows.csv" (or SPLIT=test), as JSON Lines

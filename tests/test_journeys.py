@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import clean_env, read_summary, run_python
+from tests.conftest import clean_env, needs, read_summary, run_python
 from tests.harness.runs import run_two_workers
 from tests.test_local_data import photos
 
@@ -290,6 +290,25 @@ def test_evaluate_and_a_changed_source_refused_by_fit_evaluate_and_predict_split
 STARTED = {"FREEZE": "dense", "UNFREEZE_AT_EPOCH": 2, "EPOCHS": 2}
 
 
+FORMATS = not needs("formats").args[0]  # the formats extra is installed: the runs below are converted too (issue 57)
+
+
+def _converted(kind: Kind, run: Path, result: subprocess.CompletedProcess | None = None) -> None:
+    """`formats` on `run` (or, `result`: fit's EXPORT_FORMATS did it): ONNX and LiteRT within 1e-4 of model.keras."""
+    result = result or kind.train("formats", "--output-dir", str(run))
+    _ok(result)
+    artifacts = json.loads((run / "formats" / "formats.json").read_text())["artifacts"]
+    assert {name: artifacts[name]["parity"]["max_abs_difference"] <= 1e-4 for name in ("onnx", "litert")} == {
+        "onnx": True, "litert": True,
+    }, artifacts  # fmt: skip
+
+
+@pytest.mark.slow
+@needs("formats")
+def test_the_kinds_run_converts_to_onnx_and_litert_with_parity(kind):
+    _converted(kind, kind.run)
+
+
 def _started_from(kind: Kind, run: Path) -> dict:
     """The summary of `run`, started from the kind's run, checked: every layer loaded, two phases recorded."""
     summary = read_summary(run)
@@ -313,6 +332,8 @@ def test_a_run_started_from_the_kinds_run_frozen_then_trained_is_evaluated_and_p
     predicted = kind.train("predict", "--output-dir", str(run), *kind.files)
     _ok(predicted)
     assert len(predicted.stdout.strip().splitlines()) >= 2
+    if FORMATS:
+        _converted(kind, run)
 
 
 @pytest.mark.slow
@@ -320,6 +341,8 @@ def test_two_workers_started_from_the_kinds_run_cross_a_phase_boundary(kind):
     run = kind.cwd / "workers"
     settings = {"MODEL": None, **kind.env, **kind.settings, **STARTED, "OUTPUT_DIR": run, "INIT_FROM": kind.run,
                 "WORKER_START_TIMEOUT": 120}  # fmt: skip
+    if FORMATS:  # the chief converts after its export; the other worker writes nothing
+        settings["EXPORT_FORMATS"] = "onnx,litert"
     workers = run_two_workers(kind.cwd, kind.cwd, **settings)
     texts = [text for _, text in workers]
     assert [code for code, _ in workers] == [0, 0], texts[0][-3000:] + texts[1][-3000:]
@@ -327,3 +350,6 @@ def test_two_workers_started_from_the_kinds_run_cross_a_phase_boundary(kind):
     summary = _started_from(kind, run)
     assert summary["workers"] == 2 and summary["eval"] is not None
     assert json.loads((run / "run.json").read_text())["data"] == json.loads((kind.run / "run.json").read_text())["data"]
+    if FORMATS:
+        assert "onnx: formats/model.onnx " in texts[0] and "formats/" not in texts[1]
+        _converted(kind, run, subprocess.CompletedProcess([], 0, "", ""))

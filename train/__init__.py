@@ -90,6 +90,8 @@ Model, data, devices, phases, the loop, its hook interface and the plug-ins are 
 | predict         | a trained run opened for evaluate and predict (open_trained);  | train; write into OUTPUT_DIR      |
 |                 | `predict`: the export run on files, rows or a split, as JSON   |                                   |
 |                 | Lines; what it reads, checked                                  |                                   |
+| formats         | model.keras as ONNX and LiteRT (and int8), each run in its     | train; keep an artifact that does |
+|                 | runtime against model.keras before formats/ is replaced whole  | not match model.keras             |
 | plugins/        | PLUG-INS over the hook interface, imported by the command line | import TensorFlow, or of the      |
 |                 | alone: `tune`, an Optuna study over --space (search_space) or  | engine more than hooks, errors,   |
 |                 | MODEL's search_space(trial), its trials `fit` processes in run | settings, model_file, rundir; be  |
@@ -105,7 +107,7 @@ Model, data, devices, phases, the loop, its hook interface and the plug-ins are 
 
 The modules stand in seven layers, top to bottom, each importing only its own or those below (import-linter's
 `layers` contract in pyproject.toml): the command line (cli, command); tools, and the plug-ins; the run (fit,
-start, agreement, resume, predict); the loop and the engine's hooks (loop, run_hooks, callbacks); the step,
+start, agreement, resume, predict, formats); the loop and the engine's hooks (loop, run_hooks, callbacks); the step,
 the model, the data and the checkpoints; devices, cluster and the writer; settings and what every layer reads (settings,
 model_file, hparams, dataset_path, rundir, errors, phases, timeline, progress, keras_seams, and hooks, the hook
 interface).

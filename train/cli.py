@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
 
+import click
 import typer
 
 from train.command import end, settings_command, warn
@@ -135,6 +136,10 @@ def fit(settings: Settings) -> None:
         warn,
     )
     check_run_settings(settings.output_dir, settings, warn)  # another FREEZE or UNFREEZE_*: refused, as DATASET is
+    if settings.export_formats:
+        from train.formats import check_can_convert
+
+        check_can_convert(None)  # the formats extra, before the first step
     hooks = fit_hooks(settings.tracking, settings.multi_worker)  # a tune's trial (one process), TRACKING's tracker
     check_init_from(
         settings.init_from,
@@ -212,6 +217,39 @@ def predict(
     )
     if output is not None:
         typer.echo(f"{count} predictions written to {output}", err=True)
+
+
+@settings_command(app, "Convert the run's model.keras to ONNX and LiteRT, each checked against it.", from_run=True)
+def formats(
+    settings: Settings,
+    format: Annotated[
+        str, typer.Option("--format", metavar="onnx,litert", help="Formats to write, a comma list (onnx, litert).")
+    ] = "onnx,litert",
+    quantize: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            click_type=click.Choice(["int8"]),
+            help="Also write the int8 model of each, its accuracy beside the float's.",
+        ),
+    ] = None,
+    atol: Annotated[float, typer.Option(min=0.0, help="Largest difference allowed to model.keras's outputs.")] = 1e-4,
+) -> None:
+    """RUN/formats/model.onnx and model.tflite from RUN/model.keras, each run in its runtime and compared with it
+    on up to 256 of the eval split's inputs; RUN/formats/formats.json records them."""
+    from train.formats import check_can_convert, convert
+    from train.rundir import check_same_model
+    from train.settings.parse import formats as parse_formats
+
+    names = parse_formats("--format", format)
+    if not names:
+        raise SettingsError("--format is empty: give a comma list of onnx, litert, like onnx,litert")
+    check_can_convert(settings.output_dir)
+    check_same_model(settings.output_dir, settings.model)
+    _load_tensorflow()
+    from train.predict import open_trained
+
+    trained = open_trained(settings, "converted", warn, restore=False)
+    convert(trained.built, trained.data, settings.output_dir, names, quantize, atol, typer.echo)
 
 
 @settings_command(app, "Trial-run real steps; find the batch size that fits.")

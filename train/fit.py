@@ -37,6 +37,7 @@ from train.data.source import Remainder
 from train.devices.runtime import Runtime, setup_runtime
 from train.errors import SettingsError, TrainingError, first_line
 from train.exportable import averaged_weights
+from train.formats import ATOL, convert
 from train.hooks import Hook, Json, Say
 from train.loop import Outcome, Schedule, longest_call, run_loop
 from train.phased import PhaseCalls
@@ -102,12 +103,27 @@ def fit(settings: Settings, stop: StopRequest, say: Say = _say, hooks: Sequence[
             with reading_errors(start.data, start.settings.dataset, start.settings.model, lambda: checkpoint.latest):
                 added = {key: value for hook in plugged for key, value in (hook.summary() or {}).items()}  # a trial's
                 summary = finish(start, position, checkpoint, callbacks, role, scalars, evaluate, outcome, added)
-                return summary
+            if settings.export_formats and not outcome.interrupted:
+                role.chief_only(_formats, start)
+            return summary
     finally:  # the peers closed and the run directory freed first: a fork's hook may raise in run_end
         peers.close()
         lock.release()
         for hook in plugged:
             hook.run_end(summary)
+
+
+def _formats(start: Start) -> None:
+    """EXPORT_FORMATS: model.keras in each format, checked (train.formats). Raises TrainingError where that fails:
+    the run is trained and exported as without it."""
+    settings, listed = start.settings, ",".join(start.settings.export_formats)
+    try:
+        convert(start.built, start.data, settings.output_dir, settings.export_formats, None, ATOL, start.say)
+    except (SettingsError, TrainingError) as error:
+        raise TrainingError(
+            f"the run is trained and exported, but EXPORT_FORMATS={listed} failed: {error}; once that is fixed, run "
+            f"python -m train formats --output-dir {settings.output_dir} --format {listed}"
+        ) from None
 
 
 def _train(

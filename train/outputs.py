@@ -75,8 +75,13 @@ def _own_names(network: keras.Model, output: ModelOutput) -> dict[str, tf.Tensor
     return dict(zip(names, values, strict=True))
 
 
-def name_outputs(network: keras.Model, spec: DatasetSpec) -> Callable[[ModelOutput], dict[str, tf.Tensor]]:
-    """A function of the model's output (a batch) to the signature's named outputs (the module's table)."""
+def name_outputs(
+    network: keras.Model, spec: DatasetSpec, with_classes: bool = True
+) -> Callable[[ModelOutput], dict[str, tf.Tensor]]:
+    """A function of the model's output (a batch) to the signature's named outputs (the module's table), in Keras
+    ops, so it names a functional model's outputs too; without `classes` (`with_classes`: ONNX and LiteRT carry
+    numbers alone, train.formats)."""
+    import keras
     import tensorflow as tf
 
     kind = label_kind(spec)
@@ -92,11 +97,13 @@ def name_outputs(network: keras.Model, spec: DatasetSpec) -> Callable[[ModelOutp
             output = next(iter(output.values())) if isinstance(output, dict) else output[0]
         if kind == "value":
             return {OUTPUTS: output}
-        if output.shape.rank != 2 or output.shape[-1] != len(names):  # not one score per class
+        if len(output.shape) != 2 or output.shape[-1] != len(names):  # not one score per class
             return _own_names(network, output)
-        scores = tf.cast(output, tf.float32)
+        scores = keras.ops.cast(output, "float32")
         if logits:
-            scores = tf.nn.softmax(scores) if kind == "class" else tf.sigmoid(scores)
+            scores = keras.ops.softmax(scores) if kind == "class" else keras.ops.sigmoid(scores)
+        if not with_classes:
+            return {SCORES: scores}
         classes = tf.tile(tf.constant(names, tf.string)[tf.newaxis], [tf.shape(scores)[0], 1])
         return {SCORES: scores, CLASSES: classes}
 

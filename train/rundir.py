@@ -293,9 +293,9 @@ def check_same_sync_batch_norm(output_dir: Path, sync_batch_norm: bool) -> None:
 
 # What a run keeps in OUTPUT_DIR, in the order checked: True for a folder it writes into, False for a file it
 # replaces whole.
-_FOLDERS = ("saved_model", "checkpoints", "logs", "logs/train", "logs/eval")
-_ENTRIES = (RUN_SETTINGS, RUN, EPOCHS, "summary.json", LOCK, "model.keras", "saved_model", "checkpoints")
-RUN_ENTRIES = {name: name in _FOLDERS for name in (*_ENTRIES, "checkpoints/checkpoint", *_FOLDERS[2:])}
+_FOLDERS = ("saved_model", "checkpoints", "formats", "logs", "logs/train", "logs/eval")
+_ENTRIES = (RUN_SETTINGS, RUN, EPOCHS, "summary.json", LOCK, "model.keras", "saved_model", "checkpoints", "formats")
+RUN_ENTRIES = {name: name in _FOLDERS for name in (*_ENTRIES, "checkpoints/checkpoint", *_FOLDERS[3:])}
 
 
 def check_run_files(output_dir: Path) -> None:
@@ -369,7 +369,8 @@ def leftovers(output_dir: Path) -> list[Path]:
             for path in checkpoints.glob("ckpt-*.data-*")
             if not (checkpoints / f"{path.name.partition('.data-')[0]}.index").exists()
         ]
-        found += [output_dir / name for name in ("model.tmp.keras", "saved_model.tmp") if (output_dir / name).exists()]
+        staged = ("model.tmp.keras", "saved_model.tmp", "formats.tmp")  # train.exportable's, train.formats'
+        found += [output_dir / name for name in staged if (output_dir / name).exists()]
         found += [path for path in output_dir.glob(".*.tmp") if re.fullmatch(r"\..+\.\d+\.tmp", path.name)]
         found += [checkpoints / "checkpoint"] if _not_text(checkpoints / "checkpoint") else []
     except OSError:  # a folder this UID cannot read: check_run_files says so

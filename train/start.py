@@ -25,6 +25,7 @@ from train.data.spec import features_record
 from train.devices.runtime import Runtime, auto_precision, choose_xla
 from train.errors import SettingsError
 from train.exportable import check_exportable
+from train.formats import check_convertible
 from train.hooks import Hook, Json, Say
 from train.init_from import Matched, NoSource, init_source
 from train.model import Built, build
@@ -221,6 +222,7 @@ def start_run(settings: Settings, runtime: Runtime, role: Role, say: Say) -> tup
     refuse_unevaluated_monitor(settings.monitor, settings.model, built)
     refuse_custom_train_step(settings.model, built.network, runtime.accumulation)
     role.chief_only(check_exportable, built, settings.dataset)  # the chief exports: a model it could not is refused now
+    role.chief_only(check_convertible, built, settings.export_formats)  # and converts, with EXPORT_FORMATS
     whole_call = adapter(runtime.strategy, data.train).whole_call  # the feed lets XLA compile the whole call
     jit, why = _decide_xla(runtime, role, built, whole_call, decision.jit_compile, recorded)
     callbacks = tuple(build_callbacks(experiment, context))  # bad callbacks (and hooks, below): before writing

@@ -74,6 +74,21 @@ def choice(allowed: tuple[str, ...]) -> Callable[[str, str], str]:
     return parse
 
 
+FORMATS = ("onnx", "litert")  # what train.formats converts model.keras to
+
+
+def formats(name: str, text: str) -> tuple[str, ...]:
+    """A comma list of FORMATS, each once, in order; empty: none."""
+    names = tuple(dict.fromkeys(part.strip().lower() for part in text.split(",") if part.strip()))
+    unknown = [each for each in names if each not in FORMATS]
+    if unknown:
+        raise SettingsError(
+            f"{name}={text!r} is not allowed: {unknown[0]!r} is not a format; use a comma list of "
+            f"{', '.join(FORMATS)}, like onnx,litert"
+        )
+    return names
+
+
 TRACKERS = ("none", "mlflow")
 
 
@@ -159,6 +174,7 @@ _METAVARS = {  # the form of each parser's value, for --help (Field.metavar); TE
     "FILE|MODULE": (model,),
     "START-END": (profile_steps,),
     "|".join(TRACKERS): (tracking,),
+    "onnx,litert": (formats,),
 }
 for _metavar, _parsers in _METAVARS.items():
     for _parse in _parsers:

@@ -225,6 +225,9 @@ class Settings:
     monitor_mode: str = setting(
         "auto", parse.choice(MONITOR_MODES), "MONITOR's best: min, max, or auto (from its name).", **W
     )
+    export_formats: tuple[str, ...] = setting(
+        "", parse.formats, "After fit's export, also these formats, checked: onnx, litert (the formats extra)."
+    )
     log_every: int = setting(
         "50", parse.positive_int, "Print progress and write TensorBoard scalars every N steps.", **W
     )
