@@ -22,9 +22,8 @@ import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
-import click
 import typer
 
 from train.command import end, settings_command, warn
@@ -226,11 +225,8 @@ def formats(
         str, typer.Option("--format", metavar="onnx,litert", help="Formats to write, a comma list (onnx, litert).")
     ] = "onnx,litert",
     quantize: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            click_type=click.Choice(["int8"]),
-            help="Also write the int8 model of each, its accuracy beside the float's.",
-        ),
+        Optional[Literal["int8"]],  # noqa: UP045
+        typer.Option(help="Also write the int8 model of each, its accuracy beside the float's."),
     ] = None,
     atol: Annotated[float, typer.Option(min=0.0, help="Largest difference allowed to model.keras's outputs.")] = 1e-4,
 ) -> None:
