@@ -73,7 +73,12 @@ LONGEST_FIRST = (
 # The extras a test may need (pyproject.toml's optional-dependencies), by the modules each brings. A test that
 # imports one carries needs(EXTRA) (or its module does, as `pytestmark`), so that it skips without it, naming the
 # extra: `make test` runs on the README's set-up, which installs none (tests/test_harness.py checks the marks).
-EXTRA_MODULES = {"hub": ("keras_hub", "kagglehub", "tensorflow_text"), "track": ("mlflow",), "tune": ("optuna",)}
+EXTRA_MODULES = {
+    "hub": ("keras_hub", "kagglehub", "tensorflow_text"),
+    "track": ("mlflow",),
+    "tune": ("optuna",),
+    "formats": ("tf2onnx", "onnx", "onnxruntime", "ai_edge_litert"),
+}
 
 
 def needs(extra: str) -> pytest.MarkDecorator:
