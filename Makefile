@@ -20,15 +20,15 @@ help: ## Show this help
 		{printf (tty ? "  \033[36m%-16s\033[0m %s\n" : "  %-16s %s\n"), $$1, $$2}'
 
 # The environment comes from a lock, hash-checked (a wheel that changed since `make lock` fails the install):
-# requirements-gpu.lock where EXTRAS names gpu, else requirements.lock; both hold the dev, hub, track and tune extras
-# (LOCKED_EXTRAS, as scripts/lock.py makes them), and the set-up installs the lock's entries that the dependencies
+# requirements-gpu.lock where EXTRAS names gpu, else requirements.lock; both hold the dev, hub, track, tune and formats
+# extras (LOCKED_EXTRAS, as scripts/lock.py makes them); the set-up installs the lock's entries that the dependencies
 # and the extras EXTRAS names need ($(VENV)/locked.txt, written by docker/requirements_from_pyproject.py as for the
 # image). Then the project itself, without dependencies (pip installs no editable project in hash mode). An extra
 # no lock holds (profile) comes last, under the lock's pins (LOCK_PINS: without hashes, which pip refuses beside an
 # editable project). Another EXTRAS than the last set-up's ($(BIN)/.extras) runs the set-up again, which adds.
 comma := ,
 EXTRAS_LIST = $(subst $(comma), ,$(EXTRAS))
-LOCKED_EXTRAS := dev hub track tune gpu
+LOCKED_EXTRAS := dev hub track tune formats gpu
 LOCK = $(if $(filter gpu,$(EXTRAS_LIST)),requirements-gpu.lock,requirements.lock)
 LOCK_PINS = <($(PYTHON) docker/requirements_from_pyproject.py --constraints $(LOCK) pyproject.toml)
 $(BIN)/.installed: pyproject.toml requirements.lock requirements-gpu.lock $(BIN)/.extras

@@ -24,8 +24,8 @@ DOCKER_ROOT := $(patsubst %/,%,$(dir $(DOCKER_MK_DIR)))
 DOCKER ?= docker
 TF_VARIANT ?= gpu
 IMAGE ?= tf-train:$(TF_VARIANT)
-# pyproject.toml's extras the image adds (the Dockerfile's EXTRAS): hub for KerasHub. Not the root Makefile's EXTRAS,
-# which names the venv's (dev).
+# pyproject.toml's extras the image adds (the Dockerfile's EXTRAS): hub for KerasHub (formats, the ONNX and LiteRT
+# exports, is in every image). Not the root Makefile's EXTRAS, which names the venv's (dev).
 IMAGE_EXTRAS ?=
 BASE_IMAGE ?= python:3.11-slim
 DOCKERFILE ?= $(DOCKER_ROOT)/docker/Dockerfile

@@ -9,7 +9,7 @@ Both are resolved by `uv pip compile --generate-hashes` for Linux x86_64 (manyli
 resolved again for Python 3.12 against those pins: a package that would need another version there stops the
 lock. The hashes are those of every file of each pinned release, so pip can check whichever wheel it picks.
 
-The GPU lock comes first: pyproject.toml's dependencies and its dev, hub, track, tune and gpu extras, every
+The GPU lock comes first: pyproject.toml's dependencies and its dev, hub, track, tune, formats and gpu extras, every
 nvidia-* wheel pinned to the lowest version tensorflow[and-cuda] allows (uv's lowest-direct resolution on them;
 TensorFlow's ranges start at the releases it was built against). The CPU lock is the same without the gpu extra,
 resolved under the GPU lock's pins, so every package both hold is identical. Each lock opens with comments saying
@@ -32,7 +32,7 @@ PLATFORM = "x86_64-manylinux_2_28"
 PYTHONS = ("3.11", "3.12")  # resolved for the first, checked on the others
 CPU_LOCK, GPU_LOCK = "requirements.lock", "requirements-gpu.lock"
 # The extras both locks hold (the GPU lock adds gpu); `make setup` installs from a lock the part EXTRAS names.
-LOCKED_EXTRAS = ["dev", "hub", "track", "tune"]
+LOCKED_EXTRAS = ["dev", "hub", "track", "tune", "formats"]
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", re.M)
 
 
@@ -151,10 +151,12 @@ def main(argv: list[str]) -> int:
         cpu = without_helper_files(compile_lock(uv, cpu_extras, python, "--generate-hashes", "-c", gpu_pins), helpers)
         same_on_other_pythons(uv, cpu_extras, pins(cpu), gpu_pins)
     lowest, build = tensorflow_facts(tf)
-    gpu_holds = "the GPU environment, pyproject.toml's dependencies and its dev, hub, track, tune and gpu extras"
+    gpu_holds = (
+        "the GPU environment, pyproject.toml's dependencies and its dev, hub, track, tune, formats and gpu extras"
+    )
     gpu_head = header(GPU_LOCK, gpu_holds, uv)
     gpu_head += cuda_comments(cuda, lowest, build, tf)
-    cpu_holds = "the CPU environment, pyproject.toml's dependencies and its dev, hub, track and tune extras"
+    cpu_holds = "the CPU environment, pyproject.toml's dependencies and its dev, hub, track, tune and formats extras"
     cpu_head = header(CPU_LOCK, cpu_holds, uv)
     cpu_head += [f"# Every package here is pinned as in {GPU_LOCK}, which adds the gpu extra (the CUDA wheels)."]
     (REPO / GPU_LOCK).write_text("\n".join(gpu_head) + "\n" + gpu)

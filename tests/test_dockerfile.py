@@ -184,8 +184,9 @@ def test_both_variants_share_the_dependency_layer_and_the_cuda_wheels_come_after
     (requirements,) = [
         i["value"] for i in structure if i["instruction"] == "RUN" and "> requirements.txt" in i["value"]
     ]
-    # The shared layer's list comes from requirements.lock whatever the variant; the variant's from its own lock.
-    assert "--locked requirements.lock pyproject.toml > requirements.txt" in requirements
+    # The shared layer's list comes from requirements.lock whatever the variant (the formats extra in it, in every
+    # image); the variant's from its own lock.
+    assert "--locked requirements.lock pyproject.toml formats > requirements.txt" in requirements
     assert '--locked "${lock}" --except requirements.txt pyproject.toml ${extra}' in requirements
 
 

@@ -94,14 +94,14 @@ def test_every_package_of_both_locks_is_pinned_with_hashes():
 def test_the_locks_agree_with_pyproject():
     cpu, gpu = entries(CPU_LOCK), entries(GPU_LOCK)
     for lock, pins in (
-        (cpu, pyproject_pins("dev", "hub", "track", "tune")),
-        (gpu, pyproject_pins("dev", "hub", "track", "tune", "gpu")),
+        (cpu, pyproject_pins("dev", "hub", "track", "tune", "formats")),
+        (gpu, pyproject_pins("dev", "hub", "track", "tune", "formats", "gpu")),
     ):
         assert {name: lock.get(name, ("missing",))[0] for name in pins} == pins
     # Nothing else: every package is needed by pyproject.toml's requirements, through the locks' `# via` lines.
     for path, extras in (
-        (CPU_LOCK, ["dev", "hub", "track", "tune"]),
-        (GPU_LOCK, ["dev", "hub", "track", "tune", "gpu"]),
+        (CPU_LOCK, ["dev", "hub", "track", "tune", "formats"]),
+        (GPU_LOCK, ["dev", "hub", "track", "tune", "formats", "gpu"]),
     ):
         command = [sys.executable, str(REQS_HELPER), "--locked", str(path), str(REPO / "pyproject.toml"), *extras]
         needed = subprocess.run(command, capture_output=True, text=True, check=True).stdout
@@ -226,9 +226,10 @@ def test_the_images_install_hash_checked_entries_of_the_locks(tmp_path):
         return subprocess.run(command, capture_output=True, text=True, check=True, cwd=tmp_path).stdout
 
     shared = tmp_path / "requirements.txt"
-    shared.write_text(helper("--locked", str(CPU_LOCK), str(REPO / "pyproject.toml")))
+    shared.write_text(helper("--locked", str(CPU_LOCK), str(REPO / "pyproject.toml"), "formats"))  # as the image
     names = {normalise(line.split("==")[0]) for line in shared.read_text().splitlines() if "==" in line}
     assert {"tensorflow", "keras", "numpy"} <= names and not names & {"pytest", "ruff", "keras-hub"}  # no dev, no hub
+    assert {"tf2onnx", "onnx", "onnxruntime", "ai-edge-litert"} <= names  # formats: in every image
     assert "--hash=sha256:" in shared.read_text()
     variant = helper("--locked", str(GPU_LOCK), "--except", str(shared), str(REPO / "pyproject.toml"), "gpu")
     wheels = {normalise(line.split("==")[0]) for line in variant.splitlines() if "==" in line}
