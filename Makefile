@@ -77,6 +77,14 @@ bench-gpu: setup ## GPU scaling: 1, 2, ... N GPUs at a fixed batch per GPU, and 
 bench-levers: setup ## The benchmark, then each value of every speed lever in its own process (minutes)
 	$(BIN)/python -m train bench --levers all --json "$(or $(BENCH_JSON),bench-levers.json)"
 
+# BENCH_RUN: the run whose exports are compared; trained (MODEL, DATASET, EPOCHS as given) when it has no model.keras.
+BENCH_RUN ?= runs/bench-formats
+.PHONY: bench-formats
+bench-formats: setup ## BENCH_RUN's SavedModel, onnxruntime and LiteRT side by side: ms at batch 1, examples/s at 256
+	[ -f "$(BENCH_RUN)/model.keras" ] || $(BIN)/python -m train fit --output-dir "$(BENCH_RUN)"
+	$(BIN)/python -m train formats --output-dir "$(BENCH_RUN)" --format onnx,litert
+	$(BIN)/python scripts/bench_formats.py --output-dir "$(BENCH_RUN)" --json "$(or $(BENCH_JSON),bench-formats.json)"
+
 evaluate: setup ## Evaluate the latest checkpoint on EVAL_SPLIT
 	$(BIN)/python -m train evaluate
 
