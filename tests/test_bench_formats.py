@@ -5,23 +5,13 @@ of positive figures for each runtime, and says which artifact is missing rather 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
 
-import pytest
+from tests.conftest import REPO, needs, run_python
 
-from tests.conftest import REPO, run_python
-
-# issue 57's `formats` extra (tf2onnx, onnxruntime, ai-edge-litert); conftest's needs("formats") once EXTRA_MODULES
-# names it (the branch that adds `python -m train formats`): until then the modules themselves
-pytest.importorskip("onnxruntime")
-pytest.importorskip("ai_edge_litert")
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("tf2onnx") is None,  # found, not imported: it imports TF
-    reason="tf2onnx not installed: make setup EXTRAS=dev,formats",
-)
+pytestmark = needs("formats")  # issue 57's formats extra: tf2onnx, onnx, onnxruntime, ai-edge-litert
 
 # A run's artifacts as Keras writes them, for a tiny model: model.keras, saved_model/, formats/model.{onnx,tflite}
 ARTIFACTS = """

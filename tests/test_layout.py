@@ -94,6 +94,8 @@ KERAS_HUB_IMPORTERS = {"train/init_from.py", "train/presets.py", "examples/finet
 MLFLOW_IMPORTERS = {"train/plugins/tracking.py"}
 # optuna is the tune extra's (EXTRAS=dev,tune): imported inside functions of these files only (`tune`, its study).
 OPTUNA_IMPORTERS = {"train/plugins/search_space.py", "train/plugins/study.py", "train/plugins/tune.py"}
+# onnxruntime and ai_edge_litert are the formats extra's (issue 57), imported inside train.formats' functions alone.
+FORMATS_IMPORTERS = {"train/formats.py"}
 
 
 def top_level_imports(path: Path) -> set[str]:
@@ -146,6 +148,7 @@ def test_the_package_imports_only_what_its_runtime_dependencies_bring():
             allowed = top in ("keras_hub", "kagglehub") and str(path.relative_to(REPO)) in KERAS_HUB_IMPORTERS
             allowed = allowed or (top == "mlflow" and str(path.relative_to(REPO)) in MLFLOW_IMPORTERS)
             allowed |= top == "optuna" and str(path.relative_to(REPO)) in OPTUNA_IMPORTERS
+            allowed |= top in ("onnxruntime", "ai_edge_litert") and str(path.relative_to(REPO)) in FORMATS_IMPORTERS
             if not installed.get(top, set()) & runtime and not allowed:
                 missing.setdefault(top, []).append(str(path.relative_to(REPO)))
     assert not missing, f"imported but not a runtime dependency: {missing}"
@@ -457,9 +460,13 @@ def test_only_the_device_backend_calls_tensorflows_device_functions():
 
 PLUGINS = ("plugins",)  # the plug-ins of item 3: train/plugins/ (tune, study, search_space, trial, tracking)
 CORE = [path for path in COUNTED if path.relative_to(TRAIN).parts[0] not in PLUGINS]  # the command line included
+# What issue 57 ("Deploy what you trained") added to train/ (train.formats and its uses: the command, EXPORT_FORMATS,
+# the setting's parser, the start's check): 263 statements, where the issue asked for at most 250 (not met; the
+# note on the issue says where they go).
+ISSUE_57_STATEMENTS = 263
 ISSUE_56 = {  # name: (bound today, the issue's target)
-    "statements in the core": (7_167, 5_500),
-    "statements in train/": (9_030, 7_300),
+    "statements in the core": (7_167 + ISSUE_57_STATEMENTS, 5_500),
+    "statements in train/": (9_030 + ISSUE_57_STATEMENTS, 7_300),
     "engine files naming accumulat": (6, 6),
     "fmt: skip or off in train/": (0, 0),
     "Any or object annotations": (65, 20),

@@ -148,10 +148,9 @@ def _opened(
 
     from train.exportable import model_to_export
 
+    check_convertible(built, names, quantize)
     own = model_to_export(built)
-    loaded = keras.saving.load_model(output_dir / "model.keras")  # safe_mode on, as evaluate --exported
-    _refuse_uncarried(loaded, names, quantize, built.experiment.text)
-    model, mixed = _float32(loaded)
+    model, mixed = _float32(keras.saving.load_model(output_dir / "model.keras"))  # safe_mode on, as evaluate
     _constants(model)
     wrapper = _named(model, own or built.network, built.spec)
     inputs = _inputs(model, data, built.spec.labeled, random=own is not None)
@@ -193,7 +192,7 @@ def _named(model: keras.Model, network: keras.Model, spec: DatasetSpec) -> keras
     return wrapper
 
 
-def _input_structure(model: keras.Model) -> object:
+def _input_structure(model: keras.Model) -> keras.KerasTensor | list[keras.KerasTensor] | dict[str, keras.KerasTensor]:
     """The model's Inputs as it takes them (one, a list or a dict); a Sequential loaded from model.keras, built
     but never called, has only its list."""
     try:
@@ -212,27 +211,21 @@ def _constants(model: keras.Model) -> None:
 
     for layer in all_layers(model):
         for key, value in list(vars(layer).items()):
-            if isinstance(value, tf.Tensor) and not isinstance(value, tf.Variable) and hasattr(value, "numpy"):
+            if isinstance(value, tf.Tensor):  # an EagerTensor; a variable is not a tf.Tensor
                 setattr(layer, key, value.numpy())
 
 
-def check_convertible(built: Built, names: tuple[str, ...]) -> None:
-    """fit's EXPORT_FORMATS, before the first step: what the formats cannot carry (`_refuse_uncarried`)."""
+def check_convertible(built: Built, names: tuple[str, ...], quantize: str | None = None) -> None:
+    """What the formats cannot carry, said before anything is written (by fit, before the first step): a string
+    input, a lookup inside the model, nothing to quantize. Raises SettingsError."""
     from train.exportable import model_to_export
-
-    if names:
-        _refuse_uncarried(model_to_export(built) or built.serving, names, None, built.experiment.text)
-
-
-def _refuse_uncarried(model: keras.Model, names: tuple[str, ...], quantize: str | None, text: str) -> None:
-    """What the formats cannot carry, said before anything is written. Raises SettingsError."""
     from train.keras_seams import all_layers
 
-    listed = " and ".join(names)
-    for each in model.inputs:
+    model, text, listed = model_to_export(built) or built.serving, built.experiment.text, " and ".join(names)
+    for each in model.inputs if names else ():
         if each.dtype == "string":
             raise SettingsError(f"MODEL={text!r}: {listed} cannot take the string input {each.name!r}: {STRINGS_FIX}")
-    for layer in all_layers(model):
+    for layer in all_layers(model) if names else ():
         if type(layer).__name__ in LOOKUPS:
             raise SettingsError(
                 f"MODEL={text!r}: {listed} cannot carry the layer {layer.name!r} ({type(layer).__name__}), a lookup "
@@ -256,8 +249,7 @@ def _inputs(model: keras.Model, data: Data, labeled: bool, random: bool) -> Inpu
     specs = keras.tree.flatten(_input_structure(model))  # in the order of the eval split's features, flattened
     if random or not len(data.eval):
         generator = np.random.default_rng(0)
-        shape = (PARITY_EXAMPLES,)
-        arrays = {each.name: generator.standard_normal(shape + each.shape[1:]).astype(each.dtype) for each in specs}
+        arrays = {e.name: generator.standard_normal((PARITY_EXAMPLES, *e.shape[1:])).astype(e.dtype) for e in specs}
         return Inputs(arrays, None, f"{PARITY_EXAMPLES} seeded random inputs of the model's input spec")
     batch = min(len(data.eval), ACCURACY_EXAMPLES)
     dataset, _ = eval_dataset(tf.distribute.OneDeviceStrategy("/cpu:0"), data.eval, batch)  # one batch, in order
@@ -271,7 +263,7 @@ def _run_keras(model: keras.Model, arrays: Arrays) -> Arrays:
     return {name: np.asarray(value) for name, value in model(arrays, training=False).items()}
 
 
-def _gap(outputs: Arrays, reference: Arrays) -> dict[str, object]:
+def _gap(outputs: Arrays, reference: Arrays) -> dict[str, float | str]:
     """The largest absolute difference between two runs' outputs, and the output where it is."""
     gaps = {name: float(np.max(np.abs(outputs[name].astype(np.float64) - value))) for name, value in reference.items()}
     worst = max(gaps, key=gaps.get)
@@ -386,8 +378,6 @@ def _line(entry: Json, origin: str, atol: float) -> str:
     if "quantized" in entry:
         accuracy, sizes = entry["accuracy"], f"{entry['bytes']:,} bytes (float {entry['float_bytes']:,})"
         scores = f"{accuracy['measure']} {accuracy['float']:.4g} float, {accuracy['int8']:.4g} int8"
-        if accuracy["measure"] == "max_abs_difference":  # no labels: the int8 outputs against the float ones
-            scores = f"largest difference to the float model {accuracy['int8']:.2g}"
         return f"{entry['format']} int8: {FOLDER}/{entry['file']} {sizes}; {scores} on {accuracy['examples']} examples"
     parity = entry["parity"]
     return (
