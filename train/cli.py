@@ -233,7 +233,7 @@ def formats(
     """RUN/formats/model.onnx and model.tflite from RUN/model.keras, each run in its runtime and compared with it
     on up to 256 of the eval split's inputs; RUN/formats/formats.json records them."""
     from train.formats import check_can_convert, convert
-    from train.rundir import check_same_model
+    from train.rundir import RunLock, check_same_model
     from train.settings.parse import formats as parse_formats
 
     names = parse_formats("--format", format)
@@ -241,6 +241,8 @@ def formats(
         raise SettingsError("--format is empty: give a comma list of onnx, litert, like onnx,litert")
     check_can_convert(settings.output_dir)
     check_same_model(settings.output_dir, settings.model)
+    lock = RunLock(settings.output_dir)  # held to the end: one writer, not beside a fit still writing (exit 75)
+    lock.acquire()
     _load_tensorflow()
     from train.predict import open_trained
 
