@@ -205,6 +205,27 @@ def test_the_fine_tuned_backbone_converts_with_parity(tmp_path):
 
 @pytest.mark.slow
 @needs("formats")
+def test_the_keras_io_dcgan_exports_its_generator_to_both_formats(tmp_path):
+    """examples/dcgan.py on a folder without labels: export_model's generator takes latent vectors, so the inputs
+    are seeded random ones, and there is no label to score the int8 model by."""
+    from tests.test_dcgan import SMALL as DCGAN
+    from tests.test_dcgan import faces
+
+    run = tmp_path / "run"
+    _ok(run_train("fit", cwd=tmp_path, **{**DCGAN, "DATASET": faces(tmp_path / "faces"), "OUTPUT_DIR": run},
+                  TFDS_DATA_DIR=tmp_path / "tfds"))  # fmt: skip
+    _ok(convert("--quantize", "int8", "--output-dir", str(run), cwd=tmp_path, TFDS_DATA_DIR=tmp_path / "tfds"))
+    record = json.loads((run / "formats" / "formats.json").read_text())
+    assert record["inputs_from"].startswith("256 seeded random inputs") and record["classes"] == []
+    for name in ("onnx", "litert"):
+        entry = record["artifacts"][name]
+        assert [(each["shape"], each["dtype"]) for each in entry["inputs"]] == [([None, 8], "float32")]  # latent
+        assert entry["parity"]["max_abs_difference"] <= 1e-4
+        assert record["artifacts"][f"{name}.int8"]["accuracy"]["measure"] == "max_abs_difference"
+
+
+@pytest.mark.slow
+@needs("formats")
 def test_a_run_on_two_replicas_in_mixed_precision_is_converted_in_float32(tmp_path, tfds_data_dir):
     run = tmp_path / "run"
     _ok(run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=tfds_data_dir, OUTPUT_DIR=run, CPU_DEVICES=2,

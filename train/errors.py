@@ -5,7 +5,7 @@ import os
 import re
 
 EXIT_OK = 0
-EXIT_FAILED = 1  # TrainingError: training cannot go on; the last checkpoint is intact
+EXIT_FAILED = 1  # TrainingError: a step could not be done (training cannot go on, or an artifact did not match)
 EXIT_BAD_INPUT = 2  # SettingsError: fix the named setting; nothing was written
 EXIT_PREEMPTED = 42  # stopped by SIGTERM/Ctrl-C after a checkpoint: start me again (TensorFlow's own code for it)
 EXIT_BUSY = 75  # BusyError: another live process trains in this run directory; try again later (sysexits' TEMPFAIL)
@@ -18,7 +18,8 @@ class SettingsError(ValueError):
 
 
 class TrainingError(RuntimeError):
-    """Training cannot go on (out of memory, a non-finite loss, a full disk); checkpoints are intact. Exit code 1."""
+    """A step could not be done: training cannot go on (out of memory, a non-finite loss, a full disk; checkpoints
+    are intact), or an artifact did not match what it was made from (train.formats: nothing of it kept). Exit 1."""
 
     exit_code = EXIT_FAILED
 
