@@ -7,6 +7,7 @@
     python -m train fit --model examples/cnn.py --hp-width 64   # build_model's own settings (--help lists them)
     python -m train evaluate                  # the latest checkpoint on EVAL_SPLIT, with the run's settings
     python -m train predict photos/ rows.csv  # the run's export on files (or --split test): JSON Lines
+    python -m train formats --format onnx,litert   # model.keras as ONNX and LiteRT, each checked against it
     python -m train data list --runs runs     # the prepared datasets, and which runs use each (data prune)
     python -m train tune --trials 20 --space LEARNING_RATE=1e-4..1e-2:log   # Optuna: each trial a run
 
