@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from train.errors import SettingsError, TrainingError, first_line
+from train.hooks import Json, Say
 from train.outputs import OUTPUTS, SCORES, class_names, label_kind, name_outputs
 from train.rundir import write_json
 
@@ -46,10 +47,8 @@ if TYPE_CHECKING:
     from train.data.spec import DatasetSpec
     from train.model import Built
 
-Json = dict[str, object]
 Arrays = dict[str, np.ndarray]  # a batch of inputs or outputs, by name
 Runner = Callable[[Arrays], Arrays]
-Say = Callable[[str], None]
 
 FORMATS = {"onnx": "model.onnx", "litert": "model.tflite"}  # each format's file in RUN/formats/ (parse.FORMATS)
 QUANTIZED = {"onnx": "model.int8.onnx", "litert": "model.int8.tflite"}
@@ -74,8 +73,7 @@ LOOKUPS = ("TextVectorization", "StringLookup", "IntegerLookup", "Hashing", "Has
 def check_can_convert(output_dir: Path | None) -> None:
     """What `formats` (and fit's EXPORT_FORMATS: no `output_dir`) needs before TensorFlow loads: the formats extra,
     and model.keras. Raises SettingsError."""
-    missing = [name for name in MODULES if importlib.util.find_spec(name) is None]
-    if missing:
+    if missing := [name for name in MODULES if importlib.util.find_spec(name) is None]:
         raise SettingsError(
             f"converting to ONNX and LiteRT needs {', '.join(missing)} (the formats extra): make setup "
             "EXTRAS=dev,formats"
@@ -90,15 +88,12 @@ class Inputs:
     or LABEL_KEY=none), and where they came from, in words."""
 
     arrays: Arrays
+    count: int  # examples in each array
     labels: np.ndarray | None
     origin: str
 
     def first(self, count: int) -> Arrays:
         return {name: array[:count] for name, array in self.arrays.items()}
-
-    @property
-    def count(self) -> int:
-        return len(next(iter(self.arrays.values())))
 
 
 def convert(
@@ -106,23 +101,24 @@ def convert(
 ) -> Json:
     """Convert OUTPUT_DIR/model.keras to each format in `names` (`built`: the run's model, built, for its outputs'
     names and its eval split's inputs), check each against it, write RUN/formats/; formats.json's content."""
-    wrapper, inputs, record = _opened(built, data, output_dir, names, quantize, atol, say)
-    reference, text = _run_keras(wrapper, inputs.first(PARITY_EXAMPLES)), built.experiment.text
+    wrapper, inputs, reference, record = _opened(built, data, output_dir, names, quantize, atol, say)
     staging, failed, artifacts = output_dir / STAGING, [], {}
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:
         for name in names:
             path = staging / FORMATS[name]
-            _write(name, wrapper, path, text)
-            entry = _check(name, path, inputs, reference, text)
+            _write(name, wrapper, path, built.experiment.text)
+            entry = _check(name, path, inputs, reference, built.experiment.text)
             if (gap := entry["parity"]["max_abs_difference"]) > atol:
                 failed.append(f"{name}'s {entry['parity']['output']!r} differs from model.keras by {gap:.2e}")
                 path.unlink()
                 continue
             artifacts[name] = entry
             if quantize:
-                artifacts[f"{name}.{quantize}"] = _quantized(name, wrapper, path, inputs, built.spec, text)
+                artifacts[f"{name}.{quantize}"] = _quantized(
+                    name, wrapper, path, inputs, built.spec, built.experiment.text
+                )
         for entry in artifacts.values():
             say(_line(entry, inputs.origin, atol))
         if artifacts:  # else formats/ stays as it was
@@ -141,9 +137,10 @@ def convert(
 
 def _opened(
     built: Built, data: Data, output_dir: Path, names: tuple[str, ...], quantize: str | None, atol: float, say: Say
-) -> tuple[keras.Model, Inputs, Json]:
-    """model.keras loaded, checked, made float32 and named (`_named`), the inputs to check it on, and the record's
-    head: where the inputs came from, the class names, and a mixed-precision model's gap to its float32 rebuild."""
+) -> tuple[keras.Model, Inputs, Arrays, Json]:
+    """model.keras loaded, checked, made float32 and named (`_named`), the inputs to check it on, its outputs on
+    the first PARITY_EXAMPLES of them (the reference), and the record's head: where the inputs came from, the class
+    names, and a mixed-precision model's gap to its float32 rebuild."""
     import keras
 
     from train.exportable import model_to_export
@@ -154,16 +151,27 @@ def _opened(
     _constants(model)
     wrapper = _named(model, own or built.network, built.spec)
     inputs = _inputs(model, data, built.spec.labeled, random=own is not None)
-    gap, first = None, inputs.first(PARITY_EXAMPLES)
+    reference, gap = _run_keras(wrapper, inputs.first(PARITY_EXAMPLES)), None
     if mixed:
-        gap = _gap(_run_keras(_named(mixed, own or built.network, built.spec), first), _run_keras(wrapper, first))
+        gap = _gap(
+            _run_keras(_named(mixed, own or built.network, built.spec), inputs.first(PARITY_EXAMPLES)), reference
+        )
         say(
             f"model.keras computes in mixed precision: converted in float32, whose outputs differ from it by up to "
             f"{gap['max_abs_difference']:.1e} ({gap['output']})"
         )
-    classes = list(class_names(built.spec)) if label_kind(built.spec) in ("class", "multi_hot") else []
-    record = {"model": "model.keras", "inputs_from": inputs.origin, "classes": classes, "atol": atol}
-    return wrapper, inputs, record | {"mixed_precision_gap": gap}
+    return (
+        wrapper,
+        inputs,
+        reference,
+        {
+            "model": "model.keras",
+            "inputs_from": inputs.origin,
+            "classes": list(class_names(built.spec)) if label_kind(built.spec) in ("class", "multi_hot") else [],
+            "atol": atol,
+            "mixed_precision_gap": gap,
+        },
+    )
 
 
 def _float32(loaded: keras.Model) -> tuple[keras.Model, keras.Model | None]:
@@ -194,11 +202,10 @@ def _named(model: keras.Model, network: keras.Model, spec: DatasetSpec) -> keras
 
 def _input_structure(model: keras.Model) -> keras.KerasTensor | list[keras.KerasTensor] | dict[str, keras.KerasTensor]:
     """The model's Inputs as it takes them (one, a list or a dict); a Sequential loaded from model.keras, built
-    but never called, has only its list."""
-    try:
-        return model.input
-    except AttributeError:
-        return model.inputs[0] if len(model.inputs) == 1 else model.inputs
+    but never called, has no `input`: its one Input."""
+    import keras
+
+    return model.inputs[0] if isinstance(model, keras.Sequential) else model.input
 
 
 def _constants(model: keras.Model) -> None:
@@ -250,13 +257,17 @@ def _inputs(model: keras.Model, data: Data, labeled: bool, random: bool) -> Inpu
     if random or not len(data.eval):
         generator = np.random.default_rng(0)
         arrays = {e.name: generator.standard_normal((PARITY_EXAMPLES, *e.shape[1:])).astype(e.dtype) for e in specs}
-        return Inputs(arrays, None, f"{PARITY_EXAMPLES} seeded random inputs of the model's input spec")
+        return Inputs(
+            arrays, PARITY_EXAMPLES, None, f"{PARITY_EXAMPLES} seeded random inputs of the model's input spec"
+        )
     batch = min(len(data.eval), ACCURACY_EXAMPLES)
-    dataset, _ = eval_dataset(tf.distribute.OneDeviceStrategy("/cpu:0"), data.eval, batch)  # one batch, in order
-    features, labels = next(iter(dataset))
-    flat = [np.asarray(each) for each in tf.nest.flatten(features)]
-    arrays = {each.name: array.astype(each.dtype) for each, array in zip(specs, flat, strict=True)}  # as Keras casts
-    return Inputs(arrays, np.asarray(labels) if labeled else None, "the eval split, after preprocess")
+    one_batch = eval_dataset(tf.distribute.OneDeviceStrategy("/cpu:0"), data.eval, batch)[0]  # in order
+    features, labels = next(iter(one_batch))
+    arrays = {  # each cast to its Input's dtype, as Keras casts what a functional model is given
+        each.name: np.asarray(tensor).astype(each.dtype)
+        for each, tensor in zip(specs, tf.nest.flatten(features), strict=True)
+    }
+    return Inputs(arrays, batch, np.asarray(labels) if labeled else None, "the eval split, after preprocess")
 
 
 def _run_keras(model: keras.Model, arrays: Arrays) -> Arrays:
@@ -296,8 +307,11 @@ def _runner(name: str, path: Path) -> tuple[Runner, Json]:
 
 def _tensor(name: str, shape: list, dtype: str) -> Json:
     """An artifact's input or output as formats.json records it: its name, shape (None: any size) and dtype."""
-    dims = [int(dim) if isinstance(dim, int | np.integer) and dim >= 0 else None for dim in shape]
-    return {"name": name, "shape": dims, "dtype": _ONNX_TYPES.get(dtype, dtype)}
+    return {
+        "name": name,
+        "shape": [int(dim) if isinstance(dim, int | np.integer) and dim >= 0 else None for dim in shape],
+        "dtype": _ONNX_TYPES.get(dtype, dtype),
+    }
 
 
 def _write(name: str, wrapper: keras.Model, path: Path, text: str, quantized: Path | None = None) -> None:
@@ -313,8 +327,8 @@ def _write(name: str, wrapper: keras.Model, path: Path, text: str, quantized: Pa
 
             quantize_dynamic(str(path), str(quantized), weight_type=QuantType.QInt8)
         else:
-            optimizations = [tf.lite.Optimize.DEFAULT]  # dynamic-range quantization: int8 weights
-            wrapper.export(str(quantized), format="litert", verbose=False, optimizations=optimizations)
+            # dynamic-range quantization: int8 weights, float activations
+            wrapper.export(str(quantized), format="litert", verbose=False, optimizations=[tf.lite.Optimize.DEFAULT])
 
 
 @contextlib.contextmanager
@@ -342,8 +356,13 @@ def _check(name: str, path: Path, inputs: Inputs, reference: Arrays, text: str) 
         ones = [run({key: array[i : i + 1] for key, array in inputs.first(count).items()}) for i in range(count)]
     singles = {key: np.concatenate([each[key] for each in ones]) for key in whole}
     gap = max((_gap(whole, reference), _gap(singles, reference)), key=lambda each: each["max_abs_difference"])
-    parity = {"examples": count, "batch_sizes": [1, count], **gap}
-    return {"format": name, "file": path.name, "bytes": path.stat().st_size, **declared, "parity": parity}
+    return {
+        "format": name,
+        "file": path.name,
+        "bytes": path.stat().st_size,
+        **declared,
+        "parity": {"examples": count, "batch_sizes": [1, count], **gap},
+    }
 
 
 def _quantized(name: str, wrapper: keras.Model, path: Path, inputs: Inputs, spec: DatasetSpec, text: str) -> Json:
@@ -355,30 +374,40 @@ def _quantized(name: str, wrapper: keras.Model, path: Path, inputs: Inputs, spec
         (small, declared), (large, _) = _runner(name, quantized), _runner(name, path)
         outputs = {"float": _outputs(large, inputs), "int8": _outputs(small, inputs)}
     measure, key, score = MEASURES.get(label_kind(spec), (None, None, None))
-    if inputs.labels is None or key not in outputs["float"]:
-        scores = {"float": 0.0, "int8": _gap(outputs["int8"], outputs["float"])["max_abs_difference"]}
-        measure = "max_abs_difference"
+    if inputs.labels is None or key not in outputs["float"]:  # no labels: the int8 outputs against the float ones
+        gap = _gap(outputs["int8"], outputs["float"])["max_abs_difference"]
+        measure, scores = "max_abs_difference", {"float": 0.0, "int8": gap}
     else:
         scores = {each: float(score(found[key], inputs.labels)) for each, found in outputs.items()}
-    sizes = {"bytes": quantized.stat().st_size, "float_bytes": path.stat().st_size}
-    accuracy = {"measure": measure, "examples": inputs.count, **scores}
-    return {"format": name, "quantized": "int8", "file": quantized.name, **sizes, **declared, "accuracy": accuracy}
+    return {
+        "format": name,
+        "quantized": "int8",
+        "file": quantized.name,
+        "bytes": quantized.stat().st_size,
+        "float_bytes": path.stat().st_size,
+        **declared,
+        "accuracy": {"measure": measure, "examples": inputs.count, **scores},
+    }
 
 
 def _outputs(run: Runner, inputs: Inputs) -> Arrays:
     """Every input run at the largest batch, the outputs concatenated."""
-    count, parts = inputs.count, []
-    for start in range(0, count, PARITY_EXAMPLES):
-        parts.append(run({key: array[start : start + PARITY_EXAMPLES] for key, array in inputs.arrays.items()}))
+    parts = [
+        run({key: array[start : start + PARITY_EXAMPLES] for key, array in inputs.arrays.items()})
+        for start in range(0, inputs.count, PARITY_EXAMPLES)
+    ]
     return {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
 
 
 def _line(entry: Json, origin: str, atol: float) -> str:
     """The printed line of one artifact."""
     if "quantized" in entry:
-        accuracy, sizes = entry["accuracy"], f"{entry['bytes']:,} bytes (float {entry['float_bytes']:,})"
-        scores = f"{accuracy['measure']} {accuracy['float']:.4g} float, {accuracy['int8']:.4g} int8"
-        return f"{entry['format']} int8: {FOLDER}/{entry['file']} {sizes}; {scores} on {accuracy['examples']} examples"
+        accuracy = entry["accuracy"]
+        return (
+            f"{entry['format']} int8: {FOLDER}/{entry['file']} {entry['bytes']:,} bytes (float "
+            f"{entry['float_bytes']:,}); {accuracy['measure']} {accuracy['float']:.4g} float, {accuracy['int8']:.4g} "
+            f"int8 on {accuracy['examples']} examples"
+        )
     parity = entry["parity"]
     return (
         f"{entry['format']}: {FOLDER}/{entry['file']} {entry['bytes']:,} bytes; largest difference to model.keras "
