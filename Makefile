@@ -5,7 +5,6 @@ SHELL := bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-EXTRAS ?= dev# add ",gpu" on a GPU machine (make setup EXTRAS=dev,gpu), ",hub" for KerasHub (EXTRAS=dev,hub)
 # Every setting, read from its one table (train/settings/table.py, `    name: type = setting(...)` lines, upper-cased).
 SETTINGS := $(shell sed -n '/^class Settings/,/^[^ ]/s/^    \([a-z][a-z0-9_]*\): [^=]* = setting.*/\1/p' train/settings/table.py | tr '[:lower:]' '[:upper:]')
 # A setting given to make (or already in the environment) reaches python as an environment variable.
@@ -20,14 +19,24 @@ help: ## Show this help
 		{printf (tty ? "  \033[36m%-16s\033[0m %s\n" : "  %-16s %s\n"), $$1, $$2}'
 
 # The environment comes from a lock, hash-checked (a wheel that changed since `make lock` fails the install):
-# requirements-gpu.lock where EXTRAS names gpu, else requirements.lock; both hold the dev, hub, track, tune and formats
-# extras (LOCKED_EXTRAS, as scripts/lock.py makes them); the set-up installs the lock's entries that the dependencies
-# and the extras EXTRAS names need ($(VENV)/locked.txt, written by docker/requirements_from_pyproject.py as for the
+# requirements-gpu.lock where the extras include gpu, else requirements.lock; both hold the dev, hub, track, tune and
+# formats extras (LOCKED_EXTRAS, as scripts/lock.py makes them); the set-up installs the lock's entries that the
+# dependencies and the extras need ($(VENV)/locked.txt, written by docker/requirements_from_pyproject.py as for the
 # image). Then the project itself, without dependencies (pip installs no editable project in hash mode). An extra
 # no lock holds (profile) comes last, under the lock's pins (LOCK_PINS: without hashes, which pip refuses beside an
-# editable project). Another EXTRAS than the last set-up's ($(BIN)/.extras) runs the set-up again, which adds.
+# editable project).
+# The extras: the venv's ($(BIN)/.extras, the last set-up's) and those EXTRAS names on the command line or in the
+# environment (gpu on a GPU machine: make setup EXTRAS=dev,gpu; hub for KerasHub), dev first; dev where neither names
+# one. EXTRAS adds, never drops: an extra the venv lacks runs the set-up again (to drop one: rm -rf $(VENV)).
 comma := ,
-EXTRAS_LIST = $(subst $(comma), ,$(EXTRAS))
+empty :=
+space := $(empty) $(empty)
+uniq = $(if $1,$(firstword $1) $(call uniq,$(filter-out $(firstword $1),$1)))
+VENV_EXTRAS := $(subst $(comma), ,$(shell cat $(BIN)/.extras 2>/dev/null))
+GIVEN_EXTRAS := $(if $(filter undefined,$(origin EXTRAS)),,$(subst $(comma), ,$(EXTRAS)))
+EXTRAS_LIST := $(or $(strip $(VENV_EXTRAS) $(GIVEN_EXTRAS)),dev)
+EXTRAS_LIST := $(strip $(call uniq,$(filter dev,$(EXTRAS_LIST)) $(EXTRAS_LIST)))
+ALL_EXTRAS := $(subst $(space),$(comma),$(EXTRAS_LIST))
 LOCKED_EXTRAS := dev hub track tune formats gpu
 LOCK = $(if $(filter gpu,$(EXTRAS_LIST)),requirements-gpu.lock,requirements.lock)
 LOCK_PINS = <($(PYTHON) docker/requirements_from_pyproject.py --constraints $(LOCK) pyproject.toml)
@@ -38,11 +47,12 @@ $(BIN)/.installed: pyproject.toml requirements.lock requirements-gpu.lock $(BIN)
 		$(filter $(LOCKED_EXTRAS),$(EXTRAS_LIST)) > $(VENV)/locked.txt
 	$(BIN)/python -m pip install --quiet --require-hashes -r $(VENV)/locked.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
-	$(if $(filter-out $(LOCKED_EXTRAS),$(EXTRAS_LIST)),$(BIN)/python -m pip install --quiet -c $(LOCK_PINS) -e ".[$(EXTRAS)]")
+	$(if $(filter-out $(LOCKED_EXTRAS),$(EXTRAS_LIST)),$(BIN)/python -m pip install --quiet -c $(LOCK_PINS) -e ".[$(ALL_EXTRAS)]")
 	touch $@
 
-$(BIN)/.extras: FORCE
-	@[ "$$(cat $@ 2>/dev/null)" = "$(EXTRAS)" ] || { mkdir -p $(BIN) && echo "$(EXTRAS)" > $@; }
+# Rewritten (and the set-up run again) only when the extras add to the venv's.
+$(BIN)/.extras: $(if $(filter-out $(VENV_EXTRAS),$(EXTRAS_LIST)),FORCE)
+	@mkdir -p $(BIN) && echo "$(ALL_EXTRAS)" > $@
 FORCE:
 
 setup: $(BIN)/.installed ## Create .venv and install the pinned dependencies

@@ -220,6 +220,61 @@ def test_other_extras_run_the_set_up_again(tmp_path):
     assert (bin_dir / ".extras").read_text() == "dev,hub\n"
 
 
+def set_up_venv(tmp_path: Path, extras: str) -> Path:
+    """A venv as make sees one the set-up left with `extras`: bin/.extras, older than bin/.installed."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / ".extras").write_text(f"{extras}\n")
+    os.utime(bin_dir / ".extras", (1, 1))
+    (bin_dir / ".installed").touch()
+    return tmp_path / "venv"
+
+
+def make_on(venv: Path, *args: str, extras: str | None = None) -> subprocess.CompletedProcess:
+    """make with VENV=venv and `args`; EXTRAS in the environment only where `extras` gives it."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("MAKE") and name != "EXTRAS"}
+    env |= {} if extras is None else {"EXTRAS": extras}
+    return subprocess.run(["make", *args, f"VENV={venv}"], cwd=REPO, capture_output=True, text=True, env=env)
+
+
+@pytest.mark.parametrize("given", [(), ("EXTRAS=dev",), ("EXTRAS=dev,track",), ("EXTRAS=",)])
+def test_make_keeps_the_extras_the_venv_has(tmp_path, given):
+    """Issue 58: a target run with no EXTRAS, or with extras the venv has (mlflow-ui's `make setup EXTRAS=dev,track`),
+    uses the venv's ($(VENV)/bin/.extras): the set-up does not run again, and drops none of them."""
+    venv = set_up_venv(tmp_path, "dev,track,hub")
+    dry = make_on(venv, "-n", "train", *given)
+    assert dry.returncode == 0 and dry.stdout.splitlines() == [f"{venv}/bin/python -m train fit"], dry.stdout
+    real = make_on(venv, "setup", "PYTHON=false", *given)  # a set-up fails
+    assert real.returncode == 0 and "false -m venv" not in real.stdout, real.stdout + real.stderr
+    assert (venv / "bin" / ".extras").read_text() == "dev,track,hub\n"
+
+
+@pytest.mark.parametrize(
+    ("recorded", "given", "union", "lock"),
+    [("dev,track,hub", "tune", "dev,track,hub,tune", "requirements.lock"),
+     ("dev,track", "hub,dev,tune", "dev,track,hub,tune", "requirements.lock"),
+     ("track", "gpu,dev", "dev,track,gpu", "requirements-gpu.lock")],
+)  # fmt: skip
+@pytest.mark.parametrize("where", ["command line", "environment"])
+def test_an_extras_given_adds_to_the_venvs(tmp_path, recorded, given, union, lock, where):
+    """EXTRAS on the command line or in the environment adds to the venv's extras: the set-up runs again with their
+    union (dev first, then the venv's, then the new ones; gpu in it picks the GPU lock), which .extras records."""
+    venv = set_up_venv(tmp_path, recorded)
+    args, extras = ((f"EXTRAS={given}",), None) if where == "command line" else ((), given)
+    dry = make_on(venv, "-n", "train", *args, extras=extras)
+    assert dry.returncode == 0, dry.stderr
+    commands = dry.stdout.replace("\\\n", " ").splitlines()
+    into = f" > {venv}/locked.txt"
+    (written,) = [line.removesuffix(into) for line in commands if line.endswith(into)]
+    assert written.split(f"--locked {lock} pyproject.toml ")[1].split() == union.split(",")  # what locked.txt holds
+    assert f'echo "{union}" > {venv}/bin/.extras' in dry.stdout and commands[-1] == f"{venv}/bin/python -m train fit"
+    real = make_on(venv, "setup", "PYTHON=false", *args, extras=extras)  # a set-up fails
+    assert real.returncode != 0 and "false -m venv" in real.stdout
+    assert (venv / "bin" / ".extras").read_text() == f"{union}\n"
+
+
 def test_the_images_install_hash_checked_entries_of_the_locks(tmp_path):
     def helper(*args: str) -> str:
         command = [sys.executable, str(REQS_HELPER), *args]
