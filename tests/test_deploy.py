@@ -331,11 +331,11 @@ def test_each_tune_pod_passes_its_index_and_the_shared_storage():
 
 @pytest.mark.parametrize(
     ("code", "disrupted", "outcome"),
-    [(42, False, "replaced, not counted"), (2, False, "fails"), (1, False, "fails"), (137, False, "replaced, counted"),
-     (137, True, "replaced, not counted")],
-    ids=["stopped-42", "bad-input-2", "three-failures-1", "killed-137", "evicted"],
+    [(42, False, "replaced, not counted"), (75, False, "replaced, not counted"), (2, False, "fails"),
+     (1, False, "fails"), (137, False, "replaced, counted"), (137, True, "replaced, not counted")],
+    ids=["stopped-42", "busy-75", "bad-input-2", "three-failures-1", "killed-137", "evicted"],
 )  # fmt: skip
-def test_the_tune_job_replaces_42_for_free_and_fails_at_once_on_1_and_2(code, disrupted, outcome):
+def test_the_tune_job_replaces_42_and_75_for_free_and_fails_at_once_on_1_and_2(code, disrupted, outcome):
     _, job = pod_spec_and_job(TUNE_JOB)
     match = pod_failure_rule(job, code, disrupted)
     action = match[1]["action"] if match else "Count"

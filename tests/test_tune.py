@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -188,6 +189,8 @@ BAD = [
     (["--space", "LEARNING_RATE=1e-4..1e-2", "--storage", "journal:/no/such/folder/j.log"], "does not exist"),
     (["--space", "LEARNING_RATE=1e-4..1e-2", "--monitor", "val_thing"], "MONITOR='val_thing': whether it should"),
     (["--space", "LEARNING_RATE=1e-4..1e-2", "TF_CONFIG"], "TF_CONFIG is set and names 2 workers, but a tune runs"),
+    (["--space", "LEARNING_RATE=1e-4..1e-2", "--study-wait", "0"], "STUDY_WAIT='0' is not allowed: use a whole number"),
+    (["--space", "LEARNING_RATE=1e-4..1e-2", "--study-wait", "soon"], "STUDY_WAIT='soon' is not allowed: use a whole"),
 ]
 
 
@@ -207,6 +210,36 @@ def test_bad_input_is_one_line_and_exit_2_before_any_trial(tmp_path, monkeypatch
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], result.output
     assert not (tmp_path / "study" / "study.db").exists()
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["STUDY_DIR's study.db", "--storage sqlite:///PATH"])
+def test_a_study_storage_another_process_holds_locked_is_busy_exit_75_after_study_wait(tmp_path, given):
+    """Busy is not bad input: a sqlite study another process holds locked is tried again for STUDY_WAIT seconds, not
+    sqlite's 60 s wait of the trials' writes, then the tune exits 75 in one line, nothing written."""
+    import optuna
+
+    study_dir = tmp_path / "study"
+    path = tmp_path / "held.db" if given else study_dir / "study.db"
+    path.parent.mkdir(exist_ok=True)
+    optuna.create_study(storage=f"sqlite:///{path}", study_name="study")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another process's write in progress: reads and writes wait for it
+    try:
+        args = ["--trials", "2", *SPACE] + (["--storage", f"sqlite:///{path}"] if given else [])
+        env = clean_env(STUDY_DIR=study_dir, STUDY_WAIT=1, **TINY)
+        start = time.monotonic()
+        result = run_python(["-m", "train", "tune", *args], cwd=tmp_path, env=env, timeout=300, fresh=True)
+        took = time.monotonic() - start
+    finally:
+        holder.close()
+    assert result.returncode == 75, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        "error: the study's storage is busy (database is locked): another tune holds it; run again when it is done"
+    ]
+    assert took < 30, took  # STUDY_WAIT's 1 s and the start, not SQLITE_TIMEOUT's 60 s
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no trial, no log; with --storage, no STUDY_DIR
+    assert optuna.load_study(study_name="study", storage=f"sqlite:///{path}").get_trials() == []
 
 
 def test_a_tune_without_the_tune_extra_is_one_line_and_exit_2(tmp_path, monkeypatch):

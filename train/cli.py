@@ -358,6 +358,7 @@ def tune(
         settings.monitor_mode,
         settings.gpus,
         settings.study_dir,
+        settings.study_wait,
         settings.cluster.num_workers if settings.cluster else 1,
     )
     plan = plan_tune(given, space or [], trials, jobs, storage, prune, model_hyperparameters(settings.model), index)

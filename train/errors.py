@@ -8,7 +8,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # TrainingError: a step could not be done (training cannot go on, or an artifact did not match)
 EXIT_BAD_INPUT = 2  # SettingsError: fix the named setting; nothing was written
 EXIT_PREEMPTED = 42  # stopped by SIGTERM/Ctrl-C after a checkpoint: start me again (TensorFlow's own code for it)
-EXIT_BUSY = 75  # BusyError: another live process trains in this run directory; try again later (sysexits' TEMPFAIL)
+EXIT_BUSY = 75  # BusyError: another live process holds what this one needs; try again later (sysexits' TEMPFAIL)
 
 
 class SettingsError(ValueError):
@@ -32,7 +32,8 @@ class Stopped(RuntimeError):
 
 
 class BusyError(RuntimeError):
-    """The run directory is held by another live process (its lock): nothing was written. Exit code 75."""
+    """Busy: another live process holds what this one needs, the run directory (its lock) or the study's storage
+    (a sqlite file locked past STUDY_WAIT): nothing was written. Exit code 75."""
 
     exit_code = EXIT_BUSY
 

@@ -1,7 +1,8 @@
 """The study `tune` searches in, as both sides see it: the tune that asks for trials, and the fit run as a trial.
 
 - its storage: `sqlite:///STUDY_DIR/study.db` unless `--storage` names a database URL or `journal:PATH`, opened once
-  (`open_storage`), a bad one refused in one line before any trial;
+  (`open_storage`), a bad one refused in one line before any trial, one another process holds locked waited for
+  STUDY_WAIT seconds, then refused as busy (exit 75);
 - its objective: MONITOR if set, else val_loss, in MONITOR_MODE's direction (`objective_of`), and a trial's value:
   its last epoch's, or its best epoch's where MONITOR is set (`trial_value`, from the run's epochs.json);
 - the trial a fit runs as: the environment variable TUNE_TRIAL, JSON written by the tune (`TrialRef`).
@@ -15,11 +16,12 @@ import json
 import math
 import os
 import socket
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from train.errors import SettingsError, first_line
+from train.errors import BusyError, SettingsError, first_line
 from train.rundir import read_epochs
 
 if TYPE_CHECKING:  # optuna is the tune extra's, imported where it is used
@@ -41,26 +43,36 @@ def default_storage(study_dir: Path) -> str:
     return f"sqlite:///{study_dir.resolve() / 'study.db'}"
 
 
-def open_storage(text: str) -> optuna.storages.BaseStorage:
+def open_storage(text: str, wait: int | None = None) -> optuna.storages.BaseStorage:
     """The optuna storage `text` names (a database URL or journal:PATH), opened: what cannot be is refused here in
-    one line naming --storage, before any trial."""
+    one line naming --storage, before any trial. `wait` (the tune's first open: STUDY_WAIT): a sqlite file another
+    process holds locked is tried again until that many seconds have passed, sqlite's own wait cut to what is left
+    of them, then BusyError (exit 75); without it, sqlite waits SQLITE_TIMEOUT, as the trials' writes do."""
     import optuna
 
     allowed = "use sqlite:///PATH, another database URL, or journal:PATH on a shared filesystem"
-    try:
-        if text.startswith(JOURNAL):
-            path = Path(text[len(JOURNAL) :]).expanduser()
-            if not path.parent.is_dir():
-                raise SettingsError(f"--storage {text}: the directory {path.parent} does not exist; {allowed}")
-            from optuna.storages.journal import JournalFileBackend
+    deadline = time.monotonic() + (wait or 0)
+    while True:
+        try:
+            if text.startswith(JOURNAL):
+                path = Path(text[len(JOURNAL) :]).expanduser()
+                if not path.parent.is_dir():
+                    raise SettingsError(f"--storage {text}: the directory {path.parent} does not exist; {allowed}")
+                from optuna.storages.journal import JournalFileBackend
 
-            return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
-        kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT}} if text.startswith("sqlite:") else {}
-        return optuna.storages.RDBStorage(text, engine_kwargs=kwargs)
-    except SettingsError:
-        raise
-    except Exception as error:  # a bad URL, a driver not installed, a server not there, a file not writable
-        raise SettingsError(f"--storage {text} cannot be opened ({_said(error)}): {allowed}") from None
+                return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+            timeout = SQLITE_TIMEOUT if wait is None else max(deadline - time.monotonic(), 0)
+            kwargs = {"connect_args": {"timeout": timeout}} if text.startswith("sqlite:") else {}
+            return optuna.storages.RDBStorage(text, engine_kwargs=kwargs)
+        except SettingsError:
+            raise
+        except Exception as error:  # a bad URL, a driver not installed, a server not there, a file not writable
+            if wait is None or "database is locked" not in str(error):
+                raise SettingsError(f"--storage {text} cannot be opened ({_said(error)}): {allowed}") from None
+            if time.monotonic() >= deadline:
+                busy = "the study's storage is busy (database is locked): another tune holds it"
+                raise BusyError(f"{busy}; run again when it is done") from None
+            time.sleep(0.1)  # sqlite said busy before its wait was over
 
 
 def storage_failure(error: BaseException, storage: str) -> str | None:

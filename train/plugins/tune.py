@@ -3,7 +3,8 @@
     python -m train tune --trials 20 --jobs 2 --space LEARNING_RATE=1e-4..1e-2:log --space BATCH_SIZE=32|64
 
 - Checked first, in one line each, exit 2, before any trial (`plan_tune`): the space (train.plugins.search_space),
-  --jobs against --trials and GPUS, the objective's direction (train.plugins.study), the storage.
+  --jobs against --trials and GPUS, the objective's direction (train.plugins.study), the storage (held locked by
+  another process for STUDY_WAIT seconds: busy, exit 75).
 - The study is STUDY_DIR's (train.plugins.study.open_storage). `--jobs J` threads here each loop: claim a trial, run
   `python -m train fit` on it in a process of its own (OUTPUT_DIR=STUDY_DIR/trial-<number>, the trial's values as
   settings in its environment, TUNE_TRIAL naming the trial, GPUS its share), tell the study how it ended. Each job
@@ -94,6 +95,7 @@ class Given:
     monitor_mode: str
     gpus: str | tuple[int, ...]
     study_dir: Path
+    study_wait: int  # seconds the storage's first open waits for another process's lock
     workers: int = 1  # the workers TF_CONFIG names (1 where it is unset): a trial is one process, on this machine
 
 
@@ -150,14 +152,15 @@ def plan_tune(
         )
     objective, direction = objective_of(settings.monitor, settings.monitor_mode)
     shares = gpu_shares(settings.gpus, jobs)
+    text = storage or default_storage(settings.study_dir)
     if storage:
-        open_storage(storage)  # refused before STUDY_DIR is made
+        open_storage(text, settings.study_wait)  # refused (or busy) before STUDY_DIR is made
     try:
         settings.study_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise SettingsError(f"STUDY_DIR={settings.study_dir} cannot be created ({error.strerror})") from None
-    text = storage or default_storage(settings.study_dir)
-    open_storage(text)
+    if not storage:
+        open_storage(text, settings.study_wait)
     return Tune(settings, dimensions, checker, trials, jobs, text, prune, objective, direction, shares, index)
 
 

@@ -212,6 +212,9 @@ class Settings:
     study_dir: Path = setting(
         "runs/study", parse.path, "tune's study: study.db, best.json and each trial's run directory."
     )
+    study_wait: int = setting(
+        "10", parse.positive_int, "Seconds tune waits for a study storage another process holds locked (then exit 75)."
+    )
     checkpoint_every: int = setting(
         "100", parse.positive_int, "Save a checkpoint every N steps (and at each epoch end).", **W
     )
