@@ -463,9 +463,11 @@ CORE = [path for path in COUNTED if path.relative_to(TRAIN).parts[0] not in PLUG
 # What issue 57 ("Deploy what you trained") adds to train/ at most: train.formats and its uses (the command,
 # EXPORT_FORMATS, the setting's parser, the start's check, the run lock); 249 at its end.
 ISSUE_57_STATEMENTS = 250
+# What issue 58 ("Real files as they are shipped") adds to train/ at most; the note on the issue gives the count.
+ISSUE_58_STATEMENTS = 300
 ISSUE_56 = {  # name: (bound today, the issue's target)
-    "statements in the core": (7_167 + ISSUE_57_STATEMENTS, 5_500),
-    "statements in train/": (9_030 + ISSUE_57_STATEMENTS, 7_300),
+    "statements in the core": (7_167 + ISSUE_57_STATEMENTS + ISSUE_58_STATEMENTS, 5_500),
+    "statements in train/": (9_030 + ISSUE_57_STATEMENTS + ISSUE_58_STATEMENTS, 7_300),
     "engine files naming accumulat": (6, 6),
     "fmt: skip or off in train/": (0, 0),
     "Any or object annotations": (65, 20),
