@@ -50,6 +50,36 @@ def test_fit_help_shows_every_flag_with_its_environment_variable():
     assert "FILE|MODULE" in result.output and "all|none|0,1" in result.output and "START-END" in result.output
 
 
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_predict_and_evaluate_help_list_only_the_settings_they_read(command):
+    result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "240"})
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    for flag in ("--output-dir", "--dataset", "--eval-split", "--batch-size", "--gpus", "--model"):
+        assert flag in text, flag
+    for flag in ("--epochs", "--learning-rate", "--monitor", "--init-from", "--resume", "--tracking"):
+        assert f"{flag} " not in text, flag  # training's alone: the run's settings.json has them
+
+
+def test_predict_takes_the_settings_it_reads_and_refuses_a_training_one(tmp_path, monkeypatch):
+    import typer
+
+    seen = {}
+
+    def check_run(settings, checkpoint):
+        seen["settings"] = settings
+        raise typer.Exit(0)
+
+    monkeypatch.setattr("train.predict.check_run", check_run)
+    args = ["predict", "--output-dir", "run", "--eval-split", "valid", "--batch-size", "8", "--gpus", "none", "a.csv"]
+    result = invoke(args, None, tmp_path, monkeypatch)
+    assert result.exit_code == 0, result.output
+    settings = seen["settings"]
+    assert (settings.eval_split, settings.batch_size, settings.gpus) == ("valid", 8, "none")
+    refused = invoke(["predict", "--epochs", "3", "a.csv"], None, tmp_path, monkeypatch)
+    assert refused.exit_code == 2 and "No such option: --epochs" in refused.output
+
+
 def test_fit_gets_settings_resolved_from_flag_environment_and_dotenv(fake_training, tmp_path, monkeypatch):
     (tmp_path / ".env").write_text("SEED=7\nEPOCHS=9\n")
     result = invoke(["fit", "--epochs", "3", "--gpus", "none"], {"BATCH_SIZE": "16"}, tmp_path, monkeypatch)

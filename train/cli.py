@@ -30,7 +30,7 @@ import typer
 from train.command import end, settings_command, warn
 from train.errors import EXIT_FAILED, EXIT_PREEMPTED, SettingsError, TrainingError
 from train.settings import FIELDS, Settings, check_run_settings
-from train.settings.layers import data_dir
+from train.settings.layers import ON_A_RUN, data_dir
 
 app = typer.Typer(
     help=__doc__.split("\n\n")[0],
@@ -156,7 +156,7 @@ def fit(settings: Settings) -> None:
         raise typer.Exit(EXIT_PREEMPTED)
 
 
-@settings_command(app, "Score the latest checkpoint (or --exported) on EVAL_SPLIT.", from_run=True)
+@settings_command(app, "Score the latest checkpoint (or --exported) on EVAL_SPLIT.", from_run=True, reads=ON_A_RUN)
 def evaluate(
     settings: Settings,
     exported: Annotated[
@@ -180,6 +180,7 @@ def evaluate(
     "Predict with the run's export: image files, folders, CSV or JSON Lines rows, a split.",
     from_run=True,
     data=lambda split=None, exported=True, **_: split is not None or not exported,  # files: the run's records
+    reads=ON_A_RUN,
 )
 def predict(
     settings: Settings,

@@ -130,7 +130,12 @@ Command = Callable[..., None]
 
 
 def settings_command(
-    app: typer.Typer, short_help: str, *, from_run: bool | str = False, data: Callable[..., bool] | None = None
+    app: typer.Typer,
+    short_help: str,
+    *,
+    from_run: bool | str = False,
+    data: Callable[..., bool] | None = None,
+    reads: tuple[str, ...] | None = None,
 ) -> Callable[[Command], Command]:
     """Register a command of `app` that takes one flag per setting and is handed the resolved, validated `Settings`.
 
@@ -138,9 +143,11 @@ def settings_command(
     whether it came from a flag, the environment or `.env`: one line, exit code 2. `from_run`: the
     run directory's settings.json fills in what flags and the environment leave (evaluate; fit: "defining", what
     defines the run, train.settings.layers). `data`: whether the command's arguments need DATASET (default: yes);
-    where not, its path is not surveyed (predict on files). The command is registered with `cls=SettingsCommand`,
-    which adds build_model's hyperparameters' flags.
+    where not, its path is not surveyed (predict on files). `reads`: the settings it has a flag for (default: all);
+    the others come from the environment, the run's settings.json and the files. The command is registered with
+    `cls=SettingsCommand`, which adds build_model's hyperparameters' flags.
     """
+    fields = [field for field in FIELDS if reads is None or field.env in reads]
 
     def register(command: Command) -> Command:
         hints = typing.get_type_hints(command, include_extras=True)  # real objects, not `from __future__` strings
@@ -165,12 +172,12 @@ def settings_command(
                     ),
                 ],
             )
-            for field in FIELDS
+            for field in fields
         ]
 
         @functools.wraps(command)
         def run(**kwargs: object) -> None:
-            flags = {field.env: kwargs.pop(field.attr) for field in FIELDS}
+            flags = {field.env: kwargs.pop(field.attr) for field in fields}
             flags |= _HYPERPARAMETER_FLAGS.get() or {}
             settings = None
             if os.environ.get("TFDS_DATA_DIR") == "":  # unset, as the settings take it: TFDS's default, not the cwd

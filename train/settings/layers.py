@@ -378,6 +378,13 @@ MACHINE = ("GPUS", "CPU_DEVICES", "STRATEGY", "CROSS_DEVICE_OPS", "DATA_IN_MEMOR
 RUN_LAYER_OF_FIT = tuple(
     name for name in (*RUN_DEFINING, "EPOCHS", "EVAL_SPLIT", "MONITOR", "MONITOR_MODE") if name not in MACHINE
 )
+# What evaluate and predict read (their --help lists these alone): the run, its data, this machine's devices and the
+# batch. What only training reads (EPOCHS, LEARNING_RATE, MONITOR, ...) they take from the run's settings.json.
+ON_A_RUN = (
+    *("MODEL", "OUTPUT_DIR", "DATASET", "TFDS_DATA_DIR", "DEVICE_PREFETCH", "TRAIN_SPLIT"),
+    *("EVAL_SPLIT", "FEATURE_KEY", "LABEL_KEY", "LABEL_KIND", "BAD_FILES", "BATCH_SIZE", "GLOBAL_BATCH_SIZE", "SEED"),
+    *(*MACHINE, "MEMORY_GROWTH", "GPU_MEMORY_LIMIT_MB", "DETERMINISTIC"),
+)
 # What every worker of a multi-worker run must have alike (compared by train.cluster.workers before training).
 WORKERS_AGREE = tuple(field.env for field in FIELDS if field.workers_agree)
 
