@@ -68,10 +68,10 @@ def _checkpoint_arrays(prefix: Path) -> list:
     return [reader.get_tensor(key) for key in reader.get_variable_to_shape_map() if "OBJECT_GRAPH" not in key]
 
 
-def _a_weights(folder: Path) -> dict:
+def _a_weights(folder: Path, run: str = "runs/a") -> dict:
     import keras
 
-    model = keras.saving.load_model(folder / "runs/a/model.keras", compile=False)
+    model = keras.saving.load_model(folder / run / "model.keras", compile=False)
     return {variable.path: variable.numpy() for variable in model.weights}
 
 
@@ -116,6 +116,27 @@ def test_a_run_directory_starts_a_run_on_other_classes_once_on_two_replicas(run_
     assert other.returncode == 2
     assert "INIT_FROM='runs/b/model.keras', but this run directory started from runs/a" in other.stderr
     assert "Traceback" not in other.stderr
+
+
+@pytest.mark.slow
+def test_a_run_whose_monitor_chose_a_best_epoch_starts_a_run_from_that_epoch(run_a):
+    """MONITOR=loss, MONITOR_MODE=max: the best epoch is an early one (loss falls), not the latest checkpoint's."""
+    import hashlib
+
+    folder = run_a
+    m = run_train("fit", cwd=folder, DATASET="four.csv", OUTPUT_DIR="runs/m", MONITOR="loss", MONITOR_MODE="max",
+                  **{**COMMON, "EPOCHS": 3, "LEARNING_RATE": 0.5})  # fmt: skip
+    assert m.returncode == 0, m.stderr
+    best = read_summary(folder / "runs/m")["best"]["epoch"]
+    exported = _a_weights(folder, "runs/m")["backbone_dense/kernel"]
+    latest = _checkpoint_arrays(folder / read_summary(folder / "runs/m")["checkpoint"])
+    assert best < 3 and not _holds(latest, exported)  # the export is not the latest checkpoint's weights
+    b = run_train("fit", cwd=folder, DATASET="three.csv", OUTPUT_DIR="runs/from_m", INIT_FROM="runs/m", **COMMON)
+    assert b.returncode == 0, b.stderr
+    assert f"INIT_FROM=runs/m: its best epoch {best} (MONITOR=loss), from model.keras: 2 layer(s) loaded" in b.stdout
+    assert _holds(_checkpoint_arrays(folder / "runs/from_m/checkpoints/ckpt-0"), exported)
+    record = read_summary(folder / "runs/from_m")["initialized_from"]
+    assert record["identity"] == hashlib.sha256((folder / "runs/m/model.keras").read_bytes()).hexdigest()
 
 
 @pytest.mark.slow

@@ -100,6 +100,10 @@ class _Weights:
     def identity(self) -> str:
         return _sha256(self.path)
 
+    def said(self) -> str:
+        """INIT_FROM as the start line names it: its text, and for a run which weights of it."""
+        return self.text
+
     def source_weights(self, network: keras.Model) -> dict[str, list[tuple[str, np.ndarray]]]:
         raise NotImplementedError
 
@@ -129,9 +133,29 @@ class KerasFile(_Weights):
 
 
 class RunDir(_Weights):
-    """A run directory: its latest checkpoint's model weights, each found by its variable's path in the
+    """A run directory: where its MONITOR chose a best epoch and the run exported it (summary.json's "best" and
+    "exported_model"), that epoch's weights, from its model.keras (as a `.keras` file loads, its identity the
+    file's sha256); else its latest checkpoint's model weights, each found by its variable's path in the
     checkpoint's object graph (no model rebuilt); its identity, the run's weights sha256 (summary.json's, where
     it was written at that checkpoint), else the checkpoint's files' sha256."""
+
+    def summary(self) -> Json:
+        try:
+            summary = json.loads((self.path / "summary.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return summary if isinstance(summary, dict) else {}
+
+    def best(self) -> KerasFile | None:
+        """The exported model.keras where it holds MONITOR's best epoch (else None: the latest checkpoint)."""
+        summary, exported = self.summary(), self.path / "model.keras"
+        best = summary.get("best")
+        if not isinstance(best, dict) or not summary.get("exported_model") or not exported.is_file():
+            return None
+        monitor = next((key for key in best if key not in ("epoch", "step")), "?")
+        return KerasFile(
+            f"{self.text}: its best epoch {best.get('epoch')} (MONITOR={monitor}), from model.keras", exported
+        )
 
     def latest(self) -> Path:
         newest = checkpoints_newest_first(self.path / "checkpoints")
@@ -143,15 +167,14 @@ class RunDir(_Weights):
         return newest[0]
 
     def check(self) -> None:
-        self.latest()
+        if self.best() is None:
+            self.latest()
 
     def identity(self) -> str:
-        latest = self.latest()
-        try:
-            summary = json.loads((self.path / "summary.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            summary = None
-        if isinstance(summary, dict) and Path(str(summary.get("checkpoint"))).name == latest.name:
+        if best := self.best():
+            return best.identity()
+        latest, summary = self.latest(), self.summary()
+        if Path(str(summary.get("checkpoint"))).name == latest.name:
             return str(summary.get("weights_sha256"))
         digest = hashlib.sha256()
         for file in sorted(latest.parent.glob(f"{latest.name}.*")):
@@ -162,6 +185,8 @@ class RunDir(_Weights):
         import tensorflow as tf
         from tensorflow.core.protobuf import trackable_object_graph_pb2
 
+        if best := self.best():
+            return best.source_weights(network)
         latest = self.latest()
         try:
             reader = tf.train.load_checkpoint(str(latest))
@@ -177,6 +202,10 @@ class RunDir(_Weights):
         except Exception as error:  # a damaged or foreign checkpoint
             raise SettingsError(f"INIT_FROM={self.text!r}: {latest} cannot be read: {first_line(error, 200)}") from None
         return _by_layer(variables.items())
+
+    def said(self) -> str:
+        best = self.best()
+        return best.text if best else self.text
 
 
 class Preset(_Weights):
@@ -374,7 +403,7 @@ def _matched(
         "loaded": loaded,
         "left_out": left_out,
     }
-    line = f"INIT_FROM={source.text}: {len(loaded)} layer(s) loaded, matched {source.matching}"
+    line = f"INIT_FROM={source.said()}: {len(loaded)} layer(s) loaded, matched {source.matching}"
     if left_out:
         line += "; left out: " + ", ".join(f"{path} ({shapes})" for path, shapes in left_out.items())
     return Matched(pairs, record, line + ".")
