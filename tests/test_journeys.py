@@ -206,9 +206,15 @@ def test_fit_on_the_run_directory_alone_continues_it_with_this_hosts_devices(kin
     assert summary["resumed_from_step"] == before["steps"] and summary["steps"] > before["steps"]
     assert summary["replicas"] == 2  # CPU_DEVICES is this machine's: from the environment, not the run
     settings = json.loads((kind.run / "settings.json").read_text())
-    assert settings["DATASET"] == kind.settings["DATASET"] and settings["EPOCHS"] == "2"
+    assert settings["DATASET"] == _as_recorded(kind, kind.settings["DATASET"]) and settings["EPOCHS"] == "2"
     default = "examples.mlp_table" if kind.name == "csv" else "examples.mlp"  # a table's default model: its own
-    assert settings["MODEL"] == kind.settings.get("MODEL", default)
+    assert settings["MODEL"] == _as_recorded(kind, kind.settings.get("MODEL", default))
+
+
+def _as_recorded(kind: Kind, text: object) -> str:
+    """A setting's text as settings.json records it: a path absolute, a name (TFDS's, a module's) as given."""
+    path = kind.cwd / str(text)
+    return str(path) if path.exists() and kind.name != "tfds" else str(text)
 
 
 def test_predict_files_and_a_split(kind):
@@ -272,7 +278,7 @@ def test_evaluate_and_a_changed_source_refused_by_fit_evaluate_and_predict_split
             assert result.returncode == 2, (command, result.stderr[-3000:])
             _no_traceback(result)
             [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-            assert f"DATASET={kind.settings['DATASET']!r} has changed since OUTPUT_DIR=" in line, line
+            assert f"DATASET={_as_recorded(kind, kind.settings['DATASET'])!r} has changed since OUTPUT_DIR=" in line
             assert "1 file(s) changed (" in line or "fingerprint differs" in line, line
             assert result.stdout.strip() == "" or command[0] == "fit"
     finally:

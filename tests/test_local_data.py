@@ -102,6 +102,40 @@ def test_columns_are_typed_from_their_values_and_the_label_kind_guessed_or_told(
     assert (told.dtype, told.num_classes) == ("float32", None)
 
 
+def test_a_whole_number_label_is_a_value_where_its_classes_would_be_more_than_twice_its_values(tmp_path):
+    path = tmp_path / "t.csv"
+
+    def label(rows: str, kind: str | None = None) -> local.Column:
+        path.write_text("x,label\n" + rows)
+        return local.read_table(dataset_path.survey(str(path)), "label", kind, local.Read()).columns[-1]
+
+    years = "".join(f"{i},{1990 + i % 30}\n" for i in range(60))  # 2,020 classes (0 to 2019) from 30 values
+    assert (label(years).dtype, label(years).num_classes) == ("float32", None)
+    assert label(years, "class").num_classes == 2020  # LABEL_KIND=class says otherwise
+    assert label("".join(f"{i},{1 + i % 5}\n" for i in range(20))).num_classes == 6  # ratings 1-5: 6 from 5 values
+
+
+@pytest.mark.slow
+def test_a_runs_recorded_label_kind_is_read_whatever_the_guess_says(tmp_path, monkeypatch):
+    """A run's later start reads a table's label as its run.json records it (here a value, with LABEL_KIND unset,
+    where the guess says classes), under the same name: the data is the run's, even written anew."""
+    import tensorflow_datasets as tfds
+
+    from train.data.opening import with_run_label_kind
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rates.csv").write_text("x,label\n" + "".join(f"{i},{i % 5}\n" for i in range(40)))
+    settings = load_settings(environ={"DATASET": "rates.csv", "TFDS_DATA_DIR": "a"}, dotenv_path=tmp_path / ".env")
+    guessed = written.prepare_path(settings, settings.source, print)
+    recorded = {"features": {"images": [], "label_is_class": True, "classes": None}}  # a value label's run.json
+    elsewhere = settings.replace(tfds_data_dir=tmp_path / "b")  # its copy is not there: written anew
+    kept = written.prepare_path(with_run_label_kind(elsewhere, recorded), elsewhere.source, print)
+    label = [tfds.builder_from_directory(str(each.directory)).info.features["label"] for each in (guessed, kept)]
+    assert isinstance(label[0], tfds.features.ClassLabel) and label[0].num_classes == 5
+    assert not isinstance(label[1], tfds.features.ClassLabel) and label[1].dtype.name == "float32"
+    assert kept.identity == guessed.identity
+
+
 @pytest.mark.parametrize(
     ("name", "content", "label_key", "says"),
     [

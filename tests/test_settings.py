@@ -302,3 +302,14 @@ def test_of_two_bad_values_the_first_in_the_table_is_told_dataset_included(tmp_p
         load(environ={"DATASET": missing, "EPOCHS": "many"})
     with pytest.raises(SettingsError, match=r"^DATASET='no such name' is not allowed"):
         load(environ={"DATASET": "no such name", "EPOCHS": "many"})
+
+
+def test_model_and_dataset_paths_are_written_absolute_and_names_as_given(tmp_path, monkeypatch):
+    """settings.json (to_json) holds MODEL's and DATASET's paths absolute: `--output-dir RUN` works from anywhere."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model.py").write_text("def build_model(input_shape, num_classes, learning_rate): ...\n")
+    (tmp_path / "rows.csv").write_text("a,label\n1,0\n2,1\n")
+    text = load_settings(environ={"MODEL": "model.py", "DATASET": "rows.csv"}, dotenv_path=tmp_path / ".env").to_json()
+    assert (text["MODEL"], text["DATASET"]) == (str(tmp_path / "model.py"), str(tmp_path / "rows.csv"))
+    names = load_settings(environ={"MODEL": "examples.cnn", "DATASET": "mnist"}, dotenv_path=tmp_path / ".env")
+    assert (names.to_json()["MODEL"], names.to_json()["DATASET"]) == ("examples.cnn", "mnist")

@@ -287,3 +287,39 @@ def test_a_model_with_python_branches_on_tensors_trains(tmp_path, tfds_data_dir)
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert read_summary(tmp_path / "run")["steps"] == 5
+
+
+TINY_MODEL = """\
+import keras
+
+
+def build_model(input_shape, num_classes, learning_rate):
+    inputs = {name: keras.Input(input_shape[name], name=name) for name in sorted(input_shape)}
+    x = keras.layers.Concatenate()([keras.layers.Reshape((1,))(inputs[name]) for name in sorted(inputs)])
+    model = keras.Model(inputs, keras.layers.Dense(num_classes)(x))
+    model.compile(keras.optimizers.SGD(learning_rate), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+"""
+
+
+@pytest.mark.slow
+def test_a_run_fitted_with_relative_paths_is_evaluated_and_resumed_from_another_directory(tmp_path):
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    (project / "data").mkdir(parents=True)
+    elsewhere.mkdir()
+    (project / "model.py").write_text(TINY_MODEL)
+    (project / "data/rows.csv").write_text("a,b,label\n" + "".join(f"{i % 7},{i % 3},{i % 2}\n" for i in range(64)))
+    given = {"EPOCHS": 1, "BATCH_SIZE": 16, "EVAL_SPLIT": "train", "TFDS_DATA_DIR": tmp_path / "tfds"}
+    first = run_train("fit", cwd=project, MODEL="model.py", DATASET="data/rows.csv", OUTPUT_DIR="runs/a", **given)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run = project / "runs/a"
+    recorded = json.loads((run / "settings.json").read_text())
+    assert (recorded["MODEL"], recorded["DATASET"]) == (str(project / "model.py"), str(project / "data/rows.csv"))
+    assert json.loads((run / "run.json").read_text())["model"] == str(project / "model.py")
+    scored = run_train("evaluate", "--output-dir", str(run), cwd=elsewhere, MODEL=None)
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    assert json.loads(scored.stdout[scored.stdout.index("{") :])["examples"] == 64
+    resumed = run_train("fit", "--output-dir", str(run), "--epochs", "2", cwd=elsewhere, MODEL=None)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert read_summary(run)["epochs_completed"] == 2

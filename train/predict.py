@@ -96,14 +96,14 @@ def open_trained(settings: Settings, doing: str, say: Say, restore: bool = True)
     from train.checkpoints import make_checkpoint
     from train.context import Context
     from train.data.feeds import adapter
-    from train.data.opening import check_same_data
+    from train.data.opening import check_same_data, with_run_label_kind
     from train.exportable import use_averaged_weights
     from train.model import build
 
     runtime = setup_runtime(settings, local_only=True)  # on this host, even where TF_CONFIG names a cluster
     recorded = read_run(settings.output_dir)
     experiment = load_model_file(settings.model)  # MODEL's file, loaded once for this command and passed down
-    dataset = open_dataset(settings, experiment, say)
+    dataset = open_dataset(with_run_label_kind(settings, recorded), experiment, say)
     check_same_data(dataset.settings, recorded.get("data"), dataset.identity, doing)  # changed files: refused
     check_recorded(settings, recorded, dataset.adapted)  # the vocabularies it trained with
     if settings.mixed_precision == "auto" and recorded.get("precision"):
@@ -420,7 +420,7 @@ def predict(
     take."""
     import tensorflow as tf
 
-    from train.data.opening import check_same_data, open_source
+    from train.data.opening import check_same_data, open_source, with_run_label_kind
     from train.data.spec import features_record
 
     if checkpoint:
@@ -432,7 +432,7 @@ def predict(
         opened = built = None
         features = recorded.get("features")
         if split is not None or not isinstance(features, dict):
-            opened = open_source(settings, say)  # for a split, or the data's own description
+            opened = open_source(with_run_label_kind(settings, recorded), say)  # a split, or the data's description
             check_same_data(opened.settings, recorded.get("data"), opened.identity, "predicted")
             features = features_record(opened.builder, opened.settings)
     inputs, serve = _signature(settings, built)

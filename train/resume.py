@@ -144,7 +144,7 @@ def facts(start: Start, position: Position) -> Json:
     phases (a run of several) and INIT_FROM, applied at step 0 (train.init_from)."""
     settings, phases = start.settings, start.phases.plan
     return {
-        "model": settings.model,
+        "model": settings.to_json()["MODEL"],  # a path absolute
         "model_sha256": model_fingerprint(settings.model),
         "jit_compile": start.jit_compile,
         "data_in_memory": start.data.in_memory,

@@ -19,7 +19,7 @@ from train.context import Context
 from train.data import Dataset, open_dataset
 from train.data.adapt import check_recorded
 from train.data.feeds import adapter
-from train.data.opening import check_same_data, data_identity_text
+from train.data.opening import check_same_data, data_identity_text, with_run_label_kind
 from train.data.source import Data
 from train.data.spec import features_record
 from train.devices.runtime import Runtime, auto_precision, choose_xla
@@ -199,9 +199,9 @@ def start_run(settings: Settings, runtime: Runtime, role: Role, say: Say) -> tup
     if runtime.cluster is not None:
         say(role.joined(runtime.cluster.address))
     experiment = load_model_file(settings.model)  # MODEL's file, loaded once for the run and passed down
-    dataset = open_dataset(settings, experiment, say)
-    settings = dataset.settings  # a dataset with one split: TRAIN_SPLIT and EVAL_SPLIT slice it
     recorded = role.writer.recorded()  # run.json, read once: the chief's ({} on others: nothing to check)
+    dataset = open_dataset(with_run_label_kind(settings, recorded), experiment, say)
+    settings = dataset.settings  # a dataset with one split: TRAIN_SPLIT and EVAL_SPLIT slice it
     newest = _checkpoints(settings.output_dir)
     # another DATASET, or changed files: refused before anything is built; a run that trained no step yet (none
     # after step 0's initial weights) takes the data as it is now

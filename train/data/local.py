@@ -28,7 +28,9 @@ from train.dataset_path import IMAGES, SHOWN, Entry, Survey, TableReader, number
 from train.errors import SettingsError
 
 INT64 = (-(2**63), 2**63 - 1)  # a whole-number column beyond this range is float32
-MAX_INTEGER_CLASSES = 1000  # whole-number labels from 0 with at most this many values are classes
+# whole-number labels from 0 are classes where there are at most this many (0 to the largest) and at most twice as
+# many as the values seen: a year column (2,021 classes for 30 years) is a value to predict
+MAX_INTEGER_CLASSES = 1000
 JPEG_END = b"\xff\xd9"
 JPEG_SCAN = 0xDA
 PNG_END = b"IEND\xaeB`\x82"  # the IEND chunk's type and its CRC (its length, 0, before them)
@@ -195,14 +197,15 @@ def _typed(survey: Survey, name: str, every: list, is_label: bool, label_kind: s
             raise SettingsError(f"LABEL_KIND=value but LABEL_KEY={name!r} holds text: use LABEL_KIND=class")
         return Column(name, "int64", classes=tuple(sorted({str(value) for value in present})))
     integers = [int(number) for number in numbers] if whole else []
-    guess_class = whole and min(integers) >= 0 and len(set(integers)) <= MAX_INTEGER_CLASSES
+    classes = max(integers, default=-1) + 1  # 0 to the largest
+    guess_class = whole and min(integers) >= 0 and classes <= min(2 * len(set(integers)), MAX_INTEGER_CLASSES)
     if label_kind == "class" or (label_kind is None and guess_class):
         if not whole or min(integers) < 0:
             raise SettingsError(
                 f"LABEL_KIND=class but LABEL_KEY={name!r} holds values that are not whole numbers "
                 "from 0: use LABEL_KIND=value"
             )
-        return Column(name, "int64", num_classes=max(integers) + 1)
+        return Column(name, "int64", num_classes=classes)
     return Column(name, "float32")
 
 

@@ -150,6 +150,16 @@ def one_split(settings: DataSettings, builder: tfds.core.DatasetBuilder) -> tupl
     return settings.replace(train_split=ONE_SPLIT[0], eval_split=ONE_SPLIT[1]), (note,)
 
 
+def with_run_label_kind(settings: DataSettings, recorded: dict[str, object]) -> DataSettings:
+    """`settings` reading a table's label as the run's run.json ("features": class names, or none for a value)
+    records it, so that a later start reads the kind it trained with whatever the guess says now (LABEL_KIND, where
+    set, decides). `recorded`: run.json ({} for a new run)."""
+    features = recorded.get("features")
+    if not isinstance(features, dict) or "classes" not in features:
+        return settings
+    return settings.replace(run_label_kind="value" if features["classes"] is None else "class")
+
+
 def check_same_data(
     settings: DataSettings, recorded: Identity | None, identity: Identity, doing: str = "trained", trained: bool = True
 ) -> str | None:

@@ -422,7 +422,9 @@ def _write_table(
 ) -> Made:
     import tensorflow_datasets as tfds
 
-    table = local.read_table(survey, label_key if settings.labeled else None, settings.label_kind, read)
+    # a run's own kind (its run.json's) where LABEL_KIND is unset; the copy's name keeps the setting's (`_name`)
+    kind = settings.label_kind or settings.run_label_kind
+    table = local.read_table(survey, label_key if settings.labeled else None, kind, read)
     local.check_label_values(settings, table, label_key)
     splits = {}
     for split, rows in table.rows.items():

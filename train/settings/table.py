@@ -20,9 +20,9 @@ from typing import TypeVar
 
 import train.settings.parse as parse
 from train import hparams
-from train.dataset_path import Source
+from train.dataset_path import Source, Survey
 from train.errors import SettingsError
-from train.model_file import DEFAULT_MODEL
+from train.model_file import DEFAULT_MODEL, is_model_path
 from train.settings.tf_config import EXAMPLE, Cluster
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
@@ -260,6 +260,9 @@ class Settings:
     # TFDS; None where DATASET is taken as text (data=False). Derived from DATASET and the working directory: never
     # written (to_json) nor compared.
     source: Source | None = dataclasses.field(default=None, compare=False, repr=False)
+    # Not a setting: a table's label kind as the run's run.json records it (class or value), which a later start of
+    # the run reads its data with where LABEL_KIND is unset, whatever the guess says now (train.data.opening).
+    run_label_kind: str | None = None
 
     @property
     def labeled(self) -> bool:
@@ -275,7 +278,8 @@ class Settings:
         return self.strategy == "auto" and self.cluster is not None and self.cluster.num_workers > 1
 
     def to_json(self) -> dict[str, str]:
-        """The resolved settings as environment-style text, ready to paste into a `.env`."""
+        """The resolved settings as environment-style text, ready to paste into a `.env` (MODEL's and DATASET's
+        paths absolute)."""
 
         def text(value: object, separator: str) -> str:
             if value is None:
@@ -289,6 +293,11 @@ class Settings:
             field.env: text(getattr(self, field.attr), "-" if field.attr == "profile_steps" else ",")
             for field in FIELDS
         }
+        # a path is written absolute: a command on the run (--output-dir RUN) finds it from any directory
+        if is_model_path(self.model):
+            fixed["MODEL"] = str(Path(self.model).expanduser().absolute())
+        if isinstance(self.source, Survey):
+            fixed["DATASET"] = str(self.source.root.absolute())
         return fixed | {hparams.env_name(name): hparams.text(value) for name, value in self.hyperparameters}
 
     def typed(self) -> dict[str, bool | int | float | str]:
