@@ -391,7 +391,7 @@ WORKERS_AGREE = tuple(field.env for field in FIELDS if field.workers_agree)
 
 def agreed_settings(settings: Settings) -> dict[str, str]:
     """The settings every worker must have alike, as text: WORKERS_AGREE's and build_model's hyperparameters."""
-    text = settings.to_json()
+    text = settings.to_json() | {"MODEL": settings.model}  # as given (to_json's is absolute): its code is compared
     # a path can differ between hosts: the workers compare its fingerprint
     if isinstance(settings.source, dataset_path.Survey):
         text["DATASET"] = "(a path: its data's fingerprint is compared)"
