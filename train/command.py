@@ -25,7 +25,7 @@ from typer.core import TyperCommand
 
 from train import hparams
 from train.errors import EXIT_FAILED, BusyError, SettingsError, Stopped, TrainingError, first_line
-from train.settings import FIELDS, FIELDS_BY_ENV, Settings, load_settings, peek_hyperparameters
+from train.settings import FIELDS, FIELDS_BY_ENV, Field, Settings, load_settings, peek_hyperparameters
 
 
 def fail(message: str, code: int) -> None:
@@ -124,6 +124,26 @@ class SettingsCommand(TyperCommand):
             _HYPERPARAMETER_FLAGS.reset(token)
 
 
+def _setting_parameter(field: Field) -> inspect.Parameter:
+    """A setting's flag, as typer reads a command's keyword-only parameter: optional text, which `train.settings`
+    parses as any layer's."""
+    return inspect.Parameter(
+        field.attr,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=None,
+        annotation=Annotated[
+            Optional[str],  # noqa: UP045 (typer reads this annotation at run time)
+            typer.Option(
+                field.flag,
+                metavar=field.metavar,
+                help=f"{field.help} (env: {field.env}; default: {field.default or 'unset'})",
+                show_default=False,
+                rich_help_panel="Settings",
+            ),
+        ],
+    )
+
+
 # A command's function: typer calls it with its parameters' values (settings commands: the Settings first); it
 # prints its result, or exits, and returns nothing.
 Command = Callable[..., None]
@@ -156,24 +176,7 @@ def settings_command(
             for p in inspect.signature(command).parameters.values()
             if p.name != "settings"
         ]
-        setting_params = [
-            inspect.Parameter(
-                field.attr,
-                inspect.Parameter.KEYWORD_ONLY,
-                default=None,
-                annotation=Annotated[
-                    Optional[str],  # noqa: UP045 (typer reads this annotation at run time)
-                    typer.Option(
-                        field.flag,
-                        metavar=field.metavar,
-                        help=f"{field.help} (env: {field.env}; default: {field.default or 'unset'})",
-                        show_default=False,
-                        rich_help_panel="Settings",
-                    ),
-                ],
-            )
-            for field in fields
-        ]
+        setting_params = [_setting_parameter(field) for field in fields]
 
         @functools.wraps(command)
         def run(**kwargs: object) -> None:

@@ -32,6 +32,7 @@ from train.model_file import TABLE_MODEL, TABULAR_TEXT_EXAMPLE
 if TYPE_CHECKING:
     import tensorflow_datasets as tfds
 
+Json = dict[str, object]  # run.json's, read back
 ONE_SPLIT = ("train[:90%]", "train[90%:]")  # TRAIN_SPLIT and EVAL_SPLIT of a dataset with one split, train
 
 
@@ -150,7 +151,7 @@ def one_split(settings: DataSettings, builder: tfds.core.DatasetBuilder) -> tupl
     return settings.replace(train_split=ONE_SPLIT[0], eval_split=ONE_SPLIT[1]), (note,)
 
 
-def with_run_label_kind(settings: DataSettings, recorded: dict[str, object]) -> DataSettings:
+def with_run_label_kind(settings: DataSettings, recorded: Json) -> DataSettings:
     """`settings` reading a table's label as the run's run.json ("features": class names, or none for a value)
     records it, so that a later start reads the kind it trained with whatever the guess says now (LABEL_KIND, where
     set, decides). `recorded`: run.json ({} for a new run)."""
