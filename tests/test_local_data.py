@@ -136,6 +136,41 @@ def test_a_runs_recorded_label_kind_is_read_whatever_the_guess_says(tmp_path, mo
     assert kept.identity == guessed.identity
 
 
+REGRESSION = """\
+import keras
+
+
+def build_model(input_shape, num_classes, learning_rate):
+    inputs = {name: keras.Input(input_shape[name], name=name) for name in sorted(input_shape)}
+    x = keras.layers.Concatenate()([keras.layers.Reshape((1,))(inputs[name]) for name in sorted(inputs)])
+    model = keras.Model(inputs, keras.layers.Dense(1)(x))
+    model.compile(keras.optimizers.SGD(learning_rate), "mse")
+    return model
+"""
+
+
+@pytest.mark.slow
+def test_a_resume_reads_the_label_kind_its_run_json_recorded_though_the_guess_says_otherwise(tmp_path):
+    """A run that trained on ratings 0-4 as values with LABEL_KIND unset (as a run from before the guess changed
+    would have: made so here), resumed where its copy of the data is gone: it is written anew as values."""
+    (tmp_path / "model.py").write_text(REGRESSION)
+    (tmp_path / "rates.csv").write_text("x,label\n" + "".join(f"{i % 7},{i % 5}\n" for i in range(64)))
+    given = {"MODEL": "model.py", "DATASET": "rates.csv", "OUTPUT_DIR": "run", "EPOCHS": 1, "BATCH_SIZE": 16}
+    first = run_train("fit", cwd=tmp_path, LABEL_KIND="value", TFDS_DATA_DIR=tmp_path / "a", **given)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run = tmp_path / "run"
+    steps = read_summary(run)["steps"]
+    settings, recorded = (json.loads((run / name).read_text()) for name in ("settings.json", "run.json"))
+    survey = dataset_path.survey(str(tmp_path / "rates.csv"))
+    recorded["data"]["name"] = written._name(survey, recorded["data"]["fingerprint"], "label", None)  # as guessed
+    (run / "run.json").write_text(json.dumps(recorded))
+    (run / "settings.json").write_text(json.dumps({**settings, "LABEL_KIND": ""}))
+    resumed = run_train("fit", cwd=tmp_path, TFDS_DATA_DIR=tmp_path / "b", **{**given, "EPOCHS": 2})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = read_summary(run)
+    assert (summary["classes"], summary["resumed_from_step"], summary["epochs_completed"]) == (None, steps, 2)
+
+
 @pytest.mark.parametrize(
     ("name", "content", "label_key", "says"),
     [
