@@ -258,7 +258,7 @@ class Settings:
     batch_from: tuple[tuple[str, str], ...] = dataclasses.field(default=(), compare=False)
     # Not a setting: DATASET's kind, decided once by load_settings (train.dataset_path.source): a path's survey, or
     # TFDS; None where DATASET is taken as text (data=False). Derived from DATASET and the working directory: never
-    # written (to_json) nor compared.
+    # written (to_json writes its path absolute) nor compared.
     source: Source | None = dataclasses.field(default=None, compare=False, repr=False)
     # Not a setting: a table's label kind as the run's run.json records it (class or value), which a later start of
     # the run reads its data with where LABEL_KIND is unset, whatever the guess says now (train.data.opening).
