@@ -313,3 +313,14 @@ def test_model_and_dataset_paths_are_written_absolute_and_names_as_given(tmp_pat
     assert (text["MODEL"], text["DATASET"]) == (str(tmp_path / "model.py"), str(tmp_path / "rows.csv"))
     names = load_settings(environ={"MODEL": "examples.cnn", "DATASET": "mnist"}, dotenv_path=tmp_path / ".env")
     assert (names.to_json()["MODEL"], names.to_json()["DATASET"]) == ("examples.cnn", "mnist")
+
+
+def test_a_path_a_run_recorded_relative_is_not_a_changed_setting_now_it_is_written_absolute(tmp_path, monkeypatch):
+    from train.settings.layers import changed_settings
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model.py").write_text("def build_model(input_shape, num_classes, learning_rate): ...\n")
+    (tmp_path / "rows.csv").write_text("a,label\n1,0\n2,1\n")
+    settings = load_settings(environ={"MODEL": "model.py", "DATASET": "rows.csv"}, dotenv_path=tmp_path / ".env")
+    (tmp_path / "settings.json").write_text(json.dumps({**settings.to_json(), "MODEL": "model.py", "SEED": "7"}))
+    assert changed_settings(tmp_path / "settings.json", settings) == [("SEED", "7", settings.to_json()["SEED"])]

@@ -410,4 +410,9 @@ def changed_settings(path: Path, settings: Settings) -> list[tuple[str, str, str
     defining = (*RUN_DEFINING, *(hparams.env_name(name) for name, _ in settings.hyperparameters))  # each defines it
     if now["GLOBAL_BATCH_SIZE"] and before.get("GLOBAL_BATCH_SIZE") == now["GLOBAL_BATCH_SIZE"]:
         defining = tuple(name for name in defining if name != "BATCH_SIZE")  # only how many micro-batches make a step
-    return [(name, str(before[name]), now[name]) for name in defining if before.get(name, now[name]) != now[name]]
+    # a path an older run recorded relative (MODEL, DATASET) is the same path written absolute now
+    return [
+        (name, str(before[name]), now[name])
+        for name in defining
+        if before.get(name, now[name]) != now[name] and os.path.abspath(before[name]) != now[name]
+    ]
