@@ -74,6 +74,7 @@ def stop_heard() -> str | None:
 
 
 def stopped(signal_name: str, doing: str) -> Stopped:
+    """What a stop by `signal_name` raises `doing` something ("while ..."): nothing of it was written."""
     return Stopped(f"Stopped by {signal_name} {doing}: nothing was written; run the same command again to go on.")
 
 
