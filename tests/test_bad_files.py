@@ -20,6 +20,7 @@ from tests.harness.runs import RESIZED
 from tests.test_local_data import FAST, photos
 from train.data import written
 from train.data.local import damage
+from train.signals import DROPPED
 
 
 def encoded(kind: str, seed: int = 0, **options) -> bytes:
@@ -172,6 +173,7 @@ def test_a_sigterm_while_writing_ends_within_2_s_with_42_and_the_next_start_writ
     stderr = (tmp_path / "err").read_text()
     assert process.returncode == 42, stderr[-3000:]
     assert took < 2.0, f"{took:.1f} s from SIGTERM to exit"
+    assert stderr.strip().splitlines()[-2] == DROPPED  # the stop's first line says what it stops
     assert "Stopped by SIGTERM while DATASET was being written into" in stderr and "Traceback" not in stderr
     assert [path.name for path in data_dir.iterdir()] == [written.LOCK]  # nothing half-written
     assert not (tmp_path / "run" / "run.json").exists()

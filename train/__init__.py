@@ -17,7 +17,8 @@ Model, data, devices, phases, the loop, its hook interface and the plug-ins are 
 |                 | its reader, one per kind (dataset_path), passed down as        | (below, Settings.source is read)  |
 |                 | Settings.source; the template's offline TFDS builders, with    |                                   |
 |                 | the fork's registered (datasets)                               |                                   |
-| signals         | SIGTERM and Ctrl-C heard once (StopRequest, stop_heard)        | import TensorFlow                 |
+| signals         | SIGTERM and Ctrl-C heard once (StopRequest, stop_heard); while | import TensorFlow                 |
+|                 | data is written, a stop drops it at once (dropping)            |                                   |
 | run_files       | settings.json's name, which settings/ and rundir both read     | import anything                   |
 | model_file      | MODEL's file: found, parsed, hashed, imported once: the        | import train.settings, or TF at   |
 |                 | Experiment, loaded once a command (load_model_file) and passed | import time; be loaded again      |

@@ -4,7 +4,7 @@ The line format is kept stable for scripts that grep it, one line every LOG_EVER
 
     step     40/80  epoch 1/2  loss 0.4321  accuracy 0.8750  12,345 examples/s
 
-While a folder is written, a `Counter` shows the files read (a bar, or a line every LINE_SECONDS).
+While a path DATASET is written, a `Counter` shows the files or rows done (a bar, or a line every LINE_SECONDS).
 
 The bar (rich, which typer brings) shows the step of the total, the epoch, the loss and every compiled
 metric, examples/s and the time left, updated after every call. Under multi-worker the chief shows the
@@ -22,7 +22,7 @@ from contextlib import AbstractContextManager, contextmanager
 from train.hooks import CallResult, Hook, Metrics, Say
 
 EVALUATION_NOTICE_SECONDS = 2.0  # an evaluation that takes longer than this says that it runs
-LINE_SECONDS = 5.0  # a Counter's lines, off a terminal
+LINE_SECONDS = 4.0  # a Counter's lines, off a terminal: between a table's reading and writing, 8 s at most
 
 
 def format_metrics(metrics: dict[str, float | list]) -> str:
@@ -55,22 +55,31 @@ def evaluation_notice(say: Say, split: str, examples: int) -> Iterator[None]:
 
 
 class Counter:
-    """Work done so far of `total` (the files a folder's writing reads, train.data.written), with its rate: a
-    transient bar where `shown` (None: where stdout is a terminal), else a line through `say` every LINE_SECONDS."""
+    """Work done so far of `total` (None: not known yet) with its rate: the files a folder's writing reads, a table's
+    rows read then written (train.data.written). A transient bar where `shown` (None: where stdout is a terminal),
+    else a line through `say` every LINE_SECONDS, from a thread: a pass that advances nothing for a while (a table's
+    columns being typed) still gets its lines. `close` it (in a `finally`)."""
 
-    def __init__(self, what: str, total: int, say: Say, unit: str = "files", shown: bool | None = None) -> None:
+    def __init__(self, what: str, total: int | None, say: Say, unit: str = "files", shown: bool | None = None) -> None:
         self.what, self.total, self.say, self.unit = what, total, say, unit
         self.done, self.start = 0, time.monotonic()
-        self.last, self.bar = self.start, None
+        self.last, self.bar, self.closed = self.start, None, threading.Event()
         if sys.stdout.isatty() if shown is None else shown:
             from rich.progress import Progress
 
             self.bar = Progress(*Progress.get_default_columns(), "{task.fields[rate]}", transient=True)
             self.task = self.bar.add_task(what, total=total, rate="")
             self.bar.start()
+        else:
+            threading.Thread(target=self._lines, daemon=True).start()
 
     def rate(self) -> str:
         return f"{self.done / max(time.monotonic() - self.start, 1e-9):,.0f} {self.unit}/s"
+
+    def _lines(self) -> None:
+        while not self.closed.wait(LINE_SECONDS):
+            of = "" if self.total is None else f"/{self.total:,}"
+            self.say(f"{self.what}: {self.done:,}{of} {self.unit}, {self.rate()}")
 
     def advance(self, count: int = 1) -> None:
         self.done += count
@@ -78,11 +87,9 @@ class Counter:
         if self.bar is not None and (now - self.last > 0.1 or self.done == self.total):
             self.bar.update(self.task, completed=self.done, rate=self.rate())
             self.last = now
-        elif self.bar is None and now - self.last > LINE_SECONDS:
-            self.say(f"{self.what}: {self.done:,}/{self.total:,} {self.unit}, {self.rate()}")
-            self.last = now
 
     def close(self) -> None:
+        self.closed.set()
         if self.bar is not None:
             self.bar.stop()
 

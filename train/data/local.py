@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -113,11 +114,17 @@ class Table:
     label_key: str | None
 
 
-def read_table(survey: Survey, label_key: str | None, label_kind: str | None, read: Read) -> Table:
-    """Every split's file read once: rows checked, columns typed from their non-empty values, the label's kind
-    (`label_kind` overrides the guess: class or value; `label_key` None: LABEL_KEY=none, no label). An empty cell
-    of a numeric column is missing (NaN, its column float32, counted in `read.missing`); of a text column, "".
-    Raises SettingsError."""
+def read_table(
+    survey: Survey,
+    label_key: str | None,
+    label_kind: str | None,
+    read: Read,
+    advance: Callable[[], None] = lambda: None,
+) -> Table:
+    """Every split's file read once: rows checked (`advance()` after each: a long file's progress), columns typed
+    from their non-empty values, the label's kind (`label_kind` overrides the guess: class or value; `label_key`
+    None: LABEL_KEY=none, no label). An empty cell of a numeric column is missing (NaN, its column float32, counted
+    in `read.missing`); of a text column, "". Raises SettingsError."""
     reader = survey.reader
     if not isinstance(reader, TableReader):
         raise TypeError(f"{survey.root} is no table: its reader is {type(reader).__name__}")  # our fault, not data's
@@ -127,7 +134,10 @@ def read_table(survey: Survey, label_key: str | None, label_kind: str | None, re
         name = str(survey.file(entry))
         data = survey.file(entry).read_bytes()
         read.files[entry.path] = (len(data), hashlib.sha256(data).hexdigest())
-        rows[split] = list(reader.rows(name, data))
+        rows[split] = []
+        for row in reader.rows(name, data):
+            rows[split].append(row)
+            advance()
         if not rows[split]:
             raise SettingsError(f"{name} has no rows")
         for _, row in rows[split]:

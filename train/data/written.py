@@ -10,8 +10,9 @@ whose files have the same sizes and mtimes reuses it from an index, reading noth
 Each image's structure is checked as it is read (local.damage): broken files are named and refused, or left out
 (BAD_FILES), before anything trains. A folder whose images all share one size (local.image_size, from the headers)
 is written with that fixed shape, as Keras's image_dataset_from_directory gives images of one size. A
-SIGTERM or Ctrl-C that fit hears stops the writing between two files, and the temporary folder is removed: nothing
-half-written, and the next start writes again.
+SIGTERM or Ctrl-C that fit hears stops the writing at once, wherever it is (train.signals.dropping: a table's passes
+over its rows never wait for a check), and the temporary folder is removed: nothing half-written, and the next
+start writes again.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ import numpy as np
 import train.data.local as local
 from train import dataset_path
 from train.data.data_settings import DataSettings
-from train.errors import SettingsError, Stopped
+from train.errors import SettingsError
 from train.progress import Counter
-from train.signals import stop_heard
+from train.signals import dropping, stop_heard, stopped
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -132,7 +133,7 @@ def _stop_if_heard(doing: str) -> None:
     """Raises Stopped where fit has heard SIGTERM or Ctrl-C."""
     heard = stop_heard()
     if heard:
-        raise Stopped(f"Stopped by {heard} {doing}: nothing was written; run the same command again to go on.")
+        raise stopped(heard, doing)
 
 
 def remove_incomplete(dataset_folder: Path) -> list[str]:
@@ -179,9 +180,8 @@ def prepare_path(settings: DataSettings, survey: dataset_path.Survey, say: Calla
     TFDS_DATA_DIR, reused while their files keep their sizes and mtimes. Raises SettingsError."""
     if isinstance(survey.reader, dataset_path.PreparedFolder):
         return _prepared_folder(settings, survey)
-    label_key = settings.label_key or "label"
     if isinstance(survey.reader, dataset_path.TableReader):
-        return _written(settings, survey, lambda temp, read: _write_table(settings, survey, temp, read, label_key))
+        return _written(settings, survey, lambda temp, read: _write_table(settings, survey, temp, read, say))
     _check_classes(settings, survey)
     return _written(settings, survey, lambda temp, read: _write_images(settings, survey, temp, read, say))
 
@@ -283,7 +283,8 @@ def _write(
     """Read every file once and write the records to `temporary`; then rename into `root/<name>/1.0.0`."""
     temporary.mkdir(parents=True)
     read = local.Read()
-    features, splits, supervised = records(temporary, read)
+    with dropping(f"while DATASET was being written into {root}"):
+        features, splits, supervised = records(temporary, read)
     fingerprint = read.fingerprint
     name = _name(survey, fingerprint, label_key, settings.label_kind)
     identity = {"kind": survey.kind, "fingerprint": fingerprint, "files": len(read.files), "name": name}
@@ -331,10 +332,11 @@ def _order(count: int) -> np.ndarray:
 
 
 def _write_records(
-    temporary: Path, split: str, items: list, total_bytes: int, make: Callable[..., bytes | None]
+    temporary: Path, split: str, items: list, total_bytes: int, make: Callable[..., bytes | None], progress: Counter
 ) -> tuple[list[int], int]:
     """`make(item)` (a serialized example, or None to leave the item out) of each item, in order, into the split's
-    TFRecord files of about SHARD_BYTES each; returns (examples per file, bytes written)."""
+    TFRecord files of about SHARD_BYTES each, `progress` advanced by each; returns (examples per file, bytes
+    written)."""
     import tensorflow as tf
 
     shards = max(1, min(len(items), math.ceil(total_bytes / SHARD_BYTES)))
@@ -343,8 +345,8 @@ def _write_records(
         path = temporary / f"{split}.part-{shard:05d}-of-{shards:05d}"
         with tf.io.TFRecordWriter(str(path)) as writer:
             for item in items[shard * len(items) // shards : (shard + 1) * len(items) // shards]:
-                _stop_if_heard(f"while DATASET was being written into {temporary.parent}")
                 record = make(item)
+                progress.advance()
                 if record is not None:
                     writer.write(record)
                     lengths[shard] += 1
@@ -366,7 +368,6 @@ def _write_images(
     def make(item: tuple[dataset_path.Entry, str]) -> bytes | None:
         entry, label = item
         image = local.read_image(survey, entry, read)
-        progress.advance()
         if image is None or (read.broken and settings.bad_files == "refuse"):  # refused once read: not written
             return None
         counts[label] = counts.get(label, 0) + 1
@@ -383,7 +384,7 @@ def _write_images(
         for split, entries in survey.splits.items():
             ordered = [entries[i] for i in _order(len(entries))]
             size = sum(entry.size for entry, _ in entries)
-            splits[split] = _write_records(temporary, split, ordered, size, make)
+            splits[split] = _write_records(temporary, split, ordered, size, make, progress)
         finished = not read.broken or settings.bad_files == "skip"  # else refused just below: no line of success
     finally:
         progress.close()
@@ -418,21 +419,28 @@ def _one(sizes: set) -> tuple[int | None, int | None]:
 
 
 def _write_table(
-    settings: DataSettings, survey: dataset_path.Survey, temporary: Path, read: local.Read, label_key: str
+    settings: DataSettings, survey: dataset_path.Survey, temporary: Path, read: local.Read, say: Callable[[str], None]
 ) -> Made:
+    """The rows read and typed (local.read_table), then written as tf.train.Examples: each pass with its progress."""
     import tensorflow_datasets as tfds
 
+    label_key = settings.label_key or "label"
+    labeled = label_key if settings.labeled else None
     # a run's own kind (its run.json's) where LABEL_KIND is unset; the copy's name keeps the setting's (`_name`)
     kind = settings.label_kind or settings.run_label_kind
-    table = local.read_table(survey, label_key if settings.labeled else None, kind, read)
+    with contextlib.closing(Counter(f"Reading {survey.root}", None, say, unit="rows")) as reading:
+        table = local.read_table(survey, labeled, kind, read, reading.advance)
     local.check_label_values(settings, table, label_key)
     splits = {}
-    for split, rows in table.rows.items():
-        ordered = [rows[i] for i in _order(len(rows))]
-        size = sum(entry.size for entry, _ in survey.splits[split])
-        splits[split] = _write_records(
-            temporary, split, ordered, size, lambda row: _table_example(table, row).SerializeToString()
-        )
+    with contextlib.closing(Counter(f"Writing {survey.root}", reading.done, say, unit="rows")) as progress:
+        for split, rows in table.rows.items():
+            ordered = [rows[i] for i in _order(len(rows))]
+            size = sum(entry.size for entry, _ in survey.splits[split])
+            splits[split] = _write_records(
+                temporary, split, ordered, size, lambda row: _table_example(table, row).SerializeToString(), progress
+            )
+    seconds = time.monotonic() - reading.start
+    say(f"Writing {survey.root}: {reading.done:,} rows in {seconds:.1f} s ({reading.done / seconds:,.0f} rows/s)")
     features = {}
     for column in table.columns:
         if column.classes is not None:
