@@ -4,8 +4,8 @@ The files are read once (train.data.local): each image's bytes go into its recor
 re-encode), and their sha256 make the fingerprint. Records are plain serialized tf.train.Examples in TFRecord
 files, as TFDS writes them, beside TFDS's own dataset_info.json and features.json, so `builder_from_directory`
 reads them. The writing goes to a temporary folder renamed into place (`<name>/1.0.0`, the name derived from the
-fingerprint, LABEL_KEY and LABEL_KIND), under a lock for the processes sharing TFDS_DATA_DIR; a later start
-whose files have the same sizes and mtimes reuses it from an index, reading nothing.
+fingerprint, LABEL_KEY, LABEL_KIND and how a CSV was read), under a lock for the processes sharing TFDS_DATA_DIR;
+a later start whose files have the same sizes and mtimes reuses it from an index, reading nothing.
 
 Each image's structure is checked as it is read (local.damage): broken files are named and refused, or left out
 (BAD_FILES), before anything trains. A folder whose images all share one size (local.image_size, from the headers)
@@ -91,6 +91,7 @@ class Written:
     skipped: list[str] = field(default_factory=list)  # files left out, not images
     broken: list[tuple[str, str]] = field(default_factory=list)  # (path, what is wrong): left out, BAD_FILES=skip
     missing: dict[str, int] = field(default_factory=dict)  # a table's numeric column -> its empty cells
+    dialects: dict[str, str] = field(default_factory=dict)  # a CSV file -> how it was read
 
     @property
     def left_out(self) -> LeftOut:
@@ -146,9 +147,9 @@ def remove_incomplete(dataset_folder: Path) -> list[str]:
     return removed
 
 
-def _index_path(root: Path, survey: dataset_path.Survey, label_key: str, label_kind: str | None) -> Path:
-    key = json.dumps([str(survey.root.resolve()), label_key, label_kind])
-    return root / INDEX / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+def _index_path(root: Path, survey: dataset_path.Survey, *key: str | None) -> Path:
+    text = json.dumps([str(survey.root.resolve()), *key])  # LABEL_KEY, LABEL_KIND, CSV_DELIMITER
+    return root / INDEX / f"{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
 
 
 def _reused(root: Path, index: Path, survey: dataset_path.Survey) -> Written | None:
@@ -159,17 +160,17 @@ def _reused(root: Path, index: Path, survey: dataset_path.Survey) -> Written | N
         if recorded["listing"] == survey.listing and (directory / "dataset_info.json").is_file():
             broken = [(path, why) for path, why in recorded.get("broken", [])]
             skipped = recorded["skipped"]
-            missing = recorded.get("missing", {})
-            notes = (*_left_out(skipped, broken), *_missing(missing))
-            return Written(directory, recorded["identity"], notes, skipped, broken, missing)
+            missing, dialects = recorded.get("missing", {}), recorded.get("dialects", {})
+            notes = (*_left_out(skipped, broken), *_missing(missing), *local.read_as(dialects))
+            return Written(directory, recorded["identity"], notes, skipped, broken, missing, dialects)
     return None
 
 
-def _name(survey: dataset_path.Survey, fingerprint: str, label_key: str, label_kind: str | None) -> str:
+def _name(survey: dataset_path.Survey, fingerprint: str, *key: str | None) -> str:
     stem = re.sub(r"[^a-z0-9]+", "_", survey.root.resolve().stem.lower()).strip("_") or "data"
     if not stem[0].isalpha():
         stem = "d_" + stem
-    key = hashlib.sha256(json.dumps([fingerprint, label_key, label_kind]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps([fingerprint, *key]).encode()).hexdigest()[:12]  # LABEL_KEY, LABEL_KIND, ...
     return f"{stem[:40]}_{key}"
 
 
@@ -190,7 +191,7 @@ def _written(settings: DataSettings, survey: dataset_path.Survey, records: Recor
     """Reused where the index names a dataset written from the same files, else written now, under the lock."""
     label_key = settings.label_key or "label"
     root = dataset_path.data_dir(settings.tfds_data_dir)
-    index = _index_path(root, survey, label_key, settings.label_kind)
+    index = _index_path(root, survey, label_key, settings.label_kind, settings.csv_delimiter)
     reused = _reused(root, index, survey)
     if reused is not None:
         _check_broken(settings, reused.broken)  # written with BAD_FILES=skip, started now with refuse
@@ -212,6 +213,7 @@ def _written(settings: DataSettings, survey: dataset_path.Survey, records: Recor
             "skipped": written.skipped,
             "broken": written.broken,
             "missing": written.missing,
+            "dialects": written.dialects,
             "source": str(survey.root.resolve()),
         }
         _write_index(index, record)
@@ -285,7 +287,7 @@ def _write(
     read = local.Read()
     features, splits, supervised = records(temporary, read)
     fingerprint = read.fingerprint
-    name = _name(survey, fingerprint, label_key, settings.label_kind)
+    name = _name(survey, fingerprint, label_key, settings.label_kind, *read.read_as)
     identity = {"kind": survey.kind, "fingerprint": fingerprint, "files": len(read.files), "name": name}
     final = root / name / VERSION
     if not (final / "dataset_info.json").is_file():  # else: the same data, written before from another path
@@ -297,8 +299,8 @@ def _write(
         os.rename(temporary, final)
     skipped = read.beside + sorted(read.skipped)  # beside the class folders, or in them but not an image
     broken = sorted(read.broken)
-    notes = (*_left_out(skipped, broken), *_missing(read.missing))
-    return Written(final, identity, notes, skipped, broken, read.missing)
+    notes = (*_left_out(skipped, broken), *_missing(read.missing), *local.read_as(read.dialects))
+    return Written(final, identity, notes, skipped, broken, read.missing, read.dialects)
 
 
 def _left_out(skipped: list[str], broken: list[tuple[str, str]]) -> tuple[str, ...]:
@@ -422,7 +424,8 @@ def _write_table(
 ) -> Made:
     import tensorflow_datasets as tfds
 
-    table = local.read_table(survey, label_key if settings.labeled else None, settings.label_kind, read)
+    labeled = label_key if settings.labeled else None
+    table = local.read_table(survey, labeled, settings.label_kind, read, settings.csv_delimiter)
     local.check_label_values(settings, table, label_key)
     splits = {}
     for split, rows in table.rows.items():
