@@ -79,6 +79,13 @@ def test_a_decimal_comma_is_a_files_choice_never_a_comma_files(tmp_path):
     assert list(read.dialects.values()) == ['comma-separated, quoted with ", decimal point']
 
 
+def test_an_apostrophe_opening_a_cell_is_no_quote(tmp_path):
+    """csv.Sniffer takes ' for this file's quote (`'best'`); read so, `'90s hits,1` would open a quoted cell."""
+    table, read = survey_table(tmp_path / "t.csv", "id,text,label\n1,'90s hits,1\n2,the 'best' one,0\n3,'tis so,1\n")
+    assert [row["text"] for row in table.rows["train"]] == ["'90s hits", "the 'best' one", "'tis so"]
+    assert list(read.dialects.values()) == ['comma-separated, quoted with ", decimal point']
+
+
 def test_a_tsv_file_is_a_tab_separated_table(tmp_path):
     table, _ = survey_table(tmp_path / "t.tsv", "a\tb\tlabel\n1\t0.5\tx\n2\t1.5\ty\n")
     assert [column.name for column in table.columns] == ["a", "b", "label"]
