@@ -170,8 +170,8 @@ def _name(survey: dataset_path.Survey, fingerprint: str, *key: str | None) -> st
     stem = re.sub(r"[^a-z0-9]+", "_", survey.root.resolve().stem.lower()).strip("_") or "data"
     if not stem[0].isalpha():
         stem = "d_" + stem
-    key = hashlib.sha256(json.dumps([fingerprint, *key]).encode()).hexdigest()[:12]  # LABEL_KEY, LABEL_KIND, ...
-    return f"{stem[:40]}_{key}"
+    digest = hashlib.sha256(json.dumps([fingerprint, *key]).encode()).hexdigest()[:12]  # LABEL_KEY, LABEL_KIND, ...
+    return f"{stem[:40]}_{digest}"
 
 
 def prepare_path(settings: DataSettings, survey: dataset_path.Survey, say: Callable[[str], None]) -> Written:
@@ -191,7 +191,9 @@ def _written(settings: DataSettings, survey: dataset_path.Survey, records: Recor
     """Reused where the index names a dataset written from the same files, else written now, under the lock."""
     label_key = settings.label_key or "label"
     root = dataset_path.data_dir(settings.tfds_data_dir)
-    index = _index_path(root, survey, label_key, settings.label_kind, settings.csv_delimiter)
+    # CSV_DELIMITER unset: the index's name it had before that was a setting
+    told = (settings.csv_delimiter,) if settings.csv_delimiter else ()
+    index = _index_path(root, survey, label_key, settings.label_kind, *told)
     reused = _reused(root, index, survey)
     if reused is not None:
         _check_broken(settings, reused.broken)  # written with BAD_FILES=skip, started now with refuse
