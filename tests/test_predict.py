@@ -269,7 +269,7 @@ def test_a_text_file_for_an_image_model_is_one_line_exit_2_and_nothing_is_writte
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: INPUT {notes} is none of what predict takes: image files (JPEG, PNG, GIF, BMP) or folders of them, "
-        "CSV (.csv) or JSON Lines (.jsonl) files"
+        "CSV (.csv, .tsv) or JSON Lines (.jsonl) files"
     ]  # before TensorFlow loads: its start-up lines are not printed either
 
 

@@ -21,6 +21,7 @@ import csv
 import functools
 import hashlib
 import io
+import itertools
 import json
 import os
 import re
@@ -64,29 +65,92 @@ class ImageFolder:
         return next((kind for magic, kind in MAGIC if head.startswith(magic)), None)
 
 
+DELIMITERS = {"comma": ",", "semicolon": ";", "tab": "\t", "pipe": "|"}  # CSV_DELIMITER's words: no shell quoting
+WORDS = {char: word for word, char in DELIMITERS.items()}
+SNIFFED = 8 << 10  # a CSV's first bytes, where csv.Sniffer finds its delimiter and quote: its regular expressions
+# take a time that grows with the square of the text (64 KiB of "x 'y,1" lines: 38 s; 8 KiB: 1 s)
+SAMPLE = 64 << 10  # a CSV's first bytes, where its decimal is found
+DECIMAL_COMMA = re.compile(r"\s*[+-]?\d*,\d+(?:[eE][+-]?\d+)?\s*")  # 3,14 -0,5 ,5 1,5e3
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How a CSV file is written: its delimiter, quote character and decimal mark ("," where 3,14 is a number)."""
+
+    delimiter: str = ","
+    quote: str = '"'
+    decimal: str = "."
+
+    def __str__(self) -> str:
+        decimal = "comma" if self.decimal == "," else "point"
+        return f"{WORDS[self.delimiter]}-separated, quoted with {self.quote}, decimal {decimal}"
+
+
 class TableReader(ABC):
-    """A file of rows (one a split in a folder, <split><suffix>): a reader of tables answers `rows`."""
+    """A file of rows (one a split in a folder, <split><suffix>): a reader of tables answers `rows`, and `dialect`
+    where its files may be written in more than one way (a CSV's)."""
 
     kind = "table"
     suffixes: tuple[str, ...] = ()
 
+    def dialect(self, name: str, data: bytes, delimiter: str | None = None) -> Dialect | None:
+        """How the file is written, found from its first rows (`delimiter`: CSV_DELIMITER's word, told); None for
+        a kind written one way."""
+        return None
+
     @abstractmethod
-    def rows(self, name: str, data: bytes) -> Iterator[tuple[int, Row]]:
-        """A file's rows, each with its line number. Raises SettingsError naming `name` and the line."""
+    def rows(self, name: str, data: bytes, dialect: Dialect | None = None) -> Iterator[tuple[int, Row]]:
+        """A file's rows, each with its line number, read as `dialect` says (None: as found). Raises SettingsError
+        naming `name` and the line."""
 
 
 class Csv(TableReader):
-    """A header row, then one value per column: every value text."""
+    """A header row, then one value per column: every value text, a decimal comma's number written with a point."""
 
-    suffixes = (".csv",)
+    suffixes = (".csv", ".tsv")
 
-    def rows(self, name: str, data: bytes) -> Iterator[tuple[int, Row]]:
-        reader = csv.reader(io.StringIO(decoded(name, data), newline=""))
+    def dialect(self, name: str, data: bytes, delimiter: str | None = None) -> Dialect:
+        """csv.Sniffer's delimiter (of DELIMITERS; comma where it cannot tell), or the one told, and quote (" or ')
+        on the header and first rows (SNIFFED), the quote kept where cells there open with it and each closes with
+        it (an apostrophe, '90s, is none). The decimal is a comma where the first rows (SAMPLE) have numbers with a
+        decimal comma and none with a point; never in a comma file (its cell cannot hold a comma unquoted)."""
+        head = _first_lines(data, SNIFFED)
+        chars = DELIMITERS[delimiter] if delimiter else "".join(DELIMITERS.values())
+        try:
+            sniffed = csv.Sniffer().sniff(head, delimiters=chars)
+            found = Dialect(sniffed.delimiter, sniffed.quotechar)
+        except csv.Error:  # one column, or no delimiter alike in every row: the first (comma, or the one told)
+            found = Dialect(chars[0])
+        opened = [cell for line in head.splitlines() for cell in line.split(found.delimiter) if cell[:1] == found.quote]
+        if not opened or not all(len(cell) > 1 and cell.endswith(found.quote) for cell in opened):  # '90s, it's
+            found = Dialect(found.delimiter)
+        if found.delimiter == ",":
+            return found
+        try:
+            sample = _first_lines(data, SAMPLE)
+            rows = csv.reader(io.StringIO(sample, newline=""), delimiter=found.delimiter, quotechar=found.quote)
+            cells = [cell for row in itertools.islice(rows, 1, None) for cell in row]
+        except csv.Error:  # a NUL byte, ...: the reading names it
+            return found
+        commas = any(DECIMAL_COMMA.fullmatch(cell) for cell in cells)
+        points = any("." in cell and number(cell) is not None for cell in cells)
+        return Dialect(found.delimiter, found.quote, "," if commas and not points else ".")
+
+    def rows(self, name: str, data: bytes, dialect: Dialect | None = None) -> Iterator[tuple[int, Row]]:
+        dialect = dialect or self.dialect(name, data)
+        text = io.StringIO(decoded(name, data), newline="")
+        reader = csv.reader(text, delimiter=dialect.delimiter, quotechar=dialect.quote)
         try:
             header = next(reader, None)
             if not header or not all(column.strip() for column in header) or number(header[0]) is not None:
                 raise SettingsError(
                     f"{name} has no header row: its first line must name the columns, like age,fare,label"
+                )
+            held = [char for char in DELIMITERS.values() if char != dialect.delimiter and char in header[0]]
+            if len(header) == 1 and held:  # the whole header read as one name
+                char = max(held, key=header[0].count)
+                raise SettingsError(
+                    f"{name}'s header is one column {header[0]!r} that holds {char!r}: set CSV_DELIMITER={WORDS[char]}"
                 )
             twice = sorted({column for column in header if header.count(column) > 1})
             if twice:  # a dict of the row would keep one of them
@@ -103,6 +167,8 @@ class Csv(TableReader):
                         f"{len(header)} columns ({','.join(header)}): every row needs one value "
                         "per column"
                     )
+                if dialect.decimal == ",":
+                    row = [cell.replace(",", ".") if DECIMAL_COMMA.fullmatch(cell) else cell for cell in row]
                 yield reader.line_num, dict(zip(header, row, strict=True))
         except csv.Error as error:  # a NUL byte, a cell over csv's field size limit, ...
             raise SettingsError(f"{name} line {reader.line_num} is not CSV ({error})") from None
@@ -113,7 +179,7 @@ class JsonLines(TableReader):
 
     suffixes = (".jsonl",)
 
-    def rows(self, name: str, data: bytes) -> Iterator[tuple[int, Row]]:
+    def rows(self, name: str, data: bytes, dialect: Dialect | None = None) -> Iterator[tuple[int, Row]]:
         for line_number, line in enumerate(decoded(name, data).splitlines(), 1):
             if not line.strip():
                 continue
@@ -159,6 +225,12 @@ def reader_of(path: str | Path) -> Reader | None:
     return next((reader for reader in READERS if suffix in reader.suffixes), None)
 
 
+def _first_lines(data: bytes, size: int) -> str:
+    """A file's first `size` bytes as text, cut after its last whole line there (all of them where none ends)."""
+    text = data[:size].decode("utf-8-sig", errors="ignore")  # a bad byte is the reading's to name
+    return text[: text.rfind("\n") + 1] or text
+
+
 def decoded(name: str, data: bytes) -> str:
     """A table file's bytes as text: UTF-8, a byte-order mark dropped (a spreadsheet's export). Raises
     SettingsError naming `name` and the line."""
@@ -190,8 +262,9 @@ def data_dir(tfds_data_dir: str | Path | None) -> Path:
 
 
 def is_path(text: str) -> bool:
-    """DATASET names a path: it starts with /, ./, ../ or ~, ends in .csv or .jsonl, or a file or folder of that name
-    exists here, and, for a bare name (no /), TFDS has no builder of that name (`./name` is always the path)."""
+    """DATASET names a path: it starts with /, ./, ../ or ~, ends in a table's suffix (.csv, .tsv, .jsonl), or a
+    file or folder of that name exists here, and, for a bare name (no /), TFDS has no builder of that name (`./name`
+    is always the path)."""
     if text.startswith(("/", "./", "../", "~")) or text.lower().endswith(TABLE_SUFFIXES):
         return True
     if not Path(text).exists():
@@ -295,7 +368,7 @@ def survey(text: str) -> Survey:
         table = TABLES.get(root.suffix.lower())
         if table is None:
             raise SettingsError(
-                f"DATASET={text!r} is a file that is neither .csv nor .jsonl: name a CSV or JSON "
+                f"DATASET={text!r} is a file that is neither .csv, .tsv nor .jsonl: name a CSV or JSON "
                 "Lines file, or a folder of images"
             )
         return Survey(root, table, {"train": [(entries[0], None)]}, entries=tuple(entries))
@@ -312,7 +385,7 @@ def survey(text: str) -> Survey:
                 f"DATASET={text!r} mixes tables ({tables[0].path}) with other files ({others[0]}): "
                 "keep only <split>.csv or <split>.jsonl files in it"
             )
-        kinds = {Path(entry.path).suffix.lower() for entry in tables}
+        kinds = {TABLES[Path(entry.path).suffix.lower()] for entry in tables}  # .csv and .tsv: one kind, CSV
         if len(kinds) > 1:
             raise SettingsError(f"DATASET={text!r} mixes .csv and .jsonl files: keep one kind")
         wrong = [entry.path for entry in tables if not SPLIT_NAME.fullmatch(Path(entry.path).stem)]
@@ -321,7 +394,7 @@ def survey(text: str) -> Survey:
                 f"DATASET={text!r}: {wrong[0]} does not name a split: use <split>.csv or "
                 "<split>.jsonl, the split in letters, digits and _ (train.csv, test.csv)"
             )
-        table = TABLES[kinds.pop()]
+        table = kinds.pop()
         return Survey(root, table, {Path(e.path).stem: [(e, None)] for e in tables}, entries=tuple(entries))
     return _image_layout(text, root, entries, empty)
 

@@ -133,7 +133,7 @@ def open_trained(settings: Settings, doing: str, say: Say, restore: bool = True)
     return Trained(runtime, dataset, data, built, restored)
 
 
-TAKEN = "image files (JPEG, PNG, GIF, BMP) or folders of them, CSV (.csv) or JSON Lines (.jsonl) files"
+TAKEN = "image files (JPEG, PNG, GIF, BMP) or folders of them, CSV (.csv, .tsv) or JSON Lines (.jsonl) files"
 Value = bytes | np.ndarray  # an input's value: an image's stored bytes, or an array of the spec's dtype and shape
 
 
@@ -199,15 +199,17 @@ class SignatureExamples:
     def __init__(self, inputs: dict[str, tf.TensorSpec], images: set[str]) -> None:
         self.inputs, self.images = inputs, images
 
-    def read(self, sources: list[InputFile]) -> list[InputExample]:
-        """Every source's examples, in order, each checked. Raises SettingsError naming the file (and line)."""
+    def read(self, sources: list[InputFile], delimiter: str | None = None) -> list[InputExample]:
+        """Every source's examples, in order, each checked; a CSV's read as DATASET's is (its dialect found, or
+        `delimiter`: CSV_DELIMITER). Raises SettingsError naming the file (and line)."""
         examples: list[InputExample] = []
         for source in sources:
             if not isinstance(source.reader, TableReader):
                 examples.append(self._image_file(source.path))
                 continue
             try:  # a table file's rows as DATASET's are read (the same TableReader), each with "file:line"
-                rows = source.reader.rows(f"INPUT {source.path}", source.path.read_bytes())
+                name, data = f"INPUT {source.path}", source.path.read_bytes()
+                rows = source.reader.rows(name, data, source.reader.dialect(name, data, delimiter))
             except OSError as error:
                 raise SettingsError(f"INPUT {source.path} cannot be read ({error.strerror})") from None
             examples.extend(self._row(source.path, f"{source.path}:{number}", row) for number, row in rows)
@@ -437,7 +439,7 @@ def predict(
             features = features_record(opened.builder, opened.settings)
     inputs, serve = _signature(settings, built)
     reading = SignatureExamples(inputs, {name for name in inputs if name in features["images"]})
-    examples: Iterable[InputExample] = reading.read(sources)
+    examples: Iterable[InputExample] = reading.read(sources, settings.csv_delimiter)
     total = len(examples)
     if split is not None:
         examples = itertools.chain(examples, reading.split(opened.builder, split))

@@ -24,6 +24,8 @@ class DataSettings(Protocol):
     @property
     def source(self) -> Source | None: ...  # DATASET's kind, decided once (train.dataset_path.source)
     @property
+    def csv_delimiter(self) -> str | None: ...  # CSV_DELIMITER's word (train.dataset_path.DELIMITERS), None: found
+    @property
     def tfds_data_dir(self) -> Path | None: ...
     @property
     def data_in_memory(self) -> str: ...

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from train.data.data_settings import DataSettings
-from train.dataset_path import IMAGES, SHOWN, Entry, Survey, TableReader, number, reader_of
+from train.dataset_path import IMAGES, SHOWN, Dialect, Entry, Survey, TableReader, number, reader_of
 from train.errors import SettingsError
 
 INT64 = (-(2**63), 2**63 - 1)  # a whole-number column beyond this range is float32
@@ -51,10 +51,17 @@ class Read:
     beside: list[str] = field(default_factory=list)  # files beside the class folders, left out
     broken: list[tuple[str, str]] = field(default_factory=list)  # (path, what is wrong): BAD_FILES decides
     missing: dict[str, int] = field(default_factory=dict)  # a table's numeric column -> its empty (or NaN) cells
+    dialects: dict[str, str] = field(default_factory=dict)  # a CSV file -> how it was read (dataset_path.Dialect)
 
     @property
     def fingerprint(self) -> str:
         return fingerprint(self.files)
+
+    @property
+    def read_as(self) -> list[str]:
+        """How the CSV files were read, but for how every one was before their dialects were found (comma-separated,
+        quoted with ", decimal point: such a file's written copy keeps its name), for the written copy's name."""
+        return sorted(set(self.dialects.values()) - {str(Dialect())})
 
 
 def fingerprint(files: dict[str, tuple[int, str]]) -> str:
@@ -119,12 +126,14 @@ def read_table(
     label_key: str | None,
     label_kind: str | None,
     read: Read,
+    delimiter: str | None = None,
     advance: Callable[[], None] = lambda: None,
 ) -> Table:
     """Every split's file read once: rows checked (`advance()` after each: a long file's progress), columns typed
     from their non-empty values, the label's kind (`label_kind` overrides the guess: class or value; `label_key`
     None: LABEL_KEY=none, no label). An empty cell of a numeric column is missing (NaN, its column float32, counted
-    in `read.missing`); of a text column, "". Raises SettingsError."""
+    in `read.missing`); of a text column, "". A CSV's dialect is found from each file, or its delimiter told
+    (`delimiter`: CSV_DELIMITER), noted in `read.dialects`. Raises SettingsError."""
     reader = survey.reader
     if not isinstance(reader, TableReader):
         raise TypeError(f"{survey.root} is no table: its reader is {type(reader).__name__}")  # our fault, not data's
@@ -134,8 +143,11 @@ def read_table(
         name = str(survey.file(entry))
         data = survey.file(entry).read_bytes()
         read.files[entry.path] = (len(data), hashlib.sha256(data).hexdigest())
+        dialect = reader.dialect(name, data, delimiter)
+        if dialect is not None:
+            read.dialects[entry.path] = str(dialect)
         rows[split] = []
-        for row in reader.rows(name, data):
+        for row in reader.rows(name, data, dialect):
             rows[split].append(row)
             advance()
         if not rows[split]:
@@ -156,6 +168,14 @@ def read_table(
             if count:
                 read.missing[column.name] = count
     return Table(columns, typed_rows, label_key)
+
+
+def read_as(dialects: dict[str, str]) -> tuple[str, ...]:
+    """The start's line of how each CSV file was read (`Read.dialects`), files read alike named together."""
+    alike: dict[str, list[str]] = {}
+    for path, dialect in dialects.items():
+        alike.setdefault(dialect, []).append(path)
+    return tuple(f"{', '.join(paths)} read as {dialect}." for dialect, paths in alike.items())
 
 
 def check_label_values(settings: DataSettings, table: Table, label_key: str) -> None:

@@ -4,8 +4,8 @@ The files are read once (train.data.local): each image's bytes go into its recor
 re-encode), and their sha256 make the fingerprint. Records are plain serialized tf.train.Examples in TFRecord
 files, as TFDS writes them, beside TFDS's own dataset_info.json and features.json, so `builder_from_directory`
 reads them. The writing goes to a temporary folder renamed into place (`<name>/1.0.0`, the name derived from the
-fingerprint, LABEL_KEY and LABEL_KIND), under a lock for the processes sharing TFDS_DATA_DIR; a later start
-whose files have the same sizes and mtimes reuses it from an index, reading nothing.
+fingerprint, LABEL_KEY, LABEL_KIND and how a CSV was read), under a lock for the processes sharing TFDS_DATA_DIR;
+a later start whose files have the same sizes and mtimes reuses it from an index, reading nothing.
 
 Each image's structure is checked as it is read (local.damage): broken files are named and refused, or left out
 (BAD_FILES), before anything trains. A folder whose images all share one size (local.image_size, from the headers)
@@ -92,6 +92,7 @@ class Written:
     skipped: list[str] = field(default_factory=list)  # files left out, not images
     broken: list[tuple[str, str]] = field(default_factory=list)  # (path, what is wrong): left out, BAD_FILES=skip
     missing: dict[str, int] = field(default_factory=dict)  # a table's numeric column -> its empty cells
+    dialects: dict[str, str] = field(default_factory=dict)  # a CSV file -> how it was read
 
     @property
     def left_out(self) -> LeftOut:
@@ -147,9 +148,9 @@ def remove_incomplete(dataset_folder: Path) -> list[str]:
     return removed
 
 
-def _index_path(root: Path, survey: dataset_path.Survey, label_key: str, label_kind: str | None) -> Path:
-    key = json.dumps([str(survey.root.resolve()), label_key, label_kind])
-    return root / INDEX / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+def _index_path(root: Path, survey: dataset_path.Survey, *key: str | None) -> Path:
+    text = json.dumps([str(survey.root.resolve()), *key])  # LABEL_KEY, LABEL_KIND, CSV_DELIMITER
+    return root / INDEX / f"{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
 
 
 def _reused(root: Path, index: Path, survey: dataset_path.Survey) -> Written | None:
@@ -160,18 +161,18 @@ def _reused(root: Path, index: Path, survey: dataset_path.Survey) -> Written | N
         if recorded["listing"] == survey.listing and (directory / "dataset_info.json").is_file():
             broken = [(path, why) for path, why in recorded.get("broken", [])]
             skipped = recorded["skipped"]
-            missing = recorded.get("missing", {})
-            notes = (*_left_out(skipped, broken), *_missing(missing))
-            return Written(directory, recorded["identity"], notes, skipped, broken, missing)
+            missing, dialects = recorded.get("missing", {}), recorded.get("dialects", {})
+            notes = (*_left_out(skipped, broken), *_missing(missing), *local.read_as(dialects))
+            return Written(directory, recorded["identity"], notes, skipped, broken, missing, dialects)
     return None
 
 
-def _name(survey: dataset_path.Survey, fingerprint: str, label_key: str, label_kind: str | None) -> str:
+def _name(survey: dataset_path.Survey, fingerprint: str, *key: str | None) -> str:
     stem = re.sub(r"[^a-z0-9]+", "_", survey.root.resolve().stem.lower()).strip("_") or "data"
     if not stem[0].isalpha():
         stem = "d_" + stem
-    key = hashlib.sha256(json.dumps([fingerprint, label_key, label_kind]).encode()).hexdigest()[:12]
-    return f"{stem[:40]}_{key}"
+    digest = hashlib.sha256(json.dumps([fingerprint, *key]).encode()).hexdigest()[:12]  # LABEL_KEY, LABEL_KIND, ...
+    return f"{stem[:40]}_{digest}"
 
 
 def prepare_path(settings: DataSettings, survey: dataset_path.Survey, say: Callable[[str], None]) -> Written:
@@ -190,7 +191,9 @@ def _written(settings: DataSettings, survey: dataset_path.Survey, records: Recor
     """Reused where the index names a dataset written from the same files, else written now, under the lock."""
     label_key = settings.label_key or "label"
     root = dataset_path.data_dir(settings.tfds_data_dir)
-    index = _index_path(root, survey, label_key, settings.label_kind)
+    # CSV_DELIMITER unset: the index's name it had before that was a setting
+    told = (settings.csv_delimiter,) if settings.csv_delimiter else ()
+    index = _index_path(root, survey, label_key, settings.label_kind, *told)
     reused = _reused(root, index, survey)
     if reused is not None:
         _check_broken(settings, reused.broken)  # written with BAD_FILES=skip, started now with refuse
@@ -212,6 +215,7 @@ def _written(settings: DataSettings, survey: dataset_path.Survey, records: Recor
             "skipped": written.skipped,
             "broken": written.broken,
             "missing": written.missing,
+            "dialects": written.dialects,
             "source": str(survey.root.resolve()),
         }
         _write_index(index, record)
@@ -286,7 +290,7 @@ def _write(
     with dropping(f"while DATASET was being written into {root}"):
         features, splits, supervised = records(temporary, read)
     fingerprint = read.fingerprint
-    name = _name(survey, fingerprint, label_key, settings.label_kind)
+    name = _name(survey, fingerprint, label_key, settings.label_kind, *read.read_as)
     identity = {"kind": survey.kind, "fingerprint": fingerprint, "files": len(read.files), "name": name}
     final = root / name / VERSION
     if not (final / "dataset_info.json").is_file():  # else: the same data, written before from another path
@@ -298,8 +302,8 @@ def _write(
         os.rename(temporary, final)
     skipped = read.beside + sorted(read.skipped)  # beside the class folders, or in them but not an image
     broken = sorted(read.broken)
-    notes = (*_left_out(skipped, broken), *_missing(read.missing))
-    return Written(final, identity, notes, skipped, broken, read.missing)
+    notes = (*_left_out(skipped, broken), *_missing(read.missing), *local.read_as(read.dialects))
+    return Written(final, identity, notes, skipped, broken, read.missing, read.dialects)
 
 
 def _left_out(skipped: list[str], broken: list[tuple[str, str]]) -> tuple[str, ...]:
@@ -429,7 +433,7 @@ def _write_table(
     # a run's own kind (its run.json's) where LABEL_KIND is unset; the copy's name keeps the setting's (`_name`)
     kind = settings.label_kind or settings.run_label_kind
     with contextlib.closing(Counter(f"Reading {survey.root}", None, say, unit="rows")) as reading:
-        table = local.read_table(survey, labeled, kind, read, reading.advance)
+        table = local.read_table(survey, labeled, kind, read, settings.csv_delimiter, reading.advance)
     local.check_label_values(settings, table, label_key)
     splits = {}
     with contextlib.closing(Counter(f"Writing {survey.root}", reading.done, say, unit="rows")) as progress:

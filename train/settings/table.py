@@ -20,7 +20,7 @@ from typing import TypeVar
 
 import train.settings.parse as parse
 from train import hparams
-from train.dataset_path import Source, Survey
+from train.dataset_path import DELIMITERS, Source, Survey
 from train.errors import SettingsError
 from train.model_file import DEFAULT_MODEL, is_model_path
 from train.settings.tf_config import EXAMPLE, Cluster
@@ -117,6 +117,12 @@ class Settings:
     )
     dataset: str = setting(
         "synthetic_clusters", parse.dataset, "TFDS name[/config][:version], or a folder or file path.", **RW
+    )
+    csv_delimiter: str | None = setting(
+        "",
+        parse.optional(parse.choice(tuple(DELIMITERS))),
+        "A CSV's delimiter: comma, semicolon, tab or pipe; default: found from its first rows.",
+        **RW,
     )
     tfds_data_dir: Path | None = setting(
         "", parse.optional(parse.path), "Where TFDS keeps prepared datasets (TFDS default if empty)."
