@@ -24,8 +24,9 @@ def build_model(input_shape: tuple[int, ...], num_classes: int | None, learning_
         )
     if num_classes is None:
         raise ValueError(
-            "the documented model classifies, and this label is not a class label (a TFDS ClassLabel): "
-            "point MODEL at a model for it, like examples/regression.py"
+            "the documented model classifies, and this label is not a class label (a TFDS ClassLabel): point MODEL "
+            "at a model for it, like examples/regression.py (a CSV or JSON Lines DATASET: MODEL and FEATURE_KEY "
+            "unset, examples.mlp_table regresses a value label)"
         )
     model = keras.Sequential(name="classifier")
     model.add(keras.Input(shape=input_shape))

@@ -1,6 +1,11 @@
 """The default MODEL on a table (a CSV or JSON Lines DATASET with MODEL unset, or MODEL=examples.mlp): the
 documented model of examples/mlp.py, Dense(64, relu) -> Dense(num_classes, softmax), behind a preprocessing
-adapted on the train split and carried into the export, so that `serving_default` takes the raw columns:
+adapted on the train split and carried into the export, so that `serving_default` takes the raw columns.
+A label that is a value (as docs/data.md guesses it, or LABEL_KIND=value) gets a regression head instead:
+Dense(64, relu) -> Dense(1), mean squared error, MAE and RMSE (`mae`, `rmse`). Its target is normalised with
+the train split's mean and deviation (`context.sample(n, labels=True)` over the whole split, summed in float64
+in the stored order: the same on every worker and start), and its last layer (Rescaling: y * deviation + mean)
+undoes that, so the loss, the metrics and `predict`'s "prediction" are in the label's units.
 
     python -m train fit --dataset ./table.csv                        # MODEL unset: this file
     python -m train predict --output-dir runs/default rows.csv       # raw rows, an empty cell included
@@ -25,11 +30,12 @@ from __future__ import annotations
 
 from collections import Counter
 
+import keras
 import numpy as np
 import tensorflow as tf
 from keras import layers
 
-from examples.mlp import build_model  # noqa: F401  (the documented model: MODEL's build_model)
+from examples import mlp
 
 LOOKUP_VALUES = 50  # text with at most this many distinct values in the train split is one-hot, more: words
 BAG_TOKENS = 10_000  # a bag of words' vocabulary, the out-of-vocabulary token included
@@ -40,6 +46,34 @@ LOOKUPS: dict[str, layers.StringLookup] = {}  # a text column of few values -> i
 BAGS: dict[str, layers.TextVectorization] = {}  # other text -> its multi-hot bag of words
 _columns: dict[str, list[str]] = {"numbers": [], "floats": []}  # numeric columns; those that may be NaN
 _label: list[str] = ["label"]
+
+
+def build_model(input_shape: tuple[int, ...], num_classes: int | None, learning_rate: float, *, context) -> keras.Model:
+    """A class label: the documented model (examples/mlp.py). A value (num_classes None): the same hidden layer and a
+    regression head whose target is normalised with the train split's mean and deviation, undone by its last layer,
+    so that the loss, the metrics and the predictions are in the label's units."""
+    if num_classes is not None:
+        return mlp.build_model(input_shape, num_classes, learning_rate)
+    mean, deviation = _label_statistics(context.sample(WHOLE_SPLIT, labels=True))
+    model = keras.Sequential(name="regressor")
+    model.add(keras.Input(shape=input_shape))
+    model.add(layers.Dense(64, activation="relu"))
+    model.add(layers.Dense(1, dtype="float32"))  # the target normalised, float32 even under mixed precision
+    model.add(layers.Rescaling(deviation, offset=mean, dtype="float32", name="label_units"))  # y * std + mean
+    model.add(layers.Reshape(()))  # shape (batch,), as the label is stored: no broadcasting in the loss
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate=learning_rate),
+        loss="mean_squared_error",
+        metrics=[keras.metrics.MeanAbsoluteError(name="mae"), keras.metrics.RootMeanSquaredError(name="rmse")],
+    )
+    return model
+
+
+def _label_statistics(batches: tf.data.Dataset) -> tuple[float, float]:
+    """The labels' mean and standard deviation over (inputs, labels) `batches`, summed in float64 in their order (the
+    same on every worker and every start, so a resume rebuilds the same model); a deviation of 0 (one value) is 1."""
+    labels = np.concatenate([label.astype(np.float64).reshape(-1) for _, label in batches.as_numpy_iterator()])
+    return float(labels.mean()), float(labels.std()) or 1.0
 
 
 def adapt(context) -> None:

@@ -15,6 +15,11 @@ from keras import layers
 def build_model(input_shape: tuple[int, ...], num_classes: int | None, learning_rate: float) -> keras.Model:
     if num_classes is not None:
         raise ValueError(f"this model regresses a value; the label is a class label of {num_classes} classes")
+    if isinstance(input_shape, dict):  # a table's columns by name
+        raise ValueError(
+            f"this model takes one tensor, not a table's columns ({', '.join(input_shape)}): for a table, leave MODEL "
+            "unset (examples.mlp_table regresses a value label)"
+        )
     model = keras.Sequential(name="regressor")
     model.add(keras.Input(shape=input_shape))
     if len(input_shape) > 1:

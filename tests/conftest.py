@@ -8,7 +8,8 @@ README gives it). The fast tier covers, and must keep covering:
   test_journeys, test_predict), `devices` (test_doctor), `check` (test_probe), `data list` and `data prune`
   (test_prepared);
 - one journey per kind of DATASET on one device (test_journeys: a TFDS name, an image folder, split folders, a CSV,
-  a JSON Lines file: fit, its resume, evaluate, predict, a changed source refused);
+  a JSON Lines file: fit, its resume, evaluate, predict, a changed source refused; a table whose label is a value:
+  its fit there, and fit, evaluate and predict in test_table_regression);
 - the fork's contract test (test_project) and the MODEL file's seams (test_model_contract, test_experiment);
 - the settings and the errors (test_settings, test_cli, test_errors, test_bad_files, test_multi_worker's TF_CONFIG
   checks), and the engine's map (test_layout);
@@ -60,10 +61,10 @@ atexit.register(shutil.rmtree, HARNESS_CWD, True)
 LONGEST_FIRST = (
     "test_journeys.py", "test_multi_worker.py", "test_local_data.py", "test_fuzz.py", "test_elastic.py",
     "test_bench_processes.py", "test_bench.py", "test_preprocess.py", "test_text.py", "test_tune.py",
-    "test_finetune.py", "test_predict.py", "test_examples.py", "test_phases.py", "test_accumulation.py",
-    "test_data.py", "test_custom_step.py", "test_memory.py", "test_tracking.py", "test_init_from.py",
-    "test_train.py", "test_experiment.py", "test_resilience.py", "test_tables.py", "test_replicas.py",
-    "test_dcgan.py", "test_slurm.py", "test_statistics.py", "test_pretrained.py", "test_probe.py",
+    "test_finetune.py", "test_predict.py", "test_examples.py", "test_table_regression.py", "test_phases.py",
+    "test_accumulation.py", "test_data.py", "test_custom_step.py", "test_memory.py", "test_tracking.py",
+    "test_init_from.py", "test_train.py", "test_experiment.py", "test_resilience.py", "test_tables.py",
+    "test_replicas.py", "test_dcgan.py", "test_slurm.py", "test_statistics.py", "test_pretrained.py", "test_probe.py",
     "test_prepared.py", "test_bad_files.py", "test_project.py", "test_contract.py", "test_observability.py",
     "test_doctor.py", "test_first_run.py", "test_errors.py", "test_model_contract.py", "test_harness.py",
     "test_gpu.py",

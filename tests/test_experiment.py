@@ -32,13 +32,14 @@ if os.environ.get("FACTS_CALLBACKS"):
         return [keras.callbacks.EarlyStopping(monitor="val_loss", min_delta=10, patience=1)]
 
 
-def first_examples(n):
-    """The first n examples of the train split as TFDS lists them, read here apart from the engine."""
+def first_examples(n, labels=False):
+    """The first n examples of the train split as TFDS lists them (their labels), read here apart from the engine."""
     builder = tfds.builder("synthetic_clusters", data_dir=os.environ["TFDS_DATA_DIR"])
     read = tfds.ReadConfig(interleave_cycle_length=1)
-    features = [e["features"].numpy() for e in builder.as_dataset(split="train", shuffle_files=False,
-                                                                   read_config=read).take(n)]
-    return np.stack(features) * (2.0 if os.environ.get("FACTS_PREPROCESS") else 1.0)
+    examples = list(builder.as_dataset(split="train", shuffle_files=False, read_config=read).take(n))
+    if labels:
+        return np.stack([e["label"].numpy() for e in examples])
+    return np.stack([e["features"].numpy() for e in examples]) * (2.0 if os.environ.get("FACTS_PREPROCESS") else 1.0)
 
 
 def build_model(input_shape, num_classes, learning_rate, *, width=16, dropout=0.0, context):
@@ -50,6 +51,10 @@ def build_model(input_shape, num_classes, learning_rate, *, width=16, dropout=0.
     facts.update(width=width, dropout=dropout, batches=[len(b) for b in batches], sample=list(sample.shape),
                  sample_sha256=hashlib.sha256(sample.tobytes()).hexdigest(),
                  sample_is_the_first_examples=bool(np.array_equal(sample, first_examples(SAMPLE))))
+    pairs = [(inputs.numpy(), labels.numpy()) for inputs, labels in context.sample(SAMPLE, labels=True)]
+    facts["labeled_sample_is_the_first_examples"] = bool(
+        np.array_equal(np.concatenate([inputs for inputs, _ in pairs]), sample)
+        and np.array_equal(np.concatenate([labels for _, labels in pairs]), first_examples(SAMPLE, labels=True)))
     try:
         context.global_batch = 1
     except Exception as error:
@@ -214,6 +219,7 @@ def test_context_gives_the_runs_facts_frozen_and_the_same_sample_on_every_start(
         "global_batch": 32, "replicas": 1, "workers": 1, "steps_per_epoch": 10, "epochs": 1, "total_steps": 10,
         "seed": 42, "precision": "float32", "is_chief": True, "frozen": "FrozenInstanceError",
         "sample": [300, 32], "batches": [256, 44], "sample_is_the_first_examples": True,
+        "labeled_sample_is_the_first_examples": True,
     }  # fmt: skip
     assert (resumed["epochs"], resumed["total_steps"]) == (2, 20)
     assert resumed["sample_sha256"] == first["sample_sha256"]  # a restart adapts on the same examples
@@ -226,6 +232,7 @@ def test_context_on_two_replicas_and_sample_after_preprocess_streamed(tmp_path, 
     (two,) = facts(tmp_path)
     assert (two["global_batch"], two["replicas"], two["workers"], two["total_steps"]) == (32, 2, 1, 10)
     assert two["sample_is_the_first_examples"]  # preprocess(training=False) of the first examples, in order
+    assert two["labeled_sample_is_the_first_examples"]  # sample(n, labels=True): the same, their labels beside them
     assert two["sample_sha256"] != facts(one_replica[0])[0]["sample_sha256"]  # doubled by this preprocess
 
 

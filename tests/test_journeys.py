@@ -2,12 +2,13 @@
 
 Kinds: a TFDS name (run from its own data directory, TFDS_DATA_DIR set empty: TFDS's default), an image folder
 with one split, an image folder with train/ and test/, a CSV with empty cells and a text column (the default
-model), a JSON Lines file of texts. Each is trained once (a module fixture per kind), then: `fit --output-dir RUN
---epochs 2` with nothing else (the run's own settings; 2 replicas from this host's CPU_DEVICES), `evaluate`,
-`predict` on files and `--split` (one call), a changed source refused by fit, evaluate and `predict --split`;
-a new run started from the kind's run (INIT_FROM) with a phase boundary (FREEZE, UNFREEZE_AT_EPOCH, issue 45),
-evaluated and predicting, on one device and on 2 workers (slow). Each asserts the exit code, that no traceback
-was printed, and what was written.
+model), a JSON Lines file of texts; and a table whose label is a value, as a CSV and as JSON Lines (the default
+model's regression head, issue 58: its CSV's fit in the fast tier, every other cell of the two slow). Each is
+trained once (a module fixture per kind), then: `fit --output-dir RUN --epochs 2` with nothing else (the run's
+own settings; 2 replicas from this host's CPU_DEVICES), `evaluate`, `predict` on files and `--split` (one call),
+a changed source refused by fit, evaluate and `predict --split`; a new run started from the kind's run
+(INIT_FROM) with a phase boundary (FREEZE, UNFREEZE_AT_EPOCH, issue 45), evaluated and predicting, on one device
+and on 2 workers (slow). Each asserts the exit code, that no traceback was printed, and what was written.
 """
 
 from __future__ import annotations
@@ -98,6 +99,24 @@ def _write_reviews(path: Path, rows: int = 80) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def _write_values(path: Path, rows: int = 80) -> None:
+    """A table whose label is a value (a price): from age, income and the note's words, empty cells included."""
+    rng = np.random.default_rng(2)
+    records = []
+    for index in range(rows):
+        kind = int(rng.integers(0, 2))
+        age = None if index % 7 == 3 else 30 + int(rng.integers(0, 30))
+        income = None if index % 11 == 5 else round(float(rng.random()) * 3, 3)
+        price = 2 * (age or 45) + 10 * (income or 1.5) + 25 * kind + float(rng.normal(0, 1))
+        note = " ".join(rng.choice(WORDS[3 * kind : 3 * kind + 3], 3))
+        records.append({"age": age, "income": income, "note": note, "label": round(price, 2)})
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    else:
+        cells = [["" if value is None else str(value) for value in record.values()] for record in records]
+        path.write_text("\n".join(",".join(row) for row in [list(records[0]), *cells]) + "\n")
+
+
 def _add_image(kind: Kind) -> Path:
     root = kind.cwd / "photos"
     root = root / "train" if (root / "train").is_dir() else root
@@ -147,6 +166,16 @@ def _make(name: str, root: Path, tfds_data_dir: Path) -> Kind:
         (root / "rows.csv").write_text("age,income,note\n41,,good great fine\n,1.5,awful bad poor\n")
         return Kind(name, root, {"DATASET": "table.csv", **FAST}, ["rows.csv"], "train[90%:]",
                     _add_row("table.csv"), env)  # fmt: skip
+    if name in VALUES:  # MODEL unset: the default table model, its regression head
+        source = "values.csv" if name == "value_csv" else "values.jsonl"
+        _write_values(root / source)
+        if name == "value_csv":
+            (root / "rows.csv").write_text("age,income,note\n41,,good great fine\n,1.5,awful bad poor\n")
+        else:
+            (root / "rows.jsonl").write_text('{"age": 41, "income": null, "note": "good great fine"}\n'
+                                             '{"age": null, "income": 1.5, "note": "awful bad poor"}\n')  # fmt: skip
+        files = ["rows.csv" if name == "value_csv" else "rows.jsonl"]
+        return Kind(name, root, {"DATASET": source, **FAST}, files, "train[90%:]", _add_row(source), env)
     _write_reviews(root / "reviews.jsonl")
     (root / "rows.jsonl").write_text('{"text": "good great"}\n{"text": "awful poor bad"}\n')
     settings = {"DATASET": "./reviews.jsonl", "MODEL": "examples.text", **FAST}
@@ -154,9 +183,15 @@ def _make(name: str, root: Path, tfds_data_dir: Path) -> Kind:
 
 
 KINDS = ["tfds", "folder", "split_folders", "csv", "jsonl"]
+VALUES = ["value_csv", "value_jsonl"]  # a table whose label is a value (issue 58): slow, but for the cells named
 
 
-@pytest.fixture(scope="module", params=KINDS)
+def cells(*fast: str) -> list:
+    """Every kind, the value tables slow but for those in `fast` (in the same order: the fixture's runs are shared)."""
+    return [*KINDS, *(name if name in fast else pytest.param(name, marks=pytest.mark.slow) for name in VALUES)]
+
+
+@pytest.fixture(scope="module", params=cells())
 def kind(request, tmp_path_factory, tfds_data_dir) -> Kind:
     """The kind's files, and its first fit."""
     made = _make(request.param, tmp_path_factory.mktemp(request.param), tfds_data_dir)
@@ -164,14 +199,20 @@ def kind(request, tmp_path_factory, tfds_data_dir) -> Kind:
     return made
 
 
+@pytest.mark.parametrize("kind", cells("value_csv"), indirect=True)  # the value tables' one fast cell
 def test_fit(kind):
     _ok(kind.first)
     summary = read_summary(kind.run)
     assert summary["steps"] > 0 and summary["eval"] is not None
     recorded = json.loads((kind.run / "run.json").read_text())
-    assert recorded["data"]["kind"] == {"tfds": "tfds", "csv": "table", "jsonl": "table"}.get(kind.name, "images")
+    assert recorded["data"]["kind"] == (
+        "tfds" if kind.name == "tfds" else "images" if "folder" in kind.name else "table"
+    )
     features = recorded["features"]  # what predict on files needs, so that it opens no source
-    assert features["label_is_class"] is True and len(features["classes"]) >= 2
+    if kind.name in VALUES:  # a value: no classes, and the regression head's metrics
+        assert features["classes"] is None and set(summary["eval"]) == {"loss", "mae", "rmse"}, summary["eval"]
+    else:
+        assert features["label_is_class"] is True and len(features["classes"]) >= 2
     assert features["images"] == (["image"] if "folder" in kind.name else [])
     assert (kind.run / "saved_model" / "saved_model.pb").is_file()
     if kind.name == "tfds":  # nothing written here: TFDS's default is HOME's tensorflow_datasets
@@ -207,7 +248,7 @@ def test_fit_on_the_run_directory_alone_continues_it_with_this_hosts_devices(kin
     assert summary["replicas"] == 2  # CPU_DEVICES is this machine's: from the environment, not the run
     settings = json.loads((kind.run / "settings.json").read_text())
     assert settings["DATASET"] == _as_recorded(kind, kind.settings["DATASET"]) and settings["EPOCHS"] == "2"
-    default = "examples.mlp_table" if kind.name == "csv" else "examples.mlp"  # a table's default model: its own
+    default = "examples.mlp_table" if kind.name in ("csv", *VALUES) else "examples.mlp"  # a table's: its own
     assert settings["MODEL"] == _as_recorded(kind, kind.settings.get("MODEL", default))
 
 
@@ -224,7 +265,10 @@ def test_predict_files_and_a_split(kind):
     _ok(result)
     lines = [json.loads(line) for line in output.read_text().splitlines()]
     classes = json.loads((kind.run / "run.json").read_text())["features"]["classes"]
-    assert lines and all(line["class"] in classes for line in lines)
+    if kind.name in VALUES:  # a number a row, in the label's units (prices of about 100 to 200)
+        assert lines and all(isinstance(line["prediction"], float) and line["prediction"] > 20 for line in lines)
+    else:
+        assert lines and all(line["class"] in classes for line in lines)
     split = [line for line in lines if line["input"].startswith(f"{kind.split}[")]
     assert split and len(split) < len(lines)  # the files' lines first, then the split's
 
@@ -254,6 +298,8 @@ def _evaluate(kind: Kind) -> None:
     _ok(result)
     scores = json.loads(result.stdout[result.stdout.index("{") :])
     assert scores["examples"] > 0 and np.isfinite(scores["loss"])
+    if kind.name in VALUES:
+        assert np.isfinite(scores["mae"]) and np.isfinite(scores["rmse"]), scores
     assert scores["source"].startswith(str(kind.run / "checkpoints" / "ckpt-"))
 
 

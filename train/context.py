@@ -5,12 +5,14 @@
     context.seed, .precision                         SEED, and the Keras dtype policy ("float32", "mixed_bfloat16")
     context.is_chief, .output_dir                    where a callback may write files (only the chief should)
     context.sample(n)                                n training inputs, batched, as the model gets them
+    context.sample(n, labels=True)                   ... as (inputs, labels) batches: a label's statistics
 
 `sample(n)` (train.data.source.Data.sample) is what `Normalization.adapt` (and the like) needs: the first n
 examples of TRAIN_SPLIT in the order TFDS lists them, after `preprocess(training=False)` where the MODEL file has
-one (else the feature as stored, an image scaled to [0, 1]), inputs only. It depends on nothing but the split,
-so it is the same on every worker and every start, and a layer adapted on it comes out the same everywhere. A
-layer that `preprocess` uses is adapted earlier, in the MODEL file's `adapt(context)`, on the raw stored examples
+one (else the feature as stored, an image scaled to [0, 1]), inputs only; with `labels=True`, their labels beside
+them (what a regression head's target is normalised with: examples/mlp_table.py). It depends on nothing but the
+split, so it is the same on every worker and every start, and a layer adapted on it comes out the same everywhere.
+A layer that `preprocess` uses is adapted earlier, in the MODEL file's `adapt(context)`, on the raw stored examples
 (train.data.adapt).
 """
 
@@ -38,17 +40,17 @@ class Context:
     precision: str
     is_chief: bool = True
     output_dir: Path | None = None
-    _sample: Callable[[int], tf.data.Dataset] | None = field(default=None, repr=False, compare=False)
+    _sample: Callable[[int, bool], tf.data.Dataset] | None = field(default=None, repr=False, compare=False)
 
     @property
     def total_steps(self) -> int:
         return self.steps_per_epoch * self.epochs
 
-    def sample(self, n: int) -> tf.data.Dataset:
-        """The first `n` training inputs (all of them where the split holds fewer), batched, as the model gets them.
-        Raises ValueError for an `n` under 1."""
+    def sample(self, n: int, labels: bool = False) -> tf.data.Dataset:
+        """The first `n` training inputs (all of them where the split holds fewer), batched, as the model gets them;
+        `labels`: (inputs, labels) batches. Raises ValueError for an `n` under 1."""
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"context.sample(n) takes a whole number of examples, 1 or more, not {n!r}")
         if self._sample is None:
             raise ValueError("context.sample is not available here: this context has no training split")
-        return self._sample(n)
+        return self._sample(n, labels)

@@ -471,17 +471,17 @@ class Data:
             where += f" as the stored records, each {made} in tf.data"
         return where
 
-    def sample(self, n: int) -> tf.data.Dataset:
+    def sample(self, n: int, labels: bool = False) -> tf.data.Dataset:
         """The MODEL file's `context.sample(n)` (train.context): the first `n` training inputs in the order TFDS
         lists them, batched, as the model gets them (`preprocess(training=False)` where there is one, as evaluation
-        prepares them; else the feature as stored, an image scaled to [0, 1])."""
+        prepares them; else the feature as stored, an image scaled to [0, 1]); `labels`: (inputs, labels) batches."""
         split, spec = self.train, self.spec
         if spec.records:
             examples = (
                 split.ordered_records()
                 .take(n)
                 .map(
-                    lambda record, position: spec.examples.prepare(record, position, EVAL_PASS, training=False)[0],
+                    lambda record, position: spec.examples.prepare(record, position, EVAL_PASS, training=False),
                     num_parallel_calls=tf.data.AUTOTUNE,
                     deterministic=True,
                 )
@@ -491,9 +491,9 @@ class Data:
 
             config = tfds.ReadConfig(interleave_cycle_length=1, try_autocache=False)
             examples = split.builder.as_dataset(split=split.split, shuffle_files=False, read_config=config)
-            examples = examples.take(n).map(lambda example: example[spec.feature_key])
+            examples = examples.take(n).map(lambda example: (example[spec.feature_key], example.get(spec.label_key, 0)))
         else:
-            examples = tf.data.Dataset.from_tensor_slices(split.tensors[0][:n])
+            examples = tf.data.Dataset.from_tensor_slices((split.tensors[0][:n], split.tensors[1][:n]))
         if spec.scale:  # as the engine scales it in front of the model
-            examples = examples.map(lambda image: tf.cast(image, tf.float32) * spec.scale)
-        return examples.batch(SAMPLE_BATCH)
+            examples = examples.map(lambda image, label: (tf.cast(image, tf.float32) * spec.scale, label))
+        return (examples if labels else examples.map(lambda inputs, _: inputs)).batch(SAMPLE_BATCH)
