@@ -216,8 +216,8 @@ def _changes(tfds_data_dir: Path | None, recorded: Identity, identity: Identity)
     changes = [f"added {p}" for p in sorted(set(now) - set(before))]
     changes += [f"removed {p}" for p in sorted(set(before) - set(now))]
     changes += [f"modified {p}" for p in sorted(set(now) & set(before)) if now[p] != before[p]]
-    if not changes:  # the files are the same: LABEL_KEY or LABEL_KIND made it another dataset
-        return f"it was written anew as {identity.get('name')} (LABEL_KEY or LABEL_KIND changed)"
+    if not changes:  # the files are the same: LABEL_KEY, LABEL_KIND or DROP_COLUMNS made it another dataset
+        return f"it was written anew as {identity.get('name')} (LABEL_KEY, LABEL_KIND or DROP_COLUMNS changed)"
     shown = ", ".join(changes[:SHOWN]) + (", ..." if len(changes) > SHOWN else "")
     return f"{len(changes)} file(s) changed ({shown})"
 

@@ -4,8 +4,8 @@ The files are read once (train.data.local): each image's bytes go into its recor
 re-encode), and their sha256 make the fingerprint. Records are plain serialized tf.train.Examples in TFRecord
 files, as TFDS writes them, beside TFDS's own dataset_info.json and features.json, so `builder_from_directory`
 reads them. The writing goes to a temporary folder renamed into place (`<name>/1.0.0`, the name derived from the
-fingerprint, LABEL_KEY and LABEL_KIND), under a lock for the processes sharing TFDS_DATA_DIR; a later start
-whose files have the same sizes and mtimes reuses it from an index, reading nothing.
+fingerprint, LABEL_KEY, LABEL_KIND and DROP_COLUMNS), under a lock for the processes sharing TFDS_DATA_DIR; a
+later start whose files have the same sizes and mtimes reuses it from an index, reading nothing.
 
 Each image's structure is checked as it is read (local.damage): broken files are named and refused, or left out
 (BAD_FILES), before anything trains. A folder whose images all share one size (local.image_size, from the headers)
@@ -146,8 +146,10 @@ def remove_incomplete(dataset_folder: Path) -> list[str]:
     return removed
 
 
-def _index_path(root: Path, survey: dataset_path.Survey, label_key: str, label_kind: str | None) -> Path:
-    key = json.dumps([str(survey.root.resolve()), label_key, label_kind])
+def _index_path(
+    root: Path, survey: dataset_path.Survey, label_key: str, label_kind: str | None, drop: tuple[str, ...] = ()
+) -> Path:
+    key = json.dumps([str(survey.root.resolve()), label_key, label_kind, *drop])  # DROP_COLUMNS: other data
     return root / INDEX / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
@@ -165,11 +167,13 @@ def _reused(root: Path, index: Path, survey: dataset_path.Survey) -> Written | N
     return None
 
 
-def _name(survey: dataset_path.Survey, fingerprint: str, label_key: str, label_kind: str | None) -> str:
+def _name(
+    survey: dataset_path.Survey, fingerprint: str, label_key: str, label_kind: str | None, drop: tuple[str, ...] = ()
+) -> str:
     stem = re.sub(r"[^a-z0-9]+", "_", survey.root.resolve().stem.lower()).strip("_") or "data"
     if not stem[0].isalpha():
         stem = "d_" + stem
-    key = hashlib.sha256(json.dumps([fingerprint, label_key, label_kind]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps([fingerprint, label_key, label_kind, *drop]).encode()).hexdigest()[:12]
     return f"{stem[:40]}_{key}"
 
 
@@ -190,7 +194,7 @@ def _written(settings: DataSettings, survey: dataset_path.Survey, records: Recor
     """Reused where the index names a dataset written from the same files, else written now, under the lock."""
     label_key = settings.label_key or "label"
     root = dataset_path.data_dir(settings.tfds_data_dir)
-    index = _index_path(root, survey, label_key, settings.label_kind)
+    index = _index_path(root, survey, label_key, settings.label_kind, settings.drop_columns)
     reused = _reused(root, index, survey)
     if reused is not None:
         _check_broken(settings, reused.broken)  # written with BAD_FILES=skip, started now with refuse
@@ -285,7 +289,7 @@ def _write(
     read = local.Read()
     features, splits, supervised = records(temporary, read)
     fingerprint = read.fingerprint
-    name = _name(survey, fingerprint, label_key, settings.label_kind)
+    name = _name(survey, fingerprint, label_key, settings.label_kind, settings.drop_columns)
     identity = {"kind": survey.kind, "fingerprint": fingerprint, "files": len(read.files), "name": name}
     final = root / name / VERSION
     if not (final / "dataset_info.json").is_file():  # else: the same data, written before from another path
@@ -422,7 +426,9 @@ def _write_table(
 ) -> Made:
     import tensorflow_datasets as tfds
 
-    table = local.read_table(survey, label_key if settings.labeled else None, settings.label_kind, read)
+    table = local.read_table(
+        survey, label_key if settings.labeled else None, settings.label_kind, read, settings.drop_columns
+    )
     local.check_label_values(settings, table, label_key)
     splits = {}
     for split, rows in table.rows.items():
