@@ -184,7 +184,7 @@ def _said(kinds: dict[str, str]) -> str:
         if kind == "looked up":
             said.append(f"{name} looked up ({LOOKUPS[name].vocabulary_size() - 1} values)")  # the OOV slot aside
         elif kind == "words":
-            said.append(f"{name} as words ({BAGS[name].vocabulary_size()} tokens)")
+            said.append(f"{name} as words ({BAGS[name].vocabulary_size() - 1} tokens)")  # [UNK] aside
         elif kind.startswith("date "):
             said.append(f"{name} as a date (year, month, day, weekday, missing)")
         elif kind == "left out":
