@@ -221,11 +221,16 @@ def test_predict_on_raw_rows_computes_the_dates_in_the_export(trained, tmp_path)
     assert predicted[3]["scores"] != predicted[2]["scores"]  # the same row with a date: the export read it
 
 
-def test_a_drop_columns_that_is_not_a_column_is_one_line_and_nothing_is_written(trained, tmp_path):
+def test_a_drop_or_keep_columns_that_is_not_a_column_is_one_line_and_nothing_is_written(trained, tmp_path):
     folder, _, _ = trained
     result = run_train("fit", cwd=folder, **table_settings(folder, "bad", DROP_COLUMNS="notes,nope"))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1].startswith("error: DROP_COLUMNS='notes,nope': 'nope' is not a ")
+    assert not (folder / "bad").exists()
+    result = run_train("fit", cwd=folder, **table_settings(folder, "bad", KEEP_COLUMNS="nope"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    said = result.stderr.strip().splitlines()[-1]
+    assert "KEEP_COLUMNS='nope': 'nope' is not a column the model takes: use some of age, city, date, id, " in said
     assert not (folder / "bad").exists()
 
 
