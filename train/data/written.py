@@ -149,7 +149,7 @@ def remove_incomplete(dataset_folder: Path) -> list[str]:
 def _index_path(
     root: Path, survey: dataset_path.Survey, label_key: str, label_kind: str | None, drop: tuple[str, ...] = ()
 ) -> Path:
-    key = json.dumps([str(survey.root.resolve()), label_key, label_kind, *drop])  # DROP_COLUMNS: other data
+    key = json.dumps([str(survey.root.resolve()), label_key, label_kind, *sorted(drop)])  # DROP_COLUMNS: other data
     return root / INDEX / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
@@ -173,7 +173,7 @@ def _name(
     stem = re.sub(r"[^a-z0-9]+", "_", survey.root.resolve().stem.lower()).strip("_") or "data"
     if not stem[0].isalpha():
         stem = "d_" + stem
-    key = hashlib.sha256(json.dumps([fingerprint, label_key, label_kind, *drop]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps([fingerprint, label_key, label_kind, *sorted(drop)]).encode()).hexdigest()[:12]
     return f"{stem[:40]}_{key}"
 
 
