@@ -117,7 +117,7 @@ def test_an_export_with_empty_cells_and_text_trains_with_model_unset(trained):
     assert json.loads((run / "settings.json").read_text())["MODEL"] == "examples.mlp_table"
     assert f"Empty numeric cells, stored as missing (NaN): age {empty['age']}, income {empty['income']}." in said
     state = adapted(run)
-    assert set(state) == {"NUMBERS", "LOOKUPS['city']", "BAGS['review']"}
+    assert set(state) == {"NUMBERS", "LOOKUPS['city']", "BAGS['review']", "adapt"}  # adapt: each column's kind
     assert all(math.isfinite(value) for value in state["NUMBERS"]["mean"] + state["NUMBERS"]["variance"])
     assert len(state["NUMBERS"]["mean"]) == 3  # age, income, rooms
     assert state["LOOKUPS['city']"]["vocabulary"]["size"] == 4  # paris, oslo, "" and the out-of-vocabulary slot

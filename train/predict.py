@@ -103,7 +103,7 @@ def open_trained(settings: Settings, doing: str, say: Say, restore: bool = True)
     runtime = setup_runtime(settings, local_only=True)  # on this host, even where TF_CONFIG names a cluster
     recorded = read_run(settings.output_dir)
     experiment = load_model_file(settings.model)  # MODEL's file, loaded once for this command and passed down
-    dataset = open_dataset(with_run_label_kind(settings, recorded), experiment, say)
+    dataset = open_dataset(with_run_label_kind(settings, recorded), experiment, say, adapt_says=False)
     check_same_data(dataset.settings, recorded.get("data"), dataset.identity, doing)  # changed files: refused
     check_recorded(settings, recorded, dataset.adapted)  # the vocabularies it trained with
     if settings.mixed_precision == "auto" and recorded.get("precision"):

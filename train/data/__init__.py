@@ -96,16 +96,19 @@ def _check_readable(split: StreamedSplit) -> None:
         pass
 
 
-def open_dataset(settings: DataSettings, experiment: Experiment, say: Callable[[str], None] = print) -> Dataset:
+def open_dataset(
+    settings: DataSettings, experiment: Experiment, say: Callable[[str], None] = print, adapt_says: bool = True
+) -> Dataset:
     """Open DATASET, prepare (or, a path, write) it if needed, run the `experiment`'s `adapt` on it (train.data.adapt)
-    and read its spec, with its `preprocess` where MODEL's file defines one. `say` hears a path's writing progress.
-    Raises SettingsError."""
+    and read its spec, with its `preprocess` where MODEL's file defines one. `say` hears a path's writing progress
+    and (`adapt_says`) adapt's lines. Raises SettingsError."""
     from train.data.adapt import run_adapt
     from train.data.opening import open_source
     from train.data.spec import inspect
 
     opened = open_source(settings, say)
-    adapted = run_adapt(opened.settings, opened.builder, experiment)  # before preprocess is first traced (inspect)
+    told = say if adapt_says else lambda line: None  # evaluate, predict: fit told them, run.json has them
+    adapted = run_adapt(opened.settings, opened.builder, experiment, told)  # before preprocess is first traced
     preprocess = experiment.preprocess or opened.columns(settings)
     spec = inspect(opened.builder, opened.settings, preprocess=preprocess)
     return Dataset(opened.builder, spec, opened.identity, opened.settings, opened.notes, adapted, opened.left_out)

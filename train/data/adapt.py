@@ -8,6 +8,11 @@
                               ragged batch), in the split's stored order: the same on every worker and start
     context.label_key         the label's feature (LABEL_KEY, else the dataset's supervised keys, else "label"):
                               what `adapt` leaves out of the inputs (examples/mlp_table.py)
+    context.keep_columns      KEEP_COLUMNS: the columns a model would leave out (an ID) that it keeps
+    context.say(line)         a line at the start, as the engine's own (how each column is taken)
+
+What `adapt` returns, where it is a dict of JSON values (what it decided: examples/mlp_table.py's kind of each
+column), is recorded with the fingerprint, under "adapt" (run.json's "adapted").
 
 The layers and tables `preprocess` uses are found among the MODEL file's module globals (a layer, a
 `tf.lookup` table, or a list, tuple or dict of them): `resources` hands them to the export, which must track
@@ -39,6 +44,7 @@ if TYPE_CHECKING:
     Resource = keras.layers.Layer | tf.saved_model.experimental.TrackableResource  # a layer, or a tf.lookup table
 
 Json = dict[str, object]
+Say = Callable[[str], None]
 Fingerprint = dict[str, Json]  # by resource: {"layer": class, "vocabulary"/"bins": {size, sha256}, "mean", ...}
 
 EXAMPLES_BATCH = 256  # examples per batch of `examples`: as `context.sample` batches (train.data.source.SAMPLE_BATCH)
@@ -56,6 +62,8 @@ class AdaptContext:
     seed: int
     _examples: Callable[[int], tf.data.Dataset] | None = field(default=None, repr=False, compare=False)
     label_key: str = "label"
+    keep_columns: tuple[str, ...] = ()
+    say: Say = field(default=print, repr=False, compare=False)
 
     def examples(self, n: int) -> tf.data.Dataset:
         """The first `n` stored training examples (all of them where the split holds fewer), batched.
@@ -80,12 +88,16 @@ def stored_examples(builder: tfds.core.DatasetBuilder, split: str) -> Callable[[
     return examples
 
 
-def run_adapt(settings: DataSettings, builder: tfds.core.DatasetBuilder, experiment: Experiment) -> Fingerprint:
-    """Call the `experiment`'s `adapt` (MODEL's, once a process for this dataset and split) and return the
-    fingerprint of what the layers `preprocess` uses hold. Raises SettingsError for an `adapt` that fails."""
+def run_adapt(
+    settings: DataSettings, builder: tfds.core.DatasetBuilder, experiment: Experiment, say: Say = print
+) -> Fingerprint:
+    """Call the `experiment`'s `adapt` (MODEL's, once a process for this dataset and split; `say` hears its lines)
+    and return the fingerprint of what the layers `preprocess` uses hold, with what it returned. Raises
+    SettingsError for an `adapt` that fails."""
     from train.data.examples import float32_policy
     from train.data.spec import default_keys
 
+    returned = None
     key = (settings.model, str(getattr(builder, "data_dir", "")), f"{builder.info.full_name}:{settings.train_split}")
     # Layers made at import or in adapt compute in float32, as those made while preprocess is traced: a
     # mixed-precision policy (set before this on a resume or in evaluate) changes the model, not its inputs
@@ -95,15 +107,19 @@ def run_adapt(settings: DataSettings, builder: tfds.core.DatasetBuilder, experim
                 settings.seed,
                 stored_examples(builder, settings.train_split),
                 settings.label_key or default_keys(builder)[1],
+                settings.keep_columns,
+                say,
             )
             try:
-                experiment.adapt(context)
+                returned = experiment.adapt(context)
             except Exception as error:
                 raise SettingsError(
                     f"MODEL={experiment.text!r}: adapt(context) raised {type(error).__name__}: {first_line(error, 240)}"
                 ) from None
     if key not in _adapted:
         _adapted[key] = fingerprint(resources(experiment.module))
+        if isinstance(returned, dict):  # what adapt decided, recorded beside what its layers hold
+            _adapted[key]["adapt"] = {"layer": "adapt(context)", "returned": returned}
     return _adapted[key]
 
 

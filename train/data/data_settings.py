@@ -15,9 +15,9 @@ from train.dataset_path import Source
 
 @runtime_checkable
 class DataSettings(Protocol):
-    """DATASET, its kind (`source`) and how it is read: its splits, keys, label kind, broken files, memory; MODEL and
-    SEED for the general path's examples; OUTPUT_DIR for a refusal's words. `replace` gives a copy with some of them
-    changed (a one-split dataset's slices), of the caller's own type."""
+    """DATASET, its kind (`source`) and how it is read: its splits, keys, label kind, columns dropped and kept,
+    broken files, memory; MODEL and SEED for the general path's examples; OUTPUT_DIR for a refusal's words.
+    `replace` gives a copy with some of them changed (a one-split dataset's slices), of the caller's own type."""
 
     @property
     def dataset(self) -> str: ...
@@ -41,6 +41,10 @@ class DataSettings(Protocol):
     def label_kind(self) -> str | None: ...
     @property
     def run_label_kind(self) -> str | None: ...  # the kind a run's run.json recorded (train.data.opening)
+    @property
+    def drop_columns(self) -> tuple[str, ...]: ...
+    @property
+    def keep_columns(self) -> tuple[str, ...]: ...
     @property
     def labeled(self) -> bool: ...
     @property

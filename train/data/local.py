@@ -126,14 +126,17 @@ def read_table(
     label_key: str | None,
     label_kind: str | None,
     read: Read,
+    *,
     delimiter: str | None = None,
+    drop: tuple[str, ...] = (),
     advance: Callable[[], None] = lambda: None,
 ) -> Table:
     """Every split's file read once: rows checked (`advance()` after each: a long file's progress), columns typed
     from their non-empty values, the label's kind (`label_kind` overrides the guess: class or value; `label_key`
-    None: LABEL_KEY=none, no label). An empty cell of a numeric column is missing (NaN, its column float32, counted
-    in `read.missing`); of a text column, "". A CSV's dialect is found from each file, or its delimiter told
-    (`delimiter`: CSV_DELIMITER), noted in `read.dialects`. Raises SettingsError."""
+    None: LABEL_KEY=none, no label), the columns `drop` names (DROP_COLUMNS) left out. An empty cell of a numeric
+    column is missing (NaN, its column float32, counted in `read.missing`); of a text column, "". A CSV's dialect
+    is found from each file, or its delimiter told (`delimiter`: CSV_DELIMITER), noted in `read.dialects`. Raises
+    SettingsError."""
     reader = survey.reader
     if not isinstance(reader, TableReader):
         raise TypeError(f"{survey.root} is no table: its reader is {type(reader).__name__}")  # our fault, not data's
@@ -156,6 +159,12 @@ def read_table(
             names.extend(key for key in row if key not in names)
     if label_key is not None and label_key not in names:
         raise SettingsError(f"LABEL_KEY={label_key!r} is not a column of {survey.root}: use one of {', '.join(names)}")
+    others = [name for name in names if name != label_key]
+    for name in drop:
+        if name not in others:
+            why = "is the label (LABEL_KEY)" if name == label_key else f"is not a column of {survey.root}"
+            raise SettingsError(f"DROP_COLUMNS={','.join(drop)!r}: {name!r} {why}: use some of {', '.join(others)}")
+    names = [name for name in names if name not in drop]
     every = [(split, number, row) for split, numbered in rows.items() for number, row in numbered]
     columns = [_typed(survey, name, every, name == label_key, label_kind) for name in names]
     by_name = {column.name: column for column in columns}

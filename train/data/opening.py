@@ -227,8 +227,9 @@ def _changes(tfds_data_dir: Path | None, recorded: Identity, identity: Identity)
     changes = [f"added {p}" for p in sorted(set(now) - set(before))]
     changes += [f"removed {p}" for p in sorted(set(before) - set(now))]
     changes += [f"modified {p}" for p in sorted(set(now) & set(before)) if now[p] != before[p]]
-    if not changes:  # the files are the same: LABEL_KEY, LABEL_KIND or CSV_DELIMITER made it another dataset
-        return f"it was written anew as {identity.get('name')} (LABEL_KEY, LABEL_KIND or CSV_DELIMITER changed)"
+    if not changes:  # the files are the same: a setting that defines the copy made it another dataset
+        settings = "LABEL_KEY, LABEL_KIND, CSV_DELIMITER or DROP_COLUMNS"
+        return f"it was written anew as {identity.get('name')} ({settings} changed)"
     shown = ", ".join(changes[:SHOWN]) + (", ..." if len(changes) > SHOWN else "")
     return f"{len(changes)} file(s) changed ({shown})"
 

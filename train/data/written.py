@@ -4,8 +4,8 @@ The files are read once (train.data.local): each image's bytes go into its recor
 re-encode), and their sha256 make the fingerprint. Records are plain serialized tf.train.Examples in TFRecord
 files, as TFDS writes them, beside TFDS's own dataset_info.json and features.json, so `builder_from_directory`
 reads them. The writing goes to a temporary folder renamed into place (`<name>/1.0.0`, the name derived from the
-fingerprint, LABEL_KEY, LABEL_KIND and how a CSV was read), under a lock for the processes sharing TFDS_DATA_DIR;
-a later start whose files have the same sizes and mtimes reuses it from an index, reading nothing.
+fingerprint, LABEL_KEY, LABEL_KIND, DROP_COLUMNS and how a CSV was read), under a lock for the processes sharing
+TFDS_DATA_DIR; a later start whose files have the same sizes and mtimes reuses it from an index, reading nothing.
 
 Each image's structure is checked as it is read (local.damage): broken files are named and refused, or left out
 (BAD_FILES), before anything trains. A folder whose images all share one size (local.image_size, from the headers)
@@ -148,8 +148,8 @@ def remove_incomplete(dataset_folder: Path) -> list[str]:
     return removed
 
 
-def _index_path(root: Path, survey: dataset_path.Survey, *key: str | None) -> Path:
-    text = json.dumps([str(survey.root.resolve()), *key])  # LABEL_KEY, LABEL_KIND, CSV_DELIMITER
+def _index_path(root: Path, survey: dataset_path.Survey, *key: object) -> Path:
+    text = json.dumps([str(survey.root.resolve()), *key])  # LABEL_KEY, LABEL_KIND, CSV_DELIMITER, DROP_COLUMNS
     return root / INDEX / f"{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
 
 
@@ -167,7 +167,7 @@ def _reused(root: Path, index: Path, survey: dataset_path.Survey) -> Written | N
     return None
 
 
-def _name(survey: dataset_path.Survey, fingerprint: str, *key: str | None) -> str:
+def _name(survey: dataset_path.Survey, fingerprint: str, *key: object) -> str:
     stem = re.sub(r"[^a-z0-9]+", "_", survey.root.resolve().stem.lower()).strip("_") or "data"
     if not stem[0].isalpha():
         stem = "d_" + stem
@@ -191,9 +191,9 @@ def _written(settings: DataSettings, survey: dataset_path.Survey, records: Recor
     """Reused where the index names a dataset written from the same files, else written now, under the lock."""
     label_key = settings.label_key or "label"
     root = dataset_path.data_dir(settings.tfds_data_dir)
-    # CSV_DELIMITER unset: the index's name it had before that was a setting
+    # CSV_DELIMITER and DROP_COLUMNS unset: the index's name it had before they were settings
     told = (settings.csv_delimiter,) if settings.csv_delimiter else ()
-    index = _index_path(root, survey, label_key, settings.label_kind, *told)
+    index = _index_path(root, survey, label_key, settings.label_kind, *told, *sorted(settings.drop_columns))
     reused = _reused(root, index, survey)
     if reused is not None:
         _check_broken(settings, reused.broken)  # written with BAD_FILES=skip, started now with refuse
@@ -290,7 +290,7 @@ def _write(
     with dropping(f"while DATASET was being written into {root}"):
         features, splits, supervised = records(temporary, read)
     fingerprint = read.fingerprint
-    name = _name(survey, fingerprint, label_key, settings.label_kind, *read.read_as)
+    name = _name(survey, fingerprint, label_key, settings.label_kind, *read.read_as, *sorted(settings.drop_columns))
     identity = {"kind": survey.kind, "fingerprint": fingerprint, "files": len(read.files), "name": name}
     final = root / name / VERSION
     if not (final / "dataset_info.json").is_file():  # else: the same data, written before from another path
@@ -433,7 +433,8 @@ def _write_table(
     # a run's own kind (its run.json's) where LABEL_KIND is unset; the copy's name keeps the setting's (`_name`)
     kind = settings.label_kind or settings.run_label_kind
     with contextlib.closing(Counter(f"Reading {survey.root}", None, say, unit="rows")) as reading:
-        table = local.read_table(survey, labeled, kind, read, settings.csv_delimiter, reading.advance)
+        told = {"delimiter": settings.csv_delimiter, "drop": settings.drop_columns, "advance": reading.advance}
+        table = local.read_table(survey, labeled, kind, read, **told)
     local.check_label_values(settings, table, label_key)
     splits = {}
     with contextlib.closing(Counter(f"Writing {survey.root}", reading.done, say, unit="rows")) as progress:

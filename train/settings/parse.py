@@ -54,6 +54,14 @@ def globs(name: str, text: str) -> tuple[str, ...]:
     return items
 
 
+def names(name: str, text: str) -> tuple[str, ...]:
+    """Comma-separated column names, like id,notes; empty: none given."""
+    items = tuple(item.strip() for item in text.split(",")) if text.strip() else ()
+    if not all(items):
+        raise SettingsError(f"{name}={text!r} is not allowed: use comma-separated column names, like id,notes")
+    return items
+
+
 def true_or_false(name: str, text: str) -> bool:
     """The words of train.hparams.boolean (true/1/yes/on, false/0/no/off), as every bool setting takes them."""
     value = hparams.boolean(text)
@@ -168,6 +176,7 @@ _METAVARS = {  # the form of each parser's value, for --help (Field.metavar); TE
     "X": (positive_float,),
     "PATH": (path,),
     "GLOB,...": (globs,),
+    "NAME,...": (names,),
     "true|false": (true_or_false,),
     "all|none|0,1": (gpus,),
     "NAME|PATH": (dataset,),

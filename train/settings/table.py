@@ -148,6 +148,12 @@ class Settings:
         "A CSV/JSONL label: class or value (default: guessed).",
         **RW,
     )
+    drop_columns: tuple[str, ...] = setting(
+        "", parse.names, "A CSV/JSONL's columns left out of every model, like notes,id (they never reach it).", **RW
+    )
+    keep_columns: tuple[str, ...] = setting(
+        "", parse.names, "Columns the default table model would leave out (an ID, ...) but keeps, like id.", **RW
+    )
     bad_files: str = setting(
         "refuse",
         parse.choice(BAD_FILES_MODES),
@@ -330,7 +336,7 @@ FIELDS_BY_ENV = {field.env: field for field in FIELDS}
 
 def check_together(settings: Settings) -> None:
     """Settings valid alone but not together: GPU_MEMORY_LIMIT_MB, STRATEGY against TF_CONFIG, JIT_COMPILE,
-    CROSS_DEVICE_OPS, AUTO_BATCH. Raises SettingsError."""
+    CROSS_DEVICE_OPS, DROP_COLUMNS (a table's), AUTO_BATCH. Raises SettingsError."""
     if settings.gpu_memory_limit_mb is not None and settings.memory_growth:
         raise SettingsError(
             f"GPU_MEMORY_LIMIT_MB={settings.gpu_memory_limit_mb} cannot be combined with MEMORY_GROWTH=true: "
@@ -367,6 +373,11 @@ def check_together(settings: Settings) -> None:
             "MirroredStrategy's all-reduce; use CROSS_DEVICE_OPS=auto"
         )
     _check_phases(settings)
+    if settings.drop_columns and settings.source is not None and settings.source.kind != "table":
+        raise SettingsError(
+            f"DROP_COLUMNS={','.join(settings.drop_columns)!r} is set but DATASET={settings.dataset!r} is not a CSV "
+            "or JSON Lines file, which has columns: leave DROP_COLUMNS empty"
+        )
     if settings.multi_worker and settings.auto_batch:
         raise SettingsError(
             "AUTO_BATCH=true is not allowed with multi-worker training (every worker must change its batch "
