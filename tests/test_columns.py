@@ -249,3 +249,16 @@ def test_dropped_columns_never_reach_the_model_and_kept_ones_do(trained, tmp_pat
     for output_dir, code in ((folder / "drop", 0), (run, 2)):
         result = run_train("predict", "--output-dir", str(output_dir), str(rows), cwd=folder, MODEL=None)
         assert result.returncode == code, result.stderr[-3000:]
+
+
+def test_keep_columns_that_no_adapt_reads_is_refused_in_one_line(trained, tmp_path):
+    folder, _, _ = trained
+    own = tmp_path / "own.py"  # a fork's model whose adapt never reads context.keep_columns
+    own.write_text("def adapt(context):\n    pass\n\n\ndef build_model(input_shape, num_classes, learning_rate):\n"
+                   "    raise ValueError('not reached: KEEP_COLUMNS is refused first')\n")  # fmt: skip
+    for model in ("examples.tabular", str(own)):  # no adapt; an adapt that never reads keep_columns
+        result = run_train("fit", cwd=folder, **table_settings(folder, "kept", MODEL=model, KEEP_COLUMNS="id"))
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        said = result.stderr.strip().splitlines()[-1]
+        assert said.startswith(f"error: KEEP_COLUMNS='id': no adapt(context) of MODEL='{model}' reads "), said
+        assert not (folder / "kept").exists()

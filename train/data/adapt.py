@@ -62,8 +62,14 @@ class AdaptContext:
     seed: int
     _examples: Callable[[int], tf.data.Dataset] | None = field(default=None, repr=False, compare=False)
     label_key: str = "label"
-    keep_columns: tuple[str, ...] = ()
+    _keep_columns: tuple[str, ...] = ()
     say: Say = field(default=print, repr=False, compare=False)
+    _read: list[str] = field(default_factory=list, repr=False, compare=False)  # what adapt asked of the context
+
+    @property
+    def keep_columns(self) -> tuple[str, ...]:
+        self._read.append("keep_columns")  # KEEP_COLUMNS that no adapt reads is refused, never ignored
+        return self._keep_columns
 
     def examples(self, n: int) -> tf.data.Dataset:
         """The first `n` stored training examples (all of them where the split holds fewer), batched.
@@ -97,7 +103,7 @@ def run_adapt(
     from train.data.examples import float32_policy
     from train.data.spec import default_keys
 
-    returned = None
+    returned, kept = None, False
     key = (settings.model, str(getattr(builder, "data_dir", "")), f"{builder.info.full_name}:{settings.train_split}")
     # Layers made at import or in adapt compute in float32, as those made while preprocess is traced: a
     # mixed-precision policy (set before this on a resume or in evaluate) changes the model, not its inputs
@@ -116,6 +122,12 @@ def run_adapt(
                 raise SettingsError(
                     f"MODEL={experiment.text!r}: adapt(context) raised {type(error).__name__}: {first_line(error, 240)}"
                 ) from None
+            kept = bool(context._read)
+    if key not in _adapted and settings.keep_columns and not kept:
+        raise SettingsError(
+            f"KEEP_COLUMNS={','.join(settings.keep_columns)!r}: no adapt(context) of MODEL={experiment.text!r} reads "
+            "context.keep_columns: unset KEEP_COLUMNS, or read it in adapt as examples/mlp_table.py does"
+        )
     if key not in _adapted:
         _adapted[key] = fingerprint(resources(experiment.module))
         if isinstance(returned, dict):  # what adapt decided, recorded beside what its layers hold

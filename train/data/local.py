@@ -23,10 +23,14 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from train.data.data_settings import DataSettings
 from train.dataset_path import IMAGES, SHOWN, Dialect, Entry, Survey, TableReader, number, reader_of
 from train.errors import SettingsError
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 INT64 = (-(2**63), 2**63 - 1)  # a whole-number column beyond this range is float32
 # whole-number labels from 0 are classes where there are at most this many (0 to the largest) and at most twice as
@@ -119,6 +123,21 @@ class Table:
     columns: list[Column]
     rows: dict[str, list[dict]]
     label_key: str | None
+
+    def example(self, row: dict) -> tf.train.Example:
+        """A typed row as the record it is written as (train.data.written)."""
+        import tensorflow as tf
+
+        feature = {}
+        for column in self.columns:
+            value = row[column.name]
+            if column.dtype == "string" and column.classes is None:
+                feature[column.name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
+            elif column.dtype == "float32":
+                feature[column.name] = tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
+            else:
+                feature[column.name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+        return tf.train.Example(features=tf.train.Features(feature=feature))
 
 
 def read_table(

@@ -41,7 +41,6 @@ from train.progress import Counter
 from train.signals import dropping, stop_heard, stopped
 
 if TYPE_CHECKING:
-    import tensorflow as tf
     import tensorflow_datasets as tfds
 
 VERSION = "1.0.0"
@@ -148,7 +147,7 @@ def remove_incomplete(dataset_folder: Path) -> list[str]:
     return removed
 
 
-def _index_path(root: Path, survey: dataset_path.Survey, *key: object) -> Path:
+def _index_path(root: Path, survey: dataset_path.Survey, *key: str | None) -> Path:
     text = json.dumps([str(survey.root.resolve()), *key])  # LABEL_KEY, LABEL_KIND, CSV_DELIMITER, DROP_COLUMNS
     return root / INDEX / f"{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
 
@@ -167,7 +166,7 @@ def _reused(root: Path, index: Path, survey: dataset_path.Survey) -> Written | N
     return None
 
 
-def _name(survey: dataset_path.Survey, fingerprint: str, *key: object) -> str:
+def _name(survey: dataset_path.Survey, fingerprint: str, *key: str | None) -> str:
     stem = re.sub(r"[^a-z0-9]+", "_", survey.root.resolve().stem.lower()).strip("_") or "data"
     if not stem[0].isalpha():
         stem = "d_" + stem
@@ -442,7 +441,7 @@ def _write_table(
             ordered = [rows[i] for i in _order(len(rows))]
             size = sum(entry.size for entry, _ in survey.splits[split])
             splits[split] = _write_records(
-                temporary, split, ordered, size, lambda row: _table_example(table, row).SerializeToString(), progress
+                temporary, split, ordered, size, lambda row: table.example(row).SerializeToString(), progress
             )
     seconds = time.monotonic() - reading.start
     say(f"Writing {survey.root}: {reading.done:,} rows in {seconds:.1f} s ({reading.done / seconds:,.0f} rows/s)")
@@ -457,21 +456,6 @@ def _write_table(
         else:
             features[column.name] = tfds.features.Scalar(dtype=np.dtype(column.dtype))
     return tfds.features.FeaturesDict(features), splits, None
-
-
-def _table_example(table: local.Table, row: dict) -> tf.train.Example:
-    import tensorflow as tf
-
-    feature = {}
-    for column in table.columns:
-        value = row[column.name]
-        if column.dtype == "string" and column.classes is None:
-            feature[column.name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
-        elif column.dtype == "float32":
-            feature[column.name] = tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
-        else:
-            feature[column.name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
-    return tf.train.Example(features=tf.train.Features(feature=feature))
 
 
 def _finish(
