@@ -138,7 +138,7 @@ from train.data import written
 from train.settings import load_settings
 for delimiter in sys.argv[1:]:
     settings = load_settings({"CSV_DELIMITER": delimiter})
-    prepared = written.prepare_path(settings, settings.source, print)
+    prepared = written.prepare_path(settings, settings.source, lambda line: None)  # its progress lines: not these
     print(prepared.directory.parent.name, *prepared.notes, sep="|")
 """
 
