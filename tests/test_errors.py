@@ -300,7 +300,8 @@ def test_a_start_that_cannot_open_the_run_rewrites_nothing_of_it(tmp_path, tfds_
     result = run_train("fit", cwd=tmp_path, MODEL="other.py", EPOCHS=2, **settings)
     assert result.returncode == 2, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: no checkpoint in ") and f"(MODEL {tmp_path / 'mine.py'} -> {tmp_path / 'other.py'})" in last, last
+    assert last.startswith("error: no checkpoint in "), last
+    assert f"(MODEL {tmp_path / 'mine.py'} -> {tmp_path / 'other.py'})" in last, last  # paths recorded absolute
     assert not (tmp_path / "run" / RUN).exists()
     assert (tmp_path / "run" / RUN_SETTINGS).read_bytes() == before
     result = run_train("fit", cwd=tmp_path, MODEL="mine.py", EPOCHS=2, **settings)
