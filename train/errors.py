@@ -7,7 +7,7 @@ import re
 EXIT_OK = 0
 EXIT_FAILED = 1  # TrainingError: a step could not be done (training cannot go on, or an artifact did not match)
 EXIT_BAD_INPUT = 2  # SettingsError: fix the named setting; nothing was written
-EXIT_PREEMPTED = 42  # stopped by SIGTERM/Ctrl-C after a checkpoint: start me again (TensorFlow's own code for it)
+EXIT_PREEMPTED = 42  # stopped by SIGTERM/Ctrl-C (after a checkpoint, or the data being written dropped): start me again
 EXIT_BUSY = 75  # BusyError: another live process holds what this one needs; try again later (sysexits' TEMPFAIL)
 
 
