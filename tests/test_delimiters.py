@@ -103,9 +103,8 @@ def test_csv_delimiter_says_the_delimiter_instead_of_the_file(tmp_path):
     told, read = survey_table(tmp_path / "t.csv", content, "pipe", label_key=None)
     assert [column.name for column in told.columns] == ["name,city", "label"]
     assert list(read.dialects.values()) == ['pipe-separated, quoted with ", decimal point']
-    assert load_settings({}, {"CSV_DELIMITER": "tab"}, Path("/nonexistent/.env"), defaults_path=None).csv_delimiter == (
-        "tab"
-    )
+    environ = {"DATASET": str(tmp_path / "t.csv"), "CSV_DELIMITER": "tab"}
+    assert load_settings({}, environ, Path("/nonexistent/.env"), defaults_path=None).csv_delimiter == "tab"
 
 
 @pytest.mark.parametrize("value", [";", "TAB", "\\t"])
@@ -113,6 +112,18 @@ def test_a_bad_csv_delimiter_is_one_line_naming_the_four_words(value):
     with pytest.raises(SettingsError) as error:
         load_settings({}, {"CSV_DELIMITER": value}, Path("/nonexistent/.env"), defaults_path=None)
     assert str(error.value) == f"CSV_DELIMITER={value!r} is not allowed: use one of comma, semicolon, tab, pipe"
+
+
+def test_csv_delimiter_on_a_dataset_that_is_no_csv_is_refused_not_ignored(tmp_path):
+    (tmp_path / "rows.jsonl").write_text('{"a": 1, "label": 0}\n')
+    for dataset in (str(tmp_path / "rows.jsonl"), "mnist"):
+        with pytest.raises(SettingsError) as error:
+            load_settings(
+                {}, {"DATASET": dataset, "CSV_DELIMITER": "tab"}, Path("/nonexistent/.env"), defaults_path=None
+            )
+        assert str(error.value) == (
+            f"CSV_DELIMITER=tab is set but DATASET={dataset!r} is not a CSV or .tsv file: leave CSV_DELIMITER empty"
+        )
 
 
 def test_a_header_of_one_column_that_holds_another_delimiter_says_which_to_set(tmp_path):

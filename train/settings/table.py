@@ -20,7 +20,7 @@ from typing import TypeVar
 
 import train.settings.parse as parse
 from train import hparams
-from train.dataset_path import DELIMITERS, Source, Survey
+from train.dataset_path import DELIMITERS, Csv, Source, Survey
 from train.errors import SettingsError
 from train.model_file import DEFAULT_MODEL, is_model_path
 from train.settings.tf_config import EXAMPLE, Cluster
@@ -377,6 +377,16 @@ def check_together(settings: Settings) -> None:
         raise SettingsError(
             f"DROP_COLUMNS={','.join(settings.drop_columns)!r} is set but DATASET={settings.dataset!r} is not a CSV "
             "or JSON Lines file, which has columns: leave DROP_COLUMNS empty"
+        )
+    source = settings.source
+    if (
+        settings.csv_delimiter
+        and source is not None
+        and not (isinstance(source, Survey) and isinstance(source.reader, Csv))
+    ):
+        raise SettingsError(
+            f"CSV_DELIMITER={settings.csv_delimiter} is set but DATASET={settings.dataset!r} is not a CSV or .tsv "
+            "file: leave CSV_DELIMITER empty"
         )
     if settings.multi_worker and settings.auto_batch:
         raise SettingsError(
